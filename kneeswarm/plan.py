@@ -1,0 +1,198 @@
+"""The plan: what to load, how hard, for how long, and what to watch (floor 1 contract).
+
+A plan is a TOML file; command-line flags override it.  ``load_plan`` validates strictly:
+an unknown key, a wrong type or a bad step list raises ``PlanError`` with one line that
+names the input and the problem.  ``Plan.to_toml`` writes the resolved plan into the run
+directory; secrets never appear there, only the name of the environment variable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+logger = logging.getLogger(__name__)
+
+PROTOCOLS = ("kserve",)
+DEFAULT_STEPS = (1, 2, 4, 8, 16, 32)
+
+
+class PlanError(ValueError):
+    """A plan that cannot be run; str() is the one-line message for the user."""
+
+
+@dataclass
+class LoadPlan:
+    steps: list[int] = field(default_factory=lambda: list(DEFAULT_STEPS))
+    ramp: float = 2.0  # seconds to go from the previous step's users to this step's
+    hold: float = 20.0  # seconds each step is held after its ramp
+    settle: float = 2.0  # seconds after the ramp excluded from the step's statistics
+    workers: int = 0  # Locust worker processes; 0 = number of cores
+    wait_ms: float = 0.0  # think time between a user's requests (closed loop)
+
+
+@dataclass
+class RequestPlan:
+    model: str = "demo"
+    shape: list[int] = field(default_factory=lambda: [1, 64])
+    datatype: str = "FP32"
+    data: str = "random"  # "random" (seeded per user) or "fixed"
+    timeout: float = 10.0  # seconds before a request counts as a timeout error
+    seed: int = 0
+
+
+@dataclass
+class MonitorPlan:
+    pid: int | None = None
+    process: str | None = None  # regex on the command line
+    interval: float = 1.0
+
+
+@dataclass
+class AnalysisPlan:
+    min_requests: int = 100  # fewer steady requests than this: the step's P99 is not trusted
+    generator_cpu_max: float = 90.0  # a worker busier than this: the generator was the bottleneck
+
+
+@dataclass
+class Plan:
+    name: str = "run"
+    target: str = "http://127.0.0.1:8000"
+    protocol: str = "kserve"
+    metrics_url: str | None = None
+    load: LoadPlan = field(default_factory=LoadPlan)
+    request: RequestPlan = field(default_factory=RequestPlan)
+    monitor: MonitorPlan = field(default_factory=MonitorPlan)
+    analysis: AnalysisPlan = field(default_factory=AnalysisPlan)
+
+    # -- derived -------------------------------------------------------------------------
+    def step_durations(self) -> float:
+        """Total planned seconds of load (all ramps and holds)."""
+        return len(self.load.steps) * (self.load.ramp + self.load.hold)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _drop_none(dataclasses.asdict(self))
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(self.to_dict())
+
+    def validate(self, source: str = "plan") -> Plan:
+        _validate(self, source)
+        return self
+
+
+def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: (_drop_none(v) if isinstance(v, dict) else v) for k, v in d.items() if v is not None}
+
+
+_SECTIONS: dict[str, type] = {
+    "load": LoadPlan,
+    "request": RequestPlan,
+    "monitor": MonitorPlan,
+    "analysis": AnalysisPlan,
+}
+
+
+def _check_type(source: str, where: str, value: Any, hint: Any) -> Any:
+    """Coerce ``value`` to the dataclass field's annotated type, or raise PlanError."""
+    hint = str(hint)
+    optional = "None" in hint
+    base = hint.replace(" | None", "")
+    if value is None and optional:
+        return None
+    ok: bool
+    if base == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif base == "float":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif base == "str":
+        ok = isinstance(value, str)
+    elif base == "list[int]":
+        ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    else:  # pragma: no cover - a new field type must be added above
+        raise AssertionError(f"unhandled plan field type {hint}")
+    if not ok:
+        raise PlanError(f"{source}: {where} must be {base.replace('list[int]', 'a list of integers')}, got {value!r}")
+    return value
+
+
+def _fill(source: str, cls: type, table: dict[str, Any], prefix: str) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in table.items():
+        if key not in fields:
+            known = ", ".join(sorted(fields))
+            raise PlanError(f"{source}: unknown key '{prefix}{key}' (known: {known})")
+        if key in _SECTIONS and cls is Plan:
+            if not isinstance(value, dict):
+                raise PlanError(f"{source}: [{key}] must be a table")
+            kwargs[key] = _fill(source, _SECTIONS[key], value, f"{key}.")
+        else:
+            kwargs[key] = _check_type(source, f"{prefix}{key}", value, fields[key].type)
+    return cls(**kwargs)
+
+
+def _validate(plan: Plan, source: str) -> None:
+    steps = plan.load.steps
+    if not steps:
+        raise PlanError(f"{source}: load.steps is empty; give at least one user count, e.g. [1, 2, 4, 8]")
+    if any(s < 1 for s in steps):
+        raise PlanError(f"{source}: load.steps must be positive user counts, got {steps}")
+    if any(b <= a for a, b in zip(steps, steps[1:])):
+        raise PlanError(f"{source}: load.steps must be strictly increasing, got {steps}")
+    if plan.load.hold <= 0:
+        raise PlanError(f"{source}: load.hold must be > 0 seconds, got {plan.load.hold}")
+    if plan.load.ramp < 0 or plan.load.settle < 0:
+        raise PlanError(f"{source}: load.ramp and load.settle must be >= 0")
+    if plan.load.settle >= plan.load.hold:
+        raise PlanError(
+            f"{source}: load.settle ({plan.load.settle}s) must be shorter than load.hold ({plan.load.hold}s)"
+        )
+    if plan.load.workers < 0:
+        raise PlanError(f"{source}: load.workers must be >= 0, got {plan.load.workers}")
+    if plan.protocol not in PROTOCOLS:
+        raise PlanError(f"{source}: protocol '{plan.protocol}' is not supported (supported: {', '.join(PROTOCOLS)})")
+    if not plan.target.startswith(("http://", "https://")):
+        raise PlanError(f"{source}: target must be an http:// or https:// URL, got {plan.target!r}")
+    if plan.request.data not in ("random", "fixed"):
+        raise PlanError(f"{source}: request.data must be 'random' or 'fixed', got {plan.request.data!r}")
+    if not plan.request.shape or any(d < 1 for d in plan.request.shape):
+        raise PlanError(f"{source}: request.shape must be positive dimensions, got {plan.request.shape}")
+    if plan.request.timeout <= 0:
+        raise PlanError(f"{source}: request.timeout must be > 0 seconds")
+    if plan.monitor.pid is not None and plan.monitor.process is not None:
+        raise PlanError(f"{source}: give monitor.pid or monitor.process, not both")
+
+
+def plan_from_dict(data: dict[str, Any], source: str = "plan") -> Plan:
+    return _fill(source, Plan, data, "").validate(source)
+
+
+def load_plan(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Plan:
+    """Read a plan file (or start from defaults) and apply dotted overrides like {"load.steps": [1, 2]}."""
+    data: dict[str, Any] = {}
+    source = "plan"
+    if path is not None:
+        source = str(path)
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise PlanError(f"{source}: no such file") from None
+        except tomllib.TOMLDecodeError as e:
+            raise PlanError(f"{source}: not valid TOML ({e})") from None
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        table = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            table = table.setdefault(p, {})
+        table[leaf] = value
+    return plan_from_dict(data, source)
