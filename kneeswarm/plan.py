@@ -55,6 +55,31 @@ class MonitorPlan:
 
 
 @dataclass
+class HostPlan:
+    """One monitored server; ``ssh`` absent means this machine, without SSH."""
+
+    name: str | None = None  # label in the run directory; default: the host part of ssh, or "local"
+    ssh: str | None = None  # "user@host[:port]"
+    key_file: str | None = None
+    passphrase_env: str | None = None  # name of the env var that holds the key's passphrase
+    jump: str | None = None  # "user@bastion[:port]" (ProxyJump)
+    known_hosts: str | None = None  # default: ~/.ssh/known_hosts
+    pid: int | None = None
+    process: str | None = None  # regex on the command line
+    port: int | None = None  # the process listening on this TCP port
+    collectors: list[str] | None = None  # default: every one the preflight finds
+    keep_remote: bool = False  # keep the remote run directory after the verified fetch
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        if self.ssh:
+            return self.ssh.split("@")[-1].split(":")[0]
+        return "local"
+
+
+@dataclass
 class AnalysisPlan:
     min_requests: int = 100  # fewer steady requests than this: the step's P99 is not trusted
     generator_cpu_max: float = 90.0  # a worker busier than this: the generator was the bottleneck
@@ -70,6 +95,7 @@ class Plan:
     request: RequestPlan = field(default_factory=RequestPlan)
     monitor: MonitorPlan = field(default_factory=MonitorPlan)
     analysis: AnalysisPlan = field(default_factory=AnalysisPlan)
+    hosts: list[HostPlan] = field(default_factory=list)
 
     # -- derived -------------------------------------------------------------------------
     def step_durations(self) -> float:
@@ -87,8 +113,13 @@ class Plan:
         return self
 
 
-def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: (_drop_none(v) if isinstance(v, dict) else v) for k, v in d.items() if v is not None}
+def _drop_none(value: Any) -> Any:
+    """TOML has no null: leave unset keys out (they read back as their defaults)."""
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_none(v) for v in value]
+    return value
 
 
 _SECTIONS: dict[str, type] = {
@@ -114,12 +145,17 @@ def _check_type(source: str, where: str, value: Any, hint: Any) -> Any:
         value = float(value) if ok else value
     elif base == "str":
         ok = isinstance(value, str)
+    elif base == "bool":
+        ok = isinstance(value, bool)
+    elif base == "list[str]":
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
     elif base == "list[int]":
         ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
     else:  # pragma: no cover - a new field type must be added above
         raise AssertionError(f"unhandled plan field type {hint}")
     if not ok:
-        raise PlanError(f"{source}: {where} must be {base.replace('list[int]', 'a list of integers')}, got {value!r}")
+        kind = {"list[int]": "a list of integers", "list[str]": "a list of strings", "bool": "true or false"}.get(base, base)
+        raise PlanError(f"{source}: {where} must be {kind}, got {value!r}")
     return value
 
 
@@ -130,7 +166,11 @@ def _fill(source: str, cls: type, table: dict[str, Any], prefix: str) -> Any:
         if key not in fields:
             known = ", ".join(sorted(fields))
             raise PlanError(f"{source}: unknown key '{prefix}{key}' (known: {known})")
-        if key in _SECTIONS and cls is Plan:
+        if key == "hosts" and cls is Plan:
+            if not isinstance(value, list) or not all(isinstance(h, dict) for h in value):
+                raise PlanError(f"{source}: hosts must be an array of tables ([[hosts]])")
+            kwargs[key] = [_fill(source, HostPlan, h, f"hosts[{i}].") for i, h in enumerate(value)]
+        elif key in _SECTIONS and cls is Plan:
             if not isinstance(value, dict):
                 raise PlanError(f"{source}: [{key}] must be a table")
             kwargs[key] = _fill(source, _SECTIONS[key], value, f"{key}.")
@@ -169,6 +209,12 @@ def _validate(plan: Plan, source: str) -> None:
         raise PlanError(f"{source}: request.timeout must be > 0 seconds")
     if plan.monitor.pid is not None and plan.monitor.process is not None:
         raise PlanError(f"{source}: give monitor.pid or monitor.process, not both")
+    labels = [h.label for h in plan.hosts]
+    if len(set(labels)) != len(labels):
+        raise PlanError(f"{source}: two [[hosts]] share a name ({labels}); give each a distinct name")
+    for i, h in enumerate(plan.hosts):
+        if sum(x is not None for x in (h.pid, h.process, h.port)) > 1:
+            raise PlanError(f"{source}: hosts[{i}] ({h.label}): give one of pid, process or port, not several")
 
 
 def plan_from_dict(data: dict[str, Any], source: str = "plan") -> Plan:
