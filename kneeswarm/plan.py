@@ -49,9 +49,8 @@ class RequestPlan:
 
 @dataclass
 class MonitorPlan:
-    pid: int | None = None
-    process: str | None = None  # regex on the command line
-    interval: float = 1.0
+    interval: float = 1.0  # collector sampling interval, seconds (whole seconds for pidstat/vmstat)
+    heartbeat_timeout: float = 30.0  # agents stop everything when the controller is silent this long
 
 
 @dataclass
@@ -207,8 +206,8 @@ def _validate(plan: Plan, source: str) -> None:
         raise PlanError(f"{source}: request.shape must be positive dimensions, got {plan.request.shape}")
     if plan.request.timeout <= 0:
         raise PlanError(f"{source}: request.timeout must be > 0 seconds")
-    if plan.monitor.pid is not None and plan.monitor.process is not None:
-        raise PlanError(f"{source}: give monitor.pid or monitor.process, not both")
+    if plan.monitor.interval < 1:
+        raise PlanError(f"{source}: monitor.interval must be >= 1 second, got {plan.monitor.interval}")
     labels = [h.label for h in plan.hosts]
     if len(set(labels)) != len(labels):
         raise PlanError(f"{source}: two [[hosts]] share a name ({labels}); give each a distinct name")
