@@ -1,0 +1,73 @@
+"""Floor 3: a run directory in, report/summary.json + summary.md + index.html out.
+
+Pure data: no network, no SSH.  ``analyze(run_dir)`` works on complete, crashed and
+interrupted runs alike and reports what it has (``complete`` false when meta.json says so
+or is missing).  The pieces are usable alone: ``step_stats`` (analysis.steps), ``find_knee``,
+``find_latency_knee``, ``find_peak`` (analysis.knee), ``to_markdown`` (analysis.summary),
+``render_html`` (analysis.report).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from analysis.inputs import RunInputs, load_inputs
+from analysis.knee import find_knee, find_latency_knee, find_peak
+from analysis.report import render_html, write_text
+from analysis.steps import generator_cpu, ok_mask, server_metrics, step_stats, validate_steps
+from analysis.summary import build_summary, step_records, to_json, to_markdown
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["analyze", "summarize", "step_stats", "find_knee", "find_latency_knee", "find_peak", "to_markdown"]
+
+
+def run_start(inputs: RunInputs) -> float:
+    """The time origin of the timeline: the first step's ramp, else the first request, else 0."""
+    candidates = [inputs.steps["t_ramp"].min() if len(inputs.steps) else np.nan,
+                  inputs.requests["t_start"].min() if len(inputs.requests) else np.nan]
+    finite = [float(c) for c in candidates if c is not None and np.isfinite(c)]
+    return min(finite) if finite else 0.0
+
+
+def summarize(inputs: RunInputs) -> dict[str, Any]:
+    """The summary dict of a loaded run (no files written)."""
+    s = inputs.settings
+    stats = step_stats(inputs.requests, inputs.steps, s.settle)
+    t_lo, t_hi = stats["t_lo"].to_numpy(dtype=float), stats["t_hi"].to_numpy(dtype=float)
+    gen = generator_cpu(inputs.generator, t_lo, t_hi)
+    stats = validate_steps(stats, s.min_requests, gen, s.generator_cpu_max)
+    server = server_metrics(inputs.hosts, t_lo, t_hi)
+    good = stats.loc[stats["valid"].to_numpy(dtype=bool)]
+    users, qps, p99 = good["users"].to_numpy(float), good["qps"].to_numpy(float), good["p99_ms"].to_numpy(float)
+    n_ok = int(ok_mask(inputs.requests).sum())
+    return build_summary(
+        run_id=inputs.run_id,
+        meta=inputs.meta,
+        settings={"settle": s.settle, "min_requests": s.min_requests, "generator_cpu_max": s.generator_cpu_max},
+        steps=step_records(stats, server, gen),
+        knee=find_knee(users, qps),
+        latency_knee=find_latency_knee(users, p99),
+        peak=find_peak(users, qps),
+        totals={"requests": len(inputs.requests), "errors": len(inputs.requests) - n_ok,
+                "steps": len(stats), "valid_steps": int(stats["valid"].sum())},
+        hosts=sorted(inputs.hosts),
+        workers=sorted(inputs.generator),
+    )
+
+
+def analyze(run_dir: str | Path) -> dict[str, Any]:
+    """Analyse a run directory; write report/summary.json, summary.md, index.html; return the summary."""
+    inputs = load_inputs(run_dir)
+    summary = summarize(inputs)
+    report = inputs.run_dir.report_dir
+    write_text(report / "summary.json", to_json(summary))
+    write_text(report / "summary.md", to_markdown(summary))
+    write_text(report / "index.html", render_html(summary, inputs.requests, inputs.generator, inputs.hosts,
+                                                  run_start(inputs)))
+    logger.info("%s: knee %s, peak %s; report in %s", inputs.run_id, summary["knee"], summary["peak"], report)
+    return summary

@@ -1,0 +1,151 @@
+"""The knee: the last step at which adding users still bought throughput (and kept P99 flat).
+
+Two detectors, both on x = log2(users) because the steps 1, 2, 4, 8 … are uneven:
+
+* **Kneedle** (Satopaa et al. 2011, package ``kneed``): QPS vs users is concave increasing,
+  P99 vs users is convex increasing.
+* A **saturation rule**, because Kneedle on 5–7 points is fragile (measured here: with 3 %
+  noise on a retrograde curve it picks the wrong step half the time; on a straight line it
+  reports a spurious knee at the first step; a plateau that starts at the last-but-one step
+  or at the first step it misses).  Throughput: the knee is the first step after which no
+  later step gained ``SATURATION_GAIN`` (20 %) or more QPS per doubling of users.  Latency:
+  the last step before the first one whose P99 exceeded ``LATENCY_KNEE_FACTOR`` x the first
+  valid step's P99.
+
+Policy: when both detectors name a step and agree, ``method`` is ``"kneedle"``; when the
+rule finds a knee and Kneedle disagrees or finds none, the rule wins (``"saturation"`` /
+``"p99_rise"``) and Kneedle's answer is kept as ``kneedle_users``; when only Kneedle finds one,
+it is accepted if the curve really bends there (next doubling gains < ``KNEEDLE_CONFIRM_GAIN``
+QPS, or P99 rises by >= ``KNEEDLE_CONFIRM_RISE``), else ``method`` is ``"none"`` and ``users``
+is null (the service still scaled over the tested range).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any, Sequence
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+SATURATION_GAIN = 0.20  # QPS gain per doubling of users below which scaling has stopped
+KNEEDLE_CONFIRM_GAIN = 0.50  # Kneedle's throughput knee alone is believed if the next doubling gains less
+KNEEDLE_MIN_POINTS = 4  # Kneedle is not run on fewer points
+KNEEDLE_S = 1.0  # Kneedle sensitivity
+LATENCY_KNEE_FACTOR = 1.5  # P99 above this x the first valid step's P99: latency has taken off
+KNEEDLE_CONFIRM_RISE = 1.3  # Kneedle's latency knee alone is believed if P99 rises this much after it
+
+
+def _clean(users: Sequence[float], y: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    u = np.asarray(users, dtype=float)
+    v = np.asarray(y, dtype=float)
+    keep = np.isfinite(u) & np.isfinite(v) & (u > 0)
+    u, v = u[keep], v[keep]
+    order = np.argsort(u, kind="stable")
+    return u[order], v[order]
+
+
+def kneedle(users: np.ndarray, y: np.ndarray, curve: str, direction: str = "increasing") -> float | None:
+    """Kneedle on (log2 users, y); the users at the knee, or None."""
+    if len(users) < KNEEDLE_MIN_POINTS or np.ptp(y) <= 0:
+        return None
+    from kneed import KneeLocator
+
+    x = np.log2(users)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # kneed warns "No knee/elbow found"
+            knee = KneeLocator(x, y, curve=curve, direction=direction, S=KNEEDLE_S).knee
+    except Exception as e:  # a degenerate curve must not stop the analysis
+        logger.debug("kneedle failed on %s: %s", list(y), e)
+        return None
+    if knee is None:
+        return None
+    return float(users[int(np.argmin(np.abs(x - knee)))])
+
+
+def gain_per_doubling(u0: float, q0: float, u1: np.ndarray, q1: np.ndarray) -> np.ndarray:
+    """Relative QPS gain per doubling of users from (u0, q0) to each (u1, q1)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        doublings = np.log2(u1 / u0)
+        return np.where(q0 > 0, np.power(np.maximum(q1, 0) / q0, 1.0 / doublings) - 1.0, np.inf)
+
+
+def saturation_knee(users: np.ndarray, qps: np.ndarray) -> float | None:
+    """First step after which no later step gained SATURATION_GAIN QPS per doubling."""
+    for i in range(len(users) - 1):  # a handful of steps
+        if np.all(gain_per_doubling(users[i], qps[i], users[i + 1:], qps[i + 1:]) < SATURATION_GAIN):
+            return float(users[i])
+    return None
+
+
+def find_knee(users: Sequence[float], qps: Sequence[float]) -> dict[str, Any]:
+    """{users, qps, method, kneedle_users} for the throughput curve (valid steps only)."""
+    u, q = _clean(users, qps)
+    result: dict[str, Any] = {"users": None, "qps": None, "method": "none", "kneedle_users": None}
+    if len(u) < 2:
+        return result
+    kn = kneedle(u, q, curve="concave")
+    rule = saturation_knee(u, q)
+    result["kneedle_users"] = kn
+    chosen, method = None, "none"
+    if rule is not None:
+        chosen, method = rule, ("kneedle" if kn == rule else "saturation")
+    elif kn is not None:
+        i = int(np.flatnonzero(u == kn)[0])
+        if i + 1 < len(u) and gain_per_doubling(u[i], q[i], u[i + 1:i + 2], q[i + 1:i + 2])[0] < KNEEDLE_CONFIRM_GAIN:
+            chosen, method = kn, "kneedle"
+    if chosen is not None:
+        i = int(np.flatnonzero(u == chosen)[0])
+        result.update(users=_num(chosen), qps=float(q[i]), method=method)
+    return result
+
+
+def p99_rise_knee(users: np.ndarray, p99: np.ndarray) -> tuple[float | None, float | None]:
+    """(last step before P99 took off, the step where it took off), by LATENCY_KNEE_FACTOR."""
+    above = np.flatnonzero(p99 > LATENCY_KNEE_FACTOR * p99[0])
+    if not above.size:
+        return None, None
+    j = int(above[0])
+    return (float(users[j - 1]) if j > 0 else None), float(users[j])
+
+
+def find_latency_knee(users: Sequence[float], p99_ms: Sequence[float]) -> dict[str, Any]:
+    """{users, p99_ms, method, took_off_users, kneedle_users}: the last step before P99 took off."""
+    u, p = _clean(users, p99_ms)
+    result: dict[str, Any] = {"users": None, "p99_ms": None, "method": "none", "took_off_users": None,
+                              "kneedle_users": None}
+    if len(u) < 2:
+        return result
+    kn = kneedle(u, p, curve="convex")
+    rule, took_off = p99_rise_knee(u, p)
+    result["kneedle_users"] = kn
+    result["took_off_users"] = _num(took_off)
+    chosen, method = None, "none"
+    if rule is not None:
+        chosen, method = rule, ("kneedle" if kn == rule else "p99_rise")
+    elif kn is not None and took_off is None:
+        i = int(np.flatnonzero(u == kn)[0])
+        if i + 1 < len(u) and p[i + 1] >= KNEEDLE_CONFIRM_RISE * p[i]:
+            chosen, method = kn, "kneedle"
+    if chosen is not None:
+        i = int(np.flatnonzero(u == chosen)[0])
+        result.update(users=_num(chosen), p99_ms=float(p[i]), method=method)
+    return result
+
+
+def find_peak(users: Sequence[float], qps: Sequence[float]) -> dict[str, Any]:
+    """{users, qps} of the step with the highest QPS."""
+    u, q = _clean(users, qps)
+    if not len(u):
+        return {"users": None, "qps": None}
+    i = int(np.argmax(q))
+    return {"users": _num(u[i]), "qps": float(q[i])}
+
+
+def _num(x: float | None) -> int | float | None:
+    if x is None:
+        return None
+    return int(x) if float(x).is_integer() else float(x)

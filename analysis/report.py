@@ -1,0 +1,218 @@
+"""report/index.html: one self-contained, offline plotly page.
+
+(a) QPS and P50/P95/P99 against users (x = log2 users, ticks labelled with users), the knee
+    marked; (b) a timeline on one shared time axis (seconds since the run started) with each
+    step as a shaded band: QPS and P99 per second (from the request rows, binned by completion
+    time), host CPU us/sy, context switches and run queue, the monitored process's %CPU and RSS,
+    GPU SM%, and the load generator's CPU per worker; then the steps table.  Everything is
+    downsampled to 1-s bins; raw request points are never embedded.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from analysis.steps import completion_times, ok_mask
+from analysis.summary import knee_lines, status_line, table_rows
+
+logger = logging.getLogger(__name__)
+
+BIN_S = 1.0  # timeline resolution in seconds
+BAND_COLORS = ("rgba(99,110,250,0.08)", "rgba(239,85,59,0.08)")
+KNEE_COLOR = "firebrick"
+LATENCY_KNEE_COLOR = "darkorange"
+PLOT_HEIGHT_PER_ROW = 190
+
+
+def per_second(requests: pd.DataFrame, t0: float, bin_s: float = BIN_S) -> pd.DataFrame:
+    """Per bin of completion time: t (s since t0), qps (ok/s), errors_s, p99_ms (ok rows)."""
+    if requests is None or not len(requests):
+        return pd.DataFrame(columns=["t", "qps", "errors_s", "p99_ms"])
+    done = completion_times(requests)
+    b = np.floor((done - t0) / bin_s).astype(np.int64)
+    ok = ok_mask(requests)
+    df = pd.DataFrame({"bin": b, "ok": ok, "lat": requests["latency_ms"].to_numpy(dtype=float)})
+    counts = df.groupby("bin")["ok"].agg(["sum", "size"])
+    p99 = df[df["ok"]].groupby("bin")["lat"].quantile(0.99)
+    full = np.arange(int(counts.index.min()), int(counts.index.max()) + 1)
+    counts = counts.reindex(full, fill_value=0)
+    return pd.DataFrame({
+        "t": full * bin_s,
+        "qps": counts["sum"].to_numpy() / bin_s,
+        "errors_s": (counts["size"] - counts["sum"]).to_numpy() / bin_s,
+        "p99_ms": p99.reindex(full).to_numpy(),
+    })
+
+
+def _binned(df: pd.DataFrame, t0: float, cols: list[str], how: str = "mean", by: str | None = None,
+            bin_s: float = BIN_S) -> pd.DataFrame:
+    """Samples -> 1-s bins (time since t0); with ``by``, samples at one t are first summed."""
+    cols = [c for c in cols if c in df.columns]
+    data = df[["t", *cols] + ([by] if by and by in df.columns else [])].copy()
+    for c in cols:
+        data[c] = pd.to_numeric(data[c], errors="coerce")
+    if by and by in data.columns:
+        data = data.groupby("t", sort=True)[cols].agg(how).reset_index()
+    data["bin"] = np.floor((data["t"] - t0) / bin_s).astype(np.int64)
+    out = data.groupby("bin")[cols].mean().reset_index()
+    out["t"] = out["bin"] * bin_s
+    return out
+
+
+def _knee_figure(summary: dict[str, Any]) -> go.Figure:
+    steps = [s for s in summary.get("steps", []) if s.get("users")]
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    if not steps:
+        fig.update_layout(title="No steps recorded")
+        return fig
+    users = np.array([s["users"] for s in steps], dtype=float)
+    x = np.log2(users)
+    valid = [bool(s.get("valid")) for s in steps]
+    val = lambda k: [np.nan if s.get(k) is None else s[k] for s in steps]  # noqa: E731
+    fig.add_trace(go.Scatter(x=x, y=val("qps"), name="QPS", mode="lines+markers", line=dict(width=3),
+                             marker=dict(size=10, symbol=["circle" if v else "x" for v in valid]),
+                             hovertext=[("valid" if v else "INVALID: " + "; ".join(s.get("reasons") or []))
+                                        for v, s in zip(valid, steps)]), secondary_y=False)
+    for key, dash in (("p50_ms", "dot"), ("p95_ms", "dash"), ("p99_ms", "solid")):
+        fig.add_trace(go.Scatter(x=x, y=val(key), name=key.replace("_ms", "").upper() + " ms", mode="lines+markers",
+                                 line=dict(dash=dash)), secondary_y=True)
+    knee = summary.get("knee") or {}
+    if knee.get("users"):
+        fig.add_vline(x=float(np.log2(knee["users"])), line=dict(color=KNEE_COLOR, width=2, dash="dash"),
+                      annotation_text=f"knee: {knee['users']} users ({knee.get('method')})",
+                      annotation_position="top left", annotation_font_color=KNEE_COLOR)
+    lk = summary.get("latency_knee") or {}
+    if lk.get("users") and lk.get("users") != knee.get("users"):
+        fig.add_vline(x=float(np.log2(lk["users"])), line=dict(color=LATENCY_KNEE_COLOR, width=1, dash="dot"),
+                      annotation_text=f"P99 knee: {lk['users']} users", annotation_position="bottom right",
+                      annotation_font_color=LATENCY_KNEE_COLOR)
+    fig.update_xaxes(title_text="users (log2 scale)", tickvals=x, ticktext=[f"{u:g}" for u in users])
+    fig.update_yaxes(title_text="QPS (successful/s)", rangemode="tozero", secondary_y=False)
+    fig.update_yaxes(title_text="latency ms", rangemode="tozero", secondary_y=True)
+    fig.update_layout(title="Throughput and latency against users", height=480, hovermode="x unified")
+    return fig
+
+
+def _timeline_figure(summary: dict[str, Any], requests: pd.DataFrame, generator: dict[str, pd.DataFrame],
+                     hosts: dict[str, dict[str, pd.DataFrame]], t0: float) -> go.Figure:
+    rows: list[tuple[str, list[tuple[str, pd.Series, pd.Series, bool]]]] = []  # title, traces(name,x,y,secondary)
+    ps = per_second(requests, t0)
+    if len(ps):
+        rows.append(("QPS per second", [("QPS", ps["t"], ps["qps"], False), ("errors/s", ps["t"], ps["errors_s"], True)]))
+        rows.append(("P99 per second (ms)", [("P99 ms", ps["t"], ps["p99_ms"], False)]))
+    for host, streams in hosts.items():
+        vm = streams.get("vmstat")
+        if vm is not None:
+            b = _binned(vm, t0, ["us", "sy", "wa", "cs", "r"])
+            cpu = [(f"{k} %", b["t"], b[k], False) for k in ("us", "sy", "wa") if k in b]
+            if cpu:
+                rows.append((f"{host}: CPU % (vmstat)", cpu))
+            sched = [(n, b["t"], b[k], sec) for k, n, sec in (("cs", "cs/s", False), ("r", "run queue", True)) if k in b]
+            if sched:
+                rows.append((f"{host}: context switches/s, run queue", sched))
+        pr = streams.get("process")
+        if pr is not None:
+            b = _binned(pr, t0, ["cpu_pct", "rss_mb"], how="sum", by="pid")
+            tr = [(n, b["t"], b[k], sec) for k, n, sec in (("cpu_pct", "process %CPU", False), ("rss_mb", "RSS MB", True)) if k in b]
+            if tr:
+                rows.append((f"{host}: monitored process", tr))
+        gpu = streams.get("gpu")
+        if gpu is not None and "gpu" in gpu.columns and "sm_pct" in gpu.columns:
+            tr = []
+            for g, gdf in gpu.groupby("gpu"):
+                b = _binned(gdf, t0, ["sm_pct", "mem_pct"])
+                tr.append((f"GPU {g} SM %", b["t"], b["sm_pct"], False))
+                if "mem_pct" in b:
+                    tr.append((f"GPU {g} mem %", b["t"], b["mem_pct"], False))
+            rows.append((f"{host}: GPU", tr))
+    if generator:
+        tr = []
+        for w, df in generator.items():
+            if "cpu_pct" in df.columns:
+                b = _binned(df, t0, ["cpu_pct"])
+                tr.append((f"{w} CPU %", b["t"], b["cpu_pct"], False))
+        if tr:
+            rows.append(("load generator CPU % per worker", tr))
+    if not rows:
+        fig = go.Figure()
+        fig.update_layout(title="Timeline: no samples recorded", height=200)
+        return fig
+    fig = make_subplots(rows=len(rows), cols=1, shared_xaxes=True, vertical_spacing=0.03,
+                        subplot_titles=[r[0] for r in rows], specs=[[{"secondary_y": True}]] * len(rows))
+    for i, (_, traces) in enumerate(rows, start=1):
+        for name, x, y, sec in traces:
+            fig.add_trace(go.Scatter(x=np.asarray(x, dtype=float), y=np.asarray(y, dtype=float), name=name,
+                                     mode="lines", legendgroup=str(i), line=dict(width=1.5)),
+                          row=i, col=1, secondary_y=sec)
+    for j, s in enumerate(summary.get("steps", [])):
+        if s.get("t_ramp") is None or s.get("t_end") is None or not s["t_end"] > s["t_ramp"]:
+            continue
+        lo, hi = s["t_ramp"] - t0, s["t_end"] - t0
+        fig.add_vrect(x0=lo, x1=hi, fillcolor=BAND_COLORS[j % 2], line_width=0, layer="below", row="all", col=1)
+        fig.add_annotation(x=(lo + hi) / 2, y=1.0, xref="x", yref="paper", yanchor="bottom", showarrow=False,
+                           text=f"{s.get('users')}u" + ("" if s.get("valid") else " ✗"), font=dict(size=10))
+    fig.update_xaxes(title_text="seconds since run start", row=len(rows), col=1)
+    fig.update_layout(title=dict(text="Timeline (steps shaded; ✗ = step not valid)", y=0.995),
+                      height=max(360, PLOT_HEIGHT_PER_ROW * len(rows) + 120), hovermode="x unified",
+                      margin=dict(t=90))
+    return fig
+
+
+def _table_html(summary: dict[str, Any]) -> str:
+    header, rows = table_rows(summary)
+    if not rows:
+        return "<p><em>No steps recorded.</em></p>"
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join(
+        "<tr{}>{}</tr>".format("" if r[8] == "yes" else ' class="invalid"', "".join(f"<td>{html.escape(c)}</td>" for c in r))
+        for r in rows
+    )
+    return f'<table class="steps"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _md_inline(line: str) -> str:
+    parts = html.escape(line).split("**")
+    return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
+
+
+CSS = """
+body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
+.banner{background:#b00020;color:#fff;padding:.6em 1em;font-weight:bold;border-radius:4px}
+table.steps{border-collapse:collapse;font-size:13px;margin:1em 0}
+table.steps th,table.steps td{border:1px solid #ccc;padding:3px 8px;text-align:right}
+table.steps td:nth-child(9){text-align:left}
+tr.invalid{background:#fff3f3;color:#777}
+"""
+
+
+def render_html(summary: dict[str, Any], requests: pd.DataFrame, generator: dict[str, pd.DataFrame],
+                hosts: dict[str, dict[str, pd.DataFrame]], t0: float) -> str:
+    title = f"kneeswarm {summary.get('run_id')}"
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+             f"<style>{CSS}</style></head><body>",
+             f"<h1>{html.escape(title)}</h1>"]
+    if not summary.get("complete"):
+        parts.append(f"<p class='banner'>{html.escape(status_line(summary))}: this report covers only what "
+                     "was recorded before the run stopped.</p>")
+    parts.append("<ul>" + "".join(f"<li>{_md_inline(line)}</li>" for line in knee_lines(summary)) + "</ul>")
+    parts.append(_knee_figure(summary).to_html(full_html=False, include_plotlyjs=True))
+    parts.append("<h2>Steps (steady windows)</h2>" + _table_html(summary))
+    parts.append(_timeline_figure(summary, requests, generator, hosts, t0).to_html(full_html=False, include_plotlyjs=False))
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write a report file atomically (temporary name, then rename), as rundir does."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)

@@ -1,0 +1,233 @@
+"""Per-step statistics over each step's steady window, computed from the request rows.
+
+The steady window of a step is ``[t_steady + settle, t_end)``: the ramp and the first
+``settle`` seconds after all users were running are left out.  A step whose ``t_end`` is
+missing (the run died during it) ends where the next step's ramp began, or, for the last
+step, at the completion of the last request.
+
+Definitions (one row per step, from the rows whose ``t_start`` lies in the window):
+
+* ``requests``  every row in the window; ``ok`` the successful ones;
+* ``qps``       successful requests per second of window (the article's throughput:
+  successful inferences); ``rps`` all requests per second;
+* ``mean_ms``, ``p50_ms`` … ``p999_ms``  over the successful rows' ``latency_ms``,
+  ``numpy.percentile`` with its default (linear) method, never Locust's buckets;
+* ``error_rate`` = failed rows / requests; ``errors`` = {category: count} (null -> "other").
+
+Validity (``validate_steps``): a step is not trusted when its window is empty, it has fewer
+than ``min_requests`` requests, or a load-generator worker averaged more than
+``generator_cpu_max`` % CPU during it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+logger = logging.getLogger(__name__)
+
+PERCENTILES = {"p50_ms": 50.0, "p95_ms": 95.0, "p99_ms": 99.0, "p999_ms": 99.9}
+OTHER_ERROR = "other"
+
+# server metrics averaged per step: stream -> {csv column: summary key}
+VMSTAT_METRICS = {"us": "us", "sy": "sy", "wa": "wa", "cs": "cs", "r": "r"}
+PROCESS_METRICS = {
+    "cpu_pct": "cpu_pct",
+    "usr_pct": "usr_pct",
+    "sys_pct": "sys_pct",
+    "rss_mb": "rss_mb",
+    "threads": "threads",
+    "cswch_s": "cswch_s",
+    "nvcswch_s": "nvcswch_s",
+    "migrations_s": "migrations_s",
+}
+GPU_MEAN_METRICS = {"sm_pct": "sm_pct", "mem_pct": "mem_pct"}  # mean over GPUs at each sample
+GPU_SUM_METRICS = {"fb_used_mb": "fb_used_mb", "power_w": "power_w"}  # summed over GPUs
+
+
+def ok_mask(requests: pd.DataFrame) -> np.ndarray:
+    """True where the row is a success (a null ``ok`` counts as a failure)."""
+    if "ok" not in requests.columns:
+        return np.zeros(len(requests), dtype=bool)
+    return np.asarray(requests["ok"].to_numpy() == True, dtype=bool)  # noqa: E712 (object dtype with None)
+
+
+def completion_times(requests: pd.DataFrame) -> np.ndarray:
+    """Epoch seconds at which each request ended (t_start + latency; t_start if no latency)."""
+    t = requests["t_start"].to_numpy(dtype=float)
+    lat = requests["latency_ms"].to_numpy(dtype=float) if "latency_ms" in requests.columns else np.zeros_like(t)
+    return t + np.nan_to_num(lat, nan=0.0) / 1000.0
+
+
+def resolve_windows(steps: pd.DataFrame, requests: pd.DataFrame, settle: float) -> pd.DataFrame:
+    """steps + ``t_end_used`` (t_end, else next t_ramp, else the last completion), ``t_lo``, ``t_hi``."""
+    out = steps.copy().reset_index(drop=True)
+    for col in ("index", "users", "t_ramp", "t_steady", "t_end"):
+        if col not in out.columns:
+            out[col] = np.nan
+        out[col] = pd.to_numeric(out[col], errors="coerce")
+    if out["index"].isna().all():
+        out["index"] = np.arange(len(out))
+    t_end = out["t_end"].to_numpy(dtype=float).copy()
+    next_ramp = np.append(out["t_ramp"].to_numpy(dtype=float)[1:], np.nan)
+    last_done = float(np.nanmax(completion_times(requests))) if len(requests) else np.nan
+    fill = np.where(np.isfinite(next_ramp), next_ramp, last_done)
+    missing = ~np.isfinite(t_end)
+    t_end[missing] = fill[missing]
+    out["t_end_used"] = t_end
+    out["t_lo"] = out["t_steady"].to_numpy(dtype=float) + float(settle)
+    out["t_hi"] = t_end
+    out["window_s"] = out["t_hi"] - out["t_lo"]
+    return out
+
+
+def _empty_stats() -> dict[str, Any]:
+    return dict(requests=0, ok=0, qps=np.nan, rps=np.nan, mean_ms=np.nan,
+                **{k: np.nan for k in PERCENTILES}, error_rate=np.nan, errors={})
+
+
+def step_stats(requests: pd.DataFrame, steps: pd.DataFrame, settle: float) -> pd.DataFrame:
+    """One row per step: window, requests, qps, rps, mean/p50/p95/p99/p999 ms, error_rate, errors."""
+    win = resolve_windows(steps, requests, settle)
+    if len(requests) and not requests["t_start"].is_monotonic_increasing:
+        requests = requests.sort_values("t_start", kind="stable").reset_index(drop=True)
+    t = requests["t_start"].to_numpy(dtype=float) if len(requests) else np.empty(0)
+    ok = ok_mask(requests)
+    lat = requests["latency_ms"].to_numpy(dtype=float) if len(requests) else np.empty(0)
+    err = requests["error"] if "error" in requests.columns else pd.Series([None] * len(requests))
+
+    lo_idx = np.searchsorted(t, win["t_lo"].to_numpy(dtype=float), side="left")
+    hi_idx = np.searchsorted(t, win["t_hi"].to_numpy(dtype=float), side="left")
+    rows = []
+    for i, (a, b, w) in enumerate(zip(lo_idx, hi_idx, win["window_s"].to_numpy(dtype=float))):
+        if not (np.isfinite(w) and w > 0) or b <= a:
+            rows.append(_empty_stats())
+            continue
+        okw = ok[a:b]
+        lat_ok = lat[a:b][okw]
+        lat_ok = lat_ok[np.isfinite(lat_ok)]
+        n, n_ok = int(b - a), int(okw.sum())
+        stats = dict(requests=n, ok=n_ok, qps=n_ok / w, rps=n / w)
+        if lat_ok.size:
+            pct = np.percentile(lat_ok, list(PERCENTILES.values()))
+            stats |= dict(mean_ms=float(lat_ok.mean()), **{k: float(v) for k, v in zip(PERCENTILES, pct)})
+        else:
+            stats |= dict(mean_ms=np.nan, **{k: np.nan for k in PERCENTILES})
+        failed = err.iloc[a:b][~okw].fillna(OTHER_ERROR).astype(str)
+        stats["errors"] = {str(k): int(v) for k, v in failed.value_counts().sort_index().items()}
+        stats["error_rate"] = (n - n_ok) / n
+        rows.append(stats)
+    stats_df = pd.DataFrame(rows, index=win.index, columns=list(_empty_stats()))
+    return pd.concat([win, stats_df], axis=1)
+
+
+def window_means(df: pd.DataFrame | None, columns: dict[str, str], t_lo: np.ndarray, t_hi: np.ndarray,
+                 by: str | None = None, sum_cols: tuple[str, ...] = ()) -> list[dict[str, float]]:
+    """Mean of each present column over each window [t_lo, t_hi); one dict per window.
+
+    With ``by`` (e.g. several pids or GPUs per sample), samples at the same ``t`` are first
+    combined: summed for ``sum_cols``, averaged otherwise.
+    """
+    n = len(t_lo)
+    if df is None or df.empty:
+        return [{} for _ in range(n)]
+    cols = [c for c in columns if c in df.columns]
+    if not cols:
+        return [{} for _ in range(n)]
+    data = df[["t", *cols]].copy()
+    for c in cols:
+        data[c] = pd.to_numeric(data[c], errors="coerce")
+    if by is not None and by in df.columns and df.duplicated("t").any():
+        agg = {c: ("sum" if c in sum_cols else "mean") for c in cols}
+        data = data.groupby("t", sort=True).agg(agg).reset_index()
+    t = data["t"].to_numpy(dtype=float)
+    order = np.argsort(t, kind="stable")
+    t = t[order]
+    values = data[cols].to_numpy(dtype=float)[order]
+    a = np.searchsorted(t, t_lo, side="left")
+    b = np.searchsorted(t, t_hi, side="left")
+    out = []
+    for lo, hi in zip(a, b):
+        if hi <= lo:
+            out.append({})
+            continue
+        with np.errstate(all="ignore"), _quiet():
+            means = np.nanmean(values[lo:hi], axis=0)
+        out.append({columns[c]: float(m) for c, m in zip(cols, means) if np.isfinite(m)})
+    return out
+
+
+class _quiet:
+    """Silence numpy's 'Mean of empty slice' warning for all-NaN columns."""
+
+    def __enter__(self):
+        import warnings
+
+        self._cm = warnings.catch_warnings()
+        self._cm.__enter__()
+        warnings.simplefilter("ignore", RuntimeWarning)
+
+    def __exit__(self, *exc):
+        return self._cm.__exit__(*exc)
+
+
+def generator_cpu(generator: dict[str, pd.DataFrame], t_lo: np.ndarray, t_hi: np.ndarray) -> list[dict[str, float]]:
+    """Per window: {worker: mean cpu_pct} over the workers that reported in that window."""
+    per_worker = {w: window_means(df, {"cpu_pct": "cpu_pct"}, t_lo, t_hi) for w, df in generator.items()}
+    return [{w: m[i]["cpu_pct"] for w, m in per_worker.items() if "cpu_pct" in m[i]} for i in range(len(t_lo))]
+
+
+def server_metrics(hosts: dict[str, dict[str, pd.DataFrame]], t_lo: np.ndarray, t_hi: np.ndarray) -> list[dict[str, dict[str, float]]]:
+    """Per window: {host: {metric: mean}} from vmstat, process and gpu samples."""
+    out: list[dict[str, dict[str, float]]] = [{} for _ in range(len(t_lo))]
+    for host, streams in hosts.items():
+        parts = [
+            window_means(streams.get("vmstat"), VMSTAT_METRICS, t_lo, t_hi),
+            window_means(streams.get("process"), PROCESS_METRICS, t_lo, t_hi, by="pid",
+                         sum_cols=tuple(PROCESS_METRICS)),
+            window_means(streams.get("gpu"), GPU_MEAN_METRICS | GPU_SUM_METRICS, t_lo, t_hi, by="gpu",
+                         sum_cols=tuple(GPU_SUM_METRICS)),
+        ]
+        for i in range(len(t_lo)):
+            merged = {k: v for p in parts for k, v in p[i].items()}
+            if merged:
+                out[i][host] = merged
+    return out
+
+
+def validate_steps(stats: pd.DataFrame, min_requests: int, gen_cpu: list[dict[str, float]] | None = None,
+                   generator_cpu_max: float = 90.0) -> pd.DataFrame:
+    """Add ``valid`` (bool) and ``reasons`` (list of one-line strings) to the step statistics."""
+    out = stats.copy()
+    valid, reasons = [], []
+    gen_cpu = gen_cpu or [{} for _ in range(len(out))]
+    for (_, row), cpu in zip(out.iterrows(), gen_cpu):  # one iteration per step, not per request
+        why: list[str] = []
+        w = row["window_s"]
+        if not np.isfinite(float(row["t_steady"])):
+            why.append("the step never reached steady state (no t_steady)")
+        elif not (math.isfinite(w) and w > 0):
+            why.append(f"the steady window is empty ({_fmt_s(w)} after the {_fmt_s(row['t_lo'] - row['t_steady'])} settle)")
+        elif row["requests"] < min_requests:
+            why.append(f"only {int(row['requests'])} requests in the steady window (< {min_requests}): P99 not trustworthy")
+        if cpu:
+            worker, top = max(cpu.items(), key=lambda kv: kv[1])
+            if top > generator_cpu_max:
+                why.append(
+                    f"load generator CPU {top:.0f}% > {generator_cpu_max:.0f}% (worker {worker}): "
+                    "the generator, not the server, may be the bottleneck"
+                )
+        valid.append(not why)
+        reasons.append(why)
+    out["valid"] = np.asarray(valid, dtype=bool)
+    out["reasons"] = reasons
+    out["generator_cpu_max"] = [max(c.values()) if c else np.nan for c in gen_cpu]
+    return out
+
+
+def _fmt_s(x: float) -> str:
+    return f"{x:.1f}s" if isinstance(x, (int, float)) and math.isfinite(x) else "unknown"

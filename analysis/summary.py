@@ -1,0 +1,189 @@
+"""The summary: one dict that becomes report/summary.json and report/summary.md.
+
+Stable keys (DESIGN.md): run_id, complete, steps[] (index, users, requests, qps, p50_ms,
+p95_ms, p99_ms, p999_ms, mean_ms, error_rate, errors, valid, reasons[]), knee {users, qps,
+method}, peak {users, qps}.  Also written: latency_knee, totals, ended, analysis settings,
+per-step window/rps/generator/server facts.  NaN and infinities are written as null.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+logger = logging.getLogger(__name__)
+
+SUMMARY_VERSION = 1
+META_KEYS = ("started", "finished", "ended_at", "launcher", "load_host", "target", "versions", "clock_offsets")
+STEP_KEYS = ("index", "users", "requests", "qps", "rps", "p50_ms", "p95_ms", "p99_ms", "p999_ms", "mean_ms",
+             "error_rate", "errors", "valid", "reasons")
+STEP_EXTRA_KEYS = ("t_ramp", "t_steady", "t_lo", "t_hi", "window_s", "generator_cpu_max")
+# Markdown/HTML server columns: (header, summary key, format)
+SERVER_COLUMNS = (
+    ("CPU us%", "us", "{:.0f}"),
+    ("CPU sy%", "sy", "{:.0f}"),
+    ("cs/s", "cs", "{:,.0f}"),
+    ("run queue", "r", "{:.1f}"),
+    ("proc CPU%", "cpu_pct", "{:.0f}"),
+    ("RSS MB", "rss_mb", "{:,.0f}"),
+    ("GPU SM%", "sm_pct", "{:.0f}"),
+)
+
+
+def jsonable(x: Any) -> Any:
+    """Plain JSON types; NaN/inf -> None; numpy scalars -> Python; tuples -> lists."""
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, np.ndarray, pd.Series)):
+        return [jsonable(v) for v in list(x)]
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        f = float(x)
+        if not math.isfinite(f):
+            return None
+        return f
+    if x is None or isinstance(x, str):
+        return x
+    if x is pd.NA or x is pd.NaT:
+        return None
+    return str(x)
+
+
+def _users(v: Any) -> int | float | None:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return None
+    f = float(v)
+    return int(f) if f.is_integer() else f
+
+
+def step_records(stats: pd.DataFrame, server: list[dict[str, Any]] | None = None,
+                 gen_cpu: list[dict[str, float]] | None = None) -> list[dict[str, Any]]:
+    records = []
+    for i, row in enumerate(stats.to_dict("records")):
+        rec = {k: row.get(k) for k in STEP_KEYS}
+        rec["index"] = _users(rec["index"])
+        rec["users"] = _users(rec["users"])
+        rec["requests"] = int(rec["requests"] or 0)
+        rec["errors"] = dict(rec["errors"] or {})
+        rec["reasons"] = list(rec["reasons"] or [])
+        rec["valid"] = bool(rec["valid"])
+        rec.update({k: row.get(k) for k in STEP_EXTRA_KEYS})
+        rec["t_end"] = row.get("t_end_used", row.get("t_end"))  # t_end, or where a crashed step was cut
+        rec["t_end_recorded"] = row.get("t_end") is not None and math.isfinite(float(row.get("t_end")))
+        rec["generator"] = {"cpu_pct": dict(gen_cpu[i])} if gen_cpu and gen_cpu[i] else {}
+        rec["server"] = server[i] if server else {}
+        records.append(rec)
+    return records
+
+
+def build_summary(*, run_id: str, meta: dict[str, Any], settings: dict[str, Any], steps: list[dict[str, Any]],
+                  knee: dict[str, Any], latency_knee: dict[str, Any], peak: dict[str, Any],
+                  totals: dict[str, Any], hosts: list[str], workers: list[str]) -> dict[str, Any]:
+    complete = bool(meta.get("complete", False))
+    summary = {
+        "summary_version": SUMMARY_VERSION,
+        "run_id": run_id,
+        "complete": complete,
+        "ended": meta.get("ended"),
+        "meta": {k: meta[k] for k in META_KEYS if k in meta},
+        "analysis": settings,
+        "steps": steps,
+        "knee": knee,
+        "latency_knee": latency_knee,
+        "peak": peak,
+        "totals": totals,
+        "hosts": hosts,
+        "workers": workers,
+    }
+    return jsonable(summary)
+
+
+def to_json(summary: dict[str, Any]) -> str:
+    """Strict JSON (raises rather than write NaN)."""
+    return json.dumps(jsonable(summary), indent=2, allow_nan=False) + "\n"
+
+
+# -- Markdown -------------------------------------------------------------------------------
+def _f(v: Any, fmt: str = "{:.1f}") -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–"
+    return fmt.format(v)
+
+
+def status_line(summary: dict[str, Any]) -> str:
+    if summary.get("complete"):
+        return "complete"
+    ended = summary.get("ended")
+    return f"INCOMPLETE (ended: {ended})" if ended else "INCOMPLETE (no record of how it ended)"
+
+
+def knee_lines(summary: dict[str, Any]) -> list[str]:
+    knee, lk, peak = summary.get("knee") or {}, summary.get("latency_knee") or {}, summary.get("peak") or {}
+    lines = []
+    if knee.get("users") is not None:
+        lines.append(f"**Knee:** {knee['users']} users at {_f(knee.get('qps'))} QPS (method: {knee.get('method')})")
+    else:
+        lines.append("**Knee:** none found: QPS still rose over the tested range (or too few valid steps)")
+    if peak.get("users") is not None:
+        lines.append(f"**Peak:** {_f(peak.get('qps'))} QPS at {peak['users']} users")
+    if lk.get("users") is not None:
+        took = f"; took off at {lk['took_off_users']} users" if lk.get("took_off_users") is not None else ""
+        lines.append(f"**P99 knee:** {lk['users']} users at P99 {_f(lk.get('p99_ms'))} ms{took} (method: {lk.get('method')})")
+    else:
+        lines.append("**P99 knee:** none found")
+    return lines
+
+
+def server_columns(summary: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(host, header, key, fmt) for each server metric present in at least one step."""
+    present: dict[str, set[str]] = {}
+    for s in summary.get("steps", []):
+        for host, metrics in (s.get("server") or {}).items():
+            present.setdefault(host, set()).update(metrics)
+    many = len(present) > 1
+    return [(h, f"{h} {head}" if many else head, key, fmt)
+            for h in sorted(present) for head, key, fmt in SERVER_COLUMNS if key in present[h]]
+
+
+def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the steps table (shared by Markdown and HTML)."""
+    srv = server_columns(summary)
+    header = ["users", "requests", "QPS", "P50 ms", "P95 ms", "P99 ms", "P999 ms", "errors %", "valid",
+              *[h for _, h, _, _ in srv]]
+    rows = []
+    for s in summary.get("steps", []):
+        er = s.get("error_rate")
+        valid = "yes" if s.get("valid") else "no: " + "; ".join(s.get("reasons") or [])
+        row = [str(s.get("users")), f"{s.get('requests', 0):,}", _f(s.get("qps")), _f(s.get("p50_ms")),
+               _f(s.get("p95_ms")), _f(s.get("p99_ms")), _f(s.get("p999_ms")),
+               _f(None if er is None else 100 * er, "{:.2f}"), valid]
+        for host, _, key, fmt in srv:
+            row.append(_f((s.get("server") or {}).get(host, {}).get(key), fmt))
+        rows.append(row)
+    return header, rows
+
+
+def to_markdown(summary: dict[str, Any]) -> str:
+    lines = [f"## kneeswarm run `{summary.get('run_id')}`: {status_line(summary)}", ""]
+    lines += [f"- {line}" for line in knee_lines(summary)]
+    tot = summary.get("totals") or {}
+    lines.append(f"- **Requests:** {tot.get('requests', 0):,} ({tot.get('errors', 0):,} errors)")
+    lines.append("")
+    header, rows = table_rows(summary)
+    if rows:
+        esc = lambda c: c.replace("|", "\\|")  # noqa: E731
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append("|" + "|".join("---:" if i < 8 else "---" for i in range(len(header))) + "|")
+        lines += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows]
+    else:
+        lines.append("_No steps recorded._")
+    lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,239 @@
+"""kneeswarm's wiring into Locust, as event listeners registered at ``init``.
+
+Imported by the locustfile (swarm.py).  It adds the command-line options, loads the plan,
+and connects the recorder: on workers a RowBuffer whose rows ride on the worker report; on
+the master (or a local runner) the RequestWriter, the step log (steps.csv) and the
+load-generator self-metrics (generator/*.csv).  Nothing here edits Locust's runners.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import gevent
+from locust import events
+from locust.env import Environment
+from locust.runners import MasterRunner, WorkerRunner
+
+from kneeswarm.plan import PlanError, load_plan, plan_from_dict
+from kneeswarm.rundir import GENERATOR_COLUMNS, RunDir, safe_name
+
+from locustfiles import state
+from locustfiles.recorder import FLUSH_INTERVAL, GEN_KEY, REPORT_KEY, GeneratorSampler, RequestWriter, RowBuffer
+from locustfiles.shape import StepSchedule, StepShape
+from locustfiles.users import InferenceUser
+
+logger = logging.getLogger(__name__)
+
+PLAN_MESSAGE = "kneeswarm_plan"
+
+
+@events.init_command_line_parser.add_listener
+def _add_arguments(parser: Any) -> None:
+    parser.add_argument("--kneeswarm-plan", default="", include_in_web_ui=True, help="plan TOML file (steps, ramp, hold, request body)")
+    parser.add_argument("--kneeswarm-run-dir", default="", help="run directory to write; default: a new one under --kneeswarm-out at each test start")
+    parser.add_argument("--kneeswarm-out", default="runs", help="where new run directories go (default: runs)")
+
+
+class Recording:
+    """The master's (or local runner's) recording of one test: writer, steps, generator CSVs."""
+
+    def __init__(self, env: Environment, run: RunDir, local_buffer: RowBuffer | None):
+        self.env, self.run, self.local_buffer = env, run, local_buffer
+        plan = state.plan()
+        self.schedule = StepSchedule(plan.load.steps, plan.load.ramp, plan.load.hold, on_change=self._write_steps)
+        self.writer = RequestWriter(run, self.schedule.step_starts)
+        self.local_sampler = GeneratorSampler(lambda: env.runner.user_count) if local_buffer is not None else None
+        self._flusher = gevent.spawn(self._flush_loop)
+        self._sampler = gevent.spawn(self._sample_loop) if self.local_sampler else None
+
+    def _write_steps(self, log: list) -> None:
+        self.run.write_steps(s.row() for s in log)
+
+    def add_generator_rows(self, worker: str, rows: list) -> None:
+        if not rows:
+            return
+        path = self.run.generator_dir / f"{safe_name(worker)}.csv"
+        new = not path.exists()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", newline="") as f:
+            w = csv.writer(f)
+            if new:
+                w.writerow(GENERATOR_COLUMNS)
+            w.writerows(rows)
+
+    def flush(self) -> None:
+        if self.local_buffer is not None:
+            self.writer.add("local", self.local_buffer.take())
+            self.add_generator_rows("local", self.local_sampler.take())
+        try:
+            self.writer.flush()
+        except OSError as e:  # a full disk must not kill the load; say so once per flush
+            logger.error("kneeswarm: could not write request rows: %s", e)
+
+    def _flush_loop(self) -> None:
+        while True:
+            gevent.sleep(FLUSH_INTERVAL)
+            self.flush()
+
+    def _sample_loop(self) -> None:
+        while True:
+            self.local_sampler.probe_lag()
+            gevent.sleep(0.9)
+            self.local_sampler.sample()
+
+    def stop(self) -> None:
+        self.schedule.finish(time.time())
+        for g in (self._flusher, self._sampler):
+            if g is not None:
+                g.kill(block=False)
+        self.flush()
+        logger.info("kneeswarm: %d request rows in %s", self.writer.rows_written, self.run.path)
+
+
+_recording: Recording | None = None
+
+
+def _load_plan(env: Environment) -> None:
+    opts = env.parsed_options
+    path = getattr(opts, "kneeswarm_plan", "") if opts else ""
+    overrides = {"target": env.host} if env.host else {}
+    try:
+        state.set_plan(load_plan(path or None, overrides))
+    except PlanError as e:
+        logger.error("kneeswarm: %s", e)
+        raise SystemExit(2) from None
+    _apply_plan(env)
+
+
+def _apply_plan(env: Environment) -> None:
+    plan = state.plan()
+    InferenceUser.network_timeout = InferenceUser.connection_timeout = plan.request.timeout
+    if not env.host:
+        env.host = plan.target
+    InferenceUser.host = plan.target
+
+
+def _worker_label(runner: MasterRunner, client_id: str) -> str:
+    try:
+        return f"worker-{runner.get_worker_index(client_id)}"
+    except Exception:  # older Locust or an unknown client
+        return client_id
+
+
+@events.init.add_listener
+def _on_init(environment: Environment, **_kw: Any) -> None:
+    _load_plan(environment)
+    runner = environment.runner
+    if isinstance(runner, WorkerRunner):
+        _init_worker(environment, runner)
+    elif runner is not None:
+        _init_master_or_local(environment, runner)
+
+
+def _init_worker(env: Environment, runner: WorkerRunner) -> None:
+    buffer = RowBuffer()
+    sampler = GeneratorSampler(lambda: runner.user_count)
+    env.events.request.add_listener(buffer.on_request)
+
+    def on_report(client_id: str, data: dict) -> None:
+        data[REPORT_KEY] = buffer.take()
+        data[GEN_KEY] = sampler.take()
+
+    def on_plan(environment: Environment, msg: Any, **_kw: Any) -> None:
+        state.set_plan(plan_from_dict(msg.data["plan"], "plan from master"))
+        state.set_worker_index(int(msg.data.get("index", 0)))
+        _apply_plan(environment)
+
+    def sample_loop() -> None:
+        while True:
+            sampler.probe_lag()
+            gevent.sleep(0.9)
+            sampler.sample()
+
+    env.events.report_to_master.add_listener(on_report)
+    runner.register_message(PLAN_MESSAGE, on_plan)
+    gevent.spawn(sample_loop)
+
+
+def _init_master_or_local(env: Environment, runner: Any) -> None:
+    is_master = isinstance(runner, MasterRunner)
+    local_buffer = None if is_master else RowBuffer()
+    if local_buffer is not None:
+        env.events.request.add_listener(local_buffer.on_request)
+
+    def new_test() -> StepSchedule:
+        global _recording
+        if _recording is not None:
+            _recording.stop()
+        _recording = Recording(env, _run_dir(env), local_buffer)
+        return _recording.schedule
+
+    if isinstance(env.shape_class, StepShape):
+        env.shape_class.new_test = new_test
+
+    def on_test_start(environment: Environment, **_kw: Any) -> None:
+        if is_master:
+            for client in runner.clients.all:
+                idx = runner.get_worker_index(client.id) if hasattr(runner, "get_worker_index") else 0
+                runner.send_message(PLAN_MESSAGE, {"plan": state.plan().to_dict(), "index": idx}, client.id)
+
+    def on_spawning_complete(user_count: int, **_kw: Any) -> None:
+        if _recording is not None:
+            _recording.schedule.spawned(time.time())
+
+    def on_worker_report(client_id: str, data: dict) -> None:
+        if _recording is None:
+            return
+        worker = _worker_label(runner, client_id)
+        _recording.writer.add(worker, data.get(REPORT_KEY) or [])
+        _recording.add_generator_rows(worker, data.get(GEN_KEY) or [])
+
+    def on_test_stop(environment: Environment, **_kw: Any) -> None:
+        # Workers send their last report after the master's stop; quitting flushes again.
+        if _recording is not None:
+            _recording.flush()
+
+    def on_quitting(environment: Environment, **_kw: Any) -> None:
+        if _recording is not None:
+            _recording.stop()
+
+    env.events.test_start.add_listener(on_test_start)
+    env.events.spawning_complete.add_listener(on_spawning_complete)
+    env.events.worker_report.add_listener(on_worker_report)
+    env.events.test_stop.add_listener(on_test_stop)
+    env.events.quitting.add_listener(on_quitting)
+
+
+def _run_dir(env: Environment) -> RunDir:
+    """The conductor names the run directory; a bare Locust (web UI) makes one per test."""
+    opts = env.parsed_options
+    given = getattr(opts, "kneeswarm_run_dir", "") if opts else ""
+    if given and _recording is None:
+        run = RunDir(given)
+        run.path.mkdir(parents=True, exist_ok=True)
+        return run
+    out = getattr(opts, "kneeswarm_out", "runs") if opts else "runs"
+    plan = state.plan()
+    run = RunDir.create(out, plan.name)
+    run.plan_path.write_text(plan.to_toml())
+    run.update_meta(
+        run_id=run.path.name,
+        started=time.time(),
+        launcher="locust",
+        load_host=socket.gethostname(),
+        pid=os.getpid(),
+        complete=False,
+    )
+    logger.info("kneeswarm: recording to %s", run.path)
+    return run
+
+
+def current_run() -> Path | None:
+    return _recording.run.path if _recording else None

@@ -1,0 +1,166 @@
+"""The per-request recorder: every request becomes one row of the run directory's schema.
+
+Worker side (``RowBuffer``): a ``request`` event listener appends a tuple per request; the
+rows ride to the master on Locust's own worker->master report (``report_to_master``, every
+``locust.runners.WORKER_REPORT_INTERVAL`` seconds), so no shared disk is needed.
+
+Master side (``RequestWriter``): rows from every worker (or from this process in local
+mode) are stamped with the step they belong to and appended to requests/part-*.parquet
+every ``FLUSH_INTERVAL`` seconds, so a crash loses at most the last few seconds.
+
+The listener is the hot path: it does a tuple append and nothing else for a success.
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import logging
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+from kneeswarm.rundir import RunDir
+
+from locustfiles.protocols.base import BadPayload
+
+logger = logging.getLogger(__name__)
+
+FLUSH_INTERVAL = 2.0  # seconds between part files on the master
+REPORT_KEY = "kneeswarm_rows"  # key in the worker report (Locust reserves "stats" and "errors")
+GEN_KEY = "kneeswarm_gen"
+
+# Column order of a row tuple as it travels (worker and step are added on the master).
+WIRE_COLUMNS = ("t_start", "latency_ms", "bytes", "ok", "status", "error", "name", "tokens_in", "tokens_out", "ttft_ms")
+
+
+def categorize(status: int, exception: BaseException | None) -> str | None:
+    """Map a failed request to an error category of the run-directory contract."""
+    if exception is None and (status < 400):
+        return None
+    if 400 <= status < 500:
+        return "http_4xx"
+    if status >= 500:
+        return "http_5xx"
+    if isinstance(exception, BadPayload):
+        return "bad_payload"
+    name = type(exception).__name__.lower()
+    text = str(exception).lower()
+    if isinstance(exception, (TimeoutError, socket.timeout)) or "timeout" in name or "timed out" in text:
+        return "timeout"
+    if isinstance(exception, ConnectionRefusedError) or getattr(exception, "errno", None) == errno.ECONNREFUSED:
+        return "conn_refused"
+    if "refused" in text:
+        return "conn_refused"
+    if isinstance(exception, (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)) or "reset" in text:
+        return "conn_reset"
+    if "connection closed" in text or "remotedisconnected" in name or "eof" in text:
+        return "conn_reset"
+    return "other"
+
+
+class RowBuffer:
+    """Collects request rows in this process until they are taken."""
+
+    def __init__(self) -> None:
+        self._rows: list[tuple] = []
+        self._lock = threading.Lock()  # gevent-safe; guards swap against a concurrent flush
+        self.count = 0
+
+    def on_request(
+        self,
+        request_type: str,
+        name: str,
+        response_time: float,
+        response_length: int,
+        response: Any = None,
+        context: dict | None = None,
+        exception: BaseException | None = None,
+        start_time: float | None = None,
+        **_kw: Any,
+    ) -> None:
+        status = getattr(response, "status_code", 0) or 0
+        error = None if exception is None else categorize(status, exception)
+        extra = context.get("kneeswarm") if context else None  # (tokens_in, tokens_out, ttft_ms)
+        self._rows.append(
+            (start_time or (time.time() - response_time / 1000.0), response_time, response_length,
+             exception is None, status, error, name) + (extra or (None, None, None))
+        )
+        self.count += 1
+
+    def take(self) -> list[tuple]:
+        with self._lock:
+            rows, self._rows = self._rows, []
+        return rows
+
+
+class RequestWriter:
+    """Stamps rows with their step and writes them as parquet parts (master or local runner)."""
+
+    def __init__(self, run: RunDir, step_starts: Callable[[], list[tuple[float, int]]]):
+        self.run = run
+        self._step_starts = step_starts  # [(t_ramp, users)] of the steps begun so far
+        self._pending: list[tuple[str, list[tuple]]] = []
+        self._seq = len(run.request_parts())
+        self._lock = threading.Lock()
+        self.rows_written = 0
+
+    def add(self, worker: str, rows: list[list | tuple]) -> None:
+        if rows:
+            with self._lock:
+                self._pending.append((worker, rows))
+
+    def flush(self) -> int:
+        with self._lock:
+            batches, self._pending = self._pending, []
+        if not batches:
+            return 0
+        starts = self._step_starts()
+        t_ramps = [t for t, _ in starts]
+        cols: dict[str, list] = {c: [] for c in WIRE_COLUMNS}
+        cols["worker"], cols["step"], cols["users"] = [], [], []
+        for worker, rows in batches:
+            for row in rows:
+                for c, v in zip(WIRE_COLUMNS, row):
+                    cols[c].append(v)
+                i = bisect.bisect_right(t_ramps, row[0]) - 1
+                cols["step"].append(i)
+                cols["users"].append(starts[i][1] if i >= 0 else 0)
+            cols["worker"].extend([worker] * len(rows))
+        n = len(cols["t_start"])
+        self.run.write_request_part(cols, self._seq)
+        self._seq += 1
+        self.rows_written += n
+        return n
+
+
+class GeneratorSampler:
+    """1 Hz self-metrics of this load-generator process: CPU%, RSS, users, event-loop lag."""
+
+    LAG_PROBE = 0.1  # seconds the lag probe sleeps; the overshoot is the loop's lag
+
+    def __init__(self, user_count: Callable[[], int]):
+        import psutil
+
+        self._proc = psutil.Process()
+        self._proc.cpu_percent(None)
+        self._user_count = user_count
+        self._samples: list[tuple] = []
+        self._max_lag = 0.0
+
+    def probe_lag(self) -> None:
+        t0 = time.perf_counter()
+        import gevent
+
+        gevent.sleep(self.LAG_PROBE)
+        self._max_lag = max(self._max_lag, (time.perf_counter() - t0 - self.LAG_PROBE) * 1000.0)
+
+    def sample(self) -> None:
+        rss = self._proc.memory_info().rss / 1e6
+        self._samples.append((round(time.time(), 3), self._proc.cpu_percent(None), round(rss, 1), self._user_count(), round(self._max_lag, 2)))
+        self._max_lag = 0.0
+
+    def take(self) -> list[tuple]:
+        s, self._samples = self._samples, []
+        return s
