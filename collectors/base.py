@@ -1,0 +1,191 @@
+"""The one small interface every collector shares, and the helpers its parsers use.
+
+A collector is one module holding one :class:`Collector` subclass. It says how to check that its
+tool is installed (``check_argv`` / ``version_from``), how to run it (``command``) and how to turn
+the raw text it printed into canonical tables (``parse``). Samplers (``kind == "sampler"``) run
+inside the remote agent and write JSON lines; their collector only parses them.
+
+Parsers never raise on any text: unknown or malformed lines are skipped and counted in
+``Parsed.skipped``. Every table has a float ``t`` column first (Unix epoch seconds, the clock of the
+host that recorded it).
+
+Canonical tables (column names exactly; the analysis and the report read these):
+
+* ``vmstat``: t, r, b, swpd, free, buff, cache, si, so, bi, bo, in, cs, us, sy, id, wa, st (+ gu)
+* ``process``: t, pid, cpu_pct, usr_pct, sys_pct, wait_pct, rss_mb, vsz_mb, threads, cswch_s,
+  nvcswch_s, migrations_s, minflt_s, majflt_s
+* ``threads``: t, tid, name, cpu_pct, usr_pct, sys_pct, core, cswch_s, nvcswch_s
+* ``gpu``: t, gpu, sm_pct, mem_pct, fb_used_mb, power_w, sm_clock_mhz, mem_clock_mhz, temp_c
+* ``gpu_procs``: t, gpu, pid, used_mb, sm_pct
+
+Wall-clock timestamps (vmstat -t, dmon -o DT, query-gpu, pidstat without -H) carry no zone. The
+commands built here pin the tool's zone with ``TZ=UTC0`` (see ``Collector.output_tz``); a parser
+given ``tz=None`` uses the zone the output itself names (vmstat's header says ``UTC``), else the
+local zone of the machine that parses. :func:`collectors.parse_raw` passes ``output_tz`` for you.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone, tzinfo
+from typing import Iterable, Literal
+
+import pandas as pd
+
+logger = logging.getLogger(__name__)
+
+#: The zone commands built here pin their tool's clock to (POSIX form: works without tzdata).
+PINNED_TZ_ENV = "UTC0"
+#: Environment every command gets: C locale (dots, 24-hour clock, English headers), UTC clock.
+BASE_ENV: dict[str, str] = {"LC_ALL": "C", "TZ": PINNED_TZ_ENV}
+
+NAN = float("nan")
+
+PROCESS_COLUMNS = ["t", "pid", "cpu_pct", "usr_pct", "sys_pct", "wait_pct", "rss_mb", "vsz_mb",
+                   "threads", "cswch_s", "nvcswch_s", "migrations_s", "minflt_s", "majflt_s"]
+THREAD_COLUMNS = ["t", "tid", "name", "cpu_pct", "usr_pct", "sys_pct", "core", "cswch_s",
+                  "nvcswch_s"]
+GPU_COLUMNS = ["t", "gpu", "sm_pct", "mem_pct", "fb_used_mb", "power_w", "sm_clock_mhz",
+               "mem_clock_mhz", "temp_c"]
+GPU_PROC_COLUMNS = ["t", "gpu", "pid", "used_mb", "sm_pct"]
+VMSTAT_COLUMNS = ["t", "r", "b", "swpd", "free", "buff", "cache", "si", "so", "bi", "bo", "in",
+                  "cs", "us", "sy", "id", "wa", "st"]
+
+Kind = Literal["command", "sampler"]
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """What a parser returns: tables by canonical name, lines read, lines skipped."""
+
+    frames: dict[str, pd.DataFrame] = field(default_factory=dict)
+    lines: int = 0
+    skipped: int = 0
+
+
+class Collector:
+    """Base of every collector: override the class attributes and the methods that apply."""
+
+    name: str = ""
+    raw_file: str = ""
+    kind: Kind = "command"
+    #: Tables ``parse`` returns (always present, possibly empty).
+    tables: tuple[str, ...] = ()
+    #: Zone of the wall-clock timestamps in output produced by ``command()`` (None: epoch only).
+    output_tz: tzinfo | None = timezone.utc
+
+    def check_argv(self) -> list[str] | None:
+        """argv that exits 0 and prints the tool's version when it is installed (None: sampler)."""
+        return None
+
+    def version_from(self, text: str) -> str | None:
+        """The version in the output of ``check_argv`` (None when not found)."""
+        return None
+
+    def command(self, pid: int | None, interval: float,
+                version: str | None = None) -> tuple[list[str], dict[str, str]] | None:
+        """argv and extra environment that run the tool (None for samplers).
+
+        ``version`` (from ``version_from``) lets a collector adapt to an older tool.
+        """
+        return None
+
+    def parse(self, text: str, *, tz: tzinfo | None = None, t0: float | None = None,
+              interval: float = 1.0) -> Parsed:
+        """Raw text -> canonical tables. Never raises.
+
+        tz: zone of wall-clock timestamps in ``text`` (None: named by the output, else local).
+        t0, interval: epoch of the first sample and seconds between samples, for output that
+        carries no timestamps at all (dmon without ``-o DT``); without t0 such rows get t = NaN.
+        """
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} ({self.kind}) -> {self.raw_file}>"
+
+
+# ---- helpers shared by the parsers ---------------------------------------------------------
+
+def to_float(s: object) -> float:
+    """A number from a token; '-', 'N/A', garbage -> NaN. Never raises."""
+    if not isinstance(s, (int, float, str)):
+        return NAN
+    try:
+        return float(s)
+    except (ValueError, OverflowError):
+        return NAN
+
+
+def finite(x: float) -> bool:
+    return not math.isnan(x) and not math.isinf(x)
+
+
+def local_epoch(dt: datetime, tz: tzinfo | None) -> float:
+    """Naive wall-clock ``dt`` in zone ``tz`` (None: local zone of this machine) -> epoch seconds."""
+    if tz is None:
+        return dt.timestamp()  # naive datetimes are taken as local time
+    return dt.replace(tzinfo=tz).timestamp()
+
+
+def frame(rows: Iterable[dict] | list[list], columns: list[str],
+          ints: tuple[str, ...] = ("pid", "tid", "gpu")) -> pd.DataFrame:
+    """DataFrame with exactly ``columns`` (in order) from dict rows or list rows; the ``ints``
+    columns become int64 when they hold no NaN."""
+    rows = list(rows)
+    if rows and isinstance(rows[0], dict):
+        df = pd.DataFrame.from_records(rows, columns=columns)
+    else:
+        df = pd.DataFrame(rows, columns=columns)
+    if df.columns.duplicated().any():  # a garbled header can name a column twice
+        df = df.loc[:, ~df.columns.duplicated()]
+    if "t" in df.columns:
+        df["t"] = pd.to_numeric(df["t"], errors="coerce").astype(float)
+    for c in ints:
+        if c in df.columns:
+            col = pd.to_numeric(df[c], errors="coerce")
+            if len(col) == 0 or (col.notna().all() and (col.abs() < 2 ** 62).all()
+                                 and (col == col.round()).all()):
+                df[c] = col.astype("int64")
+    return df
+
+
+def zone_from_name(name: str | None) -> tzinfo | None:
+    """A tzinfo for a zone abbreviation printed by a tool, only when unambiguous (UTC/GMT)."""
+    if name and name.upper() in ("UTC", "GMT", "Z", "UTC0"):
+        return timezone.utc
+    return None
+
+
+class WallClock:
+    """Fast wall-clock (date string + "HH:MM:SS[.fff]") -> epoch, in zone ``tz`` (None: local).
+
+    strptime is slow on hours of 1 Hz data: the epoch of each (date, hour) is computed once and
+    minutes and seconds are added to it (zone changes happen on hour boundaries).
+    """
+
+    def __init__(self, tz: tzinfo | None, date_format: str) -> None:
+        self.tz = tz
+        self.date_format = date_format
+        self._cache: dict[tuple[str, int], float | None] = {}
+
+    def epoch(self, day: str, hms: str) -> float | None:
+        parts = hms.split(":")
+        if len(parts) != 3:
+            return None
+        try:
+            h, m, s = int(parts[0]), int(parts[1]), float(parts[2])
+        except ValueError:
+            return None
+        if not (0 <= h < 24 and 0 <= m < 60 and 0 <= s < 61):
+            return None
+        key = (day, h)
+        base = self._cache.get(key, NAN)
+        if base is not None and base != base:
+            try:
+                dt = datetime.strptime(day, self.date_format).replace(hour=h)
+                base = local_epoch(dt, self.tz)
+            except (ValueError, OverflowError, OSError):
+                base = None
+            self._cache[key] = base
+        return None if base is None else base + m * 60 + s

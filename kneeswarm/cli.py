@@ -1,0 +1,192 @@
+"""The `kneeswarm` command line (floor 4).
+
+    kneeswarm run [PLAN.toml] [flags]   stepped load + collectors + report
+    kneeswarm demo                      the bundled target, a default plan, a report in ~2 minutes
+    kneeswarm target [flags]            the bundled demo inference server
+    kneeswarm analyze RUN_DIR           (re)write the report of a run directory
+
+Exit codes: 0 done; 1 the run did not complete (load failed); 2 bad input (plan, flags,
+target, host, process); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+DEMO_STEPS = [1, 2, 4, 8, 16]
+DEMO_TARGET_ARGS = ["--mode", "onnx", "--request-threads", "4"]
+DEMO_HOLD, DEMO_RAMP, DEMO_SETTLE = 16.0, 2.0, 2.0
+TARGET_START_TIMEOUT = 60.0
+
+
+def _steps(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--steps must be comma-separated integers, got {text!r}") from None
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("plan", nargs="?", help="plan TOML file; flags below override it")
+    p.add_argument("--target", help="base URL of the inference server, e.g. http://127.0.0.1:8000")
+    p.add_argument("--protocol", help="request protocol (kserve)")
+    p.add_argument("--model", help="model name in the request path")
+    p.add_argument("--steps", type=_steps, help="user counts, e.g. 1,2,4,8,16,32")
+    p.add_argument("--hold", type=float, help="seconds each step is held after its ramp")
+    p.add_argument("--ramp", type=float, help="seconds to ramp from one step to the next")
+    p.add_argument("--settle", type=float, help="seconds after each ramp left out of the step's statistics")
+    p.add_argument("--workers", type=int, help="Locust worker processes (default: number of cores)")
+    who = p.add_mutually_exclusive_group()
+    who.add_argument("--pid", type=int, help="PID of the server process to monitor on this machine")
+    who.add_argument("--process", help="regex on the command line of the server process to monitor")
+    p.add_argument("--metrics-url", help="Prometheus /metrics of the target, scraped at 1 Hz")
+    p.add_argument("--out", default="runs", help="where run directories go (default: runs)")
+    p.add_argument("--name", help="run name (part of the run directory's name)")
+    p.add_argument("--accept-new-host-keys", action="store_true",
+                   help="record the SSH host key of a host seen for the first time (never a changed one)")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the report path")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kneeswarm", description=__doc__.split("\n\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_run_flags(sub.add_parser("run", help="run a stepped load test and write its report"))
+    demo = sub.add_parser("demo", help="start the bundled target and run a ~2 minute stepped test against it")
+    demo.add_argument("--out", default="runs", help="where run directories go (default: runs)")
+    demo.add_argument("--hold", type=float, default=DEMO_HOLD, help=f"seconds per step (default {DEMO_HOLD:g})")
+    demo.add_argument("--steps", type=_steps, default=DEMO_STEPS, help="user counts (default 1,2,4,8,16)")
+    sub.add_parser("target", help="the bundled demo inference server (see `kneeswarm target --help`)", add_help=False)
+    an = sub.add_parser("analyze", help="(re)write report/ of a run directory")
+    an.add_argument("run_dir")
+    return parser
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "target": args.target, "protocol": args.protocol, "name": args.name, "metrics_url": args.metrics_url,
+        "request.model": args.model, "load.steps": args.steps, "load.hold": args.hold,
+        "load.ramp": args.ramp, "load.settle": args.settle, "load.workers": args.workers,
+    }
+
+
+def _print_result(result: Any, quiet: bool) -> int:
+    from kneeswarm.conductor import RunResult
+
+    assert isinstance(result, RunResult)
+    report = result.run.report_dir / "index.html"
+    if not quiet and result.summary:
+        md = result.run.report_dir / "summary.md"
+        if md.exists():
+            print(md.read_text())
+    print(f"report: {report}")
+    if result.ended == "interrupted":
+        return EXIT_INTERRUPTED
+    return EXIT_OK if result.complete else EXIT_FAILED
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from kneeswarm.conductor import Conductor, default_hosts
+    from kneeswarm.plan import load_plan
+
+    plan = load_plan(args.plan, _overrides(args))
+    plan.hosts = default_hosts(plan, args.pid, args.process)
+    result = Conductor(plan, args.out, accept_new_host_keys=args.accept_new_host_keys, quiet=args.quiet).run()
+    return _print_result(result, args.quiet)
+
+
+def start_target(argv: list[str], timeout: float = TARGET_START_TIMEOUT) -> tuple[subprocess.Popen, str]:
+    """Start the bundled target on a free port; returns the process and its URL."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kneeswarm.target", "--port", "0", *argv],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + timeout
+    line = proc.stdout.readline() if proc.stdout else ""  # the target prints its URL first
+    m = re.search(r"(http://\S+)", line)
+    if not m or time.monotonic() > deadline:
+        proc.kill()
+        raise RuntimeError(f"the demo target did not start (said: {line.strip()!r})")
+    return proc, m.group(1)
+
+
+def stop_target(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from kneeswarm.conductor import Conductor
+    from kneeswarm.plan import HostPlan, load_plan
+
+    proc, url = start_target(DEMO_TARGET_ARGS)
+    try:
+        print(f"kneeswarm: demo target {url} (pid {proc.pid}), ONNX Runtime, {DEMO_TARGET_ARGS[-1]} request threads",
+              file=sys.stderr)
+        plan = load_plan(None, {
+            "name": "demo", "target": url, "load.steps": args.steps, "load.hold": args.hold,
+            "load.ramp": DEMO_RAMP, "load.settle": DEMO_SETTLE, "metrics_url": f"{url}/metrics",
+        })
+        plan.hosts = [HostPlan(name="local", pid=proc.pid)]
+        result = Conductor(plan, args.out).run()
+    finally:
+        stop_target(proc)
+    return _print_result(result, False)
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    import analysis
+    from kneeswarm.rundir import RunDir
+
+    run = RunDir.open(args.run_dir)
+    analysis.analyze(run.path)
+    print((run.report_dir / "summary.md").read_text())
+    print(f"report: {run.report_dir / 'index.html'}")
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "target":  # the target has its own parser; it stands apart
+        from kneeswarm.target.server import main as target_main
+
+        return target_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="kneeswarm: %(levelname)s %(name)s: %(message)s")
+    from agents import AgentError
+    from kneeswarm.conductor import ConductorError
+    from kneeswarm.plan import PlanError
+    from kneeswarm.rundir import RunDirError
+
+    commands = {"run": cmd_run, "demo": cmd_demo, "analyze": cmd_analyze}
+    try:
+        return commands[args.command](args)
+    except (PlanError, ConductorError, AgentError, RunDirError) as e:
+        print(f"kneeswarm: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("kneeswarm: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""The conductor: one `kneeswarm run`, from preflight to report (floor 4).
+
+    preflight   the target answers its health check; every monitored host and process is there
+    start       run directory (plan.toml, meta.json), host agents, Locust master + N workers
+    load        the step shape runs on the master; rows stream into requests/*.parquet
+    stop        agents stopped and fetched (verified), parsed CSVs, meta.json says how it ended
+    analyze     report/summary.json, summary.md, index.html
+
+A first Ctrl-C (or SIGTERM) stops the load gracefully and still writes the report, marked
+incomplete; a second one kills everything at once.  Bad input raises ConductorError with one
+line before any load is sent, and leaves no run directory behind.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from kneeswarm.plan import HostPlan, Plan
+from kneeswarm.rundir import RunDir
+
+logger = logging.getLogger(__name__)
+
+HEALTH_TIMEOUT = 10.0  # seconds the target has to pass its health check before the run
+HEALTH_PATHS = {"kserve": "/v2/health/ready"}
+WORKER_WAIT = 60.0  # seconds for all workers to connect
+FETCH_PERIOD = 5.0  # seconds between incremental fetches from the host agents
+RUN_MARGIN = 120.0  # seconds beyond the planned duration before the master is killed
+STOP_GRACE = 20.0  # seconds the master has to quit after SIGTERM
+SWARM = Path(__file__).resolve().parent.parent / "locustfiles" / "swarm.py"
+
+
+class ConductorError(RuntimeError):
+    """A run that cannot start; str() is one line naming the input and the problem."""
+
+
+@dataclass
+class RunResult:
+    run: RunDir
+    ended: str  # "completed", "interrupted", "load_failed"
+    summary: dict[str, Any] | None
+
+    @property
+    def complete(self) -> bool:
+        return self.ended == "completed"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def check_target(plan: Plan, timeout: float = HEALTH_TIMEOUT) -> None:
+    """Wait until the target's health check answers 2xx, or raise ConductorError."""
+    url = plan.target.rstrip("/") + HEALTH_PATHS.get(plan.protocol, "/")
+    deadline = time.monotonic() + timeout
+    problem = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            r = requests.get(url, timeout=min(2.0, timeout))
+            if 200 <= r.status_code < 300:
+                return
+            problem = f"HTTP {r.status_code}"
+        except requests.RequestException as e:
+            problem = _short_reason(e)
+        time.sleep(0.5)
+    raise ConductorError(f"target {plan.target}: health check {url} failed ({problem}) within {timeout:.0f}s")
+
+
+def _short_reason(e: Exception) -> str:
+    text = str(e)
+    for key in ("Connection refused", "Name or service not known", "timed out", "No route to host"):
+        if key in text:
+            return key.lower()
+    return type(e).__name__
+
+
+def default_hosts(plan: Plan, pid: int | None, process: str | None) -> list[HostPlan]:
+    """The hosts to monitor: the plan's, else this machine watching --pid/--process, else the
+    process listening on the target's port when the target is on loopback."""
+    if plan.hosts:
+        hosts = list(plan.hosts)
+        if pid is not None or process is not None:
+            local = [h for h in hosts if h.ssh is None]
+            if not local:
+                raise ConductorError("--pid/--process name a local process but the plan's [[hosts]] has no local entry")
+            local[0].pid, local[0].process, local[0].port = pid, process, None
+        return hosts
+    if pid is not None or process is not None:
+        return [HostPlan(name="local", pid=pid, process=process)]
+    parsed = urllib.parse.urlsplit(plan.target)
+    if parsed.hostname in ("127.0.0.1", "localhost", "::1"):
+        return [HostPlan(name="local", port=parsed.port or (443 if parsed.scheme == "https" else 80))]
+    return [HostPlan(name="local")]  # the load machine itself: vmstat only
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for pkg in ("kneeswarm", "locust", "paramiko", "pandas", "kneed"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+class Conductor:
+    def __init__(self, plan: Plan, out: str | Path = "runs", accept_new_host_keys: bool = False,
+                 quiet: bool = False):
+        if not plan.hosts:
+            plan.hosts = default_hosts(plan, None, None)
+        self.plan = plan
+        self.out = Path(out)
+        self.accept_new_host_keys = accept_new_host_keys
+        self.quiet = quiet
+        self.workers = plan.load.workers or os.cpu_count() or 1
+        self._procs: list[subprocess.Popen] = []
+        self._interrupts = 0
+
+    # -- the run -------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        from agents import AgentError, HostAgents
+
+        check_target(self.plan)
+        run = RunDir.create(self.out, self.plan.name)
+        try:
+            run.plan_path.write_text(self.plan.to_toml())
+            started = time.time()
+            run.update_meta(
+                run_id=run.path.name, complete=False, ended="running", started=started,
+                started_utc=dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(),
+                launcher="kneeswarm run", target=self.plan.target, protocol=self.plan.protocol,
+                load_host=socket.gethostname(), workers=self.workers, versions=versions(),
+            )
+            agents = HostAgents.open(
+                self.plan.hosts, run, interval=self.plan.monitor.interval,
+                max_duration=self.plan.step_durations() + RUN_MARGIN,
+                heartbeat_timeout=self.plan.monitor.heartbeat_timeout,
+                accept_new_host_keys=self.accept_new_host_keys, metrics_url=self.plan.metrics_url,
+            )
+        except BaseException:
+            shutil.rmtree(run.path, ignore_errors=True)
+            raise
+        with agents:
+            try:
+                run.update_meta(hosts_preflight=agents.preflight_all())
+                agents.start_all()
+            except AgentError as e:
+                agents.close_all()
+                shutil.rmtree(run.path, ignore_errors=True)  # nothing recorded yet: leave no half-run
+                raise ConductorError(str(e)) from None
+            ended = self._load(run, agents)
+            run.update_meta(hosts=agents.finish_all())
+        finished = time.time()
+        run.update_meta(ended=ended, complete=ended == "completed", finished=finished)
+        summary = self._analyze(run)
+        return RunResult(run, ended, summary)
+
+    def _analyze(self, run: RunDir) -> dict[str, Any] | None:
+        import analysis
+
+        try:
+            return analysis.analyze(run.path)
+        except Exception as e:  # the recorded data stays; the user can re-run `kneeswarm analyze`
+            logger.error("analysis of %s failed: %s", run.path, e)
+            return None
+
+    # -- Locust processes ----------------------------------------------------------------
+    def _locust(self, args: list[str], log: Path) -> subprocess.Popen:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "locust", "-f", str(SWARM), *args]
+        f = log.open("ab")
+        # A session of its own: the terminal's Ctrl-C reaches the conductor only, which then
+        # stops Locust in order (master first, so it collects the workers' last rows).
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        f.close()
+        self._procs.append(p)
+        return p
+
+    def _load(self, run: RunDir, agents: Any) -> str:
+        port = free_port()
+        logs = run.path / "logs"
+        master = self._locust(
+            ["--master", "--headless", "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port),
+             "--expect-workers", str(self.workers), "--expect-workers-max-wait", str(int(WORKER_WAIT)),
+             "--host", self.plan.target, "--kneeswarm-plan", str(run.plan_path),
+             "--kneeswarm-run-dir", str(run.path), "--only-summary", "--loglevel", "INFO"],
+            logs / "master.log",
+        )
+        for i in range(self.workers):
+            self._locust(["--worker", "--master-host", "127.0.0.1", "--master-port", str(port)], logs / f"worker-{i}.log")
+        self._say(f"load: {self.workers} workers, steps {self.plan.load.steps}, "
+                  f"~{self.plan.step_durations():.0f}s; recording to {run.path}")
+
+        deadline = time.monotonic() + WORKER_WAIT + self.plan.step_durations() * 2 + RUN_MARGIN
+        ended = "completed"
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            last_fetch = time.monotonic()
+            while master.poll() is None:
+                if self._interrupts == 1 and ended != "interrupted":
+                    ended = "interrupted"
+                    self._say("stopping (Ctrl-C again to kill at once) ...")
+                    master.send_signal(signal.SIGTERM)
+                    deadline = min(deadline, time.monotonic() + STOP_GRACE)
+                if self._interrupts >= 2:
+                    self._kill_all()
+                    ended = "interrupted"
+                    break
+                if time.monotonic() > deadline:
+                    logger.error("the Locust master overran its time; killing it")
+                    self._kill_all()
+                    ended = "load_failed"
+                    break
+                if time.monotonic() - last_fetch > FETCH_PERIOD:
+                    agents.fetch_all()
+                    last_fetch = time.monotonic()
+                time.sleep(0.2)
+        finally:
+            self._stop_workers()
+            for s, h in old.items():
+                signal.signal(s, h)
+        if ended == "completed" and not self._all_steps_ran(run):
+            ended = "load_failed"
+            logger.error("the load stopped before all steps ran; see %s", logs / "master.log")
+        return ended
+
+    def _all_steps_ran(self, run: RunDir) -> bool:
+        steps = run.read_steps()
+        return len(steps) == len(self.plan.load.steps) and steps["t_end"].notna().all()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._interrupts += 1
+
+    def _stop_workers(self) -> None:
+        deadline = time.monotonic() + 10
+        for p in self._procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.terminate()
+        self._kill_all(grace=5)
+
+    def _kill_all(self, grace: float = 0.0) -> None:
+        for p in self._procs:
+            if p.poll() is None:
+                try:
+                    if grace:
+                        p.wait(timeout=grace)
+                        continue
+                except subprocess.TimeoutExpired:
+                    pass
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+
+    def _say(self, text: str) -> None:
+        if not self.quiet:
+            print(f"kneeswarm: {text}", file=sys.stderr, flush=True)
