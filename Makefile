@@ -1,0 +1,46 @@
+# kneeswarm: the two commands of the README, and a few for developers.
+VENV   ?= .venv
+PYTHON ?= python3
+PY      = $(VENV)/bin/python
+STAMP   = $(VENV)/.installed-stamp
+# Debian packages the tests run for real: pidstat (sysstat), vmstat (procps), a real sshd
+# (openssh-server), clock-shifted agents (faketime), network namespaces (iproute2).
+DEBS    = sysstat procps openssh-server faketime iproute2
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-fast bench debs clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+demo: $(STAMP)
+	$(VENV)/bin/kneeswarm demo
+
+test: $(STAMP) debs
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) bench/generator.py
+
+# Install the Debian packages the tests need, only when a tool is missing.
+debs:
+	@missing=""; \
+	command -v pidstat >/dev/null 2>&1 || missing="$$missing sysstat"; \
+	command -v vmstat  >/dev/null 2>&1 || missing="$$missing procps"; \
+	test -x /usr/sbin/sshd             || missing="$$missing openssh-server"; \
+	command -v faketime >/dev/null 2>&1 || missing="$$missing faketime"; \
+	command -v ip >/dev/null 2>&1      || missing="$$missing iproute2"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,231 @@
+"""Where requests wait and run: the two engines of the demo target.
+
+``OnnxEngine`` (``--mode onnx``) is the application's request pool, as the article describes it:
+a bounded FIFO queue in front of ``request_threads`` worker threads that share ONE ONNX Runtime
+session. The async handler puts the request on the queue (503 when the queue is full) and awaits a
+future that a worker resolves with ``loop.call_soon_threadsafe``; inference never runs on the
+event loop. With ``batch_max`` > 1 a micro-batcher forms batches: the worker whose turn it is
+takes the oldest request, then keeps taking queued requests until it holds ``batch_max`` of them
+or ``batch_wait_s`` has passed since the oldest one was queued, and runs them as one batch (while
+it runs, the next free worker collects the next batch).
+
+``KneeEngine`` (``--mode knee``) is the ground truth: ``slots`` requests are served at once, each
+holds its slot for ``service_s`` seconds and burns no CPU; the others wait in FIFO order. Slot
+times are kept on a virtual clock (a request that was waiting when a slot freed starts exactly
+when it freed), so event-loop jitter does not leak into throughput: in a closed loop with ``u``
+users, QPS = min(u, slots) / service_s and the knee is exactly at ``slots`` users.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kneeswarm.target.metrics import TargetMetrics
+from kneeswarm.target.model import INPUT_NAME, OUTPUT_NAME
+
+logger = logging.getLogger(__name__)
+
+WORKER_THREAD_PREFIX = "kneeswarm-infer"
+STOP_JOIN_TIMEOUT_S = 5.0
+
+
+class Rejected(Exception):
+    """The bounded queue is full: answer 503."""
+
+
+@dataclass
+class _Job:
+    x: np.ndarray
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+_STOP = object()
+
+
+def _resolve(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if future.done():  # cancelled while it ran (server shutting down)
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+class OnnxEngine:
+    """A bounded queue feeding ``request_threads`` threads that share one session."""
+
+    def __init__(
+        self,
+        session: Any,
+        metrics: TargetMetrics,
+        request_threads: int,
+        queue_size: int = 0,
+        batch_max: int = 1,
+        batch_wait_s: float = 0.0,
+    ) -> None:
+        self._session = session
+        self._metrics = metrics
+        self._request_threads = request_threads
+        self._queue_size = queue_size  # 0 = unbounded
+        self._batch_max = batch_max
+        self._batch_wait_s = batch_wait_s
+        self._queue: queue.SimpleQueue[_Job | object] = queue.SimpleQueue()
+        self._collect_lock = threading.Lock()  # one micro-batch is collected at a time
+        self._count_lock = threading.Lock()
+        self._queued = 0  # in the queue or held by the batch being collected
+        self._inflight = 0
+        self._threads: list[threading.Thread] = []
+        metrics.track_queue_length(lambda: self._queued)
+        metrics.track_inflight(lambda: self._inflight)
+
+    # -- event-loop side ------------------------------------------------------------------------
+    def start(self) -> None:
+        for i in range(self._request_threads):
+            name = f"{WORKER_THREAD_PREFIX}-{i}"
+            t = threading.Thread(target=self._worker, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        for _ in self._threads:
+            self._queue.put(_STOP)
+        deadline = time.monotonic() + STOP_JOIN_TIMEOUT_S
+        for t in self._threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        self._threads.clear()
+
+    async def infer(self, x: np.ndarray) -> np.ndarray:
+        """Queue ``x`` ([rows, input_dim] float32) and wait for its output rows."""
+        # Only the event-loop thread adds to the queue, so check-then-put cannot overshoot.
+        if self._queue_size and self._queued >= self._queue_size:
+            raise Rejected(f"queue full ({self._queued} waiting, --queue-size {self._queue_size})")
+        loop = asyncio.get_running_loop()
+        job = _Job(x=x, future=loop.create_future(), loop=loop)
+        with self._count_lock:
+            self._queued += 1
+        self._queue.put(job)
+        return await job.future
+
+    # -- worker-thread side ---------------------------------------------------------------------
+    def _worker(self) -> None:
+        while True:
+            batch = self._take_batch()
+            if batch:
+                self._run(batch)
+            if batch is None:
+                return
+
+    def _take_batch(self) -> list[_Job] | None:
+        """The next batch, or None when told to stop (possibly after a last partial batch)."""
+        if self._batch_max == 1:
+            job = self._queue.get()
+            return None if job is _STOP else [self._dequeued(job)]  # type: ignore[arg-type]
+        with self._collect_lock:
+            first = self._queue.get()
+            if first is _STOP:
+                return None
+            batch = [first]
+            deadline = first.enqueued + self._batch_wait_s  # type: ignore[union-attr]
+            while len(batch) < self._batch_max:
+                remaining = deadline - time.monotonic()
+                try:
+                    if remaining > 0:
+                        job = self._queue.get(timeout=remaining)
+                    else:
+                        job = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if job is _STOP:
+                    self._queue.put(_STOP)  # leave it for this worker's next turn
+                    break
+                batch.append(job)
+            return [self._dequeued(j) for j in batch]  # type: ignore[arg-type]
+
+    def _dequeued(self, job: _Job) -> _Job:
+        with self._count_lock:
+            self._queued -= 1
+            self._inflight += 1
+        self._metrics.queue_wait.observe(time.monotonic() - job.enqueued)
+        return job
+
+    def _run(self, batch: list[_Job]) -> None:
+        try:
+            x = batch[0].x if len(batch) == 1 else np.concatenate([j.x for j in batch])
+            started = time.perf_counter()
+            out = self._session.run([OUTPUT_NAME], {INPUT_NAME: x})[0]
+            self._metrics.inference_duration.observe(time.perf_counter() - started)
+            self._metrics.batch_size.observe(x.shape[0])
+            offset = 0
+            results = []
+            for j in batch:
+                rows = j.x.shape[0]
+                results.append((j, out[offset : offset + rows], None))
+                offset += rows
+        except Exception as exc:  # a broken run fails its requests, not the worker
+            logger.exception("inference failed for a batch of %d", len(batch))
+            results = [(j, None, exc) for j in batch]
+        finally:
+            with self._count_lock:
+                self._inflight -= len(batch)
+        for job, result, error in results:
+            try:
+                job.loop.call_soon_threadsafe(_resolve, job.future, result, error)
+            except RuntimeError:  # the loop has closed: the server is gone
+                pass
+
+
+class KneeEngine:
+    """At most ``slots`` requests at once, each holding its slot for ``service_s`` seconds."""
+
+    def __init__(
+        self, metrics: TargetMetrics, slots: int, service_s: float, queue_size: int = 0
+    ) -> None:
+        self._metrics = metrics
+        self._slots_n = slots
+        self._service_s = service_s
+        self._queue_size = queue_size  # 0 = unbounded
+        self._free: asyncio.Queue[float] | None = None  # holds, per free slot, when it freed
+        self._waiting = 0
+        self._inflight = 0
+        metrics.track_queue_length(lambda: self._waiting)
+        metrics.track_inflight(lambda: self._inflight)
+
+    def start(self) -> None:
+        self._free = asyncio.Queue()
+        for _ in range(self._slots_n):
+            self._free.put_nowait(float("-inf"))
+
+    def stop(self) -> None:
+        pass
+
+    async def infer(self) -> None:
+        assert self._free is not None, "start() the engine first"
+        loop = asyncio.get_running_loop()
+        arrived = loop.time()
+        if self._queue_size and self._free.empty() and self._waiting >= self._queue_size:
+            raise Rejected(f"queue full ({self._waiting} waiting, --queue-size {self._queue_size})")
+        self._waiting += 1
+        try:
+            freed_at = await self._free.get()
+        finally:
+            self._waiting -= 1
+        # Virtual clock: a request that waited starts exactly when its slot freed.
+        start = max(arrived, freed_at)
+        end = start + self._service_s
+        self._metrics.queue_wait.observe(start - arrived)
+        self._inflight += 1
+        try:
+            await asyncio.sleep(max(0.0, end - loop.time()))
+        finally:
+            self._inflight -= 1
+            self._free.put_nowait(end)

@@ -1,0 +1,128 @@
+"""Prometheus metrics of the demo target: the article's server-side "saturation" group.
+
+Every metric lives in the target's own ``CollectorRegistry`` (never the process-global one) and is
+served as Prometheus text at ``GET /metrics``. Names:
+
+``kneeswarm_target_requests_total{code}``            counter: infer requests answered, by HTTP
+                                                      status code ("200" = served). Exact: one
+                                                      increment per infer response sent.
+``kneeswarm_target_rejected_total``                  counter: infer requests refused with 503
+                                                      because the bounded queue was full.
+``kneeswarm_target_inflight``                        gauge: requests executing now (holding a
+                                                      request thread in onnx mode, a slot in knee
+                                                      mode).
+``kneeswarm_target_queue_length``                    gauge: requests waiting for a thread/slot
+                                                      (in onnx mode including those a micro-batch
+                                                      is still collecting).
+``kneeswarm_target_request_duration_seconds``        histogram: time inside the server of each
+                                                      served (200) infer request, queueing included.
+``kneeswarm_target_queue_wait_seconds``              histogram: time each request waited for a
+                                                      thread/slot.
+``kneeswarm_target_inference_duration_seconds``      histogram (onnx mode): one ``session.run``.
+``kneeswarm_target_batch_size``                      histogram (onnx mode): rows per
+                                                      ``session.run`` (above 1 only with
+                                                      ``--batch-max`` > 1 or batched requests).
+``kneeswarm_target_workers``                         gauge: configured request threads (onnx) or
+                                                      slots (knee).
+``kneeswarm_target_queue_capacity``                  gauge: configured queue bound, 0 = unbounded.
+``kneeswarm_target_info{mode,model,...}``            gauge fixed at 1 whose labels carry the
+                                                      configuration.
+
+``*_created`` samples are not exported.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client import CONTENT_TYPE_LATEST as PROMETHEUS_CONTENT_TYPE
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "kneeswarm_target"
+LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
+    0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0,
+)  # fmt: skip
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
+
+__all__ = ["PROMETHEUS_CONTENT_TYPE", "TargetMetrics"]
+
+
+class TargetMetrics:
+    """The target's metrics, registered in a registry of their own."""
+
+    def __init__(self, info: Mapping[str, str], workers: int, queue_capacity: int) -> None:
+        disable_created_metrics()  # the target is its own process; *_created is only noise here
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            f"{PREFIX}_requests",
+            "Infer requests answered, by HTTP status code",
+            ["code"],
+            registry=r,
+        )
+        for code in ("200", "400", "404", "503"):
+            self.requests.labels(code=code)  # export zeros so rates exist from the start
+        self.rejected = Counter(
+            f"{PREFIX}_rejected", "Infer requests refused with 503: queue full", registry=r
+        )
+        self.inflight = Gauge(
+            f"{PREFIX}_inflight", "Requests executing now (thread or slot held)", registry=r
+        )
+        self.queue_length = Gauge(
+            f"{PREFIX}_queue_length", "Requests waiting for a thread or slot", registry=r
+        )
+        self.request_duration = Histogram(
+            f"{PREFIX}_request_duration_seconds",
+            "Time in the server of served infer requests, queueing included",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            f"{PREFIX}_queue_wait_seconds",
+            "Time requests waited for a thread or slot",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inference_duration = Histogram(
+            f"{PREFIX}_inference_duration_seconds",
+            "Duration of one ONNX Runtime session.run (onnx mode)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            f"{PREFIX}_batch_size",
+            "Rows per ONNX Runtime session.run (onnx mode)",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        Gauge(f"{PREFIX}_workers", "Configured request threads or slots", registry=r).set(workers)
+        Gauge(
+            f"{PREFIX}_queue_capacity", "Configured queue bound, 0 = unbounded", registry=r
+        ).set(queue_capacity)
+        labels = {k: str(v) for k, v in info.items()}
+        Gauge(f"{PREFIX}_info", "Target configuration", list(labels), registry=r).labels(
+            **labels
+        ).set(1)
+
+    def track_queue_length(self, fn: Callable[[], float]) -> None:
+        """Read the queue length from ``fn`` at every scrape (exact, nothing to keep in step)."""
+        self.queue_length.set_function(fn)
+
+    def track_inflight(self, fn: Callable[[], float]) -> None:
+        """Read the number of executing requests from ``fn`` at every scrape."""
+        self.inflight.set_function(fn)
+
+    def render(self) -> bytes:
+        """The registry in Prometheus text exposition format."""
+        return generate_latest(self.registry)

@@ -1,0 +1,511 @@
+"""The bundled demo inference server: a KServe v2 HTTP target to find the knee of.
+
+It stands apart from the rest of kneeswarm (imports none of it) and is used exactly as a real
+inference server would be. Starlette serves the protocol, uvicorn the HTTP; run it with
+``kneeswarm target ...`` or ``python -m kneeswarm.target ...``. The first line on stdout is
+
+    kneeswarm target listening on http://HOST:PORT mode=MODE pid=PID
+
+so that a parent process can start it on ``--port 0`` and read where it listens.
+
+Modes
+    ``--mode onnx`` (default): real ONNX Runtime inference of a seeded MLP generated at start-up
+    (see model.py), behind the application's request pool (see engine.py): ``--request-threads``
+    worker threads sharing one session, a ``--queue-size`` bounded queue in front of them (full
+    queue: 503), ``--intra-op-threads``/``--inter-op-threads`` for ONNX Runtime, and optional
+    micro-batching (``--batch-max``, ``--batch-wait-ms``). ``--work`` scales the cost of one
+    inference (number of hidden layers).
+    ``--mode knee``: ground truth. ``--slots K`` requests are served at once, each for
+    ``--service-ms S`` without CPU work; in a closed loop QPS = min(users, K) * 1000 / S.
+
+Endpoints (KServe v2 / Open Inference Protocol over HTTP, JSON tensors)
+    GET  /v2                                  server metadata
+    GET  /v2/health/live, /v2/health/ready    200 when live / ready
+    GET  /v2/models/{name}                    model metadata: name, platform, inputs, outputs
+    GET  /v2/models/{name}/ready              200 when the model is ready
+    POST /v2/models/{name}[/versions/{v}]/infer
+         {"inputs": [{"name": "input", "shape": [B, 64], "datatype": "FP32", "data": [...]}]}
+         -> {"model_name", "model_version", "id", "outputs": [{"name": "output", "shape", ...}]}
+    GET  /metrics                             Prometheus text; names documented in metrics.py:
+         kneeswarm_target_requests_total{code}, kneeswarm_target_rejected_total,
+         kneeswarm_target_inflight, kneeswarm_target_queue_length,
+         kneeswarm_target_request_duration_seconds, kneeswarm_target_queue_wait_seconds,
+         kneeswarm_target_inference_duration_seconds, kneeswarm_target_batch_size,
+         kneeswarm_target_workers, kneeswarm_target_queue_capacity, kneeswarm_target_info
+
+Errors are JSON ``{"error": "..."}``: 404 for an unknown model or path, 400 for a malformed body,
+a wrong input name, shape or datatype, 503 when the bounded queue is full.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import numpy as np
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from kneeswarm.target import model as model_mod
+from kneeswarm.target.engine import KneeEngine, OnnxEngine, Rejected
+from kneeswarm.target.metrics import PROMETHEUS_CONTENT_TYPE, TargetMetrics
+
+logger = logging.getLogger(__name__)
+
+SERVER_NAME = "kneeswarm-target"
+SERVER_VERSION = "0.1.0"
+MODEL_VERSION = "1"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+DEFAULT_MODEL_NAME = "demo"
+DEFAULT_MODE = "onnx"
+DEFAULT_REQUEST_THREADS = 4
+DEFAULT_QUEUE_SIZE = 0  # unbounded
+DEFAULT_INTRA_OP_THREADS = 1
+DEFAULT_INTER_OP_THREADS = 1
+DEFAULT_BATCH_MAX = 1
+DEFAULT_BATCH_WAIT_MS = 2.0
+DEFAULT_SLOTS = 4
+DEFAULT_SERVICE_MS = 50.0
+MAX_ROWS = 1024  # largest batch one infer request may carry
+LISTEN_BACKLOG = 2048
+GRACEFUL_SHUTDOWN_S = 5
+KNEE_OUTPUT = {"name": model_mod.OUTPUT_NAME, "shape": [1, 1], "datatype": "FP32", "data": [0.0]}
+LISTENING_LINE = "kneeswarm target listening on {url} mode={mode} pid={pid}"
+
+
+class BadRequest(ValueError):
+    """The infer body is not a valid request for this model: answer 400."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    platform: str
+    input_dim: int
+    output_dim: int
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "versions": [MODEL_VERSION],
+            "platform": self.platform,
+            "inputs": [
+                {"name": model_mod.INPUT_NAME, "datatype": "FP32", "shape": [-1, self.input_dim]}
+            ],
+            "outputs": [
+                {"name": model_mod.OUTPUT_NAME, "datatype": "FP32", "shape": [-1, self.output_dim]}
+            ],
+        }
+
+
+# -- request parsing ----------------------------------------------------------------------------
+def parse_inputs(body: bytes) -> tuple[dict[str, Any], list[Any]]:
+    """The JSON request and its ``inputs`` list, or BadRequest."""
+    try:
+        request = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}") from None
+    if not isinstance(request, dict):
+        raise BadRequest("body must be a JSON object with an 'inputs' list")
+    inputs = request.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise BadRequest("body must have a non-empty 'inputs' list")
+    return request, inputs
+
+
+def parse_tensor(inputs: list[Any], input_dim: int) -> np.ndarray:
+    """The one FP32 [rows, input_dim] input tensor of an onnx-mode request, or BadRequest."""
+    if len(inputs) != 1 or not isinstance(inputs[0], dict):
+        raise BadRequest(f"expected exactly one input tensor named {model_mod.INPUT_NAME!r}")
+    tensor = inputs[0]
+    if tensor.get("name") != model_mod.INPUT_NAME:
+        raise BadRequest(f"unknown input {tensor.get('name')!r}: expected {model_mod.INPUT_NAME!r}")
+    if tensor.get("datatype") != "FP32":
+        raise BadRequest(f"input datatype {tensor.get('datatype')!r}: expected 'FP32'")
+    shape = tensor.get("shape")
+    if (
+        not isinstance(shape, list)
+        or len(shape) != 2
+        or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape)
+        or not 1 <= shape[0] <= MAX_ROWS
+        or shape[1] != input_dim
+    ):
+        raise BadRequest(
+            f"input shape {shape!r}: expected [B, {input_dim}] with 1 <= B <= {MAX_ROWS}"
+        )
+    data = tensor.get("data")
+    if not isinstance(data, list):
+        raise BadRequest("input 'data' must be a list of numbers")
+    try:
+        array = np.asarray(data, dtype=np.float32)
+    except (ValueError, TypeError):
+        raise BadRequest("input 'data' must be a flat list of numbers") from None
+    if array.size != shape[0] * shape[1]:
+        raise BadRequest(
+            f"input data has {array.size} elements, shape {shape} needs {shape[0] * shape[1]}"
+        )
+    if not np.isfinite(array).all():
+        raise BadRequest("input data holds NaN or infinity")
+    return np.ascontiguousarray(array.reshape(shape))
+
+
+# -- the application ----------------------------------------------------------------------------
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def build_app(
+    info: ModelInfo,
+    engine: OnnxEngine | KneeEngine,
+    metrics: TargetMetrics,
+    on_started: Callable[[], None] | None = None,
+) -> Starlette:
+    """The Starlette application serving ``engine`` under the KServe v2 protocol."""
+    ready = False
+    is_onnx = isinstance(engine, OnnxEngine)
+    served = metrics.requests
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        nonlocal ready
+        engine.start()
+        ready = True
+        if on_started is not None:
+            on_started()
+        try:
+            yield
+        finally:
+            ready = False
+            engine.stop()
+
+    def known(name: str) -> bool:
+        return name == info.name
+
+    async def server_metadata(request: Request) -> Response:
+        return JSONResponse({"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": []})
+
+    async def live(request: Request) -> Response:
+        return JSONResponse({"live": True})
+
+    async def server_ready(request: Request) -> Response:
+        return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+
+    async def model_metadata(request: Request) -> Response:
+        name = request.path_params["name"]
+        if not known(name):
+            return _error(404, f"unknown model {name!r}: this server serves {info.name!r}")
+        return JSONResponse(info.metadata())
+
+    async def model_ready(request: Request) -> Response:
+        name = request.path_params["name"]
+        if not known(name):
+            return _error(404, f"unknown model {name!r}: this server serves {info.name!r}")
+        return JSONResponse({"name": name, "ready": ready}, status_code=200 if ready else 503)
+
+    async def infer(request: Request) -> Response:
+        started = time.perf_counter()
+        name = request.path_params["name"]
+        if not known(name):
+            served.labels(code="404").inc()
+            return _error(404, f"unknown model {name!r}: this server serves {info.name!r}")
+        try:
+            body, inputs = parse_inputs(await request.body())
+            if is_onnx:
+                x = parse_tensor(inputs, info.input_dim)
+                output = await engine.infer(x)  # type: ignore[call-arg]
+                tensor = {
+                    "name": model_mod.OUTPUT_NAME,
+                    "shape": list(output.shape),
+                    "datatype": "FP32",
+                    "data": output.ravel().tolist(),
+                }
+            else:
+                await engine.infer()  # type: ignore[call-arg]
+                tensor = KNEE_OUTPUT
+        except BadRequest as exc:
+            served.labels(code="400").inc()
+            return _error(400, str(exc))
+        except Rejected as exc:
+            metrics.rejected.inc()
+            served.labels(code="503").inc()
+            return _error(503, str(exc))
+        except Exception as exc:
+            logger.exception("infer failed")
+            served.labels(code="500").inc()
+            return _error(500, f"inference failed: {exc}")
+        request_id = body.get("id")
+        response = JSONResponse(
+            {
+                "model_name": info.name,
+                "model_version": MODEL_VERSION,
+                "id": request_id if isinstance(request_id, str) else uuid.uuid4().hex,
+                "outputs": [tensor],
+            }
+        )
+        served.labels(code="200").inc()
+        metrics.request_duration.observe(time.perf_counter() - started)
+        return response
+
+    async def prometheus(request: Request) -> Response:
+        return Response(metrics.render(), media_type=PROMETHEUS_CONTENT_TYPE)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return _error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
+
+    routes = [
+        Route("/v2", server_metadata),
+        Route("/v2/health/live", live),
+        Route("/v2/health/ready", server_ready),
+        Route("/v2/models/{name}", model_metadata),
+        Route("/v2/models/{name}/versions/{version}", model_metadata),
+        Route("/v2/models/{name}/ready", model_ready),
+        Route("/v2/models/{name}/versions/{version}/ready", model_ready),
+        Route("/v2/models/{name}/infer", infer, methods=["POST"]),
+        Route("/v2/models/{name}/versions/{version}/infer", infer, methods=["POST"]),
+        Route("/metrics", prometheus),
+    ]
+    return Starlette(
+        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
+    )
+
+
+# -- command line -------------------------------------------------------------------------------
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below the minimum {minimum}")
+        return value
+
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value} must be a positive number")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value} must be zero or a positive number")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (and exit 2, as argparse's do)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser(prog: str = "kneeswarm target") -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=prog,
+        description=(
+            "Bundled demo inference server (KServe v2 over HTTP, Prometheus /metrics) to find the "
+            "knee of. Prints 'kneeswarm target listening on URL mode=MODE pid=PID' as its first "
+            "stdout line; stops cleanly on SIGTERM or SIGINT."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--mode", choices=["onnx", "knee"], default=DEFAULT_MODE,
+                   help="onnx: real ONNX Runtime inference of a generated MLP; knee: ground truth, "
+                        "--slots requests at once, each for --service-ms, no CPU work")
+    p.add_argument("--host", default=DEFAULT_HOST, help="address to bind")
+    p.add_argument("--port", type=_int_at_least(0), default=DEFAULT_PORT,
+                   help="port to bind; 0 picks a free one (see the first stdout line)")
+    p.add_argument("--model-name", default=DEFAULT_MODEL_NAME,
+                   help="name the model is served under")
+    p.add_argument("--queue-size", type=_int_at_least(0), default=DEFAULT_QUEUE_SIZE,
+                   help="bound on requests waiting for a request thread (onnx) or slot (knee); "
+                        "beyond it requests get 503 and count in kneeswarm_target_rejected_total; "
+                        "0 = unbounded")
+    p.add_argument("--log-level", default="warning",
+                   choices=["debug", "info", "warning", "error", "critical"], help="log level")
+
+    onnx = p.add_argument_group("onnx mode")
+    onnx.add_argument("--request-threads", type=_int_at_least(1), default=DEFAULT_REQUEST_THREADS,
+                      help="application worker threads running inference (all share one session)")
+    onnx.add_argument("--intra-op-threads", type=_int_at_least(0), default=DEFAULT_INTRA_OP_THREADS,
+                      help="ONNX Runtime intra_op_num_threads per run; 0 = ONNX Runtime's default "
+                           "(all physical cores)")
+    onnx.add_argument("--inter-op-threads", type=_int_at_least(0), default=DEFAULT_INTER_OP_THREADS,
+                      help="ONNX Runtime inter_op_num_threads; 0 = ONNX Runtime's default")
+    onnx.add_argument("--batch-max", type=_int_at_least(1), default=DEFAULT_BATCH_MAX,
+                      help="micro-batching: run up to this many queued requests as one batch "
+                           "(1 = off)")
+    onnx.add_argument("--batch-wait-ms", type=_non_negative_float, default=DEFAULT_BATCH_WAIT_MS,
+                      help="micro-batching: longest wait after the oldest queued request for a "
+                           "batch to fill")
+    onnx.add_argument("--work", type=_int_at_least(1), default=model_mod.DEFAULT_LAYERS,
+                      help="cost of one inference: number of hidden layers (time grows linearly)")
+    onnx.add_argument("--hidden", type=_int_at_least(1), default=model_mod.DEFAULT_HIDDEN,
+                      help="hidden width of the MLP (time grows with its square)")
+    onnx.add_argument("--tokens", type=_int_at_least(1), default=model_mod.DEFAULT_TOKENS,
+                      help="rows each input is expanded to inside the model (like a sequence "
+                           "length; time grows linearly)")
+    onnx.add_argument("--input-dim", type=_int_at_least(1), default=model_mod.DEFAULT_INPUT_DIM,
+                      help="input width D: requests carry shape [B, D]")
+    onnx.add_argument("--output-dim", type=_int_at_least(1), default=model_mod.DEFAULT_OUTPUT_DIM,
+                      help="output width: responses carry shape [B, output-dim]")
+    onnx.add_argument("--seed", type=int, default=model_mod.DEFAULT_SEED,
+                      help="seed of the weights")
+
+    knee = p.add_argument_group("knee mode")
+    knee.add_argument("--slots", type=_int_at_least(1), default=DEFAULT_SLOTS,
+                      help="requests served at once (the knee, in users)")
+    knee.add_argument("--service-ms", type=_positive_float, default=DEFAULT_SERVICE_MS,
+                      help="time each request holds its slot")
+    return p
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets that say they are TCP,
+    # and without it a response's headers and body (two writes) meet the client's delayed ACK,
+    # adding ~40 ms to every request.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    sock.bind((host, port))
+    sock.listen(LISTEN_BACKLOG)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _build(args: argparse.Namespace) -> tuple[ModelInfo, OnnxEngine | KneeEngine, TargetMetrics]:
+    info_labels: dict[str, Any] = {"mode": args.mode, "model": args.model_name}
+    if args.mode == "knee":
+        info_labels.update(slots=args.slots, service_ms=args.service_ms)
+        metrics = TargetMetrics(info_labels, workers=args.slots, queue_capacity=args.queue_size)
+        engine: OnnxEngine | KneeEngine = KneeEngine(
+            metrics,
+            slots=args.slots,
+            service_s=args.service_ms / 1000.0,
+            queue_size=args.queue_size,
+        )
+        return ModelInfo(args.model_name, "kneeswarm_knee", -1, 1), engine, metrics  # any input
+    spec = model_mod.ModelSpec(
+        input_dim=args.input_dim,
+        tokens=args.tokens,
+        hidden=args.hidden,
+        layers=args.work,
+        output_dim=args.output_dim,
+        seed=args.seed,
+    )
+    info_labels.update(
+        request_threads=args.request_threads,
+        intra_op_threads=args.intra_op_threads,
+        inter_op_threads=args.inter_op_threads,
+        batch_max=args.batch_max,
+        batch_wait_ms=args.batch_wait_ms,
+        work=args.work,
+        hidden=args.hidden,
+        tokens=args.tokens,
+        parameters=spec.parameters,
+    )
+    session = model_mod.make_session(
+        model_mod.build_mlp(spec), args.intra_op_threads, args.inter_op_threads
+    )
+    metrics = TargetMetrics(
+        info_labels, workers=args.request_threads, queue_capacity=args.queue_size
+    )
+    engine = OnnxEngine(
+        session,
+        metrics,
+        request_threads=args.request_threads,
+        queue_size=args.queue_size,
+        batch_max=args.batch_max,
+        batch_wait_s=args.batch_wait_ms / 1000.0,
+    )
+    info = ModelInfo(args.model_name, "onnxruntime_onnx", args.input_dim, args.output_dim)
+    return info, engine, metrics
+
+
+def _exit_quietly(signum: int, frame: Any) -> None:
+    """uvicorn re-raises the signal that stopped it once it has shut down; by then we are done."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo target until SIGTERM/SIGINT; 0 on a clean stop, 2 on bad arguments."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        sock = _bind(args.host, args.port)
+    except OSError as exc:
+        where = f"{args.host}:{args.port}"
+        print(f"kneeswarm target: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+
+    import uvicorn  # imported late: --help and bad arguments stay fast
+
+    try:
+        info, engine, metrics = _build(args)
+    except Exception as exc:  # onnx/onnxruntime failures: one line, not a traceback
+        sock.close()
+        print(f"kneeswarm target: cannot build the {args.mode} engine: {exc}", file=sys.stderr)
+        return 1
+    url = _url(sock)
+
+    def announce() -> None:
+        # Printed once the engine has started and just before uvicorn serves the bound socket;
+        # connections made right after are held in the listen backlog, never refused.
+        print(LISTENING_LINE.format(url=url, mode=args.mode, pid=os.getpid()), flush=True)
+        logger.info("serving model %r in %s mode at %s", info.name, args.mode, url)
+
+    app = build_app(info, engine, metrics, on_started=announce)
+    config = uvicorn.Config(
+        app,
+        log_level=args.log_level,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        server_header=False,
+    )
+    server = uvicorn.Server(config)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _exit_quietly)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+    return 0 if server.started else 1

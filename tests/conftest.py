@@ -1,0 +1,66 @@
+"""Shared fixtures: real demo-target processes and a bounded wait helper."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+import requests
+
+from kneeswarm.cli import start_target, stop_target
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class Target:
+    def __init__(self, proc: subprocess.Popen, url: str):
+        self.proc, self.url, self.pid = proc, url, proc.pid
+
+    def metrics(self) -> dict[str, float]:
+        """The target's /metrics as {"name{labels}": value}."""
+        from collectors.prometheus import parse_exposition
+
+        return parse_exposition(requests.get(self.url + "/metrics", timeout=5).text)
+
+    def stop(self) -> None:
+        stop_target(self.proc)
+
+
+@pytest.fixture
+def start_demo_target() -> Iterator[Callable[..., Target]]:
+    """Start real `kneeswarm target` processes on free ports; all are stopped at teardown."""
+    started: list[Target] = []
+
+    def start(*args: str) -> Target:
+        proc, url = start_target(list(args))
+        t = Target(proc, url)
+        started.append(t)
+        return t
+
+    yield start
+    for t in started:
+        t.stop()
+
+
+def run_cli(*args: str, timeout: float = 240, **kw) -> subprocess.CompletedProcess:
+    """The real `kneeswarm` console command in its own process."""
+    return subprocess.run([sys.executable, "-m", "kneeswarm.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=kw.pop("cwd", REPO), **kw)
+
+
+def wait_for(cond: Callable[[], bool], timeout: float, what: str, period: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(period)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def read_summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "report" / "summary.json").read_text())

@@ -1,0 +1,175 @@
+"""End to end, all real: `kneeswarm target` + `kneeswarm run` (Locust master + 2 workers in their
+own processes) + local pidstat/vmstat through the agent + analysis.
+
+The knee target serves at most K=4 requests at once for 50 ms each, so in a closed loop
+QPS = min(users, 4) * 20/s: the knee is at 4 users and the plateau at 80/s.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kneeswarm.rundir import RunDir
+
+from conftest import REPO, read_summary, run_cli, wait_for
+
+pytestmark = pytest.mark.slow
+
+K, SERVICE_MS = 4, 50
+PLATEAU_QPS = K * 1000 / SERVICE_MS
+
+
+def only_run_dir(out: Path) -> Path:
+    runs = [p for p in out.iterdir() if p.is_dir()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+@pytest.fixture(scope="module")
+def knee_run(tmp_path_factory):
+    """One real run against the ground-truth target, shared by the assertions below."""
+    from kneeswarm.cli import start_target, stop_target
+
+    out = tmp_path_factory.mktemp("runs")
+    proc, url = start_target(["--mode", "knee", "--slots", str(K), "--service-ms", str(SERVICE_MS)])
+    try:
+        res = run_cli("run", "--target", url, "--steps", "1,2,4,8,16", "--hold", "7", "--ramp", "1",
+                      "--settle", "1", "--workers", "2", "--pid", str(proc.pid), "--out", str(out),
+                      "--name", "knee", "-q")
+        import requests
+
+        from collectors.prometheus import parse_exposition
+
+        metrics = parse_exposition(requests.get(url + "/metrics", timeout=5).text)
+    finally:
+        stop_target(proc)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return only_run_dir(out), metrics, res
+
+
+def test_knee_is_found_at_the_slot_count(knee_run):
+    run_dir, _, res = knee_run
+    s = read_summary(run_dir)
+    assert s["complete"] is True
+    assert s["knee"]["users"] == K, s["knee"]
+    by_users = {st["users"]: st for st in s["steps"]}
+    for users in (4, 8, 16):
+        assert abs(by_users[users]["qps"] - PLATEAU_QPS) <= 0.10 * PLATEAU_QPS, by_users[users]
+    assert by_users[16]["p99_ms"] >= 3 * by_users[2]["p99_ms"]
+    assert "report:" in res.stdout and (run_dir / "report" / "index.html").exists()
+
+
+def test_every_request_served_is_a_row(knee_run):
+    run_dir, metrics, _ = knee_run
+    served = sum(v for k, v in metrics.items() if k.startswith("kneeswarm_target_requests_total") and 'code="200"' in k)
+    rows = RunDir(run_dir).read_requests()
+    assert len(rows) > 1000
+    # Requests still in flight when the load stopped were served but never recorded (<= 16 users).
+    assert 0 <= served - int(rows["ok"].sum()) <= 16, (served, len(rows))
+    assert rows["error"].isna().all()
+    assert set(rows["worker"]) == {"worker-0", "worker-1"}
+
+
+def test_summary_percentiles_equal_numpy_on_the_rows(knee_run):
+    run_dir, _, _ = knee_run
+    run = RunDir(run_dir)
+    rows, steps, s = run.read_requests(), run.read_steps(), read_summary(run_dir)
+    settle = 1.0
+    for st, (_, step) in zip(s["steps"], steps.iterrows()):
+        win = rows[(rows.t_start >= step.t_steady + settle) & (rows.t_start < step.t_end) & rows.ok]
+        lat = win["latency_ms"].to_numpy()
+        assert st["requests"] == len(win)
+        for key, q in (("p50_ms", 50), ("p95_ms", 95), ("p99_ms", 99), ("p999_ms", 99.9)):
+            assert st[key] == pytest.approx(float(np.percentile(lat, q)), rel=1e-9)
+
+
+def test_steps_csv_records_the_steps_as_applied(knee_run):
+    run_dir, _, _ = knee_run
+    steps = RunDir(run_dir).read_steps()
+    assert list(steps["users"]) == [1, 2, 4, 8, 16]
+    assert (steps["t_ramp"] <= steps["t_steady"]).all() and (steps["t_steady"] < steps["t_end"]).all()
+    # Each step was held at least its 7 s after all its users were running.
+    assert ((steps["t_end"] - steps["t_steady"]) >= 7 - 0.01).all()
+    assert (steps["t_ramp"].iloc[1:].to_numpy() == steps["t_end"].iloc[:-1].to_numpy()).all()
+
+
+def test_live_collectors_cover_every_step(knee_run):
+    run_dir, _, _ = knee_run
+    run = RunDir(run_dir)
+    meta = run.read_meta()
+    raw = run.raw_dir("local")
+    assert (raw / "pidstat.txt").stat().st_size > 0 and (raw / "vmstat.txt").stat().st_size > 0
+    process, vmstat = run.read_host_csv("local", "process"), run.read_host_csv("local", "vmstat")
+    steps = run.read_steps()
+    pid = meta["hosts"]["local"]["pid"] if "pid" in meta["hosts"]["local"] else None
+    for _, step in steps.iterrows():
+        in_step = process[(process.t >= step.t_ramp) & (process.t <= step.t_end)]
+        assert len(in_step) >= 3, f"no pidstat samples in step {step['index']}"
+        if pid is not None:
+            assert set(in_step["pid"]) == {pid}
+        assert len(vmstat[(vmstat.t >= step.t_ramp) & (vmstat.t <= step.t_end)]) >= 3
+    gen = run.read_generator()
+    assert set(gen) == {"worker-0", "worker-1"}
+    assert all(len(df) >= 20 and df["cpu_pct"].notna().all() for df in gen.values())
+
+
+def test_interrupt_stops_gracefully_and_reports(tmp_path, start_demo_target):
+    """Ctrl-C once: the load stops, the report is written from what was recorded, marked incomplete."""
+    target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kneeswarm.cli", "run", "--target", target.url, "--steps", "1,2,4", "--hold", "30",
+         "--ramp", "1", "--settle", "1", "--workers", "1", "--pid", str(target.pid), "--out", str(tmp_path), "-q"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        wait_for(lambda: any(tmp_path.glob("*/requests/part-*.parquet")) or proc.poll() is not None, 60,
+                 "the first request rows")
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    run_dir = only_run_dir(tmp_path)
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["ended"] == "interrupted" and meta["complete"] is False
+    s = read_summary(run_dir)
+    assert s["complete"] is False and s["totals"]["requests"] > 0
+    assert "INCOMPLETE" in (run_dir / "report" / "summary.md").read_text()
+    assert (run_dir / "hosts" / "local" / "vmstat.csv").exists()
+
+
+def test_target_dying_mid_run_is_counted_not_fatal(tmp_path, start_demo_target):
+    target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kneeswarm.cli", "run", "--target", target.url, "--steps", "1,2", "--hold", "6",
+         "--ramp", "1", "--settle", "0", "--workers", "1", "--out", str(tmp_path), "-q"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        wait_for(lambda: any(tmp_path.glob("*/requests/part-*.parquet")) or proc.poll() is not None, 60,
+                 "the first request rows")
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        target.proc.kill()  # the server dies mid-run
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    run_dir = only_run_dir(tmp_path)
+    s = read_summary(run_dir)
+    assert s["complete"] is True, err[-2000:]
+    last = s["steps"][-1]
+    assert last["error_rate"] > 0.5
+    assert set(last["errors"]) <= {"conn_refused", "conn_reset"} and last["errors"], last["errors"]
+    assert s["totals"]["errors"] > 0
