@@ -65,8 +65,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def check_target(plan: Plan, timeout: float = HEALTH_TIMEOUT) -> None:
+def check_target(plan: Plan, timeout: float | None = None) -> None:
     """Wait until the target's health check answers 2xx, or raise ConductorError."""
+    timeout = HEALTH_TIMEOUT if timeout is None else timeout
     url = plan.target.rstrip("/") + HEALTH_PATHS.get(plan.protocol, "/")
     deadline = time.monotonic() + timeout
     problem = "no answer"
