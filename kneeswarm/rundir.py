@@ -164,10 +164,13 @@ class RunDir:
     def request_parts(self) -> list[Path]:
         return sorted(self.requests_dir.glob("part-*.parquet"))
 
-    def write_request_part(self, columns: dict[str, list[Any]], seq: int) -> Path:
-        """Write one part file from column lists (missing columns become nulls)."""
+    def write_request_part(self, columns: dict[str, Any], seq: int) -> Path:
+        """Write one part file from columns (lists or numpy arrays; missing ones become nulls)."""
         n = len(next(iter(columns.values()))) if columns else 0
-        arrays = [pa.array(columns.get(name, [None] * n), type=f.type) for name, f in zip(REQUEST_SCHEMA.names, REQUEST_SCHEMA)]
+        arrays = [
+            pa.array(columns[f.name], type=f.type) if f.name in columns else pa.nulls(n, type=f.type)
+            for f in REQUEST_SCHEMA
+        ]
         table = pa.Table.from_arrays(arrays, schema=REQUEST_SCHEMA)
         path = self.requests_dir / f"part-{seq:06d}.parquet"
         path.parent.mkdir(parents=True, exist_ok=True)

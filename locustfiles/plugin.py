@@ -26,7 +26,8 @@ from kneeswarm.rundir import GENERATOR_COLUMNS, RunDir, safe_name
 
 from locustfiles import state
 from locustfiles.recorder import FLUSH_INTERVAL, GEN_KEY, REPORT_KEY, GeneratorSampler, RequestWriter, RowBuffer
-from locustfiles.shape import StepSchedule, StepShape
+from locustfiles.shape import StepShape
+from locustfiles.steps import StepSchedule
 from locustfiles.users import InferenceUser
 
 logger = logging.getLogger(__name__)

@@ -13,13 +13,14 @@ The listener is the hot path: it does a tuple append and nothing else for a succ
 
 from __future__ import annotations
 
-import bisect
 import errno
 import logging
 import socket
 import threading
 import time
 from typing import Any, Callable
+
+import numpy as np
 
 from kneeswarm.rundir import RunDir
 
@@ -114,25 +115,20 @@ class RequestWriter:
     def flush(self) -> int:
         with self._lock:
             batches, self._pending = self._pending, []
-        if not batches:
+        rows = [row for _, batch in batches for row in batch]
+        if not rows:
             return 0
         starts = self._step_starts()
-        t_ramps = [t for t, _ in starts]
-        cols: dict[str, list] = {c: [] for c in WIRE_COLUMNS}
-        cols["worker"], cols["step"], cols["users"] = [], [], []
-        for worker, rows in batches:
-            for row in rows:
-                for c, v in zip(WIRE_COLUMNS, row):
-                    cols[c].append(v)
-                i = bisect.bisect_right(t_ramps, row[0]) - 1
-                cols["step"].append(i)
-                cols["users"].append(starts[i][1] if i >= 0 else 0)
-            cols["worker"].extend([worker] * len(rows))
-        n = len(cols["t_start"])
+        cols: dict[str, Any] = dict(zip(WIRE_COLUMNS, map(list, zip(*rows))))
+        step = np.searchsorted(np.array([t for t, _ in starts], dtype=float), np.asarray(cols["t_start"], dtype=float), side="right") - 1
+        users = np.array([u for _, u in starts] + [0], dtype=np.int32)  # index -1 (before any step) -> 0
+        cols["step"] = step.astype(np.int32)
+        cols["users"] = users[step]
+        cols["worker"] = [w for w, batch in batches for _ in batch]
         self.run.write_request_part(cols, self._seq)
         self._seq += 1
-        self.rows_written += n
-        return n
+        self.rows_written += len(rows)
+        return len(rows)
 
 
 class GeneratorSampler:

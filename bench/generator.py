@@ -1,0 +1,134 @@
+"""Generator overhead: requests/s of kneeswarm's KServe user (with per-request recording) against
+bare Locust FastHttpUser posting the same body, same fast target, same run.
+
+    .venv/bin/python bench/generator.py [--seconds 8] [--users 8] [--rounds 3]
+
+The target is a minimal gevent HTTP responder (a canned KServe answer) in its own process, so
+the load generator, not the server, is what is measured.  Rounds alternate bare / kneeswarm;
+the medians and their ratio are printed (target: ratio >= 0.9).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ANSWER = b'{"model_name":"demo","outputs":[{"name":"output","shape":[1,1],"datatype":"FP32","data":[0.5]}]}'
+
+BARE_LOCUSTFILE = '''
+from locust import FastHttpUser, task
+from locustfiles.protocols import KServeV2
+
+class Bare(FastHttpUser):
+    def on_start(self):
+        self.req = KServeV2({"model": "demo", "shape": [1, 64]}, seed=1).next_request()
+
+    @task
+    def infer(self):
+        r = self.req
+        self.client.request(r.method, r.path, data=r.body, headers=r.headers, name="infer")
+'''
+
+
+def serve(port: int) -> None:
+    """A fast keep-alive HTTP responder: reads one request (headers + body), answers ANSWER."""
+    from gevent.server import StreamServer
+
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(ANSWER)
+
+    def handle(sock, _addr):
+        try:
+            answer(sock)
+        except OSError:  # the load generator closed its connection at the end of a round
+            pass
+
+    def answer(sock):
+        buf = b""
+        while True:
+            while b"\r\n\r\n" not in buf:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return
+                buf += chunk
+            header, _, rest = buf.partition(b"\r\n\r\n")
+            length = 0
+            for line in header.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            while len(rest) < length:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return
+                rest += chunk
+            buf = rest[length:]
+            sock.sendall(head + ANSWER)
+
+    StreamServer(("127.0.0.1", port), handle).serve_forever()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def locust_rate(args: list[str], seconds: float) -> float:
+    """Run one headless Locust process; requests/s from its --json summary."""
+    res = subprocess.run([sys.executable, "-m", "locust", "--headless", "--json", "--loglevel", "ERROR", *args],
+                         capture_output=True, text=True, timeout=seconds + 60, cwd=REPO)
+    stats = json.loads(res.stdout)
+    s = next(x for x in stats if x["name"] == "infer")
+    return s["num_requests"] / max(1e-9, s["last_request_timestamp"] - s["start_time"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--users", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.serve:
+        serve(a.serve)
+        return
+    port = free_port()
+    target = subprocess.Popen([sys.executable, __file__, "--serve", str(port)])
+    tmp = Path(tempfile.mkdtemp(prefix="kneeswarm-bench-"))
+    try:
+        time.sleep(1.0)
+        url = f"http://127.0.0.1:{port}"
+        bare_file = tmp / "bare.py"
+        bare_file.write_text(BARE_LOCUSTFILE)
+        plan = tmp / "plan.toml"
+        plan.write_text(f'name = "bench"\ntarget = "{url}"\n[load]\nsteps = [{a.users}]\nramp = 0.0\n'
+                        f"hold = {a.seconds}\nsettle = 0.0\n")
+        bare, ks = [], []
+        for r in range(a.rounds):
+            bare.append(locust_rate(["-f", str(bare_file), "--host", url, "-u", str(a.users), "-r", str(a.users),
+                                     "-t", f"{int(a.seconds)}s"], a.seconds))
+            ks.append(locust_rate(["-f", str(REPO / "locustfiles" / "swarm.py"), "--host", url,
+                                   "--kneeswarm-plan", str(plan), "--kneeswarm-out", str(tmp / "runs")], a.seconds))
+            print(f"round {r + 1}: bare FastHttpUser {bare[-1]:8.0f} req/s   kneeswarm KServe+recorder {ks[-1]:8.0f} req/s",
+                  flush=True)
+        rows = sum(len(__import__("pyarrow.parquet", fromlist=["x"]).read_table(p)) for p in (tmp / "runs").glob("*/requests/*.parquet"))
+        mb, mk = statistics.median(bare), statistics.median(ks)
+        print(f"median: bare {mb:.0f} req/s, kneeswarm {mk:.0f} req/s, ratio {mk / mb:.3f} (target >= 0.9); "
+              f"{rows} rows recorded, {os.cpu_count()} cores, {a.users} users, {a.seconds:g}s x {a.rounds} rounds")
+    finally:
+        target.kill()
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
