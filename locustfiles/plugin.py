@@ -45,8 +45,9 @@ def _add_arguments(parser: Any) -> None:
 class Recording:
     """The master's (or local runner's) recording of one test: writer, steps, generator CSVs."""
 
-    def __init__(self, env: Environment, run: RunDir, local_buffer: RowBuffer | None):
+    def __init__(self, env: Environment, run: RunDir, local_buffer: RowBuffer | None, owns_meta: bool):
         self.env, self.run, self.local_buffer = env, run, local_buffer
+        self.owns_meta = owns_meta  # no conductor (web UI / bare locust): meta.json is ours to finish
         plan = state.plan()
         self.schedule = StepSchedule(plan.load.steps, plan.load.ramp, plan.load.hold, on_change=self._write_steps)
         self.writer = RequestWriter(run, self.schedule.step_starts)
@@ -88,6 +89,13 @@ class Recording:
             self.local_sampler.probe_lag()
             gevent.sleep(0.9)
             self.local_sampler.sample()
+
+    def end(self) -> None:
+        """The test stopped (shape finished, or Stop pressed): flush, and say how it ended."""
+        self.flush()
+        if self.owns_meta:
+            done = self.schedule.done and len(self.schedule.log) == len(self.schedule.steps)
+            self.run.update_meta(ended="completed" if done else "stopped", complete=done, finished=time.time())
 
     def stop(self) -> None:
         self.schedule.finish(time.time())
@@ -173,7 +181,8 @@ def _init_master_or_local(env: Environment, runner: Any) -> None:
         global _recording
         if _recording is not None:
             _recording.stop()
-        _recording = Recording(env, _run_dir(env), local_buffer)
+        run, owns_meta = _run_dir(env)
+        _recording = Recording(env, run, local_buffer, owns_meta)
         return _recording.schedule
 
     if isinstance(env.shape_class, StepShape):
@@ -199,7 +208,7 @@ def _init_master_or_local(env: Environment, runner: Any) -> None:
     def on_test_stop(environment: Environment, **_kw: Any) -> None:
         # Workers send their last report after the master's stop; quitting flushes again.
         if _recording is not None:
-            _recording.flush()
+            _recording.end()
 
     def on_quitting(environment: Environment, **_kw: Any) -> None:
         if _recording is not None:
@@ -212,14 +221,15 @@ def _init_master_or_local(env: Environment, runner: Any) -> None:
     env.events.quitting.add_listener(on_quitting)
 
 
-def _run_dir(env: Environment) -> RunDir:
-    """The conductor names the run directory; a bare Locust (web UI) makes one per test."""
+def _run_dir(env: Environment) -> tuple[RunDir, bool]:
+    """The conductor names the run directory (and owns its meta.json); a bare Locust (web UI)
+    makes one per test and writes plan.toml and meta.json itself."""
     opts = env.parsed_options
     given = getattr(opts, "kneeswarm_run_dir", "") if opts else ""
     if given and _recording is None:
         run = RunDir(given)
         run.path.mkdir(parents=True, exist_ok=True)
-        return run
+        return run, False
     out = getattr(opts, "kneeswarm_out", "runs") if opts else "runs"
     plan = state.plan()
     run = RunDir.create(out, plan.name)
@@ -233,7 +243,7 @@ def _run_dir(env: Environment) -> RunDir:
         complete=False,
     )
     logger.info("kneeswarm: recording to %s", run.path)
-    return run
+    return run, True
 
 
 def current_run() -> Path | None:
