@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from agents.errors import AgentError, TransportError
+from agents.errors import AgentError
 from agents.transport import EchoChannel
 
 logger = logging.getLogger(__name__)
@@ -138,4 +138,4 @@ class ClockCorrection:
         )
 
 
-__all__ = ["ClockCorrection", "ClockOffset", "estimate", "measure", "TransportError"]
+__all__ = ["ClockCorrection", "ClockOffset", "estimate", "measure"]

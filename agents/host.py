@@ -137,9 +137,9 @@ class HostAgent:
                 raise
             except (TransportError, OSError, EOFError) as e:
                 if time.monotonic() >= deadline:
-                    raise TransportError(f"{self.label}: {what} failed: {e}") from None
+                    raise TransportError(f"{self.label}: {what} failed: {self._bare(e)}") from None
                 pause = RECONNECT_BACKOFF[min(attempt, len(RECONNECT_BACKOFF) - 1)]
-                logger.warning("%s: %s failed (%s); reconnecting in %.1fs", self.label, what, e, pause)
+                logger.warning("%s: %s failed (%s); reconnecting in %.1fs", self.label, what, self._bare(e), pause)
                 time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
                 attempt += 1
                 try:
@@ -149,7 +149,12 @@ class HostAgent:
                 except HostKeyError:
                     raise
                 except (AgentError, OSError, EOFError) as e2:
-                    logger.warning("%s: reconnect failed: %s", self.label, e2)
+                    logger.warning("%s: reconnect failed: %s", self.label, self._bare(e2))
+
+    def _bare(self, e: BaseException) -> str:
+        """The message of e without a leading '<label>: ' (messages name the host once)."""
+        text = str(e) or type(e).__name__
+        return text[len(self.label) + 2 :] if text.startswith(f"{self.label}: ") else text
 
     def _call(self, verb: str, arg: str | None, timeout: float, window: float = RECONNECT_WINDOW,
               wrapper: list[str] | None = None) -> dict[str, Any]:
@@ -275,7 +280,7 @@ class HostAgent:
             self.last_heartbeat = time.time()
             return True
         except AgentError as e:
-            logger.warning("%s: %s", self.label, e)
+            logger.warning("%s", e)
             return False
 
     def _heartbeat_loop(self) -> None:
@@ -292,7 +297,7 @@ class HostAgent:
                     self.reconnects += 1
                 logger.info("%s: reconnected", self.label)
             except (AgentError, OSError, EOFError) as e:
-                logger.warning("%s: reconnect failed (%s); the agent keeps recording", self.label, e)
+                logger.warning("%s: reconnect failed (%s); the agent keeps recording", self.label, self._bare(e))
 
     def _stop_heartbeats(self) -> None:
         self._hb_stop.set()

@@ -1,0 +1,233 @@
+"""A real OpenSSH server on loopback for the agents tests (ephemeral host key and user key), and
+process-table helpers (a busy process to monitor, leftover checks).
+
+    from tests.sshd_fixture import sshd, SSHD   # noqa: F401 (the fixture)
+
+``sshd`` is session-scoped; ``SSHD.start(dir)`` starts a private one (e.g. to change its key).
+The test is skipped (with the reason) when /usr/sbin/sshd is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+SSHD_BIN = "/usr/sbin/sshd"
+START_TIMEOUT = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def keygen(path: Path, passphrase: str = "", kind: str = "ed25519") -> Path:
+    for p in (path, path.with_name(path.name + ".pub")):
+        if p.exists():
+            p.unlink()
+    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", passphrase, "-C", "kneeswarm-test", "-f", str(path)],
+                   check=True, stdin=subprocess.DEVNULL, timeout=30)
+    return path
+
+
+def fingerprint_of(pub: Path) -> str:
+    """SHA256:... as ssh-keygen -l prints it."""
+    out = subprocess.run(["ssh-keygen", "-l", "-E", "sha256", "-f", str(pub)], capture_output=True, text=True,
+                         check=True, timeout=30).stdout
+    return out.split()[1]
+
+
+@dataclass
+class SSHD:
+    dir: Path
+    port: int
+    listen: str = "127.0.0.1"
+    proc: subprocess.Popen | None = None
+    netns: str | None = None  # run inside this network namespace (ip netns exec)
+    extra_keys: list[Path] = field(default_factory=list)
+
+    host_key = property(lambda self: self.dir / "ssh_host_ed25519_key")
+    user_key = property(lambda self: self.dir / "id_ed25519")
+    authorized_keys = property(lambda self: self.dir / "authorized_keys")
+    config = property(lambda self: self.dir / "sshd_config")
+    log = property(lambda self: self.dir / "sshd.log")
+
+    @property
+    def target(self) -> str:
+        return f"root@{self.listen}:{self.port}"
+
+    @property
+    def host_key_name(self) -> str:
+        return self.listen if self.port == 22 else f"[{self.listen}]:{self.port}"
+
+    def known_hosts_line(self) -> str:
+        kind, b64 = self.host_key.with_name(self.host_key.name + ".pub").read_text().split()[:2]
+        return f"{self.host_key_name} {kind} {b64}\n"
+
+    def write_known_hosts(self, path: Path) -> Path:
+        path.write_text(self.known_hosts_line())
+        return path
+
+    def fingerprint(self) -> str:
+        return fingerprint_of(self.host_key.with_name(self.host_key.name + ".pub"))
+
+    def authorize(self, key: Path) -> None:
+        self.extra_keys.append(key)
+        self._write_authorized()
+
+    def _write_authorized(self) -> None:
+        keys = [self.user_key, *self.extra_keys]
+        self.authorized_keys.write_text("".join(k.with_name(k.name + ".pub").read_text() for k in keys))
+
+    @classmethod
+    def start(cls, dir: Path, listen: str = "127.0.0.1", port: int | None = None, netns: str | None = None) -> SSHD:
+        if not os.path.exists(SSHD_BIN):
+            pytest.skip(f"{SSHD_BIN} is not installed (apt-get install openssh-server)")
+        dir.mkdir(parents=True, exist_ok=True)
+        Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # privilege separation directory
+        s = cls(dir=dir, port=port or free_port(), listen=listen, netns=netns)
+        keygen(s.host_key)
+        keygen(s.user_key)
+        s._write_authorized()
+        s.config.write_text(
+            f"Port {s.port}\nListenAddress {listen}\nHostKey {s.host_key}\nPidFile {dir}/sshd.pid\n"
+            f"AuthorizedKeysFile {s.authorized_keys}\nStrictModes no\nUsePAM no\n"
+            "PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+            "PubkeyAuthentication yes\nAllowTcpForwarding yes\nSubsystem sftp internal-sftp\n"
+            "MaxSessions 64\nMaxStartups 64\nLogLevel ERROR\nClientAliveInterval 0\n"
+        )
+        s.run()
+        return s
+
+    def run(self) -> None:
+        argv = [SSHD_BIN, "-f", str(self.config), "-D", "-e"]
+        if self.netns:
+            argv = ["ip", "netns", "exec", self.netns, *argv]
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sshd exited {self.proc.returncode}: {self.log.read_text()[-500:]}")
+            if self._ready():
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"sshd did not listen on {self.listen}:{self.port} within {START_TIMEOUT}s")
+
+    def _ready(self) -> bool:
+        if self.netns:
+            r = subprocess.run(["ip", "netns", "exec", self.netns, "ss", "-Hltn", f"sport = :{self.port}"],
+                               capture_output=True, text=True, timeout=10)
+            return str(self.port) in r.stdout
+        try:
+            with socket.create_connection((self.listen, self.port), timeout=0.5) as c:
+                c.settimeout(1.0)
+                return c.recv(4).startswith(b"SSH-")
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()  # the listener; sessions already open end with their clients
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self.proc = None
+
+    def restart(self, new_host_key: bool = False) -> None:
+        self.stop()
+        if new_host_key:
+            keygen(self.host_key)
+        self.run()
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory: pytest.TempPathFactory):
+    if shutil.which("ssh-keygen") is None or not os.path.exists(SSHD_BIN):
+        pytest.skip(f"{SSHD_BIN} or ssh-keygen is not installed (apt-get install openssh-server)")
+    server = SSHD.start(tmp_path_factory.mktemp("sshd"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+# -- process helpers ---------------------------------------------------------------------------
+REPO = Path(__file__).resolve().parents[1]
+
+BUSY_CODE = """
+import threading, time
+def spin():
+    while True:
+        sum(range(20000))
+threading.Thread(target=spin, daemon=True, name="spin").start()
+while True:
+    time.sleep(0.01)
+"""
+
+
+def start_busy() -> subprocess.Popen:
+    """A process that keeps about one core busy in a thread (something for pidstat to see)."""
+    return subprocess.Popen([sys.executable, "-c", BUSY_CODE], stdin=subprocess.DEVNULL)
+
+
+def stop_proc(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        p.kill()
+    p.wait(timeout=10)
+
+
+def start_time(pid: int) -> int | None:
+    try:
+        data = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = data[data.rfind(")") + 2 :].split()
+    return None if fields[0] == "Z" else int(fields[19])
+
+
+def processes_mentioning(text: str) -> list[tuple[int, str]]:
+    """(pid, cmdline) of live processes whose command line contains ``text``."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            cmd = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+        if text in cmd and start_time(int(name)) is not None:
+            out.append((int(name), cmd.strip()))
+    return out
+
+
+def collector_pids(status: dict) -> dict[str, tuple[int, int]]:
+    return {n: (c["pid"], c["start_time"]) for n, c in (status.get("collectors") or {}).items() if c.get("pid")}
+
+
+def leftovers(remote_dir: str, pids: dict[str, tuple[int, int]]) -> list[str]:
+    """Agent processes (by their directory) and collectors (by pid + start time) still alive."""
+    left = [f"{pid} {cmd}" for pid, cmd in processes_mentioning(remote_dir) if "remote.py" in cmd]
+    left += [f"{name} pid {pid}" for name, (pid, st) in pids.items() if start_time(pid) == st]
+    return left
+
+
+def wait_until_gone(remote_dir: str, pids: dict[str, tuple[int, int]], timeout: float) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = leftovers(remote_dir, pids)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)

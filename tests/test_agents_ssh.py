@@ -1,0 +1,213 @@
+"""The agent over real SSH: a real sshd on loopback (tests/sshd_fixture.py), paramiko, SFTP.
+
+Host keys (unknown refused with the fingerprint, accept-new records once, changed refused), an
+encrypted key through passphrase_env, ProxyJump, >2 MiB on both streams, timeouts, and the
+whole agent lifecycle with manifest-verified fetches.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pandas as pd
+import pytest
+
+from agents import AgentError, HostKeyError, TransportError, open_agent
+from agents.ssh import SSHTransport
+from kneeswarm.plan import HostPlan
+from kneeswarm.rundir import RunDir
+
+try:
+    from sshd_fixture import (REPO, SSHD, collector_pids, free_port, keygen, sshd, start_busy,  # noqa: F401
+                              stop_proc, wait_until_gone)
+except ImportError:  # tests/ imported as a package
+    from tests.sshd_fixture import (REPO, SSHD, collector_pids, free_port, keygen, sshd, start_busy,  # noqa: F401
+                                    stop_proc, wait_until_gone)
+
+
+@pytest.fixture
+def known_hosts(sshd, tmp_path):
+    return sshd.write_known_hosts(tmp_path / "known_hosts")
+
+
+def transport(sshd, known_hosts, **kw) -> SSHTransport:
+    kw.setdefault("key_file", str(sshd.user_key))
+    return SSHTransport(sshd.target, known_hosts=str(known_hosts), **kw)
+
+
+def test_ssh_agent_records_fetches_verified_and_leaves_nothing(sshd, known_hosts, tmp_path):
+    busy = start_busy()
+    run = RunDir.create(tmp_path, "ssh")
+    plan = HostPlan(name="srv", ssh=sshd.target, key_file=str(sshd.user_key), known_hosts=str(known_hosts),
+                    pid=busy.pid)
+    try:
+        with open_agent(plan, run, interval=1, max_duration=60, heartbeat_timeout=10) as agent:
+            facts = agent.preflight()
+            assert facts["process"]["pid"] == busy.pid and facts["python"].startswith("3.")
+            agent.start()
+            remote_dir, pids = agent.remote_dir, collector_pids(agent.start_status)
+            assert remote_dir.startswith(".kneeswarm/runs/")
+            time.sleep(3.5)
+            agent.fetch()
+            assert (run.raw_dir("srv") / "pidstat.txt").stat().st_size > 0
+            time.sleep(1.0)
+            agent.stop()
+            agent.fetch(final=True)
+            assert agent.fetch_info["verified"] and agent.fetch_info["files"] >= 5
+            with pytest.raises(AgentError, match="gone"):
+                agent.t.sizes(remote_dir)  # removed after the checksums matched
+            agent.write_parsed()
+            meta = agent.meta()
+        assert wait_until_gone(remote_dir, pids, 5.0) == []
+    finally:
+        stop_proc(busy)
+    assert meta["transport"] == "ssh" and meta["clock"]["before"]["error"] < 0.01
+    proc = pd.read_csv(run.host_dir("srv") / "process.csv")
+    assert len(proc) >= 3 and proc["cpu_pct"].median() > 50
+    assert len(pd.read_csv(run.host_dir("srv") / "vmstat.csv")) >= 3
+
+
+def test_unknown_host_key_is_refused_with_its_fingerprint(sshd, tmp_path):
+    kh = tmp_path / "known_hosts"
+    with pytest.raises(HostKeyError) as e:
+        transport(sshd, kh)
+    msg = str(e.value)
+    assert sshd.fingerprint() in msg and "--accept-new-host-keys" in msg and "\n" not in msg
+    assert not kh.exists()
+
+
+def test_accept_new_records_the_key_once(sshd, tmp_path):
+    kh = tmp_path / "ssh" / "known_hosts"
+    t = transport(sshd, kh, accept_new_host_keys=True)
+    assert t.recorded_keys == [sshd.fingerprint()]
+    t.close()
+    assert kh.read_text().count("\n") == 1 and sshd.host_key_name in kh.read_text()
+    transport(sshd, kh).close()  # known now: no flag needed
+    t = transport(sshd, kh, accept_new_host_keys=True)
+    assert t.recorded_keys == []
+    t.close()
+    assert kh.read_text().count("\n") == 1
+
+
+def test_changed_host_key_is_refused_even_with_accept_new(tmp_path):
+    own = SSHD.start(tmp_path / "own")
+    try:
+        kh = tmp_path / "known_hosts"
+        SSHTransport(own.target, key_file=str(own.user_key), known_hosts=str(kh), accept_new_host_keys=True).close()
+        old = kh.read_text()
+        own.restart(new_host_key=True)
+        with pytest.raises(HostKeyError) as e:
+            SSHTransport(own.target, key_file=str(own.user_key), known_hosts=str(kh), accept_new_host_keys=True)
+        assert "HOST KEY CHANGED" in str(e.value) and own.fingerprint() in str(e.value)
+        assert kh.read_text() == old
+    finally:
+        own.stop()
+
+
+def test_more_than_2mib_on_stdout_and_stderr_does_not_hang(sshd, known_hosts):
+    t = transport(sshd, known_hosts)
+    try:
+        n = 3 * 1024 * 1024
+        code = f"import sys; sys.stdout.write('o'*{n}); sys.stdout.flush(); sys.stderr.write('e'*{n})"
+        started = time.monotonic()
+        res = t.run(["python3", "-c", code], timeout=30)
+        assert res.rc == 0 and len(res.stdout) == n and len(res.stderr) == n
+        assert time.monotonic() - started < 30
+    finally:
+        t.close()
+
+
+def test_a_command_past_its_timeout_raises_instead_of_hanging(sshd, known_hosts):
+    t = transport(sshd, known_hosts)
+    try:
+        started = time.monotonic()
+        with pytest.raises(TransportError, match="did not finish"):
+            t.run(["sleep", "5"], timeout=0.5)
+        assert time.monotonic() - started < 3
+        assert t.run(["true"], timeout=10).rc == 0  # the connection is still usable
+    finally:
+        t.close()
+
+
+def test_encrypted_key_passphrase_comes_from_the_named_env_var(sshd, known_hosts, tmp_path, monkeypatch, caplog):
+    secret = "s3cret-Passphrase-42"
+    key = keygen(tmp_path / "enc_key", passphrase=secret)
+    sshd.authorize(key)
+    monkeypatch.delenv("KS_TEST_PASS", raising=False)
+    with pytest.raises(AgentError, match="KS_TEST_PASS"):
+        transport(sshd, known_hosts, key_file=str(key), passphrase_env="KS_TEST_PASS")
+    with pytest.raises(AgentError, match="passphrase_env"):
+        transport(sshd, known_hosts, key_file=str(key))
+    monkeypatch.setenv("KS_TEST_PASS", secret)
+    caplog.set_level(logging.DEBUG)
+    t = transport(sshd, known_hosts, key_file=str(key), passphrase_env="KS_TEST_PASS")
+    try:
+        assert t.run(["echo", "ok"], timeout=10).stdout == b"ok\n"
+    finally:
+        t.close()
+    assert secret not in caplog.text
+
+
+def test_unreachable_host_fails_with_one_line(tmp_path):
+    with pytest.raises(TransportError) as e:
+        SSHTransport(f"root@127.0.0.1:{free_port()}", known_hosts=str(tmp_path / "kh"))
+    assert "refused" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_proxyjump_through_a_bastion(sshd, known_hosts):
+    t = transport(sshd, known_hosts, jump=sshd.target)  # the same sshd is its own bastion
+    try:
+        assert t.jump_client is not None
+        assert t.run(["echo", "via-jump"], timeout=10).stdout == b"via-jump\n"
+    finally:
+        t.close()
+
+
+CONTROLLER = """
+import json, sys, time
+sys.path.insert(0, {repo!r})
+from kneeswarm.plan import HostPlan
+from kneeswarm.rundir import RunDir
+from agents import host, open_agent
+host.HEARTBEAT_PERIOD = 0.5
+plan = HostPlan(name="srv", ssh={target!r}, key_file={key!r}, known_hosts={kh!r}, pid={pid})
+agent = open_agent(plan, RunDir({run!r}), interval=1, max_duration=120, heartbeat_timeout=3)
+agent.preflight()
+agent.start()
+print(json.dumps({{"remote_dir": agent.remote_dir, "status": agent.start_status}}), flush=True)
+time.sleep(120)
+"""
+
+
+def test_killed_controller_leaves_nothing_on_the_server(sshd, known_hosts, tmp_path):
+    import json
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    busy = start_busy()
+    run = RunDir.create(tmp_path, "killed")
+    code = CONTROLLER.format(repo=str(REPO), target=sshd.target, key=str(sshd.user_key), kh=str(known_hosts),
+                             pid=busy.pid, run=str(run.path))
+    ctl = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    remote_dir = None
+    try:
+        started = json.loads(ctl.stdout.readline())
+        remote_dir, pids = started["remote_dir"], collector_pids(started["status"])
+        assert {"pidstat", "vmstat"} <= set(pids)
+        time.sleep(1.0)
+        ctl.send_signal(signal.SIGKILL)
+        ctl.wait(timeout=5)
+        assert wait_until_gone(remote_dir, pids, 3.0 + 6.0) == []
+        status = json.loads((Path.home() / remote_dir / "status.json").read_text())
+        assert status["reason"].startswith("heartbeat lost")
+    finally:
+        if ctl.poll() is None:
+            ctl.kill()
+        ctl.stdout.close()
+        stop_proc(busy)
+        if remote_dir:
+            shutil.rmtree(Path.home() / Path(remote_dir).parent, ignore_errors=True)
