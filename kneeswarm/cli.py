@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import re
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)

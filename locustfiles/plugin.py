@@ -13,7 +13,6 @@ import logging
 import os
 import socket
 import time
-from pathlib import Path
 from typing import Any
 
 import gevent
@@ -53,7 +52,7 @@ class Recording:
         self.writer = RequestWriter(run, self.schedule.step_starts)
         self.local_sampler = GeneratorSampler(lambda: env.runner.user_count) if local_buffer is not None else None
         self._flusher = gevent.spawn(self._flush_loop)
-        self._sampler = gevent.spawn(self._sample_loop) if self.local_sampler else None
+        self._sampler = gevent.spawn(self.local_sampler.run_forever) if self.local_sampler else None
 
     def _write_steps(self, log: list) -> None:
         self.run.write_steps(s.row() for s in log)
@@ -83,12 +82,6 @@ class Recording:
         while True:
             gevent.sleep(FLUSH_INTERVAL)
             self.flush()
-
-    def _sample_loop(self) -> None:
-        while True:
-            self.local_sampler.probe_lag()
-            gevent.sleep(0.9)
-            self.local_sampler.sample()
 
     def end(self) -> None:
         """The test stopped (shape finished, or Stop pressed): flush, and say how it ended."""
@@ -160,15 +153,9 @@ def _init_worker(env: Environment, runner: WorkerRunner) -> None:
         state.set_worker_index(int(msg.data.get("index", 0)))
         _apply_plan(environment)
 
-    def sample_loop() -> None:
-        while True:
-            sampler.probe_lag()
-            gevent.sleep(0.9)
-            sampler.sample()
-
     env.events.report_to_master.add_listener(on_report)
     runner.register_message(PLAN_MESSAGE, on_plan)
-    gevent.spawn(sample_loop)
+    gevent.spawn(sampler.run_forever)
 
 
 def _init_master_or_local(env: Environment, runner: Any) -> None:
@@ -245,6 +232,3 @@ def _run_dir(env: Environment) -> tuple[RunDir, bool]:
     logger.info("kneeswarm: recording to %s", run.path)
     return run, True
 
-
-def current_run() -> Path | None:
-    return _recording.run.path if _recording else None

@@ -152,6 +152,15 @@ class GeneratorSampler:
         gevent.sleep(self.LAG_PROBE)
         self._max_lag = max(self._max_lag, (time.perf_counter() - t0 - self.LAG_PROBE) * 1000.0)
 
+    def run_forever(self) -> None:
+        """The sampling loop, for a greenlet of its own: one sample a second."""
+        import gevent
+
+        while True:
+            self.probe_lag()
+            gevent.sleep(1.0 - self.LAG_PROBE)
+            self.sample()
+
     def sample(self) -> None:
         rss = self._proc.memory_info().rss / 1e6
         self._samples.append((round(time.time(), 3), self._proc.cpu_percent(None), round(rss, 1), self._user_count(), round(self._max_lag, 2)))

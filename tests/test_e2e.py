@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from kneeswarm.rundir import RunDir
