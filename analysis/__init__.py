@@ -4,7 +4,8 @@ Pure data: no network, no SSH.  ``analyze(run_dir)`` works on complete, crashed 
 interrupted runs alike and reports what it has (``complete`` false when meta.json says so
 or is missing).  The pieces are usable alone: ``step_stats`` (analysis.steps), ``find_knee``,
 ``find_latency_knee``, ``find_peak`` (analysis.knee), ``to_markdown`` (analysis.summary),
-``render_html`` (analysis.report).
+``render_html`` (analysis.report), ``host_facts`` (analysis.hostfacts: the report header),
+``target_windows`` (analysis.target: the server's own /metrics per step).
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from typing import Any
 
 import numpy as np
 
+from analysis.hostfacts import host_facts
 from analysis.inputs import RunInputs, load_inputs
 from analysis.knee import find_knee, find_latency_knee, find_peak
 from analysis.report import render_html, write_text
 from analysis.steps import generator_cpu, ok_mask, server_metrics, step_stats, validate_steps
 from analysis.summary import build_summary, step_records, to_json, to_markdown
+from analysis.target import PROMETHEUS_STREAM, target_series_used
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +58,10 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
         peak=find_peak(users, qps),
         totals={"requests": len(inputs.requests), "errors": len(inputs.requests) - n_ok,
                 "steps": len(stats), "valid_steps": int(stats["valid"].sum())},
-        hosts=sorted(inputs.hosts),
+        hosts=host_facts(inputs.meta, inputs.hosts),
         workers=sorted(inputs.generator),
+        target_series={h: used for h, streams in sorted(inputs.hosts.items())
+                        if (used := target_series_used(streams.get(PROMETHEUS_STREAM)))},
     )
 
 

@@ -15,12 +15,15 @@ from typing import Any
 
 import pandas as pd
 
+from analysis.target import PROMETHEUS_STREAM, wanted_columns
 from kneeswarm.plan import AnalysisPlan, LoadPlan
 from kneeswarm.rundir import RunDir
 
 logger = logging.getLogger(__name__)
 
-HOST_STREAMS = ("vmstat", "process", "gpu")
+HOST_STREAMS = ("vmstat", "process", "threads", "gpu")
+# where the preferred file of a stream is missing, these are read instead (procfs sampler's tables)
+STREAM_FALLBACKS = {"process": ("process.procfs",), "threads": ("threads.procfs",)}
 
 
 @dataclass
@@ -97,14 +100,35 @@ def read_generator(rd: RunDir) -> dict[str, pd.DataFrame]:
     return out
 
 
+def read_prometheus(path: Path) -> pd.DataFrame | None:
+    """hosts/<host>/prometheus.csv narrowed to the series analysis.target knows (None if none)."""
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    try:
+        header = list(pd.read_csv(path, nrows=0).columns)
+    except Exception as e:
+        logger.warning("%s: unreadable, skipped (%s)", path, e)
+        return None
+    cols = wanted_columns(header) if "t" in header else []
+    if len(cols) < 2:
+        logger.info("%s: no well-known target series (%d columns)", path, len(header))
+        return None
+    return _read_csv_safe(lambda: pd.read_csv(path, usecols=cols), str(path))
+
+
 def read_hosts(rd: RunDir) -> dict[str, dict[str, pd.DataFrame]]:
     out: dict[str, dict[str, pd.DataFrame]] = {}
     for host in rd.hosts():
         streams = {}
         for name in HOST_STREAMS:
-            df = _read_csv_safe(lambda h=host, n=name: rd.read_host_csv(h, n), f"{rd.host_dir(host)}/{name}.csv")
-            if df is not None:
-                streams[name] = df
+            for file in (name, *STREAM_FALLBACKS.get(name, ())):
+                df = _read_csv_safe(lambda h=host, n=file: rd.read_host_csv(h, n), f"{rd.host_dir(host)}/{file}.csv")
+                if df is not None:
+                    streams[name] = df
+                    break
+        prom = read_prometheus(rd.host_dir(host) / f"{PROMETHEUS_STREAM}.csv")
+        if prom is not None:
+            streams[PROMETHEUS_STREAM] = prom
         if streams:
             out[host] = streams
     return out

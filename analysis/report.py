@@ -20,8 +20,10 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from analysis.steps import completion_times, ok_mask
-from analysis.summary import knee_lines, status_line, table_rows
+from analysis.hostfacts import host_lines
+from analysis.steps import ACTIVE_THREAD_CPU_PCT, completion_times, ok_mask
+from analysis.summary import knee_lines, malformed_lines, status_line, table_rows
+from analysis.target import PROMETHEUS_STREAM, TARGET_METRICS, target_timeline
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +32,13 @@ BAND_COLORS = ("rgba(99,110,250,0.08)", "rgba(239,85,59,0.08)")
 KNEE_COLOR = "firebrick"
 LATENCY_KNEE_COLOR = "darkorange"
 PLOT_HEIGHT_PER_ROW = 190
+# the target panels, each titled by the traces present: [(target key, secondary axis)]
+TARGET_PANELS = (
+    (("queue_length", False), ("in_flight", False), ("rejected_s", True), ("preempted_s", True)),
+    (("kv_cache_usage_pct", False), ("queue_wait_ms", False), ("queue_time_ms", False), ("queue_time_us_s", True),
+     ("requests_s", True)),
+)
+TARGET_LABELS = {m.key: m.label for m in TARGET_METRICS}
 
 
 def per_second(requests: pd.DataFrame, t0: float, bin_s: float = BIN_S) -> pd.DataFrame:
@@ -124,15 +133,34 @@ def _timeline_figure(summary: dict[str, Any], requests: pd.DataFrame, generator:
             tr = [(n, b["t"], b[k], sec) for k, n, sec in (("cpu_pct", "process %CPU", False), ("rss_mb", "RSS MB", True)) if k in b]
             if tr:
                 rows.append((f"{host}: monitored process", tr))
+        th = streams.get("threads")
+        if th is not None and "cpu_pct" in th.columns:
+            cpu = pd.to_numeric(th["cpu_pct"], errors="coerce")
+            per_t = pd.DataFrame({"t": th["t"], "active": (cpu >= ACTIVE_THREAD_CPU_PCT).astype(float), "top": cpu})
+            per_t = per_t.groupby("t", sort=True).agg(active=("active", "sum"), top=("top", "max")).reset_index()
+            b = _binned(per_t, t0, ["active", "top"])
+            rows.append((f"{host}: threads (active >= {ACTIVE_THREAD_CPU_PCT:g}% CPU; busiest thread %CPU)",
+                         [("active threads", b["t"], b["active"], False), ("busiest thread %CPU", b["t"], b["top"], True)]))
         gpu = streams.get("gpu")
         if gpu is not None and "gpu" in gpu.columns and "sm_pct" in gpu.columns:
-            tr = []
+            tr, mem = [], []
             for g, gdf in gpu.groupby("gpu"):
-                b = _binned(gdf, t0, ["sm_pct", "mem_pct"])
+                b = _binned(gdf, t0, ["sm_pct", "mem_pct", "fb_used_mb", "power_w"])
                 tr.append((f"GPU {g} SM %", b["t"], b["sm_pct"], False))
                 if "mem_pct" in b:
                     tr.append((f"GPU {g} mem %", b["t"], b["mem_pct"], False))
+                if "fb_used_mb" in b:
+                    mem.append((f"GPU {g} FB used MB", b["t"], b["fb_used_mb"], False))
+                if "power_w" in b:
+                    mem.append((f"GPU {g} power W", b["t"], b["power_w"], True))
             rows.append((f"{host}: GPU", tr))
+            if mem:
+                rows.append((f"{host}: GPU memory used MB / power W", mem))
+        tl = target_timeline(streams.get(PROMETHEUS_STREAM), t0, BIN_S)
+        for keys in TARGET_PANELS:
+            tr = [(TARGET_LABELS[k], tl["t"], tl[k], sec) for k, sec in keys if k in tl.columns]
+            if tr:
+                rows.append((f"{host}: target: " + " / ".join(name for name, *_ in tr), tr))
     if generator:
         tr = []
         for w, df in generator.items():
@@ -179,8 +207,27 @@ def _table_html(summary: dict[str, Any]) -> str:
 
 
 def _md_inline(line: str) -> str:
-    parts = html.escape(line).split("**")
-    return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
+    """**bold** and `code` of one Markdown line, as HTML (everything else escaped)."""
+    out = []
+    for j, chunk in enumerate(line.split("`")):
+        if j % 2:
+            out.append(f"<code>{html.escape(chunk)}</code>")
+            continue
+        parts = html.escape(chunk).split("**")
+        out.append("".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts)))
+    return "".join(out)
+
+
+def _hosts_html(summary: dict[str, Any]) -> str:
+    hosts = summary.get("hosts") if isinstance(summary.get("hosts"), dict) else {}
+    if not any(hosts.values()):
+        return ""
+    items = []
+    for host, facts in hosts.items():
+        hl = host_lines(host, facts or {})
+        sub = "".join(f"<li>{_md_inline(x)}</li>" for x in hl[1:])
+        items.append(f"<li>{_md_inline(hl[0])}" + (f"<ul>{sub}</ul>" if sub else "") + "</li>")
+    return "<h2>Hosts</h2><ul class='hosts'>" + "".join(items) + "</ul>"
 
 
 CSS = """
@@ -190,6 +237,9 @@ table.steps{border-collapse:collapse;font-size:13px;margin:1em 0}
 table.steps th,table.steps td{border:1px solid #ccc;padding:3px 8px;text-align:right}
 table.steps td:nth-child(9){text-align:left}
 tr.invalid{background:#fff3f3;color:#777}
+.warn{background:#fff4e5;border-left:4px solid #e65100;padding:.4em .8em}
+ul.hosts{font-size:14px}
+ul.hosts code{font-size:12px;word-break:break-all}
 """
 
 
@@ -203,6 +253,9 @@ def render_html(summary: dict[str, Any], requests: pd.DataFrame, generator: dict
         parts.append(f"<p class='banner'>{html.escape(status_line(summary))}: this report covers only what "
                      "was recorded before the run stopped.</p>")
     parts.append("<ul>" + "".join(f"<li>{_md_inline(line)}</li>" for line in knee_lines(summary)) + "</ul>")
+    for line in malformed_lines(summary):
+        parts.append(f"<p class='warn'>{_md_inline(line)}</p>")
+    parts.append(_hosts_html(summary))
     parts.append(_knee_figure(summary).to_html(full_html=False, include_plotlyjs=True))
     parts.append("<h2>Steps (steady windows)</h2>" + _table_html(summary))
     parts.append(_timeline_figure(summary, requests, generator, hosts, t0).to_html(full_html=False, include_plotlyjs=False))

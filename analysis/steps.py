@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.target import PROMETHEUS_STREAM, target_windows
+
 logger = logging.getLogger(__name__)
 
 PERCENTILES = {"p50_ms": 50.0, "p95_ms": 95.0, "p99_ms": 99.0, "p999_ms": 99.9}
@@ -47,6 +49,7 @@ PROCESS_METRICS = {
 }
 GPU_MEAN_METRICS = {"sm_pct": "sm_pct", "mem_pct": "mem_pct"}  # mean over GPUs at each sample
 GPU_SUM_METRICS = {"fb_used_mb": "fb_used_mb", "power_w": "power_w"}  # summed over GPUs
+ACTIVE_THREAD_CPU_PCT = 5.0  # a thread using at least this %CPU in a sample counts as active
 
 
 def ok_mask(requests: pd.DataFrame) -> np.ndarray:
@@ -181,19 +184,57 @@ def generator_cpu(generator: dict[str, pd.DataFrame], t_lo: np.ndarray, t_hi: np
     return [{w: m[i]["cpu_pct"] for w, m in per_worker.items() if "cpu_pct" in m[i]} for i in range(len(t_lo))]
 
 
-def server_metrics(hosts: dict[str, dict[str, pd.DataFrame]], t_lo: np.ndarray, t_hi: np.ndarray) -> list[dict[str, dict[str, float]]]:
-    """Per window: {host: {metric: mean}} from vmstat, process and gpu samples."""
-    out: list[dict[str, dict[str, float]]] = [{} for _ in range(len(t_lo))]
+def thread_metrics(threads: pd.DataFrame | None, t_lo: np.ndarray, t_hi: np.ndarray) -> list[dict[str, float]]:
+    """Per window, from per-thread samples (threads.csv: t, tid, cpu_pct, ...):
+
+    * ``active_threads``: mean over samples of the number of threads at >= ACTIVE_THREAD_CPU_PCT %CPU
+      (the article's "active threads");
+    * ``top_thread_cpu_pct``: mean over samples of the busiest thread's %CPU (one thread pinned
+      near 100 % while the others idle points at a serial section: a GIL, a lock, one stream).
+    """
+    if threads is None or threads.empty or "cpu_pct" not in threads.columns:
+        return [{} for _ in range(len(t_lo))]
+    cpu = pd.to_numeric(threads["cpu_pct"], errors="coerce")
+    per_t = pd.DataFrame({"t": threads["t"].to_numpy(dtype=float), "cpu": cpu,
+                          "active": (cpu >= ACTIVE_THREAD_CPU_PCT).astype(float)})
+    agg = per_t.groupby("t", sort=True).agg(active_threads=("active", "sum"),
+                                            top_thread_cpu_pct=("cpu", "max")).reset_index()
+    return window_means(agg, {"active_threads": "active_threads", "top_thread_cpu_pct": "top_thread_cpu_pct"},
+                        t_lo, t_hi)
+
+
+def sy_share(process: dict[str, float]) -> float | None:
+    """The kernel's share of the process's CPU time: sys / (usr + sys) over the window's means.
+
+    The article: %sy above 10 % in a multi-threaded inference service means lock contention
+    or context switching is out of control.  None when the process used no CPU.
+    """
+    usr, sys = process.get("usr_pct"), process.get("sys_pct")
+    if usr is None or sys is None or not (usr + sys) > 0:
+        return None
+    return sys / (usr + sys)
+
+
+def server_metrics(hosts: dict[str, dict[str, pd.DataFrame]], t_lo: np.ndarray, t_hi: np.ndarray) -> list[dict[str, Any]]:
+    """Per window: {host: {metric: mean, ..., "target": {key: value}}} from vmstat, process,
+    threads, gpu and prometheus (analysis.target) samples."""
+    out: list[dict[str, Any]] = [{} for _ in range(len(t_lo))]
     for host, streams in hosts.items():
+        process = window_means(streams.get("process"), PROCESS_METRICS, t_lo, t_hi, by="pid",
+                               sum_cols=tuple(PROCESS_METRICS))
         parts = [
             window_means(streams.get("vmstat"), VMSTAT_METRICS, t_lo, t_hi),
-            window_means(streams.get("process"), PROCESS_METRICS, t_lo, t_hi, by="pid",
-                         sum_cols=tuple(PROCESS_METRICS)),
+            process,
+            [{"sy_share": v} if (v := sy_share(p)) is not None else {} for p in process],
+            thread_metrics(streams.get("threads"), t_lo, t_hi),
             window_means(streams.get("gpu"), GPU_MEAN_METRICS | GPU_SUM_METRICS, t_lo, t_hi, by="gpu",
                          sum_cols=tuple(GPU_SUM_METRICS)),
         ]
+        target = target_windows(streams.get(PROMETHEUS_STREAM), t_lo, t_hi)
         for i in range(len(t_lo)):
-            merged = {k: v for p in parts for k, v in p[i].items()}
+            merged: dict[str, Any] = {k: v for p in parts for k, v in p[i].items()}
+            if target[i]:
+                merged["target"] = target[i]
             if merged:
                 out[i][host] = merged
     return out

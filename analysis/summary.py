@@ -3,7 +3,10 @@
 Stable keys (DESIGN.md): run_id, complete, steps[] (index, users, requests, qps, p50_ms,
 p95_ms, p99_ms, p999_ms, mean_ms, error_rate, errors, valid, reasons[]), knee {users, qps,
 method}, peak {users, qps}.  Also written: latency_knee, totals, ended, analysis settings,
-per-step window/rps/generator/server facts.  NaN and infinities are written as null.
+per-step window/rps/generator/server facts (``server[host]``: vmstat, process incl.
+``sy_share``, threads, GPU means, and ``target`` {key: value} from the server's /metrics),
+``hosts`` {host: facts} (analysis.hostfacts), ``target_series`` {host: {key: series used}}
+(analysis.target).  NaN and infinities are written as null.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.hostfacts import host_lines, skipped_lines
+from analysis.target import TARGET_METRICS
+
 logger = logging.getLogger(__name__)
 
 SUMMARY_VERSION = 1
@@ -23,15 +29,24 @@ META_KEYS = ("started", "finished", "ended_at", "launcher", "load_host", "target
 STEP_KEYS = ("index", "users", "requests", "qps", "rps", "p50_ms", "p95_ms", "p99_ms", "p999_ms", "mean_ms",
              "error_rate", "errors", "valid", "reasons")
 STEP_EXTRA_KEYS = ("t_ramp", "t_steady", "t_lo", "t_hi", "window_s", "generator_cpu_max")
-# Markdown/HTML server columns: (header, summary key, format)
+# Markdown/HTML server columns: (header, summary key, format); "target.x" is server[host]["target"]["x"]
 SERVER_COLUMNS = (
     ("CPU us%", "us", "{:.0f}"),
     ("CPU sy%", "sy", "{:.0f}"),
     ("cs/s", "cs", "{:,.0f}"),
     ("run queue", "r", "{:.1f}"),
     ("proc CPU%", "cpu_pct", "{:.0f}"),
+    ("proc sy share", "sy_share", "{:.0%}"),
+    ("threads", "threads", "{:.0f}"),
+    ("active threads", "active_threads", "{:.1f}"),
+    ("top thread %", "top_thread_cpu_pct", "{:.0f}"),
+    ("migrations/s", "migrations_s", "{:,.1f}"),
     ("RSS MB", "rss_mb", "{:,.0f}"),
     ("GPU SM%", "sm_pct", "{:.0f}"),
+    ("GPU mem%", "mem_pct", "{:.0f}"),
+    ("GPU FB MB", "fb_used_mb", "{:,.0f}"),
+    ("GPU W", "power_w", "{:,.0f}"),
+    *((m.label, f"target.{m.key}", "{:,.1f}") for m in TARGET_METRICS),
 )
 
 
@@ -86,7 +101,8 @@ def step_records(stats: pd.DataFrame, server: list[dict[str, Any]] | None = None
 
 def build_summary(*, run_id: str, meta: dict[str, Any], settings: dict[str, Any], steps: list[dict[str, Any]],
                   knee: dict[str, Any], latency_knee: dict[str, Any], peak: dict[str, Any],
-                  totals: dict[str, Any], hosts: list[str], workers: list[str]) -> dict[str, Any]:
+                  totals: dict[str, Any], hosts: dict[str, dict[str, Any]], workers: list[str],
+                  target_series: dict[str, Any] | None = None) -> dict[str, Any]:
     complete = bool(meta.get("complete", False))
     summary = {
         "summary_version": SUMMARY_VERSION,
@@ -101,6 +117,7 @@ def build_summary(*, run_id: str, meta: dict[str, Any], settings: dict[str, Any]
         "peak": peak,
         "totals": totals,
         "hosts": hosts,
+        "target_series": target_series or {},
         "workers": workers,
     }
     return jsonable(summary)
@@ -142,12 +159,27 @@ def knee_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def malformed_lines(summary: dict[str, Any]) -> list[str]:
+    """One bold line per host collector that skipped malformed lines (shown at the top)."""
+    hosts = summary.get("hosts") if isinstance(summary.get("hosts"), dict) else {}
+    return [f"**Malformed lines skipped:** {host} {coll}: {n:,} of {total:,} lines"
+            for host, coll, n, total in skipped_lines(hosts)]
+
+
+def server_value(metrics: dict[str, Any], key: str) -> Any:
+    """metrics[key], or metrics["target"][x] for key "target.x"."""
+    if key.startswith("target."):
+        return (metrics.get("target") or {}).get(key[len("target."):])
+    return metrics.get(key)
+
+
 def server_columns(summary: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """(host, header, key, fmt) for each server metric present in at least one step."""
     present: dict[str, set[str]] = {}
     for s in summary.get("steps", []):
         for host, metrics in (s.get("server") or {}).items():
-            present.setdefault(host, set()).update(metrics)
+            present.setdefault(host, set()).update(k for k in metrics if k != "target")
+            present[host].update(f"target.{k}" for k in (metrics.get("target") or {}))
     many = len(present) > 1
     return [(h, f"{h} {head}" if many else head, key, fmt)
             for h in sorted(present) for head, key, fmt in SERVER_COLUMNS if key in present[h]]
@@ -166,7 +198,7 @@ def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                _f(s.get("p95_ms")), _f(s.get("p99_ms")), _f(s.get("p999_ms")),
                _f(None if er is None else 100 * er, "{:.2f}"), valid]
         for host, _, key, fmt in srv:
-            row.append(_f((s.get("server") or {}).get(host, {}).get(key), fmt))
+            row.append(_f(server_value((s.get("server") or {}).get(host, {}), key), fmt))
         rows.append(row)
     return header, rows
 
@@ -176,7 +208,16 @@ def to_markdown(summary: dict[str, Any]) -> str:
     lines += [f"- {line}" for line in knee_lines(summary)]
     tot = summary.get("totals") or {}
     lines.append(f"- **Requests:** {tot.get('requests', 0):,} ({tot.get('errors', 0):,} errors)")
+    lines += [f"- {line}" for line in malformed_lines(summary)]
     lines.append("")
+    hosts = summary.get("hosts") if isinstance(summary.get("hosts"), dict) else {}
+    if any(hosts.values()):
+        lines.append("### Hosts")
+        for host, facts in hosts.items():
+            hl = host_lines(host, facts or {})
+            lines.append(f"- {hl[0]}")
+            lines += [f"  - {x}" for x in hl[1:]]
+        lines.append("")
     header, rows = table_rows(summary)
     if rows:
         esc = lambda c: c.replace("|", "\\|")  # noqa: E731

@@ -1,7 +1,10 @@
-"""Prometheus text exposition: flat series dicts, and scrape series as a table.
+"""Prometheus text exposition: flat series dicts, scrape series as a table, and the scraper.
 
-An inference server's ``/metrics`` (vLLM, Triton, TGI ...) is scraped by the remote agent (stdlib
-``urllib``), which writes ONE JSON OBJECT PER LINE, PER SCRAPE to ``prometheus.jsonl``::
+An inference server's ``/metrics`` (vLLM, Triton, TGI ...) is scraped from the load side by
+:class:`PrometheusScraper` (a thread in the conductor, ``requests``, 1 Hz, bounded timeouts; its
+``t`` is the load machine's clock, i.e. the master's), or by the remote agent (stdlib ``urllib``)
+when a host lists ``prometheus`` in its collectors. Both write ONE JSON OBJECT PER LINE, PER
+SCRAPE to ``prometheus.jsonl``::
 
     {"t": 1796002084.5, "url": "http://127.0.0.1:8000/metrics", "text": "<exposition text>"}
     {"t": 1796002085.5, "url": "http://127.0.0.1:8000/metrics", "error": "timed out"}
@@ -20,10 +23,14 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from datetime import tzinfo
-from typing import Iterable
+from pathlib import Path
+from typing import Any, Iterable
 
 import pandas as pd
+import requests
 
 from collectors.base import Collector, Parsed, finite, to_float
 
@@ -33,6 +40,12 @@ try:
     from prometheus_client.parser import text_string_to_metric_families
 except ImportError:  # pragma: no cover - prometheus-client is a dependency
     text_string_to_metric_families = None  # type: ignore[assignment]
+
+SCRAPE_INTERVAL = 1.0  # seconds between scrapes (the scraper keeps a fixed 1 Hz grid)
+SCRAPE_CONNECT_TIMEOUT = 1.0  # seconds to connect to /metrics
+SCRAPE_TIMEOUT = 0.8  # seconds for the whole answer, as a fraction of the interval when smaller
+SCRAPE_MAX_BYTES = 8 << 20  # a bigger exposition is cut here and counted as a failed scrape
+SCRAPE_JOIN_TIMEOUT = 5.0  # seconds ``stop`` waits for the scraper thread
 
 
 def _escape(v: str) -> str:
@@ -138,3 +151,126 @@ class PrometheusCollector(Collector):
 
 
 COLLECTOR = PrometheusCollector()
+
+
+class PrometheusScraper(threading.Thread):
+    """Scrapes ``url`` every ``interval`` seconds into ``path`` (JSON lines, format above).
+
+        scraper = PrometheusScraper(url, run.raw_dir("target") / "prometheus.jsonl")
+        scraper.start(); ...; scraper.stop()
+        scraper.stats()    # {"url", "scrapes", "ok", "failed", "last_error", ...}
+
+    A failed scrape (refused, timed out, HTTP error, too big) is written as an ``error`` line and
+    counted; it never stops the scraper. Each line is flushed as it is written, so the file can be
+    read during the run. Scrapes keep a fixed grid (t0 + k * interval); a slow one skips ticks
+    rather than bunching up.
+    """
+
+    def __init__(self, url: str, path: str | Path, interval: float = SCRAPE_INTERVAL,
+                 timeout: float | None = None, session: requests.Session | None = None):
+        super().__init__(name="prometheus-scraper", daemon=True)
+        self.url = url
+        self.path = Path(path)
+        self.interval = float(interval)
+        self.timeout = float(timeout) if timeout is not None else min(SCRAPE_TIMEOUT, 0.8 * self.interval)
+        self.session = session or requests.Session()
+        self._stopping = threading.Event()
+        self.scrapes = self.ok = self.failed = 0
+        self.bytes = 0
+        self.last_error: str | None = None
+        self.errors: dict[str, int] = {}
+        self.started_at: float | None = None
+        self.stopped_at: float | None = None
+
+    def scrape_once(self) -> dict[str, Any]:
+        """One scrape -> the JSON line's record (``text`` or ``error``). Never raises."""
+        t = time.time()
+        rec: dict[str, Any] = {"t": round(t, 6), "url": self.url}
+        deadline = time.monotonic() + self.timeout
+        try:
+            with self.session.get(self.url, stream=True, timeout=(SCRAPE_CONNECT_TIMEOUT, self.timeout)) as r:
+                if r.status_code != 200:
+                    raise _ScrapeError(f"HTTP {r.status_code}")
+                body = bytearray()
+                for chunk in r.iter_content(65536):
+                    body += chunk
+                    if len(body) > SCRAPE_MAX_BYTES:
+                        raise _ScrapeError(f"answer larger than {SCRAPE_MAX_BYTES} bytes")
+                    if time.monotonic() > deadline:
+                        raise _ScrapeError(f"answer not complete within {self.timeout:g}s")
+            rec["text"] = body.decode("utf-8", "replace")  # the exposition format is UTF-8
+        except _ScrapeError as e:
+            rec["error"] = str(e)
+        except requests.Timeout:
+            rec["error"] = f"timed out after {self.timeout:g}s"
+        except requests.ConnectionError as e:
+            rec["error"] = "connection refused" if "refused" in str(e).lower() else f"connection error: {type(e).__name__}"
+        except Exception as e:  # a scrape failure is counted, never fatal
+            rec["error"] = f"{type(e).__name__}: {e}"[:300]
+        return rec
+
+    def _record(self, rec: dict[str, Any], out: Any) -> None:
+        self.scrapes += 1
+        if "error" in rec:
+            self.failed += 1
+            self.last_error = rec["error"]
+            self.errors[rec["error"]] = self.errors.get(rec["error"], 0) + 1
+            if self.failed == 1 or self.failed % 60 == 0:
+                logger.warning("metrics %s: scrape failed (%s); %d failed so far", self.url, rec["error"], self.failed)
+        else:
+            self.ok += 1
+            self.bytes += len(rec["text"])
+        out.write(json.dumps(rec) + "\n")
+        out.flush()
+
+    def run(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.started_at = time.time()
+        t0 = time.monotonic()
+        k = 0
+        try:
+            with open(self.path, "a", encoding="utf-8") as out:
+                while not self._stopping.is_set():
+                    self._record(self.scrape_once(), out)
+                    k = max(k + 1, int((time.monotonic() - t0) / self.interval) + 1)  # skip missed ticks
+                    self._stopping.wait(max(0.0, t0 + k * self.interval - time.monotonic()))
+        except OSError as e:  # the run directory itself failed: say so, the run goes on
+            self.last_error = f"cannot write {self.path}: {e.strerror or e}"
+            logger.error("metrics %s: %s", self.url, self.last_error)
+        finally:
+            self.stopped_at = time.time()
+            self.session.close()
+
+    def stop(self, timeout: float = SCRAPE_JOIN_TIMEOUT) -> dict[str, Any]:
+        """Stop scraping (waits for the scrape in flight, bounded) and return ``stats()``."""
+        self._stopping.set()
+        if self.is_alive():
+            self.join(timeout)
+        return self.stats()
+
+    def stats(self) -> dict[str, Any]:
+        return {"url": self.url, "raw_file": self.path.name, "interval": self.interval, "timeout": self.timeout,
+                "scrapes": self.scrapes, "ok": self.ok, "failed": self.failed, "bytes": self.bytes,
+                "errors": dict(self.errors), "last_error": self.last_error,
+                "started": self.started_at, "stopped": self.stopped_at}
+
+
+class _ScrapeError(Exception):
+    """A scrape that got an answer, but not a usable one."""
+
+
+def write_prometheus_csv(raw: str | Path, csv_path: str | Path) -> dict[str, int]:
+    """Parse a prometheus.jsonl into its ``prometheus`` table as CSV (t + one column per series).
+
+    Times are written as recorded (the load-side scraper records on the master's clock).
+    Returns {"lines", "skipped", "rows", "series"}. A missing raw file gives an empty table.
+    """
+    raw, csv_path = Path(raw), Path(csv_path)
+    text = raw.read_bytes().decode("utf-8", "replace") if raw.exists() else ""
+    parsed = COLLECTOR.parse(text)
+    df = parsed.frames["prometheus"]
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = csv_path.with_name(f".{csv_path.name}.tmp")
+    df.to_csv(tmp, index=False)
+    tmp.replace(csv_path)
+    return {"lines": parsed.lines, "skipped": parsed.skipped, "rows": len(df), "series": len(df.columns) - 1}

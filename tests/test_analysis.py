@@ -45,14 +45,14 @@ def retrograde(k: int = 16, drop: float = 0.23, s_ms: float = S_MS) -> Callable[
 def make_run(tmp_path: Path, model: Callable[[int], tuple[float, float]], users=(1, 2, 4, 8, 16), *,
              seed: int = 0, noise: float = 0.03, min_requests: int = 100, complete: bool = True,
              last_t_end: bool = True, meta: bool = True, error_plan: dict | None = None,
-             generator_cpu: dict[int, float] | None = None, hosts: bool = True) -> RunDir:
+             generator_cpu: dict[int, float] | None = None, hosts: bool = True, t0: float = T0) -> RunDir:
     """A synthetic run directory: steps, request parts (one per step), generator and host CSVs."""
     rng = np.random.default_rng(seed)
     rd = RunDir.create(tmp_path, "synthetic")
     plan = Plan(load=LoadPlan(steps=list(users), ramp=RAMP, hold=HOLD, settle=SETTLE),
                 analysis=AnalysisPlan(min_requests=min_requests))
     rd.plan_path.write_text(plan.to_toml())
-    steps, t = [], T0
+    steps, t = [], t0
     for i, n in enumerate(users):
         t_ramp, t_steady, t_end = t, t + RAMP, t + RAMP + HOLD
         steps.append([i, n, t_ramp, t_steady, t_end if (last_t_end or i < len(users) - 1) else ""])
@@ -77,7 +77,7 @@ def make_run(tmp_path: Path, model: Callable[[int], tuple[float, float]], users=
         }, seq=i)
         t = t_end
     rd.write_steps(steps)
-    secs = np.arange(T0, t, 1.0)
+    secs = np.arange(t0, t, 1.0)
     step_of = np.searchsorted([s[2] for s in steps], secs, side="right") - 1
     users_at = np.asarray(users)[step_of]
     gcpu = np.array([(generator_cpu or {}).get(int(i), 30.0) for i in step_of])
@@ -338,3 +338,221 @@ def test_gpu_metrics_two_gpus_averaged_and_summed(tmp_path):
     assert srv["sm_pct"] == pytest.approx(50.0) and srv["fb_used_mb"] == pytest.approx(3000.0)
     assert "GPU SM%" in (rd.report_dir / "summary.md").read_text()
     assert "GPU 1 SM %" in (rd.report_dir / "index.html").read_text()
+
+
+# -- target metrics (the server's own /metrics) -----------------------------------------------
+def write_prometheus(path: Path, t: np.ndarray, columns: dict[str, np.ndarray]) -> None:
+    from kneeswarm.rundir import write_csv
+    write_csv(path, ("t", *columns), zip(t, *columns.values()))
+
+
+def test_target_queue_0_then_12_and_counter_rising_5_per_s(tmp_path):
+    rd = make_run(tmp_path, closed_loop(k=4), users=(1, 2))
+    t = np.arange(T0, T0 + 2 * (RAMP + HOLD), 0.5)
+    el = t - T0
+    write_prometheus(rd.host_dir("target") / "prometheus.csv", t, {  # a host dir of its own
+        'kneeswarm_target_requests_total{code="200"}': 100 * el,
+        'kneeswarm_target_requests_total{code="503"}': 2 * el,
+        "kneeswarm_target_rejected_total": 5 * el,
+        "kneeswarm_target_inflight": np.where(el < RAMP + HOLD, 1.0, 2.0),
+        "kneeswarm_target_queue_length": np.where(el < RAMP + HOLD, 0.0, 12.0),
+        "kneeswarm_target_queue_wait_seconds_count": 10 * el,
+        "kneeswarm_target_queue_wait_seconds_sum": 0.02 * el,
+        'kneeswarm_target_request_duration_seconds_bucket{le="0.1"}': 7 * el,  # not a target metric
+        "process_cpu_seconds_total": el,
+    })
+    rd.update_meta(target_metrics={  # the conductor's scraper, as it records itself
+        "url": "http://10.0.0.5:8000/metrics", "scrapes": 56, "ok": 54, "failed": 2, "last_error": "timed out after 0.8s",
+        "host": "target", "clock": "master", "parse": {"lines": 56, "skipped": 2, "rows": 54, "series": 9}})
+    s = analysis.analyze(rd.path)
+    assert s["hosts"]["target"] == {
+        "scraper": {"url": "http://10.0.0.5:8000/metrics", "scrapes": 56, "ok": 54, "failed": 2,
+                    "last_error": "timed out after 0.8s"},
+        "parse": {"prometheus": {"lines": 56, "skipped": 2}}}
+    first, second = (st["server"]["target"]["target"] for st in s["steps"])
+    assert first == pytest.approx({"queue_length": 0.0, "in_flight": 1.0, "rejected_s": 5.0,
+                                   "queue_wait_ms": 2.0, "requests_s": 102.0})
+    assert second["queue_length"] == 12.0 and second["in_flight"] == 2.0
+    assert second["rejected_s"] == pytest.approx(5.0)
+    assert "target" not in s["steps"][0]["server"]["server-1"]  # no prometheus.csv there
+    used = s["target_series"]["target"]
+    assert set(used) == {"queue_length", "in_flight", "rejected_s", "queue_wait_ms", "requests_s"}
+    assert used["queue_length"] == {"label": "queue", "kind": "gauge", "server": "kneeswarm",
+                                    "series": ["kneeswarm_target_queue_length"]}
+    assert used["requests_s"]["series"] == ['kneeswarm_target_requests_total{code="200"}',
+                                            'kneeswarm_target_requests_total{code="503"}']
+    md = (rd.report_dir / "summary.md").read_text()
+    assert "target queue" in md and "target rejections/s" in md
+    assert "- **Malformed lines skipped:** target prometheus: 2 of 56 lines" in md
+    assert "  - /metrics scraped from http://10.0.0.5:8000/metrics: 56 scrapes, 2 failed (last: timed out after 0.8s)" in md
+    assert md.splitlines()[-1].split(" | ")[-5:] == ["12.0", "2.0", "5.0", "2.0", "102.0 |"]
+    html = (rd.report_dir / "index.html").read_text().replace("\\u002f", "/")
+    assert "target: target: queue / in flight / rejections/s" in html
+    strict_json(rd.report_dir / "summary.json")
+
+
+def test_prometheus_csv_is_narrowed_to_known_series(tmp_path):
+    from analysis.inputs import read_prometheus
+    path = tmp_path / "prometheus.csv"
+    t = np.arange(5.0)
+    write_prometheus(path, t, {"go_gc_duration_seconds": t, "kneeswarm_target_inflight": t,
+                               'kneeswarm_target_request_duration_seconds_bucket{le="0.1"}': t})
+    assert list(read_prometheus(path).columns) == ["t", "kneeswarm_target_inflight"]
+    write_prometheus(path, t, {"go_gc_duration_seconds": t})
+    assert read_prometheus(path) is None
+
+
+def test_counter_reset_counts_the_new_value():
+    from analysis.target import target_windows
+    df = pd.DataFrame({"t": [0.0, 1, 2, 3, 4], "kneeswarm_target_rejected_total": [0.0, 5, 10, 2, 7]})
+    got = target_windows(df, np.array([0.0, 0.0, 3.5]), np.array([5.0, 1.0, 5.0]))
+    assert got[0] == {"rejected_s": pytest.approx(17 / 4)}  # 5 + 5 + 2 (restart) + 5 over 4 s
+    assert got[1] == {} and got[2] == {}  # one sample: no rate
+
+
+def test_vllm_and_triton_series_combined_first_candidate_wins():
+    from analysis.target import target_windows
+    t = np.arange(0.0, 10.0)
+    df = pd.DataFrame({
+        "t": t,
+        'vllm:num_requests_waiting{model_name="a"}': 3.0,
+        'vllm:num_requests_waiting{model_name="b"}': 4.0,
+        'vllm:num_requests_running{model_name="a"}': 2.0,
+        'vllm:kv_cache_usage_perc{model_name="a"}': 0.5,
+        'vllm:gpu_cache_usage_perc{model_name="a"}': 0.9,  # the V0 alias: not counted twice
+        'vllm:num_preemptions_total{model_name="a"}': 1.0 * t,
+        'vllm:request_queue_time_seconds_sum{model_name="a"}': 0.3 * t,
+        'vllm:request_queue_time_seconds_count{model_name="a"}': 6.0 * t,
+        'nv_inference_pending_request_count{model="m",version="1"}': 99.0,  # vLLM's queue wins
+        'nv_inference_queue_duration_us{model="m",version="1"}': 250_000.0 * t,
+    })
+    got = target_windows(df, np.array([0.0]), np.array([10.0]))[0]
+    assert got == pytest.approx({"queue_length": 7.0, "in_flight": 2.0, "kv_cache_usage_pct": 50.0,
+                                 "preempted_s": 1.0, "queue_wait_ms": 50.0, "queue_time_us_s": 250_000.0})
+
+
+# -- host facts in the header -----------------------------------------------------------------
+def h200_gpu() -> dict:
+    """The GPU as the agent's preflight reports it, from the real H200 recording."""
+    line = (Path(__file__).parent / "fixtures/gpu/nvidia-smi-info.txt").read_text().splitlines()[-1]
+    name, mem, driver = (x.strip() for x in line.split(","))
+    return {"index": 0, "name": name, "memory_total_mb": int(mem.split()[0]), "driver": driver}
+
+
+def test_header_facts_in_summary_md_json_and_html(tmp_path):
+    rd = make_run(tmp_path, closed_loop(k=4), users=(1, 2))
+    collectors = {"pidstat": {"enabled": True, "kind": "command", "version": "12.6.1"},
+                  "vmstat": {"enabled": True, "kind": "command", "version": "4.0.2"},
+                  "dmon": {"enabled": True, "kind": "command", "version": "580.159.04"},
+                  "nvml": {"enabled": False, "reason": "pynvml is not importable"}}
+    rd.update_meta(
+        hosts_preflight={"server-1": {
+            "hostname": "gpu-box", "kernel": "6.8.0",
+            "cpu": {"model": "Intel(R) Xeon(R) Processor", "sockets": 1, "physical_cores": 16,
+                    "threads_per_core": 1, "logical_cpus": 16, "source": "lscpu"},
+            "memory_total_kb": 131980981, "gpus": [h200_gpu()],
+            "process": {"pid": 4242, "cmdline": "python -m vllm.entrypoints.openai.api_server --port 8000",
+                        "by": "port", "candidates": [4242]},
+            "collectors": collectors}},
+        hosts={"server-1": {
+            "collectors": collectors,
+            "clock": {"before": {"offset": 0.0015, "error": 4e-05}, "after": {"offset": 0.0016, "error": 5e-05},
+                      "drift_ppm": 1.1, "errors": []},
+            "parse": {"vmstat": {"lines": 92, "skipped": 3, "tables": {"vmstat": 89}},
+                      "pidstat": {"lines": 892, "skipped": 0}},
+            "warnings": ["collector nvml skipped: pynvml is not importable", "heartbeat late by 3 s"]}},
+    )
+    s = analysis.analyze(rd.path)
+    h = s["hosts"]["server-1"]
+    assert h["cpu"] == {"model": "Intel(R) Xeon(R) Processor", "sockets": 1, "physical_cores": 16,
+                        "threads_per_core": 1, "logical_cpus": 16}
+    assert h["memory_gib"] == 125.9 and h["gpus"] == [{"index": 0, "name": "NVIDIA H200",
+                                                       "memory_total_mb": 143771, "driver": "580.159.04"}]
+    assert h["process"]["pid"] == 4242 and h["process"]["by"] == "port"
+    assert h["collectors"]["pidstat"]["version"] == "12.6.1" and h["collectors"]["nvml"]["enabled"] is False
+    assert h["clock"]["offset_s"] == 0.0015 and h["clock"]["error_s"] == 5e-05 and h["clock"]["drift_ppm"] == 1.1
+    assert h["parse"] == {"pidstat": {"lines": 892, "skipped": 0}, "vmstat": {"lines": 92, "skipped": 3}}
+    md = (rd.report_dir / "summary.md").read_text()
+    for text in ("- **Malformed lines skipped:** server-1 vmstat: 3 of 92 lines",
+                 "- **server-1** (gpu-box, Linux 6.8.0): Intel(R) Xeon(R) Processor (1 socket, 16 physical cores, "
+                 "1 thread(s)/core, 16 logical CPUs); 125.9 GiB memory; GPUs: 0: NVIDIA H200 140 GiB",
+                 "  - monitored process: pid 4242 (chosen by port): "
+                 "`python -m vllm.entrypoints.openai.api_server --port 8000`",
+                 "  - collectors: dmon 580.159.04, pidstat 12.6.1, vmstat 4.0.2; not run: nvml (pynvml is not importable)",
+                 "  - clock offset: before 1.50 ms ± 40.0 µs, after 1.60 ms ± 50.0 µs; drift 1.10 ppm",
+                 "  - parsed: pidstat 892 lines, 0 skipped; vmstat 92 lines, **3 skipped**",
+                 "  - warning: heartbeat late by 3 s"):
+        assert text in md, text
+    assert "collector nvml skipped" not in md  # already said under "not run"
+    assert md.count("\n| ") == 1 + 2  # the host lines do not break the table
+    html = (rd.report_dir / "index.html").read_text()
+    assert "<p class='warn'><b>Malformed lines skipped:</b> server-1 vmstat: 3 of 92 lines</p>" in html
+    assert "NVIDIA H200 140 GiB" in html and "<code>python -m vllm.entrypoints" in html
+
+
+def test_header_tolerates_odd_and_missing_facts(tmp_path):
+    rd = make_run(tmp_path, closed_loop(k=4), users=(1, 2))
+    rd.update_meta(hosts_preflight={"server-1": {"cpu": "weird", "gpus": None, "memory_total_kb": "n/a",
+                                                 "process": {"error": "no process with pid 9"}},
+                                    "ghost box": None},
+                   hosts={"server-1": {"clock": {"before": {"offset": "x"}, "errors": ["echo timed out"]},
+                                       "parse": {"vmstat": "bad", "pidstat": {"lines": 10}}}})
+    s = analysis.analyze(rd.path)
+    assert s["hosts"]["ghost_box"] == {"label": "ghost box"}
+    assert s["hosts"]["server-1"]["process"] == {"error": "no process with pid 9"}
+    md = (rd.report_dir / "summary.md").read_text()
+    assert "monitored process: none (no process with pid 9)" in md
+    assert "clock offset: not measured; errors: echo timed out" in md
+    strict_json(rd.report_dir / "summary.json")
+
+
+# -- threads, %sy share -----------------------------------------------------------------------
+def test_sy_share_active_threads_from_procfs_tables(tmp_path):
+    rd = make_run(tmp_path, closed_loop(k=4), users=(1, 2, 4))
+    from kneeswarm.rundir import write_csv
+    hd = rd.host_dir("server-1")
+    (hd / "process.csv").unlink()  # no pidstat: the procfs sampler's tables are read instead
+    secs = np.arange(T0, T0 + 3 * (RAMP + HOLD), 1.0)
+    users_at = np.array([1, 2, 4])[((secs - T0) // (RAMP + HOLD)).astype(int)]
+    busy = users_at / 4
+    write_csv(hd / "process.procfs.csv", ("t", "pid", "cpu_pct", "usr_pct", "sys_pct", "threads", "migrations_s"),
+              zip(secs, [7] * len(secs), 300 * busy, 270 * busy, 30 * busy, users_at + 2, 3 * users_at))
+    rows = [(t, tid, "python3", 75.0 if tid <= n else 1.0) for t, n in zip(secs, users_at) for tid in range(1, n + 3)]
+    write_csv(hd / "threads.procfs.csv", ("t", "tid", "name", "cpu_pct"), rows)
+    s = analysis.analyze(rd.path)
+    srv = [st["server"]["server-1"] for st in s["steps"]]
+    assert [x["sy_share"] for x in srv] == pytest.approx([0.1, 0.1, 0.1])
+    assert [x["active_threads"] for x in srv] == [1.0, 2.0, 4.0]
+    assert [x["top_thread_cpu_pct"] for x in srv] == [75.0, 75.0, 75.0]
+    assert [x["threads"] for x in srv] == [3.0, 4.0, 6.0] and [x["migrations_s"] for x in srv] == [3.0, 6.0, 12.0]
+    md = (rd.report_dir / "summary.md").read_text()
+    assert "| proc sy share | threads | active threads | top thread % | migrations/s |" in md
+    assert "| 10% | 6 | 4.0 | 75 | 12.0 |" in md
+    html = (rd.report_dir / "index.html").read_text()
+    assert "server-1: threads (active" in html
+
+
+# -- GPU from the real H200 recording ---------------------------------------------------------
+def test_gpu_step_means_from_h200_dmon_recording(tmp_path):
+    from collectors import parse_raw
+    gpu = parse_raw("dmon", (Path(__file__).parent / "fixtures/gpu/dmon-pucvmet-DT.txt").read_text()).frames["gpu"]
+    t_first = float(gpu["t"].iloc[0])
+    # step 0's steady window [t0+4, t0+14) holds samples 0-9, step 1's [t0+18, t0+28) samples 14-22
+    rd = make_run(tmp_path, closed_loop(k=4), users=(1, 2), t0=t_first - 4.5)
+    gpu.to_csv(rd.host_dir("server-1") / "gpu.csv", index=False)
+    s = analysis.analyze(rd.path)
+    a, b = (st["server"]["server-1"] for st in s["steps"])
+    assert (a["sm_pct"], a["mem_pct"], a["fb_used_mb"], a["power_w"]) == pytest.approx((20.0, 4.6, 505.5, 197.5))
+    assert (b["sm_pct"], b["mem_pct"], b["fb_used_mb"]) == pytest.approx((499 / 9, 114 / 9, 1011.0))
+    md = (rd.report_dir / "summary.md").read_text()
+    assert "| GPU SM% | GPU mem% | GPU FB MB | GPU W |" in md and "| 20 | 5 | 506 | 198 |" in md
+    html = (rd.report_dir / "index.html").read_text().replace("\\u002f", "/")
+    assert "server-1: GPU memory used MB / power W" in html and "GPU 0 power W" in html
+
+
+def test_per_request_timeline_stays_downsampled(tmp_path):
+    from analysis.report import per_second
+    rd = make_run(tmp_path, closed_loop(k=4), users=(1, 2))
+    req = rd.read_requests()
+    ps = per_second(req, T0)
+    assert len(req) > 2000 and len(ps) <= 2 * (RAMP + HOLD) + 2  # one row per second, not per request

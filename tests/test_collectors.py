@@ -24,7 +24,6 @@ from collectors import COLLECTORS, Parsed, get, parse_raw
 from collectors.base import (GPU_COLUMNS, GPU_PROC_COLUMNS, PROCESS_COLUMNS, THREAD_COLUMNS,
                              VMSTAT_COLUMNS)
 from collectors.prometheus import parse_exposition, scrapes_to_frame
-from collectors.psutil_sampler import PsutilSampler
 
 FIX = Path(__file__).parent / "fixtures" / "collectors"
 GPU = Path(__file__).parent / "fixtures" / "gpu"
@@ -293,7 +292,7 @@ def test_nvml_jsonl():
     assert math.isnan(q.frames["gpu_procs"]["used_mb"].iloc[0])
 
 
-# ---- procfs / psutil -------------------------------------------------------------------------
+# ---- procfs (the agent's /proc sampler format) -------------------------------------------------------------------------
 
 def test_procfs_differences_counters_into_rates():
     lines = [
@@ -328,42 +327,6 @@ def test_procfs_recorded_by_psutil_sampler():
     assert (proc["threads"] == 4).all()
     assert set(p.frames["threads"]["name"]) >= {"spin0", "spin1", "spin2"}
 
-
-def test_psutil_sampler_on_own_process():
-    stop = threading.Event()
-
-    def spin() -> None:
-        while not stop.is_set():
-            sum(range(20000))
-
-    th = threading.Thread(target=spin, daemon=True)
-    th.start()
-    try:
-        sampler = PsutilSampler(os.getpid(), interval=0.4)
-        samples = sampler.collect(1.7)
-    finally:
-        stop.set()
-        th.join()
-    assert len(samples) >= 3 and all(s["pid"] == os.getpid() for s in samples)
-    frames = sampler.frames()
-    proc = frames["process"]
-    assert list(proc.columns) == PROCESS_COLUMNS and len(proc) == len(samples) - 1
-    assert (proc["cpu_pct"] > 0).all() and (proc["threads"] >= 2).all()
-    assert (proc["rss_mb"] > 1).all()
-    assert th.native_id in set(frames["threads"]["tid"])
-
-
-def test_psutil_sampler_background_writes_jsonl(tmp_path):
-    sampler = PsutilSampler(os.getpid(), interval=0.2)
-    out = tmp_path / "procfs.jsonl"
-    sampler.start(out)
-    time.sleep(0.7)
-    sampler.stop()
-    parsed = parse_raw("procfs", out.read_text())
-    assert parsed.skipped == 0 and len(parsed.frames["process"]) == len(sampler.samples) - 1 >= 1
-
-
-# ---- prometheus ------------------------------------------------------------------------------
 
 def test_prometheus_exposition_and_scrapes():
     text = ('# TYPE req counter\nreq_total{route="/a",code="200"} 3\nup 1\n'
