@@ -59,6 +59,7 @@ TABLE_PREFERENCE = {
     "gpu_procs": ("nvml",),
 }
 
+MAX_HOST_WARNINGS = 50  # warnings kept per host for meta.json (the rest are counted)
 T_DECIMALS = 6  # parsed host times are rounded to the microsecond after the clock correction
 
 T = TypeVar("T")
@@ -116,6 +117,18 @@ class HostAgent:
         self._sizes_seen: dict[str, int] = {}
         self.last_heartbeat: float | None = None
         self.reconnects = 0
+        self.heartbeat_failures = 0
+        self.fetches_postponed = 0
+        self._warnings_dropped = 0
+
+    def warn(self, text: str) -> None:
+        """Keep a warning for meta.json (deduplicated, at most MAX_HOST_WARNINGS)."""
+        if text in self.warnings:
+            return
+        if len(self.warnings) < MAX_HOST_WARNINGS:
+            self.warnings.append(text)
+        else:
+            self._warnings_dropped += 1
 
     # -- plumbing ------------------------------------------------------------------------
     def _path(self, name: str) -> str:
@@ -281,6 +294,10 @@ class HostAgent:
             return True
         except AgentError as e:
             logger.warning("%s", e)
+            self.heartbeat_failures += 1
+            if self.heartbeat_failures == 1:
+                self.warn(f"connection lost during the run at {time.time():.0f} ({self._bare(e)}); "
+                          "the agent kept recording, the controller reconnected")
             return False
 
     def _heartbeat_loop(self) -> None:
@@ -386,6 +403,9 @@ class HostAgent:
             if final:
                 raise AgentError(f"{e}; the data stays on the host in {self.remote_dir}") from None
             logger.warning("%s: fetch postponed: %s", self.label, e)
+            self.fetches_postponed += 1
+            if self.fetches_postponed == 1:
+                self.warn(f"incremental fetch postponed at {time.time():.0f} ({self._bare(e)})")
             return got
         if final:
             self._verify()
@@ -445,6 +465,9 @@ class HostAgent:
             "fetch": self.fetch_info,
             "parse": self.parse_info,
             "reconnects": self.reconnects,
+            "heartbeat_failures": self.heartbeat_failures,
+            "fetches_postponed": self.fetches_postponed,
+            "warnings_dropped": self._warnings_dropped,
         }
 
     def close(self) -> None:
@@ -533,6 +556,7 @@ class HostAgents:
 
     def __init__(self, agents: list[HostAgent]):
         self.agents = agents
+        self.finished = False  # finish_all ran: never again (its retries are long)
 
     @classmethod
     def open(cls, hosts: Iterable[HostPlan], run: RunDir, interval: float = 1.0, max_duration: float = 3600.0,
@@ -580,12 +604,14 @@ class HostAgents:
                 raise
 
     def fetch_all(self) -> dict[str, dict[str, int]]:
+        """An incremental fetch of every host; a host that fails is warned about and left for the next."""
         out = {}
         for a in self.agents:
             try:
                 out[a.label] = a.fetch()
             except AgentError as e:
                 logger.warning("%s", e)
+                a.warn(f"incremental fetch failed: {a._bare(e)}")
         return out
 
     def stop_all(self) -> dict[str, Any]:
@@ -601,18 +627,29 @@ class HostAgents:
         return out
 
     def finish_all(self) -> dict[str, Any]:
-        """Stop, fetch (verified) and parse every host; errors are collected, never lose the others."""
-        self.stop_all()
+        """Stop, fetch (verified) and parse every host; errors are collected, never lose the others.
+
+        Never raises for one host's failure: it is logged and kept in that host's warnings.
+        """
+        if self.finished:
+            return self.meta()
+        self.finished = True
+        for a in self.agents:
+            try:
+                a.stop()
+            except AgentError as e:
+                a.warn(f"stop failed: {a._bare(e)}")
+                logger.error("%s", e)
         for a in self.agents:
             try:
                 a.fetch(final=True)
             except AgentError as e:
-                a.warnings.append(str(e))
+                a.warn(f"final fetch failed: {a._bare(e)}")
                 logger.error("%s", e)
             try:
                 a.write_parsed()
             except Exception as e:  # a parse failure must not cost the other hosts
-                a.warnings.append(f"parse failed: {e}")
+                a.warn(f"parse failed: {e}")
                 logger.error("%s: parse failed: %s", a.label, e)
         return self.meta()
 
@@ -627,7 +664,7 @@ class HostAgents:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if any(a.started and not a.stopped for a in self.agents):
+        if not self.finished and any(a.started and not a.stopped for a in self.agents):
             try:
                 self.finish_all()
             except Exception as e:

@@ -16,6 +16,9 @@ from agents.errors import AgentError
 logger = logging.getLogger(__name__)
 
 #: Collectors left out unless a host lists them (alternatives to a default one, or need a URL).
+#: The target's metrics_url is scraped from the load side by the conductor; a host runs the
+#: ``prometheus`` sampler only when its ``collectors`` name it (e.g. a /metrics bound to the
+#: server's loopback), writing hosts/<host>/raw/prometheus.jsonl on that host's clock.
 NOT_BY_DEFAULT = frozenset({"query_gpu", "prometheus"})
 #: Collectors that read the GPU: skipped on a host where preflight found none.
 GPU_COLLECTORS = frozenset({"dmon", "query_gpu", "nvml"})
@@ -60,8 +63,6 @@ def select(facts: dict[str, Any], requested: list[str] | None, pid: int | None, 
         if unknown:
             raise AgentError(f"{label}: unknown collector(s) {', '.join(unknown)} (known: {', '.join(sorted(reg))})")
     names = list(requested) if requested is not None else [n for n in reg if n not in NOT_BY_DEFAULT]
-    if metrics_url and "prometheus" not in names and requested is None:
-        names.append("prometheus")
     sel = Selection()
     has_gpu = bool(facts.get("gpus")) or bool((facts.get("nvml") or {}).get("available"))
     for name in names:

@@ -1,14 +1,21 @@
 """The conductor: one `kneeswarm run`, from preflight to report (floor 4).
 
     preflight   the target answers its health check; every monitored host and process is there
-    start       run directory (plan.toml, meta.json), host agents, Locust master + N workers
-    load        the step shape runs on the master; rows stream into requests/*.parquet
+    start       run directory (plan.toml, meta.json), host agents, the target's /metrics scraper
+                (plan.metrics_url, 1 Hz, from this machine), Locust master + N workers
+    load        the step shape runs on the master; rows stream into requests/*.parquet; host
+                agents are fetched every FETCH_PERIOD seconds
     stop        agents stopped and fetched (verified), parsed CSVs, meta.json says how it ended
     analyze     report/summary.json, summary.md, index.html
 
 A first Ctrl-C (or SIGTERM) stops the load gracefully and still writes the report, marked
 incomplete; a second one kills everything at once.  Bad input raises ConductorError with one
-line before any load is sent, and leaves no run directory behind.
+line before any load is sent, and leaves no run directory behind.  Once the load has started,
+nothing a host agent or the metrics scraper does can end the run: failures become warnings in
+meta.json["warnings"] (and the host's own list), and the final fetch is still attempted.
+
+The target's metrics land in hosts/target/raw/prometheus.jsonl (one JSON line per scrape) and
+hosts/target/prometheus.csv (t + one column per series), on the master's clock by construction.
 """
 
 from __future__ import annotations
@@ -30,8 +37,9 @@ from typing import Any
 
 import requests
 
+from collectors.prometheus import PrometheusScraper, write_prometheus_csv
 from kneeswarm.plan import HostPlan, Plan
-from kneeswarm.rundir import RunDir
+from kneeswarm.rundir import RunDir, safe_name
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +49,9 @@ WORKER_WAIT = 60.0  # seconds for all workers to connect
 FETCH_PERIOD = 5.0  # seconds between incremental fetches from the host agents
 RUN_MARGIN = 120.0  # seconds beyond the planned duration before the master is killed
 STOP_GRACE = 20.0  # seconds the master has to quit after SIGTERM
+METRICS_HOST = "target"  # hosts/<this>/ holds the target's scraped metrics
+METRICS_INTERVAL = 1.0  # seconds between scrapes of plan.metrics_url
+MAX_WARNINGS = 200  # meta.json["warnings"] keeps the first ones (a count says how many more)
 SWARM = Path(__file__).resolve().parent.parent / "locustfiles" / "swarm.py"
 
 
@@ -134,6 +145,27 @@ class Conductor:
         self.workers = plan.load.workers or os.cpu_count() or 1
         self._procs: list[subprocess.Popen] = []
         self._interrupts = 0
+        self.warnings: list[str] = []
+        self._warnings_dropped = 0
+        self.scraper: PrometheusScraper | None = None
+
+    def _warn(self, text: str) -> None:
+        """A problem that does not end the run: logged, and kept for meta.json["warnings"]."""
+        logger.warning("%s", text)
+        if text in self.warnings:
+            return
+        if len(self.warnings) < MAX_WARNINGS:
+            self.warnings.append(text)
+        else:
+            self._warnings_dropped += 1
+
+    def _all_warnings(self, agents: Any) -> list[str]:
+        out = list(self.warnings)
+        for a in agents:
+            out += [f"{a.label}: {w}" for w in a.warnings if f"{a.label}: {w}" not in out]
+        if self._warnings_dropped:
+            out.append(f"... and {self._warnings_dropped} more warnings")
+        return out
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -167,12 +199,75 @@ class Conductor:
                 agents.close_all()
                 shutil.rmtree(run.path, ignore_errors=True)  # nothing recorded yet: leave no half-run
                 raise ConductorError(str(e)) from None
-            ended = self._load(run, agents)
-            run.update_meta(hosts=agents.finish_all())
+            # From here on the run is recorded: nothing below may end it early.
+            self._start_metrics(run, agents)
+            try:
+                ended = self._load(run, agents)
+            finally:
+                target_metrics = self._stop_metrics(run)
+                hosts = self._finish_agents(agents)
+                run.update_meta(hosts=hosts, target_metrics=target_metrics, warnings=self._all_warnings(agents))
         finished = time.time()
         run.update_meta(ended=ended, complete=ended == "completed", finished=finished)
         summary = self._analyze(run)
         return RunResult(run, ended, summary)
+
+    def _finish_agents(self, agents: Any) -> dict[str, Any]:
+        """Stop, final fetch, parse: never raises (a failure becomes a warning)."""
+        try:
+            return agents.finish_all()
+        except Exception as e:  # noqa: BLE001 - the recorded data must still be reported
+            self._warn(f"stopping the host agents failed: {e}")
+            try:
+                return agents.meta()
+            except Exception as e2:  # noqa: BLE001
+                self._warn(f"host agents' meta unavailable: {e2}")
+                return {}
+
+    def _fetch(self, agents: Any) -> None:
+        """An incremental fetch of every host agent; a failure is a warning, the next one retries."""
+        try:
+            agents.fetch_all()
+        except Exception as e:  # noqa: BLE001 - an agent must never end the run after start
+            self._warn(f"incremental fetch failed: {e}")
+
+    # -- the target's metrics (load side) ------------------------------------------------
+    def metrics_host(self) -> str:
+        """hosts/<name>/ for the target's metrics: METRICS_HOST unless a monitored host is called that."""
+        taken = {safe_name(h.label) for h in self.plan.hosts}
+        name = METRICS_HOST
+        while name in taken:
+            name += "-metrics"
+        return name
+
+    def _start_metrics(self, run: RunDir, agents: Any) -> None:
+        if not self.plan.metrics_url:
+            return
+        host = self.metrics_host()
+        if host != METRICS_HOST:
+            self._warn(f"a monitored host is called {METRICS_HOST!r}: the target's metrics go to hosts/{host}/")
+        self.scraper = PrometheusScraper(self.plan.metrics_url, run.raw_dir(host) / "prometheus.jsonl",
+                                         interval=METRICS_INTERVAL)
+        self.scraper.start()
+
+    def _stop_metrics(self, run: RunDir) -> dict[str, Any] | None:
+        """Stop the scraper and write hosts/target/prometheus.csv; never raises."""
+        if self.scraper is None:
+            return None
+        stats = self.scraper.stop()
+        host = self.metrics_host()
+        out: dict[str, Any] = {**stats, "host": host, "clock": "master"}
+        try:
+            out["parse"] = write_prometheus_csv(run.raw_dir(host) / "prometheus.jsonl",
+                                                run.host_dir(host) / "prometheus.csv")
+        except Exception as e:  # noqa: BLE001 - the raw scrapes stay; analysis can re-parse them
+            self._warn(f"metrics {self.plan.metrics_url}: parse failed: {e}")
+        if stats["failed"]:
+            self._warn(f"metrics {self.plan.metrics_url}: {stats['failed']} of {stats['scrapes']} scrapes failed "
+                       f"(last: {stats['last_error']})")
+        if stats["scrapes"] and not stats["ok"]:
+            self._warn(f"metrics {self.plan.metrics_url}: no scrape succeeded")
+        return out
 
     def _analyze(self, run: RunDir) -> dict[str, Any] | None:
         import analysis
@@ -231,7 +326,7 @@ class Conductor:
                     ended = "load_failed"
                     break
                 if time.monotonic() - last_fetch > FETCH_PERIOD:
-                    agents.fetch_all()
+                    self._fetch(agents)
                     last_fetch = time.monotonic()
                 time.sleep(0.2)
         finally:

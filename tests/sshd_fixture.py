@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import pytest
 
 SSHD_BIN = "/usr/sbin/sshd"
 START_TIMEOUT = 10.0
+CLIENT_ALIVE_S, CLIENT_ALIVE_COUNT = 5, 4  # sshd drops a silent client after 20 s (> the 10 s link-down test)
 
 
 def free_port() -> int:
@@ -103,7 +105,10 @@ class SSHD:
             f"AuthorizedKeysFile {s.authorized_keys}\nStrictModes no\nUsePAM no\n"
             "PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
             "PubkeyAuthentication yes\nAllowTcpForwarding yes\nSubsystem sftp internal-sftp\n"
-            "MaxSessions 64\nMaxStartups 64\nLogLevel ERROR\nClientAliveInterval 0\n"
+            "MaxSessions 64\nMaxStartups 64\nLogLevel ERROR\n"
+            # A session whose client vanished without a FIN (a link taken down, a namespace
+            # removed) ends after CLIENT_ALIVE_S * CLIENT_ALIVE_COUNT seconds instead of never.
+            f"ClientAliveInterval {CLIENT_ALIVE_S}\nClientAliveCountMax {CLIENT_ALIVE_COUNT}\n"
         )
         s.run()
         return s
@@ -136,18 +141,37 @@ class SSHD:
         except OSError:
             return False
 
-    def stop(self) -> None:
+    def sessions(self) -> list[int]:
+        """PIDs of the per-connection sshd processes (and their children) of this server."""
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        try:
+            import psutil
+
+            return [c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)]
+        except Exception:  # psutil missing or the listener just exited
+            return []
+
+    def stop(self, sessions: bool = True) -> None:
+        """Stop the listener and (``sessions``) every session it still serves: a session whose
+        client is gone without a FIN would otherwise outlive the test."""
+        left = self.sessions() if sessions else []
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()  # the listener; sessions already open end with their clients
+            self.proc.terminate()
             try:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=5)
         self.proc = None
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
     def restart(self, new_host_key: bool = False) -> None:
-        self.stop()
+        self.stop(sessions=False)  # like a real sshd restart: open sessions carry on
         if new_host_key:
             keygen(self.host_key)
         self.run()

@@ -204,8 +204,9 @@ def test_agent_under_faketime_offset_within_20ms_and_burst_aligned(run, monkeypa
     raw_t = [json.loads(x)["t"] for x in (run.raw_dir("local") / "procfs.jsonl").read_text().splitlines()]
     assert raw_t[0] > t_burst - 1.5 + 2.5 - 1.0  # the host recorded on its shifted clock
     df = pd.read_csv(run.host_dir("local") / "process.procfs.csv")  # samples stamped at interval end
-    busy = df[df["cpu_pct"] > 90]["t"] - t_burst
-    assert len(busy) >= 2
+    # > 50: one spinning thread, on 2 cores shared with other tests, does not always get > 90%
+    busy = df[df["cpu_pct"] > 50]["t"] - t_burst
+    assert len(busy) >= 2, df[["t", "cpu_pct"]].assign(t=df["t"] - t_burst).to_string()
     assert busy.min() > 0.5 and busy.max() < 4.0 + 1.2, busy.tolist()  # inside the burst, on the master's clock
     onset = df[df["cpu_pct"] > 20]["t"].min() - t_burst
     assert 0.0 < onset < 1.3  # unaligned, it would be about 2.5 s later
