@@ -189,7 +189,7 @@ def _init_master_or_local(env: Environment, runner: Any) -> None:
         if _recording is None:
             return
         worker = _worker_label(runner, client_id)
-        _recording.writer.add(worker, data.get(REPORT_KEY) or [])
+        _recording.writer.add(worker, data.get(REPORT_KEY))
         _recording.add_generator_rows(worker, data.get(GEN_KEY) or [])
 
     def on_test_stop(environment: Environment, **_kw: Any) -> None:

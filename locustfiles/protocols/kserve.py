@@ -38,22 +38,29 @@ class KServeV2(Protocol):
                 return 1 if datatype in _INT_TYPES else 0.5
             return rng.randint(0, 100) if datatype in _INT_TYPES else round(rng.uniform(-1, 1), 4)
 
-        self._bodies = [
-            json.dumps(
+        headers = {"Content-Type": "application/json"}
+        self._requests = [
+            PreparedRequest("POST", self.path, json.dumps(
                 {"inputs": [{"name": INPUT_NAME, "shape": shape, "datatype": datatype, "data": [value() for _ in range(n)]}]},
                 separators=(",", ":"),
-            ).encode()
+            ).encode(), headers)
             for _ in range(variants)
         ]
         self._i = 0
-        self._headers = {"Content-Type": "application/json"}
 
     def next_request(self) -> PreparedRequest:
-        body = self._bodies[self._i % len(self._bodies)]
         self._i += 1
-        return PreparedRequest("POST", self.path, body, self._headers)
+        return self._requests[self._i % len(self._requests)]
 
     def check_response(self, body: bytes) -> int | None:
+        # The hot path: a structural check costs ~0.3 us where json.loads costs ~3 us per
+        # request (measured with bench/generator.py). A body that fails it is parsed in full,
+        # so the error says what is wrong.
+        i = body.find(b'"outputs"')
+        if i > 0 and body[:1] == b"{" and body.rstrip()[-1:] == b"}":
+            after = body[i + 9 : i + 24].replace(b" ", b"")
+            if after[:2] == b":[" and after[2:3] != b"]":
+                return None
         try:
             doc = json.loads(body)
         except (ValueError, TypeError) as e:
