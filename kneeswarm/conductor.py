@@ -209,6 +209,10 @@ class Conductor:
                 run.update_meta(hosts=hosts, target_metrics=target_metrics, warnings=self._all_warnings(agents))
         finished = time.time()
         run.update_meta(ended=ended, complete=ended == "completed", finished=finished)
+        if self._interrupts >= 2:  # asked twice to stop: the data is safe, the report can wait
+            print(f"kneeswarm: killed; no report written (`kneeswarm analyze {run.path}` writes it)",
+                  file=sys.stderr, flush=True)
+            return RunResult(run, ended, None)
         summary = self._analyze(run)
         return RunResult(run, ended, summary)
 

@@ -149,6 +149,33 @@ def test_interrupt_stops_gracefully_and_reports(tmp_path, start_demo_target):
     assert (run_dir / "hosts" / "local" / "vmstat.csv").exists()
 
 
+def test_second_interrupt_kills_at_once_and_keeps_the_rows(tmp_path, start_demo_target):
+    target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kneeswarm.cli", "run", "--target", target.url, "--steps", "1,2", "--hold", "60",
+         "--ramp", "1", "--settle", "0", "--workers", "1", "--pid", str(target.pid), "--out", str(tmp_path), "-q"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        wait_for(lambda: any(tmp_path.glob("*/requests/part-*.parquet")) or proc.poll() is not None, 60,
+                 "the first request rows")
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "no report written" in err
+    run_dir = only_run_dir(tmp_path)
+    assert not (run_dir / "report" / "summary.json").exists()
+    assert RunDir(run_dir).read_meta()["complete"] is False
+    assert len(RunDir(run_dir).read_requests()) > 0  # what was recorded is kept
+    locusts = subprocess.run(["pgrep", "-f", f"kneeswarm-run-dir {run_dir}"], capture_output=True, text=True)
+    assert locusts.stdout.strip() == ""  # no Locust process left behind
+
+
 def test_target_dying_mid_run_is_counted_not_fatal(tmp_path, start_demo_target):
     target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
     proc = subprocess.Popen(
