@@ -6,7 +6,8 @@ bare Locust FastHttpUser posting the same body, same fast target, same run.
 The target is a minimal gevent HTTP responder (a canned KServe answer) in its own process, pinned
 to core 0 while Locust runs pinned to core 1, so the load generator, not the server, is what is
 measured.  Rounds alternate bare / kneeswarm;
-the medians and their ratio are printed (target: ratio >= 0.9).
+the medians and their ratio are printed (target: ratio >= 0.9), and, less sensitive to other
+load on the machine, requests per CPU-second of the Locust process (start-up included).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -90,11 +92,19 @@ def pin(cpu: int):
 
 def locust_rate(args: list[str], seconds: float) -> float:
     """Run one headless Locust process; requests/s from its --json summary."""
+    return locust_run(args, seconds)[0]
+
+
+def locust_run(args: list[str], seconds: float) -> tuple[float, float]:
+    """Run one headless Locust process: (requests/s, requests per CPU-second of that process)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     res = subprocess.run([sys.executable, "-m", "locust", "--headless", "--json", "--loglevel", "ERROR", *args],
                          capture_output=True, text=True, timeout=seconds + 60, cwd=REPO, preexec_fn=pin(1))
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     stats = json.loads(res.stdout)
     s = next(x for x in stats if x["name"] == "infer")
-    return s["num_requests"] / max(1e-9, s["last_request_timestamp"] - s["start_time"])
+    return s["num_requests"] / max(1e-9, s["last_request_timestamp"] - s["start_time"]), s["num_requests"] / cpu
 
 
 def main() -> None:
@@ -118,19 +128,24 @@ def main() -> None:
         plan = tmp / "plan.toml"
         plan.write_text(f'name = "bench"\ntarget = "{url}"\n[load]\nsteps = [{a.users}]\nramp = 0.0\n'
                         f"hold = {a.seconds}\nsettle = 0.0\n")
-        bare, ks = [], []
+        bare, ks, bare_eff, ks_eff = [], [], [], []
         for r in range(a.rounds):
-            bare.append(locust_rate(["-f", str(bare_file), "--host", url, "-u", str(a.users), "-r", str(a.users),
-                                     "-t", f"{int(a.seconds)}s"], a.seconds))
-            ks.append(locust_rate(["-f", str(REPO / "locustfiles" / "swarm.py"), "--host", url,
-                                   "--kneeswarm-plan", str(plan), "--kneeswarm-out", str(tmp / "runs")], a.seconds))
-            print(f"round {r + 1}: bare FastHttpUser {bare[-1]:8.0f} req/s   kneeswarm KServe+recorder {ks[-1]:8.0f} req/s",
-                  flush=True)
+            rate, eff = locust_run(["-f", str(bare_file), "--host", url, "-u", str(a.users), "-r", str(a.users),
+                                    "-t", f"{int(a.seconds)}s"], a.seconds)
+            bare.append(rate)
+            bare_eff.append(eff)
+            rate, eff = locust_run(["-f", str(REPO / "locustfiles" / "swarm.py"), "--host", url,
+                                    "--kneeswarm-plan", str(plan), "--kneeswarm-out", str(tmp / "runs")], a.seconds)
+            ks.append(rate)
+            ks_eff.append(eff)
+            print(f"round {r + 1}: bare FastHttpUser {bare[-1]:8.0f} req/s ({bare_eff[-1]:6.0f} per CPU-s)   "
+                  f"kneeswarm KServe+recorder {ks[-1]:8.0f} req/s ({ks_eff[-1]:6.0f} per CPU-s)", flush=True)
         rows = sum(len(__import__("pyarrow.parquet", fromlist=["x"]).read_table(p)) for p in (tmp / "runs").glob("*/requests/*.parquet"))
         mb, mk = statistics.median(bare), statistics.median(ks)
         paired = statistics.median(k / b for k, b in zip(ks, bare))
         print(f"median: bare {mb:.0f} req/s, kneeswarm {mk:.0f} req/s, ratio of medians {mk / mb:.3f}, "
-              f"median of per-round ratios {paired:.3f} (target >= 0.9); "
+              f"median of per-round ratios {paired:.3f} (target >= 0.9); requests per CPU-second "
+              f"{statistics.median(ks_eff) / statistics.median(bare_eff):.3f} of bare (process start included); "
               f"{rows} rows recorded, {os.cpu_count()} cores, {a.users} users, {a.seconds:g}s x {a.rounds} rounds")
     finally:
         target.kill()
