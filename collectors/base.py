@@ -25,6 +25,7 @@ local zone of the machine that parses. :func:`collectors.parse_raw` passes ``out
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 from dataclasses import dataclass, field
@@ -51,6 +52,9 @@ GPU_COLUMNS = ["t", "gpu", "sm_pct", "mem_pct", "fb_used_mb", "power_w", "sm_clo
 GPU_PROC_COLUMNS = ["t", "gpu", "pid", "used_mb", "sm_pct"]
 VMSTAT_COLUMNS = ["t", "r", "b", "swpd", "free", "buff", "cache", "si", "so", "bi", "bo", "in",
                   "cs", "us", "sy", "id", "wa", "st"]
+#: The columns of each canonical table (an empty table still has them); others: just "t".
+TABLE_COLUMNS = {"process": PROCESS_COLUMNS, "threads": THREAD_COLUMNS, "gpu": GPU_COLUMNS,
+                 "gpu_procs": GPU_PROC_COLUMNS, "vmstat": VMSTAT_COLUMNS, "dmon": ["t", "gpu"]}
 
 Kind = Literal["command", "sampler"]
 
@@ -99,6 +103,15 @@ class Collector:
         t0, interval: epoch of the first sample and seconds between samples, for output that
         carries no timestamps at all (dmon without ``-o DT``); without t0 such rows get t = NaN.
         """
+        try:
+            return self.parse_text(text, tz, t0, interval)
+        except Exception:  # a parser never raises: last-resort guard (the fuzz tests watch for it)
+            logger.exception("%s parser failed", self.name)
+            n = len(text.splitlines())
+            return Parsed({t: frame([], TABLE_COLUMNS.get(t, ["t"])) for t in self.tables}, n, n)
+
+    def parse_text(self, text: str, tz: tzinfo | None, t0: float | None, interval: float) -> Parsed:
+        """The collector's parser proper; ``parse`` guards it."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -115,6 +128,29 @@ def to_float(s: object) -> float:
         return float(s)
     except (ValueError, OverflowError):
         return NAN
+
+
+def json_records(text: str) -> tuple[list[dict], int, int]:
+    """JSON-lines text -> (the lines that are JSON objects, lines read, lines skipped).
+
+    Blank lines are read but neither kept nor skipped. Never raises.
+    """
+    records: list[dict] = []
+    lines = skipped = 0
+    for line in text.splitlines():
+        lines += 1
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):
+            skipped += 1
+            continue
+        if isinstance(rec, dict):
+            records.append(rec)
+        else:
+            skipped += 1
+    return records, lines, skipped
 
 
 def finite(x: float) -> bool:

@@ -107,14 +107,8 @@ class DmonCollector(Collector):
         return (["nvidia-smi", "dmon", "-d", str(max(1, round(interval))), "-o", "DT",
                  "-s", METRICS], dict(BASE_ENV))
 
-    def parse(self, text: str, *, tz: tzinfo | None = None, t0: float | None = None,
-              interval: float = 1.0) -> Parsed:
-        try:
-            return parse_dmon(text, tz, t0, interval)
-        except Exception:  # a parser never raises: last-resort guard
-            logger.exception("dmon parser failed")
-            n = len(text.splitlines())
-            return Parsed({"gpu": frame([], GPU_COLUMNS), "dmon": frame([], ["t", "gpu"])}, n, n)
+    def parse_text(self, text: str, tz: tzinfo | None, t0: float | None, interval: float) -> Parsed:
+        return parse_dmon(text, tz, t0, interval)
 
 
 def nvidia_smi_version(text: str) -> str | None:

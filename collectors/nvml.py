@@ -28,11 +28,10 @@ when ``proc_util`` is null or lacks the pid).
 """
 from __future__ import annotations
 
-import json
 import logging
 from datetime import tzinfo
 
-from collectors.base import (GPU_COLUMNS, GPU_PROC_COLUMNS, NAN, Collector, Parsed, finite,
+from collectors.base import (GPU_COLUMNS, GPU_PROC_COLUMNS, NAN, Collector, Parsed, finite, json_records,
                              frame, to_float)
 
 logger = logging.getLogger(__name__)
@@ -50,19 +49,8 @@ def parse_nvml(text: str) -> Parsed:
     """nvml.jsonl text -> ``gpu`` and ``gpu_procs`` tables. Never raises."""
     gpu_rows: list[list[float]] = []
     proc_rows: list[list[float]] = []
-    lines = skipped = 0
-    for line in text.splitlines():
-        lines += 1
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except (ValueError, RecursionError):
-            skipped += 1
-            continue
-        if not isinstance(rec, dict):
-            skipped += 1
-            continue
+    records, lines, skipped = json_records(text)
+    for rec in records:
         t, gpu = to_float(rec.get("t")), to_float(rec.get("gpu"))
         if not (finite(t) and finite(gpu)):
             skipped += 1
@@ -96,15 +84,8 @@ class NvmlCollector(Collector):
     tables = ("gpu", "gpu_procs")
     output_tz = None
 
-    def parse(self, text: str, *, tz: tzinfo | None = None, t0: float | None = None,
-              interval: float = 1.0) -> Parsed:
-        try:
-            return parse_nvml(text)
-        except Exception:  # a parser never raises: last-resort guard
-            logger.exception("nvml parser failed")
-            n = len(text.splitlines())
-            return Parsed({"gpu": frame([], GPU_COLUMNS),
-                           "gpu_procs": frame([], GPU_PROC_COLUMNS)}, n, n)
+    def parse_text(self, text: str, tz: tzinfo | None, t0: float | None, interval: float) -> Parsed:
+        return parse_nvml(text)
 
 
 COLLECTOR = NvmlCollector()

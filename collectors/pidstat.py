@@ -253,15 +253,8 @@ class PidstatCollector(Collector):
         argv += ["-h", "-u", "-r", "-w", "-t", "-p", str(int(pid)), str(max(1, round(interval)))]
         return argv, {**BASE_ENV, "S_TIME_FORMAT": "ISO"}
 
-    def parse(self, text: str, *, tz: tzinfo | None = None, t0: float | None = None,
-              interval: float = 1.0) -> Parsed:
-        try:
-            return parse_pidstat(text, tz)
-        except Exception:  # a parser never raises: last-resort guard
-            logger.exception("pidstat parser failed")
-            return Parsed({"process": frame([], PROCESS_COLUMNS),
-                           "threads": frame([], THREAD_COLUMNS)}, len(text.splitlines()),
-                          len(text.splitlines()))
+    def parse_text(self, text: str, tz: tzinfo | None, t0: float | None, interval: float) -> Parsed:
+        return parse_pidstat(text, tz)
 
 
 COLLECTOR = PidstatCollector()

@@ -38,12 +38,11 @@ Tables (one row per interval, stamped at its end, from the second sample of a pi
 """
 from __future__ import annotations
 
-import json
 import logging
 from datetime import tzinfo
 from typing import Iterable
 
-from collectors.base import (NAN, PROCESS_COLUMNS, THREAD_COLUMNS, Collector, Parsed, finite,
+from collectors.base import (NAN, PROCESS_COLUMNS, THREAD_COLUMNS, Collector, Parsed, finite, json_records,
                              frame, to_float)
 
 logger = logging.getLogger(__name__)
@@ -137,18 +136,7 @@ def frames_from_samples(samples: Iterable[dict]) -> tuple[dict, int]:
 
 def parse_procfs(text: str) -> Parsed:
     """procfs.jsonl text -> ``process`` and ``threads`` tables. Never raises."""
-    samples: list[dict] = []
-    lines = bad = 0
-    for line in text.splitlines():
-        lines += 1
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except (ValueError, RecursionError):
-            bad += 1
-            continue
-        samples.append(rec)
+    samples, lines, bad = json_records(text)
     frames, skipped = frames_from_samples(samples)
     return Parsed(frames, lines, bad + skipped)
 
@@ -160,15 +148,8 @@ class ProcfsCollector(Collector):
     tables = ("process", "threads")
     output_tz = None
 
-    def parse(self, text: str, *, tz: tzinfo | None = None, t0: float | None = None,
-              interval: float = 1.0) -> Parsed:
-        try:
-            return parse_procfs(text)
-        except Exception:  # a parser never raises: last-resort guard
-            logger.exception("procfs parser failed")
-            n = len(text.splitlines())
-            return Parsed({"process": frame([], PROCESS_COLUMNS),
-                           "threads": frame([], THREAD_COLUMNS)}, n, n)
+    def parse_text(self, text: str, tz: tzinfo | None, t0: float | None, interval: float) -> Parsed:
+        return parse_procfs(text)
 
 
 COLLECTOR = ProcfsCollector()

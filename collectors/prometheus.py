@@ -32,7 +32,7 @@ from typing import Any, Iterable
 import pandas as pd
 import requests
 
-from collectors.base import Collector, Parsed, finite, to_float
+from collectors.base import Collector, Parsed, finite, json_records, to_float
 
 logger = logging.getLogger(__name__)
 
@@ -109,17 +109,9 @@ def scrapes_to_frame(scrapes: Iterable[tuple[float, str | dict[str, float]]]) ->
 def parse_prometheus_jsonl(text: str) -> Parsed:
     """prometheus.jsonl text -> ``prometheus`` table. Never raises."""
     rows: list[dict[str, float]] = []
-    lines = skipped = 0
-    for line in text.splitlines():
-        lines += 1
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except (ValueError, RecursionError):
-            skipped += 1
-            continue
-        if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
+    records, lines, skipped = json_records(text)
+    for rec in records:
+        if not isinstance(rec.get("text"), str):
             skipped += 1
             continue
         t = to_float(rec.get("t"))
@@ -140,14 +132,8 @@ class PrometheusCollector(Collector):
     tables = ("prometheus",)
     output_tz = None
 
-    def parse(self, text: str, *, tz: tzinfo | None = None, t0: float | None = None,
-              interval: float = 1.0) -> Parsed:
-        try:
-            return parse_prometheus_jsonl(text)
-        except Exception:  # a parser never raises: last-resort guard
-            logger.exception("prometheus parser failed")
-            n = len(text.splitlines())
-            return Parsed({"prometheus": pd.DataFrame({"t": pd.Series([], dtype=float)})}, n, n)
+    def parse_text(self, text: str, tz: tzinfo | None, t0: float | None, interval: float) -> Parsed:
+        return parse_prometheus_jsonl(text)
 
 
 COLLECTOR = PrometheusCollector()

@@ -88,14 +88,8 @@ class QueryGpuCollector(Collector):
         return (["nvidia-smi", f"--query-gpu={QUERY_FIELDS}", "--format=csv,nounits",
                  "-lms", str(ms)], dict(BASE_ENV))
 
-    def parse(self, text: str, *, tz: tzinfo | None = None, t0: float | None = None,
-              interval: float = 1.0) -> Parsed:
-        try:
-            return parse_query_gpu(text, tz)
-        except Exception:  # a parser never raises: last-resort guard
-            logger.exception("query-gpu parser failed")
-            n = len(text.splitlines())
-            return Parsed({"gpu": frame([], GPU_COLUMNS)}, n, n)
+    def parse_text(self, text: str, tz: tzinfo | None, t0: float | None, interval: float) -> Parsed:
+        return parse_query_gpu(text, tz)
 
 
 COLLECTOR = QueryGpuCollector()

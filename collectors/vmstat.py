@@ -119,14 +119,8 @@ class VmstatCollector(Collector):
                 version: str | None = None) -> tuple[list[str], dict[str, str]] | None:
         return ["vmstat", "-n", "-t", "-w", str(max(1, round(interval)))], dict(BASE_ENV)
 
-    def parse(self, text: str, *, tz: tzinfo | None = None, t0: float | None = None,
-              interval: float = 1.0) -> Parsed:
-        try:
-            return parse_vmstat(text, tz, t0, interval)
-        except Exception:  # a parser never raises: last-resort guard
-            logger.exception("vmstat parser failed")
-            n = len(text.splitlines())
-            return Parsed({"vmstat": frame([], VMSTAT_COLUMNS)}, n, n)
+    def parse_text(self, text: str, tz: tzinfo | None, t0: float | None, interval: float) -> Parsed:
+        return parse_vmstat(text, tz, t0, interval)
 
 
 COLLECTOR = VmstatCollector()

@@ -211,3 +211,36 @@ def test_killed_controller_leaves_nothing_on_the_server(sshd, known_hosts, tmp_p
         stop_proc(busy)
         if remote_dir:
             shutil.rmtree(Path.home() / Path(remote_dir).parent, ignore_errors=True)
+
+
+def test_key_held_only_by_ssh_agent(sshd, known_hosts, tmp_path, monkeypatch):
+    """No key file: the key comes from a running ssh-agent (SSH_AUTH_SOCK) and nowhere else."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("ssh-agent"):
+        pytest.skip("ssh-agent not installed")
+    key = keygen(tmp_path / "agent_key")
+    sshd.authorize(key)
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        env = {"SSH_AUTH_SOCK": str(sock), "PATH": "/usr/bin:/bin"}
+        subprocess.run(["ssh-add", str(key)], env=env, check=True, capture_output=True, timeout=10)
+        key.unlink()  # the agent is now the only holder of the private key
+        monkeypatch.setenv("HOME", str(tmp_path))  # and no ~/.ssh/id_* to fall back on
+        monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+        with pytest.raises(AgentError):
+            transport(sshd, known_hosts, key_file=None)
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        t = transport(sshd, known_hosts, key_file=None)
+        try:
+            assert t.run(["echo", "agent"], timeout=10).stdout == b"agent\n"
+        finally:
+            t.close()
+    finally:
+        agent.terminate()
+        agent.wait(timeout=10)

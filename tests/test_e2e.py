@@ -27,6 +27,19 @@ K, SERVICE_MS = 4, 50
 PLATEAU_QPS = K * 1000 / SERVICE_MS
 
 
+def start_run(*args: str) -> subprocess.Popen:
+    """`kneeswarm run ARGS` in its own process, output captured."""
+    return subprocess.Popen([sys.executable, "-m", "kneeswarm.cli", "run", *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_first_rows(proc: subprocess.Popen, out: Path) -> None:
+    """Until the run has written request rows; fails at once if the run died instead."""
+    wait_for(lambda: any(out.glob("*/requests/part-*.parquet")) or proc.poll() is not None, 60,
+             "the first request rows")
+    assert proc.poll() is None, proc.communicate()[1][-2000:]
+
+
 def only_run_dir(out: Path) -> Path:
     runs = [p for p in out.iterdir() if p.is_dir()]
     assert len(runs) == 1, runs
@@ -124,15 +137,10 @@ def test_live_collectors_cover_every_step(knee_run):
 def test_interrupt_stops_gracefully_and_reports(tmp_path, start_demo_target):
     """Ctrl-C once: the load stops, the report is written from what was recorded, marked incomplete."""
     target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kneeswarm.cli", "run", "--target", target.url, "--steps", "1,2,4", "--hold", "30",
-         "--ramp", "1", "--settle", "1", "--workers", "1", "--pid", str(target.pid), "--out", str(tmp_path), "-q"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+    proc = start_run("--target", target.url, "--steps", "1,2,4", "--hold", "30",
+                     "--ramp", "1", "--settle", "1", "--workers", "1", "--pid", str(target.pid), "--out", str(tmp_path), "-q")
     try:
-        wait_for(lambda: any(tmp_path.glob("*/requests/part-*.parquet")) or proc.poll() is not None, 60,
-                 "the first request rows")
-        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        wait_first_rows(proc, tmp_path)
         time.sleep(2)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=90)
@@ -151,14 +159,10 @@ def test_interrupt_stops_gracefully_and_reports(tmp_path, start_demo_target):
 
 def test_second_interrupt_kills_at_once_and_keeps_the_rows(tmp_path, start_demo_target):
     target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kneeswarm.cli", "run", "--target", target.url, "--steps", "1,2", "--hold", "60",
-         "--ramp", "1", "--settle", "0", "--workers", "1", "--pid", str(target.pid), "--out", str(tmp_path), "-q"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+    proc = start_run("--target", target.url, "--steps", "1,2", "--hold", "60",
+                     "--ramp", "1", "--settle", "0", "--workers", "1", "--pid", str(target.pid), "--out", str(tmp_path), "-q")
     try:
-        wait_for(lambda: any(tmp_path.glob("*/requests/part-*.parquet")) or proc.poll() is not None, 60,
-                 "the first request rows")
+        wait_first_rows(proc, tmp_path)
         proc.send_signal(signal.SIGINT)
         time.sleep(0.3)
         proc.send_signal(signal.SIGINT)
@@ -178,15 +182,10 @@ def test_second_interrupt_kills_at_once_and_keeps_the_rows(tmp_path, start_demo_
 
 def test_target_dying_mid_run_is_counted_not_fatal(tmp_path, start_demo_target):
     target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kneeswarm.cli", "run", "--target", target.url, "--steps", "1,2", "--hold", "6",
-         "--ramp", "1", "--settle", "0", "--workers", "1", "--out", str(tmp_path), "-q"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+    proc = start_run("--target", target.url, "--steps", "1,2", "--hold", "6",
+                     "--ramp", "1", "--settle", "0", "--workers", "1", "--out", str(tmp_path), "-q")
     try:
-        wait_for(lambda: any(tmp_path.glob("*/requests/part-*.parquet")) or proc.poll() is not None, 60,
-                 "the first request rows")
-        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        wait_first_rows(proc, tmp_path)
         target.proc.kill()  # the server dies mid-run
         out, err = proc.communicate(timeout=120)
     finally:
