@@ -186,6 +186,22 @@ def frame(rows: Iterable[dict] | list[list], columns: list[str],
     return df
 
 
+def split_hms(tok: str, ampm: str | None = None) -> tuple[int, int, float] | None:
+    """"HH:MM:SS[.fff]" (with an AM/PM marker when given) -> (h, m, s) on a 24-hour clock, or None."""
+    parts = tok.split(":")
+    if len(parts) != 3:
+        return None
+    try:
+        h, m, s = int(parts[0]), int(parts[1]), float(parts[2])
+    except ValueError:
+        return None
+    if ampm is not None:
+        h = h % 12 + (12 if ampm == "PM" else 0)
+    if not (0 <= h < 24 and 0 <= m < 60 and 0 <= s < 61):
+        return None
+    return h, m, s
+
+
 def zone_from_name(name: str | None) -> tzinfo | None:
     """A tzinfo for a zone abbreviation printed by a tool, only when unambiguous (UTC/GMT)."""
     if name and name.upper() in ("UTC", "GMT", "Z", "UTC0"):
@@ -206,15 +222,10 @@ class WallClock:
         self._cache: dict[tuple[str, int], float | None] = {}
 
     def epoch(self, day: str, hms: str) -> float | None:
-        parts = hms.split(":")
-        if len(parts) != 3:
+        parsed = split_hms(hms)
+        if parsed is None:
             return None
-        try:
-            h, m, s = int(parts[0]), int(parts[1]), float(parts[2])
-        except ValueError:
-            return None
-        if not (0 <= h < 24 and 0 <= m < 60 and 0 <= s < 61):
-            return None
+        h, m, s = parsed
         key = (day, h)
         base = self._cache.get(key, NAN)
         if base is not None and base != base:

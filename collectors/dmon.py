@@ -90,17 +90,21 @@ def parse_dmon(text: str, tz: tzinfo | None = None, t0: float | None = None,
 _DMON_FOR_CANONICAL = [{v: k for k, v in CANONICAL.items()}[c] for c in GPU_COLUMNS[2:]]
 
 
-class DmonCollector(Collector):
-    name = "dmon"
-    raw_file = "dmon.txt"
-    kind = "command"
-    tables = ("gpu", "dmon")
+class NvidiaSmiCollector(Collector):
+    """What every nvidia-smi based collector shares: the check and the driver version."""
 
     def check_argv(self) -> list[str] | None:
         return ["nvidia-smi", "--version"]
 
     def version_from(self, text: str) -> str | None:
         return nvidia_smi_version(text)
+
+
+class DmonCollector(NvidiaSmiCollector):
+    name = "dmon"
+    raw_file = "dmon.txt"
+    kind = "command"
+    tables = ("gpu", "dmon")
 
     def command(self, pid: int | None, interval: float,
                 version: str | None = None) -> tuple[list[str], dict[str, str]] | None:

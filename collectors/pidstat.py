@@ -29,7 +29,7 @@ from datetime import date, datetime, timedelta, tzinfo
 import pandas as pd
 
 from collectors.base import (BASE_ENV, NAN, PROCESS_COLUMNS, THREAD_COLUMNS, Collector, Parsed,
-                             frame, local_epoch, to_float)
+                             frame, local_epoch, split_hms, to_float)
 
 logger = logging.getLogger(__name__)
 
@@ -69,18 +69,8 @@ def _banner_date(tokens: list[str]) -> date | None:
 
 
 def _seconds_of_day(tok: str, ampm: str | None) -> float | None:
-    parts = tok.split(":")
-    if len(parts) != 3:
-        return None
-    try:
-        h, m, s = int(parts[0]), int(parts[1]), float(parts[2])
-    except ValueError:
-        return None
-    if ampm is not None:
-        h = h % 12 + (12 if ampm == "PM" else 0)
-    if not (0 <= h < 24 and 0 <= m < 60 and 0 <= s < 61):
-        return None
-    return h * 3600 + m * 60 + s
+    parsed = split_hms(tok, ampm)
+    return None if parsed is None else parsed[0] * 3600 + parsed[1] * 60 + parsed[2]
 
 
 class _Clock:

@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 from datetime import tzinfo
 
-from collectors.base import BASE_ENV, GPU_COLUMNS, Collector, Parsed, WallClock, frame, to_float
-from collectors.dmon import nvidia_smi_version
+from collectors.base import BASE_ENV, GPU_COLUMNS, Parsed, WallClock, frame, to_float
+from collectors.dmon import NvidiaSmiCollector
 
 logger = logging.getLogger(__name__)
 
@@ -70,17 +70,11 @@ def parse_query_gpu(text: str, tz: tzinfo | None = None) -> Parsed:
     return Parsed({"gpu": frame(rows, GPU_COLUMNS)}, lines, skipped)
 
 
-class QueryGpuCollector(Collector):
+class QueryGpuCollector(NvidiaSmiCollector):
     name = "query_gpu"
     raw_file = "query-gpu.csv"
     kind = "command"
     tables = ("gpu",)
-
-    def check_argv(self) -> list[str] | None:
-        return ["nvidia-smi", "--version"]
-
-    def version_from(self, text: str) -> str | None:
-        return nvidia_smi_version(text)
 
     def command(self, pid: int | None, interval: float,
                 version: str | None = None) -> tuple[list[str], dict[str, str]] | None:
