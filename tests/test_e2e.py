@@ -122,12 +122,11 @@ def test_live_collectors_cover_every_step(knee_run):
     assert (raw / "pidstat.txt").stat().st_size > 0 and (raw / "vmstat.txt").stat().st_size > 0
     process, vmstat = run.read_host_csv("local", "process"), run.read_host_csv("local", "vmstat")
     steps = run.read_steps()
-    pid = meta["hosts"]["local"]["pid"] if "pid" in meta["hosts"]["local"] else None
+    pid = meta["hosts"]["local"]["pid"]
     for _, step in steps.iterrows():
         in_step = process[(process.t >= step.t_ramp) & (process.t <= step.t_end)]
         assert len(in_step) >= 3, f"no pidstat samples in step {step['index']}"
-        if pid is not None:
-            assert set(in_step["pid"]) == {pid}
+        assert set(in_step["pid"]) == {pid}
         assert len(vmstat[(vmstat.t >= step.t_ramp) & (vmstat.t <= step.t_end)]) >= 3
     gen = run.read_generator()
     assert set(gen) == {"worker-0", "worker-1"}
