@@ -21,6 +21,7 @@ hosts/target/prometheus.csv (t + one column per series), on the master's clock b
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import os
 import platform
@@ -39,7 +40,7 @@ import requests
 
 from collectors.prometheus import PrometheusScraper, write_prometheus_csv
 from kneeswarm.plan import HostPlan, Plan
-from kneeswarm.rundir import RunDir, safe_name
+from kneeswarm.rundir import CLOCKS_FILE, RunDir, safe_name
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,9 @@ STOP_GRACE = 20.0  # seconds the master has to quit after SIGTERM
 METRICS_HOST = "target"  # hosts/<this>/ holds the target's scraped metrics
 METRICS_INTERVAL = 1.0  # seconds between scrapes of plan.metrics_url
 MAX_WARNINGS = 200  # meta.json["warnings"] keeps the first ones (a count says how many more)
+#: Prefix of each worker's command line, e.g. ["taskset", "-c", "1"] to pin the load generator
+#: (tests use it to run a worker under a shifted clock).
+WORKER_WRAPPER: list[str] = []
 SWARM = Path(__file__).resolve().parent.parent / "locustfiles" / "swarm.py"
 
 
@@ -133,6 +137,13 @@ def versions() -> dict[str, str]:
     return out
 
 
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 class Conductor:
     def __init__(self, plan: Plan, out: str | Path = "runs", accept_new_host_keys: bool = False,
                  quiet: bool = False):
@@ -208,7 +219,8 @@ class Conductor:
                 hosts = self._finish_agents(agents)
                 run.update_meta(hosts=hosts, target_metrics=target_metrics, warnings=self._all_warnings(agents))
         finished = time.time()
-        run.update_meta(ended=ended, complete=ended == "completed", finished=finished)
+        run.update_meta(ended=ended, complete=ended == "completed", finished=finished,
+                        worker_clocks=_read_json(run.generator_dir / CLOCKS_FILE))
         if self._interrupts >= 2:  # asked twice to stop: the data is safe, the report can wait
             print(f"kneeswarm: killed; no report written (`kneeswarm analyze {run.path}` writes it)",
                   file=sys.stderr, flush=True)
@@ -283,9 +295,9 @@ class Conductor:
             return None
 
     # -- Locust processes ----------------------------------------------------------------
-    def _locust(self, args: list[str], log: Path) -> subprocess.Popen:
+    def _locust(self, args: list[str], log: Path, wrapper: list[str] | None = None) -> subprocess.Popen:
         log.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "locust", "-f", str(SWARM), *args]
+        cmd = [*(wrapper or []), sys.executable, "-m", "locust", "-f", str(SWARM), *args]
         f = log.open("ab")
         # A session of its own: the terminal's Ctrl-C reaches the conductor only, which then
         # stops Locust in order (master first, so it collects the workers' last rows).
@@ -305,7 +317,8 @@ class Conductor:
             logs / "master.log",
         )
         for i in range(self.workers):
-            self._locust(["--worker", "--master-host", "127.0.0.1", "--master-port", str(port)], logs / f"worker-{i}.log")
+            self._locust(["--worker", "--master-host", "127.0.0.1", "--master-port", str(port)], logs / f"worker-{i}.log",
+                         wrapper=WORKER_WRAPPER)
         self._say(f"load: {self.workers} workers, steps {self.plan.load.steps}, "
                   f"~{self.plan.step_durations():.0f}s; recording to {run.path}")
 

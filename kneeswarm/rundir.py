@@ -60,6 +60,7 @@ ERROR_CATEGORIES = (
 
 STEP_COLUMNS = ("index", "users", "t_ramp", "t_steady", "t_end")
 GENERATOR_COLUMNS = ("t", "cpu_pct", "rss_mb", "users", "lag_ms")
+CLOCKS_FILE = "clocks.json"  # generator/clocks.json: each worker's clock offset, measured by the master
 
 
 class RunDirError(ValueError):
@@ -71,6 +72,11 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write a JSON file atomically."""
+    _atomic_write_bytes(path, json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
 
 
 def write_csv(path: Path, columns: Iterable[str], rows: Iterable[Iterable[Any]]) -> None:
@@ -148,7 +154,7 @@ class RunDir:
         """Merge top-level keys into meta.json (atomic rewrite)."""
         meta = self.read_meta()
         meta.update(changes)
-        _atomic_write_bytes(self.meta_path, json.dumps(meta, indent=2, sort_keys=True, default=str).encode())
+        write_json(self.meta_path, meta)
         return meta
 
     # -- steps.csv -----------------------------------------------------------------------

@@ -21,9 +21,9 @@ from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
 from kneeswarm.plan import PlanError, load_plan, plan_from_dict
-from kneeswarm.rundir import GENERATOR_COLUMNS, RunDir, safe_name
+from kneeswarm.rundir import CLOCKS_FILE, GENERATOR_COLUMNS, RunDir, safe_name, write_json
 
-from locustfiles import state
+from locustfiles import clocks, state
 from locustfiles.recorder import FLUSH_INTERVAL, GEN_KEY, REPORT_KEY, GeneratorSampler, RequestWriter, RowBuffer
 from locustfiles.shape import StepShape
 from locustfiles.steps import StepSchedule
@@ -44,8 +44,10 @@ def _add_arguments(parser: Any) -> None:
 class Recording:
     """The master's (or local runner's) recording of one test: writer, steps, generator CSVs."""
 
-    def __init__(self, env: Environment, run: RunDir, local_buffer: RowBuffer | None, owns_meta: bool):
+    def __init__(self, env: Environment, run: RunDir, local_buffer: RowBuffer | None, owns_meta: bool,
+                 worker_clocks: clocks.WorkerClocks):
         self.env, self.run, self.local_buffer = env, run, local_buffer
+        self.worker_clocks = worker_clocks
         self.owns_meta = owns_meta  # no conductor (web UI / bare locust): meta.json is ours to finish
         plan = state.plan()
         self.schedule = StepSchedule(plan.load.steps, plan.load.ramp, plan.load.hold, on_change=self._write_steps)
@@ -83,12 +85,20 @@ class Recording:
             gevent.sleep(FLUSH_INTERVAL)
             self.flush()
 
+    def write_clocks(self) -> None:
+        """generator/clocks.json: each worker's clock offset (the conductor copies it to meta.json)."""
+        offsets = self.worker_clocks.summary()
+        if offsets:
+            write_json(self.run.generator_dir / CLOCKS_FILE, offsets)
+
     def end(self) -> None:
         """The test stopped (shape finished, or Stop pressed): flush, and say how it ended."""
         self.flush()
+        self.write_clocks()
         if self.owns_meta:
             done = self.schedule.done and len(self.schedule.log) == len(self.schedule.steps)
-            self.run.update_meta(ended="completed" if done else "stopped", complete=done, finished=time.time())
+            self.run.update_meta(ended="completed" if done else "stopped", complete=done, finished=time.time(),
+                                 worker_clocks=self.worker_clocks.summary())
 
     def stop(self) -> None:
         self.schedule.finish(time.time())
@@ -96,6 +106,7 @@ class Recording:
             if g is not None:
                 g.kill(block=False)
         self.flush()
+        self.write_clocks()
         logger.info("kneeswarm: %d request rows in %s", self.writer.rows_written, self.run.path)
 
 
@@ -153,13 +164,18 @@ def _init_worker(env: Environment, runner: WorkerRunner) -> None:
         state.set_worker_index(int(msg.data.get("index", 0)))
         _apply_plan(environment)
 
+    def on_ping(environment: Environment, msg: Any, **_kw: Any) -> None:
+        runner.send_message(clocks.PONG, clocks.pong(msg.data or {}))
+
     env.events.report_to_master.add_listener(on_report)
     runner.register_message(PLAN_MESSAGE, on_plan)
+    runner.register_message(clocks.PING, on_ping)
     gevent.spawn(sampler.run_forever)
 
 
 def _init_master_or_local(env: Environment, runner: Any) -> None:
     is_master = isinstance(runner, MasterRunner)
+    worker_clocks = clocks.WorkerClocks()
     local_buffer = None if is_master else RowBuffer()
     if local_buffer is not None:
         env.events.request.add_listener(local_buffer.on_request)
@@ -169,7 +185,7 @@ def _init_master_or_local(env: Environment, runner: Any) -> None:
         if _recording is not None:
             _recording.stop()
         run, owns_meta = _run_dir(env)
-        _recording = Recording(env, run, local_buffer, owns_meta)
+        _recording = Recording(env, run, local_buffer, owns_meta, worker_clocks)
         return _recording.schedule
 
     if isinstance(env.shape_class, StepShape):
@@ -180,6 +196,27 @@ def _init_master_or_local(env: Environment, runner: Any) -> None:
             for client in runner.clients.all:
                 idx = runner.get_worker_index(client.id) if hasattr(runner, "get_worker_index") else 0
                 runner.send_message(PLAN_MESSAGE, {"plan": state.plan().to_dict(), "index": idx}, client.id)
+            gevent.spawn(ping_round)  # measured before the first request is sent
+
+    def ping_round() -> None:
+        """Measure every connected worker's clock (PINGS_PER_ROUND round trips each)."""
+        for _ in range(clocks.PINGS_PER_ROUND):
+            for client in list(runner.clients.all):
+                runner.send_message(clocks.PING, worker_clocks.request(), client.id)
+            gevent.sleep(clocks.PING_SPACING)
+
+    def ping_loop() -> None:
+        while True:
+            if runner.clients.all:
+                ping_round()
+            gevent.sleep(clocks.ROUND_PERIOD if worker_clocks.summary() else 1.0)
+
+    def on_pong(environment: Environment, msg: Any, **_kw: Any) -> None:
+        worker_clocks.answered(_worker_label(runner, msg.node_id), msg.data or {})
+
+    if is_master:
+        runner.register_message(clocks.PONG, on_pong)
+        gevent.spawn(ping_loop)
 
     def on_spawning_complete(user_count: int, **_kw: Any) -> None:
         if _recording is not None:
@@ -189,8 +226,9 @@ def _init_master_or_local(env: Environment, runner: Any) -> None:
         if _recording is None:
             return
         worker = _worker_label(runner, client_id)
-        _recording.writer.add(worker, data.get(REPORT_KEY))
-        _recording.add_generator_rows(worker, data.get(GEN_KEY) or [])
+        offset = worker_clocks.offset(worker)
+        _recording.writer.add(worker, data.get(REPORT_KEY), offset)
+        _recording.add_generator_rows(worker, [[t - offset, *rest] for t, *rest in data.get(GEN_KEY) or []])
 
     def on_test_stop(environment: Environment, **_kw: Any) -> None:
         # Workers send their last report after the master's stop; quitting flushes again.

@@ -125,31 +125,35 @@ class RequestWriter:
     def __init__(self, run: RunDir, step_starts: Callable[[], list[tuple[float, int]]]):
         self.run = run
         self._step_starts = step_starts  # [(t_ramp, users)] of the steps begun so far
-        self._pending: list[tuple[str, Columns]] = []
+        self._pending: list[tuple[str, Columns, float]] = []
         self._seq = len(run.request_parts())
         self.rows_written = 0
 
-    def add(self, worker: str, cols: Columns | None) -> None:
+    def add(self, worker: str, cols: Columns | None, clock_offset: float = 0.0) -> None:
+        """Queue a worker's rows; ``clock_offset`` (worker minus master, seconds) is taken off t_start."""
         if cols and cols.get("t_start"):
-            self._pending.append((worker, cols))
+            self._pending.append((worker, cols, clock_offset))
 
     def flush(self) -> int:
         batches, self._pending = self._pending, []
         if not batches:
             return 0
         merged = empty_columns()
-        for _, cols in batches:
+        for _, cols, _ in batches:
             for c in WIRE_COLUMNS:
                 merged[c].extend(cols.get(c) or [None] * len(cols["t_start"]))
         n = len(merged["t_start"])
+        sizes = [len(cols["t_start"]) for _, cols, _ in batches]
+        t_start = np.asarray(merged["t_start"], dtype=float) - np.repeat([off for _, _, off in batches], sizes)
         starts = self._step_starts()
         t_ramps = np.array([t for t, _ in starts], dtype=float)
-        step = np.searchsorted(t_ramps, np.asarray(merged["t_start"], dtype=float), side="right") - 1
+        step = np.searchsorted(t_ramps, t_start, side="right") - 1
         users = np.array([u for _, u in starts] + [0], dtype=np.int32)  # index -1 (before any step) -> 0
         out: dict[str, Any] = dict(merged)
+        out["t_start"] = t_start
         out["step"] = step.astype(np.int32)
         out["users"] = users[step]
-        out["worker"] = [w for w, cols in batches for _ in range(len(cols["t_start"]))]
+        out["worker"] = [w for (w, _, _), k in zip(batches, sizes) for _ in range(k)]
         self.run.write_request_part(out, self._seq)
         self._seq += 1
         self.rows_written += n
