@@ -22,7 +22,7 @@ from plotly.subplots import make_subplots
 
 from analysis.hostfacts import host_lines
 from analysis.steps import ACTIVE_THREAD_CPU_PCT, completion_times, ok_mask
-from analysis.summary import knee_lines, malformed_lines, status_line, table_rows
+from analysis.summary import knee_lines, malformed_lines, status_line, table_rows, n_users
 from analysis.target import PROMETHEUS_STREAM, TARGET_METRICS, target_timeline
 
 logger = logging.getLogger(__name__)
@@ -96,12 +96,12 @@ def _knee_figure(summary: dict[str, Any]) -> go.Figure:
     knee = summary.get("knee") or {}
     if knee.get("users"):
         fig.add_vline(x=float(np.log2(knee["users"])), line=dict(color=KNEE_COLOR, width=2, dash="dash"),
-                      annotation_text=f"knee: {knee['users']} users ({knee.get('method')})",
+                      annotation_text=f"knee: {n_users(knee['users'])} ({knee.get('method')})",
                       annotation_position="top left", annotation_font_color=KNEE_COLOR)
     lk = summary.get("latency_knee") or {}
     if lk.get("users") and lk.get("users") != knee.get("users"):
         fig.add_vline(x=float(np.log2(lk["users"])), line=dict(color=LATENCY_KNEE_COLOR, width=1, dash="dot"),
-                      annotation_text=f"P99 knee: {lk['users']} users", annotation_position="bottom right",
+                      annotation_text=f"P99 knee: {n_users(lk['users'])}", annotation_position="bottom right",
                       annotation_font_color=LATENCY_KNEE_COLOR)
     fig.update_xaxes(title_text="users (log2 scale)", tickvals=x, ticktext=[f"{u:g}" for u in users])
     fig.update_yaxes(title_text="QPS (successful/s)", rangemode="tozero", secondary_y=False)

@@ -50,6 +50,11 @@ SERVER_COLUMNS = (
 )
 
 
+def n_users(n: Any) -> str:
+    """"1 user", "4 users"."""
+    return f"{n} user" if n == 1 else f"{n} users"
+
+
 def jsonable(x: Any) -> Any:
     """Plain JSON types; NaN/inf -> None; numpy scalars -> Python; tuples -> lists."""
     if isinstance(x, dict):
@@ -146,14 +151,14 @@ def knee_lines(summary: dict[str, Any]) -> list[str]:
     knee, lk, peak = summary.get("knee") or {}, summary.get("latency_knee") or {}, summary.get("peak") or {}
     lines = []
     if knee.get("users") is not None:
-        lines.append(f"**Knee:** {knee['users']} users at {_f(knee.get('qps'))} QPS (method: {knee.get('method')})")
+        lines.append(f"**Knee:** {n_users(knee['users'])} at {_f(knee.get('qps'))} QPS (method: {knee.get('method')})")
     else:
         lines.append("**Knee:** none found: QPS still rose over the tested range (or too few valid steps)")
     if peak.get("users") is not None:
-        lines.append(f"**Peak:** {_f(peak.get('qps'))} QPS at {peak['users']} users")
+        lines.append(f"**Peak:** {_f(peak.get('qps'))} QPS at {n_users(peak['users'])}")
     if lk.get("users") is not None:
-        took = f"; took off at {lk['took_off_users']} users" if lk.get("took_off_users") is not None else ""
-        lines.append(f"**P99 knee:** {lk['users']} users at P99 {_f(lk.get('p99_ms'))} ms{took} (method: {lk.get('method')})")
+        took = f"; took off at {n_users(lk['took_off_users'])}" if lk.get("took_off_users") is not None else ""
+        lines.append(f"**P99 knee:** {n_users(lk['users'])} at P99 {_f(lk.get('p99_ms'))} ms{took} (method: {lk.get('method')})")
     else:
         lines.append("**P99 knee:** none found")
     return lines
@@ -173,34 +178,50 @@ def server_value(metrics: dict[str, Any], key: str) -> Any:
     return metrics.get(key)
 
 
-def server_columns(summary: dict[str, Any]) -> list[tuple[str, str, str, str]]:
-    """(host, header, key, fmt) for each server metric present in at least one step."""
+def server_columns(summary: dict[str, Any], prefix_hosts: bool | None = None) -> list[tuple[str, str, str, str]]:
+    """(host, header, key, fmt) for each server metric present in at least one step.
+
+    Headers name their host when there are several hosts (or when ``prefix_hosts`` says so).
+    """
     present: dict[str, set[str]] = {}
     for s in summary.get("steps", []):
         for host, metrics in (s.get("server") or {}).items():
             present.setdefault(host, set()).update(k for k in metrics if k != "target")
             present[host].update(f"target.{k}" for k in (metrics.get("target") or {}))
-    many = len(present) > 1
+    many = len(present) > 1 if prefix_hosts is None else prefix_hosts
     return [(h, f"{h} {head}" if many else head, key, fmt)
             for h in sorted(present) for head, key, fmt in SERVER_COLUMNS if key in present[h]]
 
 
-def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the steps table (shared by Markdown and HTML)."""
-    srv = server_columns(summary)
-    header = ["users", "requests", "QPS", "P50 ms", "P95 ms", "P99 ms", "P999 ms", "errors %", "valid",
-              *[h for _, h, _, _ in srv]]
+LOAD_HEADER = ["users", "requests", "QPS", "P50 ms", "P95 ms", "P99 ms", "P999 ms", "errors %", "valid"]
+
+
+def table_rows(summary: dict[str, Any], srv: list[tuple[str, str, str, str]] | None = None,
+               load: bool = True) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the steps table (shared by Markdown and HTML): the load columns
+    (unless ``load`` is false: then users only) and the server columns ``srv`` (default: all)."""
+    srv = server_columns(summary) if srv is None else srv
+    header = [*(LOAD_HEADER if load else LOAD_HEADER[:1]), *[h for _, h, _, _ in srv]]
     rows = []
     for s in summary.get("steps", []):
-        er = s.get("error_rate")
-        valid = "yes" if s.get("valid") else "no: " + "; ".join(s.get("reasons") or [])
-        row = [str(s.get("users")), f"{s.get('requests', 0):,}", _f(s.get("qps")), _f(s.get("p50_ms")),
-               _f(s.get("p95_ms")), _f(s.get("p99_ms")), _f(s.get("p999_ms")),
-               _f(None if er is None else 100 * er, "{:.2f}"), valid]
+        row = [str(s.get("users"))]
+        if load:
+            er = s.get("error_rate")
+            valid = "yes" if s.get("valid") else "no: " + "; ".join(s.get("reasons") or [])
+            row += [f"{s.get('requests', 0):,}", _f(s.get("qps")), _f(s.get("p50_ms")),
+                    _f(s.get("p95_ms")), _f(s.get("p99_ms")), _f(s.get("p999_ms")),
+                    _f(None if er is None else 100 * er, "{:.2f}"), valid]
         for host, _, key, fmt in srv:
             row.append(_f(server_value((s.get("server") or {}).get(host, {}), key), fmt))
         rows.append(row)
     return header, rows
+
+
+def _md_table(header: list[str], rows: list[list[str]], numeric: int) -> list[str]:
+    esc = lambda c: c.replace("|", "\\|")  # noqa: E731
+    return ["| " + " | ".join(header) + " |",
+            "|" + "|".join("---:" if i < numeric else "---" for i in range(len(header))) + "|",
+            *("| " + " | ".join(esc(c) for c in r) + " |" for r in rows)]
 
 
 def to_markdown(summary: dict[str, Any]) -> str:
@@ -218,12 +239,15 @@ def to_markdown(summary: dict[str, Any]) -> str:
             lines.append(f"- {hl[0]}")
             lines += [f"  - {x}" for x in hl[1:]]
         lines.append("")
-    header, rows = table_rows(summary)
+    # Two kinds of table, so that a pull-request comment stays readable: the load, then what
+    # each server was doing at each step.
+    header, rows = table_rows(summary, srv=[])
     if rows:
-        esc = lambda c: c.replace("|", "\\|")  # noqa: E731
-        lines.append("| " + " | ".join(header) + " |")
-        lines.append("|" + "|".join("---:" if i < 8 else "---" for i in range(len(header))) + "|")
-        lines += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows]
+        lines += _md_table(header, rows, numeric=8)
+        srv = server_columns(summary, prefix_hosts=False)
+        for host in dict.fromkeys(h for h, _, _, _ in srv):
+            lines += ["", f"**Server `{host}`**", ""]
+            lines += _md_table(*table_rows(summary, [c for c in srv if c[0] == host], load=False), numeric=99)
     else:
         lines.append("_No steps recorded._")
     lines.append("")

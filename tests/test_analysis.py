@@ -309,7 +309,9 @@ def test_summary_md_has_steps_table(tmp_path):
     md = (rd.report_dir / "summary.md").read_text()
     assert "| users | requests | QPS | P50 ms | P95 ms | P99 ms | P999 ms | errors % | valid |" in md
     assert "CPU us%" in md and "run queue" in md and "proc CPU%" in md
-    assert md.count("\n| ") == 1 + 5  # header + one row per step
+    # The load table, then the server's: each a header and one row per step.
+    assert md.count("\n| ") == 2 * (1 + 5)
+    assert md.index("| users | requests | QPS |") < md.index("**Server `") < md.index("| users | CPU us% |")
     assert "**Knee:** 4 users" in md
 
 
@@ -382,7 +384,7 @@ def test_target_queue_0_then_12_and_counter_rising_5_per_s(tmp_path):
     assert used["requests_s"]["series"] == ['kneeswarm_target_requests_total{code="200"}',
                                             'kneeswarm_target_requests_total{code="503"}']
     md = (rd.report_dir / "summary.md").read_text()
-    assert "target queue" in md and "target rejections/s" in md
+    assert "**Server `target`**" in md and "| queue |" in md and "| rejections/s |" in md
     assert "- **Malformed lines skipped:** target prometheus: 2 of 56 lines" in md
     assert "  - /metrics scraped from http://10.0.0.5:8000/metrics: 56 scrapes, 2 failed (last: timed out after 0.8s)" in md
     assert md.splitlines()[-1].split(" | ")[-5:] == ["12.0", "2.0", "5.0", "2.0", "102.0 |"]
@@ -484,7 +486,7 @@ def test_header_facts_in_summary_md_json_and_html(tmp_path):
                  "  - warning: heartbeat late by 3 s"):
         assert text in md, text
     assert "collector nvml skipped" not in md  # already said under "not run"
-    assert md.count("\n| ") == 1 + 2  # the host lines do not break the table
+    assert md.count("\n| ") == 2 * (1 + 2)  # the host lines break neither table
     html = (rd.report_dir / "index.html").read_text()
     assert "<p class='warn'><b>Malformed lines skipped:</b> server-1 vmstat: 3 of 92 lines</p>" in html
     assert "NVIDIA H200 140 GiB" in html and "<code>python -m vllm.entrypoints" in html
