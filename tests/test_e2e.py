@@ -197,3 +197,20 @@ def test_target_dying_mid_run_is_counted_not_fatal(tmp_path, start_demo_target):
     assert last["error_rate"] > 0.5
     assert set(last["errors"]) <= {"conn_refused", "conn_reset"} and last["errors"], last["errors"]
     assert s["totals"]["errors"] > 0
+
+
+def test_target_that_hangs_gives_counted_timeouts(tmp_path, start_demo_target):
+    """Every request outlives the plan's request.timeout: each is a `timeout` row, and the run ends."""
+    target = start_demo_target("--mode", "knee", "--slots", "1", "--service-ms", "5000")
+    plan = tmp_path / "plan.toml"
+    plan.write_text("[request]\ntimeout = 0.5\n")
+    res = run_cli("run", str(plan), "--target", target.url, "--steps", "1,2", "--hold", "3", "--ramp", "0.5",
+                  "--settle", "0", "--workers", "1", "--pid", str(target.pid), "--out", str(tmp_path / "runs"), "-q")
+    assert res.returncode == 0, res.stderr[-2000:]
+    run_dir = only_run_dir(tmp_path / "runs")
+    rows = RunDir(run_dir).read_requests()
+    assert len(rows) >= 6 and not rows["ok"].any()
+    assert set(rows["error"]) == {"timeout"}
+    assert rows["latency_ms"].between(450, 2000).all()
+    s = read_summary(run_dir)
+    assert all(st["error_rate"] == 1.0 and st["errors"] == {"timeout": st["requests"]} for st in s["steps"])
