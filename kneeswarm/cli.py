@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 import logging
 import re
+import select
 import signal
 import subprocess
 import sys
-import time
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -112,12 +112,15 @@ def start_target(argv: list[str], timeout: float = TARGET_START_TIMEOUT) -> tupl
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
         start_new_session=True,
     )
-    deadline = time.monotonic() + timeout
-    line = proc.stdout.readline() if proc.stdout else ""  # the target prints its URL first
+    # The target prints its URL first; wait for that line, but never past the timeout (a
+    # target stuck building its model must not hang `kneeswarm demo`).
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    line = proc.stdout.readline() if ready and proc.stdout else ""
     m = re.search(r"(http://\S+)", line)
-    if not m or time.monotonic() > deadline:
+    if not m:
         proc.kill()
-        raise RuntimeError(f"the demo target did not start (said: {line.strip()!r})")
+        proc.wait()
+        raise RuntimeError(f"the demo target did not start within {timeout:.0f}s (said: {line.strip()!r})")
     return proc, m.group(1)
 
 

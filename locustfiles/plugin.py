@@ -101,12 +101,12 @@ class Recording:
                                  worker_clocks=self.worker_clocks.summary())
 
     def stop(self) -> None:
-        self.schedule.finish(time.time())
+        """The recording is over (Locust quits, or a new test starts): last flush, last step closed."""
         for g in (self._flusher, self._sampler):
             if g is not None:
                 g.kill(block=False)
-        self.flush()
-        self.write_clocks()
+        self.end()
+        self.schedule.finish(time.time())  # a test cut short: its last step ends now in steps.csv
         logger.info("kneeswarm: %d request rows in %s", self.writer.rows_written, self.run.path)
 
 

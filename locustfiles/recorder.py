@@ -174,19 +174,15 @@ class GeneratorSampler:
         self._samples: list[tuple] = []
         self._max_lag = 0.0
 
-    def probe_lag(self) -> None:
-        t0 = time.perf_counter()
-        import gevent
-
-        gevent.sleep(self.LAG_PROBE)
-        self._max_lag = max(self._max_lag, (time.perf_counter() - t0 - self.LAG_PROBE) * 1000.0)
-
     def run_forever(self) -> None:
-        """The sampling loop, for a greenlet of its own: one sample a second."""
-        import gevent
+        """The sampling loop, for a greenlet of its own: one sample a second. A short sleep that
+        overshoots measures the event loop's lag (how late greenlets, and so requests, run)."""
+        import gevent  # here, not at the top: recorder.py stays importable without Locust's gevent
 
         while True:
-            self.probe_lag()
+            t0 = time.perf_counter()
+            gevent.sleep(self.LAG_PROBE)
+            self._max_lag = max(self._max_lag, (time.perf_counter() - t0 - self.LAG_PROBE) * 1000.0)
             gevent.sleep(1.0 - self.LAG_PROBE)
             self.sample()
 

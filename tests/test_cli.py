@@ -82,3 +82,8 @@ def test_console_script_help_documents_every_run_flag():
     for flag in ("--target", "--protocol", "--model", "--steps", "--hold", "--ramp", "--settle", "--workers",
                  "--pid", "--process", "--out", "--name"):
         assert flag in res.stdout
+
+
+def test_demo_target_that_fails_to_start_is_one_error_not_a_hang():
+    with pytest.raises(RuntimeError, match="did not start"):
+        cli.start_target(["--mode", "no-such-mode"], timeout=30)

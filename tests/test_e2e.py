@@ -7,12 +7,14 @@ QPS = min(users, 4) * 20/s: the knee is at 4 users and the plateau at 80/s.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -27,10 +29,17 @@ K, SERVICE_MS = 4, 50
 PLATEAU_QPS = K * 1000 / SERVICE_MS
 
 
-def start_run(*args: str) -> subprocess.Popen:
-    """`kneeswarm run ARGS` in its own process, output captured."""
-    return subprocess.Popen([sys.executable, "-m", "kneeswarm.cli", "run", *args], cwd=REPO,
+@contextlib.contextmanager
+def running(*args: str) -> Iterator[subprocess.Popen]:
+    """`kneeswarm run ARGS` in its own process, output captured; killed if still running at the end."""
+    proc = subprocess.Popen([sys.executable, "-m", "kneeswarm.cli", "run", *args], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def wait_first_rows(proc: subprocess.Popen, out: Path) -> None:
@@ -136,16 +145,12 @@ def test_live_collectors_cover_every_step(knee_run):
 def test_interrupt_stops_gracefully_and_reports(tmp_path, start_demo_target):
     """Ctrl-C once: the load stops, the report is written from what was recorded, marked incomplete."""
     target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
-    proc = start_run("--target", target.url, "--steps", "1,2,4", "--hold", "30",
-                     "--ramp", "1", "--settle", "1", "--workers", "1", "--pid", str(target.pid), "--out", str(tmp_path), "-q")
-    try:
+    with running("--target", target.url, "--steps", "1,2,4", "--hold", "30",
+                 "--ramp", "1", "--settle", "1", "--workers", "1", "--pid", str(target.pid), "--out", str(tmp_path), "-q") as proc:
         wait_first_rows(proc, tmp_path)
         time.sleep(2)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 130, err[-2000:]
     run_dir = only_run_dir(tmp_path)
     meta = json.loads((run_dir / "meta.json").read_text())
@@ -158,17 +163,13 @@ def test_interrupt_stops_gracefully_and_reports(tmp_path, start_demo_target):
 
 def test_second_interrupt_kills_at_once_and_keeps_the_rows(tmp_path, start_demo_target):
     target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
-    proc = start_run("--target", target.url, "--steps", "1,2", "--hold", "60",
-                     "--ramp", "1", "--settle", "0", "--workers", "1", "--pid", str(target.pid), "--out", str(tmp_path), "-q")
-    try:
+    with running("--target", target.url, "--steps", "1,2", "--hold", "60",
+                 "--ramp", "1", "--settle", "0", "--workers", "1", "--pid", str(target.pid), "--out", str(tmp_path), "-q") as proc:
         wait_first_rows(proc, tmp_path)
         proc.send_signal(signal.SIGINT)
         time.sleep(0.3)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 130, err[-2000:]
     assert "no report written" in err
     run_dir = only_run_dir(tmp_path)
@@ -181,15 +182,11 @@ def test_second_interrupt_kills_at_once_and_keeps_the_rows(tmp_path, start_demo_
 
 def test_target_dying_mid_run_is_counted_not_fatal(tmp_path, start_demo_target):
     target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
-    proc = start_run("--target", target.url, "--steps", "1,2", "--hold", "6",
-                     "--ramp", "1", "--settle", "0", "--workers", "1", "--out", str(tmp_path), "-q")
-    try:
+    with running("--target", target.url, "--steps", "1,2", "--hold", "6",
+                 "--ramp", "1", "--settle", "0", "--workers", "1", "--out", str(tmp_path), "-q") as proc:
         wait_first_rows(proc, tmp_path)
         target.proc.kill()  # the server dies mid-run
         out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     run_dir = only_run_dir(tmp_path)
     s = read_summary(run_dir)
     assert s["complete"] is True, err[-2000:]

@@ -299,24 +299,25 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{value} must be a positive number")
-    return value
+def _non_negative(zero_ok: bool) -> Callable[[str], float]:
+    """An argparse type: a finite number above zero (or zero too, when ``zero_ok``)."""
+    what = "zero or a positive number" if zero_ok else "a positive number"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        ok = value >= 0 if zero_ok else value > 0
+        if not ok or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"{value} must be {what}")
+        return value
+
+    return parse
 
 
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{value} must be zero or a positive number")
-    return value
+_positive_float = _non_negative(zero_ok=False)
+_non_negative_float = _non_negative(zero_ok=True)
 
 
 class _Parser(argparse.ArgumentParser):
