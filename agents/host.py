@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
 
-import numpy as np
-
 from kneeswarm.plan import HostPlan
-from kneeswarm.rundir import RunDir, write_csv
+from kneeswarm.rundir import RunDir
+
+from collectors.parsed import write_parsed_csvs
 
 from agents import clock, selection
 from agents.errors import AgentError, HostKeyError, TransportError
@@ -51,16 +51,7 @@ ECHO_WRAPPER: list[str] = []
 NOT_FETCHED = frozenset({"remote.py", "heartbeat", "agent.pid"})
 #: Files rewritten in place (not append-only): fetched whole whenever they change.
 REWRITTEN = frozenset({"status.json", "MANIFEST.json", "agent.json", "preflight.json"})
-#: Which collector's table becomes <table>.csv when several give it (the others: <table>.<name>.csv).
-TABLE_PREFERENCE = {
-    "process": ("pidstat", "procfs"),
-    "threads": ("pidstat", "procfs"),
-    "gpu": ("nvml", "dmon", "query_gpu"),
-    "gpu_procs": ("nvml",),
-}
-
 MAX_HOST_WARNINGS = 50  # warnings kept per host for meta.json (the rest are counted)
-T_DECIMALS = 6  # parsed host times are rounded to the microsecond after the clock correction
 
 T = TypeVar("T")
 
@@ -496,51 +487,6 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def write_parsed_csvs(run: RunDir, host: str, correction: clock.ClockCorrection | float | None = None,
-                      collectors: Iterable[str] | None = None, interval: float = 1.0) -> dict[str, Any]:
-    """Parse hosts/<host>/raw/* into hosts/<host>/<table>.csv with ``t`` on the master's clock.
-
-    ``correction``: a ClockCorrection, a constant offset (host minus master, seconds) or None to
-    read meta.json["hosts"][host]["clock"] (no correction if absent).  Works on any run dir, so
-    analysis can be re-run.  Returns {collector: {"lines", "skipped", "tables": {table: rows}}}.
-    """
-    from collectors import COLLECTORS, parse_raw
-
-    if correction is None:
-        meta_clock = ((run.read_meta().get("hosts") or {}).get(host) or {}).get("clock")
-        correction = clock.ClockCorrection.from_dict(meta_clock)
-    elif isinstance(correction, (int, float)):
-        off = float(correction)
-        correction = clock.ClockCorrection(before=clock.ClockOffset(off, 0.0, 0.0, 0.0, 0, 0, 0.0))
-    raw = run.raw_dir(host)
-    wanted = set(collectors) if collectors is not None else None
-    stats: dict[str, Any] = {}
-    by_table: dict[str, list[tuple[str, Any]]] = {}
-    for name, c in COLLECTORS.items():
-        if wanted is not None and name not in wanted:
-            continue
-        path = raw / c.raw_file
-        if not path.exists():
-            continue
-        text = path.read_bytes().decode("utf-8", "replace")
-        parsed = parse_raw(name, text, interval=interval)
-        stats[name] = {"lines": parsed.lines, "skipped": parsed.skipped,
-                       "tables": {t: len(df) for t, df in parsed.frames.items()}}
-        for table, df in parsed.frames.items():
-            by_table.setdefault(table, []).append((name, df))
-    host_dir = run.host_dir(host)
-    for table, items in by_table.items():
-        pref = TABLE_PREFERENCE.get(table, ())
-        items.sort(key=lambda it: (len(it[1]) == 0, pref.index(it[0]) if it[0] in pref else len(pref)))
-        for i, (name, df) in enumerate(items):
-            if "t" in df.columns and len(df):
-                df = df.copy()
-                df["t"] = np.round(correction.to_master(df["t"].to_numpy(dtype=float)), T_DECIMALS)
-            fname = f"{table}.csv" if i == 0 else f"{table}.{name}.csv"
-            write_csv(host_dir / fname, list(df.columns), df.itertuples(index=False, name=None))
-    return stats
 
 
 class HostAgents:

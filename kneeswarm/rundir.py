@@ -7,8 +7,13 @@
       hosts/<host>/raw/*        raw collector output; hosts/<host>/*.csv parsed samples
       report/                   index.html, summary.json, summary.md
 
-Every file is written atomically (temporary name, then rename), so a run that dies
-half-way leaves complete files only, and analysis can be re-run on it later.
+Whole files (meta.json, steps.csv, request parts, parsed CSVs, the report) are written
+atomically (temporary name, then rename); generator CSVs and fetched raw files grow by appends.
+A run that dies half-way leaves files analysis can read, and analysis can be re-run on it later.
+
+What went wrong is recorded, never only logged: meta.json["warnings"] (one line each, see
+:class:`WarningLog`) and meta.json["lost"] ({what: count}, e.g. request rows that could not be
+written); the report shows both at the top, and a run with losses is not reported as clean.
 """
 
 from __future__ import annotations
@@ -61,6 +66,39 @@ ERROR_CATEGORIES = (
 STEP_COLUMNS = ("index", "users", "t_ramp", "t_steady", "t_end")
 GENERATOR_COLUMNS = ("t", "cpu_pct", "rss_mb", "users", "lag_ms")
 CLOCKS_FILE = "clocks.json"  # generator/clocks.json: each worker's clock offset, measured by the master
+TARGET_HOST = "target"  # hosts/<this>/ holds the target's /metrics scraped from the load side
+MAX_WARNINGS = 200  # a WarningLog keeps the first ones; a count says how many more there were
+
+
+class WarningLog:
+    """Problems that did not end a run, for meta.json["warnings"]: deduplicated, bounded, counted.
+
+    Every part that records a warning (the conductor, each host agent) keeps one of these, so
+    the limit and the "... and N more" line live in one place.
+    """
+
+    def __init__(self, limit: int = MAX_WARNINGS):
+        self.limit = limit
+        self.items: list[str] = []
+        self.dropped = 0
+
+    def add(self, text: str) -> None:
+        if text in self.items:
+            return
+        if len(self.items) < self.limit:
+            self.items.append(text)
+        else:
+            self.dropped += 1
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def to_list(self) -> list[str]:
+        """The warnings, plus one line counting those beyond the limit."""
+        return self.items + ([f"... and {self.dropped} more warnings"] if self.dropped else [])
 
 
 class RunDirError(ValueError):
@@ -88,6 +126,13 @@ def write_csv(path: Path, columns: Iterable[str], rows: Iterable[Iterable[Any]])
         w.writerow(columns)
         w.writerows(rows)
     os.replace(tmp, path)
+
+
+def split_table_name(stem: str) -> tuple[str, str | None]:
+    """The stem of a parsed host CSV -> (table, collector or None): "process.procfs" ->
+    ("process", "procfs"); "vmstat" -> ("vmstat", None)."""
+    table, _, collector = stem.partition(".")
+    return table, collector or None
 
 
 def safe_name(text: str) -> str:
@@ -139,6 +184,11 @@ class RunDir:
 
     def raw_dir(self, host: str) -> Path:
         return self.host_dir(host) / "raw"
+
+    def host_table_path(self, host: str, table: str, collector: str | None = None) -> Path:
+        """hosts/<host>/<table>.csv, or <table>.<collector>.csv for a table that another,
+        preferred collector also gave (see :func:`split_table_name`)."""
+        return self.host_dir(host) / (f"{table}.csv" if collector is None else f"{table}.{collector}.csv")
 
     # -- meta.json -----------------------------------------------------------------------
     def read_meta(self) -> dict[str, Any]:

@@ -361,6 +361,10 @@ LIVE_SECONDS = 3.3
 
 @pytest.mark.skipif(not (shutil.which("pidstat") and shutil.which("vmstat")),
                     reason="pidstat/vmstat not installed")
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_live_pidstat_and_vmstat_on_a_busy_process(tmp_path):
     busy = subprocess.Popen([sys.executable, "-c", BUSY])
     procs = []
