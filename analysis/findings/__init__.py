@@ -35,6 +35,7 @@ RULES: tuple[Rule, ...] = (
     load.retrograde,
     cpu.cpu_saturated,
     cpu.run_queue_over_cores,
+    cpu.host_contended,
     cpu.threads_over_cores,
     cpu.single_thread_bound,
     cpu.kernel_time_high,

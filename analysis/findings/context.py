@@ -109,6 +109,13 @@ class Context:
         v = num(as_dict(as_dict(self.hosts.get(host)).get("cpu")).get(key))
         return v if v is not None and v > 0 else None
 
+    def process_share(self, step: dict[str, Any], host: str) -> float | None:
+        """The monitored process's part of the host's busy CPU (0..1), None when either is unknown."""
+        proc, cpus, busy = self.metric(step, host, "cpu_pct"), self.cpu_fact(host, "logical_cpus"), self.host_busy(step, host)
+        if proc is None or cpus is None or busy is None or busy <= 0:
+            return None
+        return min(proc / cpus / busy, 1.0)
+
     def host_busy(self, step: dict[str, Any], host: str) -> float | None:
         """Host CPU us + sy (vmstat), percent of all CPUs."""
         us, sy = self.metric(step, host, "us"), self.metric(step, host, "sy")

@@ -31,6 +31,7 @@ SEVERITY = {
     "retrograde": "critical",
     "generator_bound": "critical",
     "engine_oversubscribed": "warning",
+    "host_contended": "warning",  # not in the table: a full host that the service did not fill
 }
 FINDING_IDS = tuple(SEVERITY)
 

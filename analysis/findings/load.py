@@ -25,7 +25,7 @@ CPU_NOT_SATURATED_PCT = 70.0  # ... while the host (us + sy) and the process sta
 GPU_BUSY_PCT = 80.0  # ... and no GPU was busy (a busy GPU is computing, not waiting)
 # The residual rule stays silent when one of these already names the cause.
 EXPLAINED_BY = ("cpu_saturated", "run_queue_over_cores", "single_thread_bound", "gpu_serialized", "io_wait",
-                "generator_bound")
+                "generator_bound", "host_contended")
 
 
 def retrograde(ctx: Context) -> list[dict[str, Any]]:
