@@ -308,6 +308,10 @@ def test_real_knee_target_gets_no_cpu_finding(start_demo_target, tmp_path):
     assert not CPU_FINDINGS & ids(result), result["findings"]  # host_contended may show: other tests share the host
     assert "engine_oversubscribed" not in ids(result)
     assert result["rule_errors"] == []
+    # closed loop, no think time: users = QPS x mean latency on every steady step, within 10 %
+    assert len(summary["steps"]) == 4 and result["littles_law"] == [], result["littles_law"]
+    for s in summary["steps"]:
+        assert step_littles_law(s) is None
 
 
 def test_a_host_full_of_other_work_is_contention_not_the_service():
