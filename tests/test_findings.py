@@ -320,13 +320,18 @@ def test_a_host_full_of_other_work_is_contention_not_the_service():
     qps, p99 = [18.8, 36.6, 73.7, 80.0], [63.7, 62.6, 62.5, 119.6]
     host = [(38.5, 7.8, 2.5, 2.8), (62.0, 11.3, 2.3, 4.0), (69.8, 7.2, 2.7, 8.0), (57.7, 6.8, 2.3, 6.7)]
     steps = [step(u, q, p, us=us, sy=sy, r=r, cpu_pct=c, sy_share=0.08, active_threads=1.0, top_thread_cpu_pct=c,
-                  cs=900.0, migrations_s=0.5) for u, q, p, (us, sy, r, c) in zip([1, 2, 4, 8], qps, p99, host)]
+                  cs=900.0, migrations_s=0.5, threads=2.0) for u, q, p, (us, sy, r, c) in zip([1, 2, 4, 8], qps, p99, host)]
     result = explain(summary(steps, knee=4, logical=2, physical=2))
     assert ids(result) == {"host_contended"}
     ev = only(result, "host_contended")["evidence"]
     assert ev["users"] == 8 and ev["r"] == 2.3  # the step where the others did most: 1 - 6.7 / 2 / 64.5
     assert math.isclose(ev["process_share"], 6.7 / 2 / 64.5, rel_tol=1e-3)
+    # a process with more threads than CPUs adds to the run queue whatever CPU share it got
+    for s in steps:
+        s["server"][HOST]["threads"] = 20.0
+    assert ids(explain(summary(steps, knee=4, logical=2, physical=2))) == {"host_contended", "run_queue_over_cores"}
     # the same host numbers with the process doing the work: the service filled the host
     for s in steps:
+        s["server"][HOST]["threads"] = 2.0
         s["server"][HOST]["cpu_pct"] = 2 * (s["server"][HOST]["us"] + s["server"][HOST]["sy"])
     assert ids(explain(summary(steps, knee=4, logical=2, physical=2))) >= {"run_queue_over_cores"}

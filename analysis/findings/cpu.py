@@ -39,6 +39,8 @@ IO_WAIT_PCT = 10.0  # issue 7 table: iowait > 10 %
 # A full host is the service's doing only when the monitored process did a fair part of the work.
 # Measured: the knee-mode demo target on this shared 2-CPU machine used 4 % of the CPUs while other
 # processes kept the host 77 % busy with a run queue of 2.7; that is host_contended, not the service.
+# (The run queue is also blamed on a process with more threads than CPUs, whatever its CPU share:
+# the 8 x 2-thread demo target got only 18 % of a host that others kept full, with r = 15.5.)
 PROCESS_SHARE_MIN = 0.25
 
 
@@ -60,6 +62,12 @@ def _by_service(c: Context, s: dict[str, Any], h: str) -> bool:
     """False when the monitored process is measured and did under PROCESS_SHARE_MIN of the host's work."""
     share = c.process_share(s, h)
     return share is None or share >= PROCESS_SHARE_MIN
+
+
+def _may_fill_queue(c: Context, s: dict[str, Any], h: str) -> bool:
+    """The process did a fair part of the work, or has more threads than there are CPUs."""
+    threads, cpus = c.metric(s, h, "threads"), c.cpu_fact(h, "logical_cpus")
+    return _by_service(c, s, h) or (threads is not None and cpus is not None and threads > cpus)
 
 
 def _host_full(c: Context, s: dict[str, Any], h: str) -> bool:
@@ -90,12 +98,13 @@ def run_queue_over_cores(ctx: Context) -> list[dict[str, Any]]:
         if cpus is None:
             return None
         limit = cpus * RUN_QUEUE_PER_CPU
-        hits, worst, r = _worst(c.late(), lambda s: c.metric(s, h, "r") if _by_service(c, s, h) else None,
+        hits, worst, r = _worst(c.late(), lambda s: c.metric(s, h, "r") if _may_fill_queue(c, s, h) else None,
                                 lambda v: v > limit)
         if worst is None:
             return None
         return finding("run_queue_over_cores", hits, {"host": h, "users": worst["users"], "r": r,
-                                                      "logical_cpus": cpus},
+                                                      "logical_cpus": cpus, "threads": c.metric(worst, h, "threads"),
+                                                      "process_share": c.process_share(worst, h)},
                        f"{h}: run queue {r:.1f} on {cpus:.0f} logical CPUs at {worst['users']} users: more threads "
                        "want to run than there are CPUs, so more threads only lengthen the queue.",
                        "Cut the runnable threads to about the number of cores: fewer request threads, or "
