@@ -335,3 +335,14 @@ def test_a_host_full_of_other_work_is_contention_not_the_service():
         s["server"][HOST]["threads"] = 2.0
         s["server"][HOST]["cpu_pct"] = 2 * (s["server"][HOST]["us"] + s["server"][HOST]["sy"])
     assert ids(explain(summary(steps, knee=4, logical=2, physical=2))) >= {"run_queue_over_cores"}
+
+
+def test_plan_object_and_its_dict_are_both_read():
+    from kneeswarm.plan import load_plan
+
+    plan = load_plan(None, {"name": "x", "load.wait_ms": 100.0})
+    s = step(10, 100.0, 1.0)
+    s["mean_ms"] = 0.0  # 100/s x (0 + 100 ms think time) = 10 users: holds only with the plan's wait_ms
+    assert explain(summary([s]), plan)["littles_law"] == []
+    assert explain(summary([s]), plan.to_dict())["littles_law"] == []
+    assert [x["users"] for x in explain(summary([s]))["littles_law"]] == [10]

@@ -6,7 +6,8 @@ returns ``{"findings": [...], "usl": {...}, "littles_law": [...], "rule_errors":
 * ``findings``: ``{id, severity, steps, evidence, text, advice}`` from the rules below, in the
   order of ``RULES`` (ids: ``FINDING_IDS``; thresholds: the UPPER_CASE constants of each rule
   module, each with its source).  Rules look at the valid steps at or after the knee unless
-  their module says otherwise; a missing metric means a rule does not fire.
+  their module says otherwise; a missing metric means a rule does not fire.  Beyond the issue's
+  table: ``host_contended`` (the host was full, but mostly with other processes' work).
 * ``usl``: ``fit_usl`` over the valid steps' (users, qps), plus ``curve`` (the fitted curve from 1
   to the highest users tested) and ``text`` (σ read as contention, κ as coherency cost).
 * ``littles_law``: ``{users, reason}`` for each step where users ≠ QPS × (mean latency + think
@@ -89,7 +90,11 @@ def littles_law(ctx: Context) -> list[dict[str, Any]]:
 
 
 def explain(summary: dict[str, Any], plan: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Findings, the USL fit and Little's-law checks of a summary dict; never raises."""
+    """Findings, the USL fit and Little's-law checks of a summary dict; never raises.
+
+    ``plan``: ``Plan.to_dict()`` (or the Plan itself); read: ``load.wait_ms`` (think time) and the
+    engine knobs of analysis/findings/engine.py.
+    """
     errors: list[str] = []
     try:
         ctx = Context.from_summary(summary, plan)

@@ -60,6 +60,8 @@ class Context:
     @classmethod
     def from_summary(cls, summary: Any, plan: Any = None) -> Context:
         summary = as_dict(summary)
+        if hasattr(plan, "to_dict"):  # a kneeswarm.plan.Plan rather than its dict
+            plan = plan.to_dict()
         raw = summary.get("steps") if isinstance(summary.get("steps"), list) else []
         steps = sorted((s for s in raw if isinstance(s, dict) and num(s.get("users")) is not None),
                        key=lambda s: num(s.get("users")))
