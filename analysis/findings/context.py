@@ -1,0 +1,124 @@
+"""What the rules read: a defensive view of a summary dict (as ``analysis.summarize`` returns it).
+
+Keys read (anything missing or malformed reads as "not measured", so a rule does not fire):
+
+* ``steps[]``: ``users``, ``qps``, ``rps``, ``p99_ms``, ``mean_ms``, ``valid``, ``reasons``,
+  ``errors`` {category: count}, ``window_s``, ``generator_cpu_max``, ``generator.cpu_pct``
+  {worker: %}, ``server[host]`` {metric: mean} with the keys of analysis/steps.py
+  ``server_metrics``: vmstat ``us sy wa cs r``; process ``cpu_pct usr_pct sys_pct rss_mb threads
+  cswch_s nvcswch_s migrations_s sy_share``; threads ``active_threads top_thread_cpu_pct``; GPU
+  ``sm_pct mem_pct fb_used_mb power_w``; and ``target`` {``queue_length rejected_s ...``};
+* ``knee.users``; ``analysis.generator_cpu_max``;
+* ``hosts[host].cpu`` {``logical_cpus physical_cores``}, ``hosts[host].process.cmdline``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_GENERATOR_CPU_MAX = 90.0  # kneeswarm/plan.py AnalysisPlan.generator_cpu_max
+
+
+def num(x: Any) -> float | None:
+    """A finite float, or None (bools, strings, NaN and None are not numbers here)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    f = float(x)
+    return f if math.isfinite(f) else None
+
+
+def as_dict(x: Any) -> dict[str, Any]:
+    return x if isinstance(x, dict) else {}
+
+
+def rounded(x: float | None, digits: int = 4) -> float | None:
+    """``x`` to ``digits`` significant digits (evidence stays readable in JSON)."""
+    if x is None or x == 0:
+        return x
+    return float(f"{x:.{digits}g}")
+
+
+@dataclass
+class Context:
+    """The steps sorted by users, the knee, the host facts and the plan, read once."""
+
+    steps: list[dict[str, Any]]
+    knee_users: float | None
+    hosts: dict[str, dict[str, Any]]
+    plan: dict[str, Any]
+    generator_cpu_max: float
+    valid: list[dict[str, Any]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.valid = [s for s in self.steps if s.get("valid") is True and num(s.get("qps")) is not None]
+
+    @classmethod
+    def from_summary(cls, summary: Any, plan: Any = None) -> Context:
+        summary = as_dict(summary)
+        if hasattr(plan, "to_dict"):  # a kneeswarm.plan.Plan rather than its dict
+            plan = plan.to_dict()
+        raw = summary.get("steps") if isinstance(summary.get("steps"), list) else []
+        steps = sorted((s for s in raw if isinstance(s, dict) and num(s.get("users")) is not None),
+                       key=lambda s: num(s.get("users")))
+        knee = num(as_dict(summary.get("knee")).get("users"))
+        gmax = num(as_dict(summary.get("analysis")).get("generator_cpu_max"))
+        hosts = {str(h): as_dict(f) for h, f in as_dict(summary.get("hosts")).items()}
+        return cls(steps=steps, knee_users=knee, hosts=hosts, plan=as_dict(plan),
+                   generator_cpu_max=DEFAULT_GENERATOR_CPU_MAX if gmax is None else gmax)
+
+    # -- steps ---------------------------------------------------------------------------------
+    def knee_step(self) -> dict[str, Any] | None:
+        """The valid step at the knee (None when no knee was found)."""
+        if self.knee_users is None:
+            return None
+        return next((s for s in self.valid if num(s.get("users")) == self.knee_users), None)
+
+    def late(self) -> list[dict[str, Any]]:
+        """The valid steps at or after the knee; without a knee, the last valid step alone
+        (the highest load tested: where a resource limit would show first)."""
+        if self.knee_users is None:
+            return self.valid[-1:]
+        return [s for s in self.valid if num(s.get("users")) >= self.knee_users]
+
+    def before_knee(self) -> dict[str, Any] | None:
+        """The valid step just before the knee (the knee step itself when it is the first)."""
+        ks = self.knee_step()
+        if ks is None:
+            return None
+        earlier = [s for s in self.valid if num(s.get("users")) < self.knee_users]
+        return earlier[-1] if earlier else ks
+
+    # -- metrics -------------------------------------------------------------------------------
+    def server_hosts(self) -> list[str]:
+        """Hosts with server metrics in at least one step, in name order."""
+        return sorted({str(h) for s in self.steps for h in as_dict(s.get("server"))})
+
+    @staticmethod
+    def metric(step: dict[str, Any], host: str, key: str) -> float | None:
+        """step["server"][host][key] ("target.x" reads the target's /metrics dict)."""
+        m = as_dict(as_dict(step.get("server")).get(host))
+        if key.startswith("target."):
+            return num(as_dict(m.get("target")).get(key[len("target."):]))
+        return num(m.get(key))
+
+    def cpu_fact(self, host: str, key: str) -> float | None:
+        """hosts[host]["cpu"][key] (``logical_cpus``, ``physical_cores``), if positive."""
+        v = num(as_dict(as_dict(self.hosts.get(host)).get("cpu")).get(key))
+        return v if v is not None and v > 0 else None
+
+    def process_share(self, step: dict[str, Any], host: str) -> float | None:
+        """The monitored process's part of the host's busy CPU (0..1), None when either is unknown."""
+        proc, cpus, busy = self.metric(step, host, "cpu_pct"), self.cpu_fact(host, "logical_cpus"), self.host_busy(step, host)
+        if proc is None or cpus is None or busy is None or busy <= 0:
+            return None
+        return min(proc / cpus / busy, 1.0)
+
+    def host_busy(self, step: dict[str, Any], host: str) -> float | None:
+        """Host CPU us + sy (vmstat), percent of all CPUs."""
+        us, sy = self.metric(step, host, "us"), self.metric(step, host, "sy")
+        return None if us is None or sy is None else us + sy

@@ -1,0 +1,53 @@
+"""One finding: ``{id, severity, steps, evidence, text, advice}``; ids are a contract (issue 7).
+
+``severity``: "critical" (the results or the service are wrong: a retrograde curve, an invalid
+step), "warning" (a cause of the knee, with a setting to change), "info" (behaviour that is
+healthy but worth knowing, e.g. a bounded queue pushing back).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from analysis.findings.context import num, rounded
+
+logger = logging.getLogger(__name__)
+
+SEVERITY = {
+    "cpu_saturated": "warning",
+    "run_queue_over_cores": "warning",
+    "threads_over_cores": "warning",
+    "single_thread_bound": "warning",
+    "kernel_time_high": "warning",
+    "switch_storm": "warning",
+    "migrations_high": "warning",
+    "model_copies": "warning",
+    "gpu_serialized": "warning",
+    "waiting_not_computing": "warning",
+    "io_wait": "warning",
+    "queue_pushback": "info",
+    "unbounded_queue": "critical",
+    "retrograde": "critical",
+    "generator_bound": "critical",
+    "engine_oversubscribed": "warning",
+    "host_contended": "warning",  # not in the issue's table: a full host that the service did not fill
+}
+FINDING_IDS = tuple(SEVERITY)
+
+
+def users_of(steps: list[dict[str, Any]]) -> list[int | float]:
+    """The users of each step, as ints where whole."""
+    out = []
+    for s in steps:
+        u = num(s.get("users"))
+        if u is not None:
+            out.append(int(u) if u.is_integer() else u)
+    return out
+
+
+def finding(fid: str, steps: list[dict[str, Any]], evidence: dict[str, Any], text: str, advice: str) -> dict[str, Any]:
+    """A finding dict; numbers in ``evidence`` rounded to 4 significant digits, None values left out."""
+    ev = {k: (rounded(v) if isinstance(v, float) else v) for k, v in evidence.items() if v is not None}
+    return {"id": fid, "severity": SEVERITY[fid], "steps": users_of(steps), "evidence": ev,
+            "text": text, "advice": advice}

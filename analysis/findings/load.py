@@ -1,0 +1,172 @@
+"""Load-curve rules: a retrograde curve, a generator that was the bottleneck, a queue that pushes
+back (healthy) or never does (latency explodes), and the residual diagnosis: the CPU was not
+full, no other cause was found, yet latency rose — the engine waits on something."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from analysis.findings.context import Context, as_dict, num
+from analysis.findings.finding import finding
+
+logger = logging.getLogger(__name__)
+
+RETROGRADE_DROP = 0.05  # issue 7 table: QPS at a higher step >= 5 % below the peak
+# Error categories that mean "the server refused": kneeswarm/rundir.py names http_4xx/http_5xx;
+# 429 and 503 are what bounded queues answer (the demo target: 503 when its queue is full).
+PUSHBACK_CATEGORIES = ("http_429", "http_503", "http_5xx")
+# "Latency exploding": P99 at the last step >= 10x the knee step's.  The article: 500 ms -> 8 s
+# (16x) behind an unbounded queue.  A closed loop past its knee already stretches latency in
+# proportion to users (Little's law), so the factor must sit above the usual 2-8x step ranges.
+UNBOUNDED_LATENCY_FACTOR = 10.0
+LATENCY_RISE = 1.5  # waiting_not_computing: P99 rose >= 1.5x from the knee to the last step
+CPU_NOT_SATURATED_PCT = 70.0  # ... while the host (us + sy) and the process stayed below 70 %
+GPU_BUSY_PCT = 80.0  # ... and no GPU was busy (a busy GPU is computing, not waiting)
+# The residual rule stays silent when one of these already names the cause.
+EXPLAINED_BY = ("cpu_saturated", "run_queue_over_cores", "single_thread_bound", "gpu_serialized", "io_wait",
+                "generator_bound", "host_contended")
+
+
+def retrograde(ctx: Context) -> list[dict[str, Any]]:
+    if not ctx.valid:
+        return []
+    peak = max(ctx.valid, key=lambda s: num(s["qps"]))
+    pq, pu = num(peak["qps"]), num(peak["users"])
+    later = [s for s in ctx.valid if num(s["users"]) > pu and num(s["qps"]) <= (1 - RETROGRADE_DROP) * pq]
+    if pq <= 0 or not later:
+        return []
+    worst = min(later, key=lambda s: num(s["qps"]))
+    drop = 1 - num(worst["qps"]) / pq
+    return [finding("retrograde", [peak, *later], {"peak_users": peak["users"], "peak_qps": pq,
+                                                  "users": worst["users"], "qps": num(worst["qps"]),
+                                                  "drop": drop, "threshold": RETROGRADE_DROP},
+                    f"QPS fell {drop:.0%} from its peak {pq:,.1f}/s at {peak['users']} users to {num(worst['qps']):,.1f}/s "
+                    f"at {worst['users']} users: more concurrency made the service slower.",
+                    f"Cap the concurrency at about {peak['users']} users per instance (pool size, admission limit) "
+                    "and scale out with replicas; read the CPU findings for the crosstalk behind the drop.")]
+
+
+def _generator_top(step: dict[str, Any]) -> tuple[str | None, float | None]:
+    cpu = {w: v for w, x in as_dict(as_dict(step.get("generator")).get("cpu_pct")).items() if (v := num(x)) is not None}
+    if cpu:
+        return max(cpu.items(), key=lambda kv: kv[1])
+    return None, num(step.get("generator_cpu_max"))
+
+
+def generator_bound(ctx: Context) -> list[dict[str, Any]]:
+    hits = [(s, *_generator_top(s)) for s in ctx.steps]
+    hits = [(s, w, v) for s, w, v in hits if v is not None and v > ctx.generator_cpu_max]
+    if not hits:
+        return []
+    step, worker, cpu = max(hits, key=lambda h: h[2])
+    return [finding("generator_bound", [h[0] for h in hits],
+                    {"users": step["users"], "worker": worker, "cpu_pct": cpu, "limit_pct": ctx.generator_cpu_max,
+                     "invalid_steps": sum(1 for h in hits if h[0].get("valid") is False)},
+                    f"The load generator ran at {cpu:.0f}% CPU (worker {worker or '?'}) at {step['users']} users: "
+                    "it, not the server, may have been the bottleneck, so those steps are not trusted.",
+                    "Add Locust workers (--workers) or load machines, use FastHttpUser, or give the generator "
+                    "at least the server's class of machine.")]
+
+
+def pushback_rate(ctx: Context, step: dict[str, Any]) -> float | None:
+    """Refusals per second: the target's own rejected_s where exported, else 429/503/5xx errors."""
+    rejected = [v for h in ctx.server_hosts() if (v := ctx.metric(step, h, "target.rejected_s")) is not None]
+    if rejected:
+        return sum(rejected)
+    errors = step.get("errors")
+    if not isinstance(errors, dict):
+        return None
+    count = sum(v for k, x in errors.items() if k in PUSHBACK_CATEGORIES and (v := num(x)) is not None)
+    window = num(step.get("window_s"))
+    return count / window if window and window > 0 else count
+
+
+def _span(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(the knee step, else the first valid step; the last valid step), when they differ."""
+    if not ctx.valid:
+        return None
+    base, last = ctx.knee_step() or ctx.valid[0], ctx.valid[-1]
+    return (base, last) if num(last["users"]) > num(base["users"]) else None
+
+
+def queue_pushback(ctx: Context) -> list[dict[str, Any]]:
+    span = _span(ctx)
+    if span is None:
+        return []
+    base, last = span
+    r0, r1 = pushback_rate(ctx, base), pushback_rate(ctx, last)
+    if r0 is None or r1 is None or r1 <= 0 or r1 <= r0:
+        return []
+    steps = [s for s in ctx.steps if num(s["users"]) >= num(base["users"]) and (pushback_rate(ctx, s) or 0) > 0]
+    return [finding("queue_pushback", steps, {"from_users": base["users"], "to_users": last["users"],
+                                              "rejected_s_from": r0, "rejected_s_to": r1,
+                                              "error_rate": num(last.get("error_rate"))},
+                    f"Refusals rose from {r0:,.1f}/s at {base['users']} users to {r1:,.1f}/s at {last['users']} users: "
+                    "a bounded queue is pushing back instead of queueing forever (healthy).",
+                    "Keep the bound; size it as tolerated queueing time / single-inference time x threads, "
+                    "and have clients retry with backoff or shed load upstream.")]
+
+
+def unbounded_queue(ctx: Context) -> list[dict[str, Any]]:
+    span = _span(ctx)
+    if span is None:
+        return []
+    base, last = span
+    p0, p1 = num(base.get("p99_ms")), num(last.get("p99_ms"))
+    if p0 is None or p1 is None or p0 <= 0 or p1 < UNBOUNDED_LATENCY_FACTOR * p0:
+        return []
+    if any((pushback_rate(ctx, s) or 0) > 0 for s in ctx.steps if num(s["users"]) >= num(base["users"])):
+        return []
+    queue = [v for h in ctx.server_hosts() if (v := ctx.metric(last, h, "target.queue_length")) is not None]
+    return [finding("unbounded_queue", [base, last], {"from_users": base["users"], "to_users": last["users"],
+                                                      "p99_ms_from": p0, "p99_ms_to": p1, "growth": p1 / p0,
+                                                      "rejected": 0, "queue_length": max(queue) if queue else None},
+                    f"P99 grew {p1 / p0:.0f}x ({p0:,.0f} -> {p1:,.0f} ms) from {base['users']} to {last['users']} "
+                    "users with no request refused: requests wait in a queue with no bound, the service looks "
+                    "alive while every caller times out.",
+                    "Bound the queue in front of the pool (e.g. tolerated wait / inference time x threads) and "
+                    "answer 429/503 when it is full (or run the caller's task: CallerRuns).")]
+
+
+def _cpu_idle_everywhere(ctx: Context, steps: list[dict[str, Any]]) -> dict[str, float] | None:
+    """{host: worst busy %} when every measured host stayed below the limits, else None."""
+    worst: dict[str, float] = {}
+    for h in ctx.server_hosts():
+        cpus = ctx.cpu_fact(h, "logical_cpus")
+        for s in steps:
+            busy, proc = ctx.host_busy(s, h), ctx.metric(s, h, "cpu_pct")
+            gpu = ctx.metric(s, h, "sm_pct")
+            if gpu is not None and gpu >= GPU_BUSY_PCT:
+                return None
+            if proc is not None and cpus is not None:
+                proc_share = proc / cpus
+                busy = proc_share if busy is None else max(busy, proc_share)
+            if busy is None:
+                continue
+            if busy >= CPU_NOT_SATURATED_PCT:
+                return None
+            worst[h] = max(worst.get(h, 0.0), busy)
+    return worst or None
+
+
+def waiting_not_computing(ctx: Context, found: set[str]) -> list[dict[str, Any]]:
+    ks, late = ctx.knee_step(), ctx.late()
+    if ks is None or len(late) < 2 or found.intersection(EXPLAINED_BY):
+        return []
+    last = late[-1]
+    p0, p1 = num(ks.get("p99_ms")), num(last.get("p99_ms"))
+    if p0 is None or p1 is None or p0 <= 0 or p1 < LATENCY_RISE * p0:
+        return []
+    idle = _cpu_idle_everywhere(ctx, late)
+    if idle is None:
+        return []
+    host, busy = max(idle.items(), key=lambda kv: kv[1])
+    return [finding("waiting_not_computing", late, {"host": host, "cpu_busy_pct_max": busy, "p99_ms_knee": p0,
+                                                    "p99_ms_last": p1, "knee_users": ks["users"],
+                                                    "users": last["users"]},
+                    f"Throughput stopped growing at {ks['users']} users and P99 rose {p1 / p0:.1f}x by {last['users']} "
+                    f"users, yet the CPU stayed at most {busy:.0f}% busy ({host}) and no other cause showed: the "
+                    "engine is waiting on something — a lock, a fixed pool or semaphore, a queue, IO.",
+                    "Look for a fixed number of slots (pool size, max concurrency, semaphore) or a lock on the "
+                    "request path; profile off-CPU time (py-spy dump, perf sched, offcputime).")]

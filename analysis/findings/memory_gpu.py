@@ -1,0 +1,86 @@
+"""Memory and GPU rules: a model copied per thread (RSS or GPU memory linear in users) and a GPU
+serialised on one stream (utilisation low and flat while QPS is flat)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from analysis.findings.context import Context, num
+from analysis.findings.finding import finding
+
+logger = logging.getLogger(__name__)
+
+# model_copies looks at every valid step (not only after the knee): the growth is the signal.
+MODEL_COPY_R2 = 0.90  # "about linearly": a straight line explains >= 90 % of the variation
+MODEL_COPY_MIN_GROWTH_MB = 100.0  # the fitted growth over the tested users, at least this ...
+MODEL_COPY_MIN_GROWTH_RATIO = 0.5  # ... and at least half the memory at the first step
+MODEL_COPY_MIN_STEPS = 3
+MEMORY_METRICS = (("rss_mb", "process RSS"), ("fb_used_mb", "GPU memory"))
+GPU_LOW_PCT = 50.0  # issue 7 table: GPU utilisation < 50 %
+GPU_FLAT_POINTS = 10.0  # "flat": utilisation varies by at most 10 points over the late steps
+QPS_FLAT = 0.10  # "QPS flat": the late steps' QPS within 10 % of their mean (max - min)
+MIN_LATE_STEPS_FOR_FLAT = 2
+
+
+def _linear(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(slope, R²) of the least-squares line."""
+    slope, intercept = np.polyfit(x, y, 1)
+    ss_tot = float(np.sum((y - y.mean()) ** 2))
+    r2 = 1.0 - float(np.sum((y - (slope * x + intercept)) ** 2)) / ss_tot if ss_tot > 0 else 0.0
+    return float(slope), r2
+
+
+def _model_copy(ctx: Context, h: str, key: str, label: str) -> dict[str, Any] | None:
+    pts = [(num(s["users"]), v, s) for s in ctx.valid if (v := ctx.metric(s, h, key)) is not None]
+    if len(pts) < MODEL_COPY_MIN_STEPS:
+        return None
+    x, y = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
+    if np.ptp(x) <= 0:
+        return None
+    slope, r2 = _linear(x, y)
+    growth = slope * float(np.ptp(x))
+    if slope <= 0 or r2 < MODEL_COPY_R2 or growth < MODEL_COPY_MIN_GROWTH_MB or growth < MODEL_COPY_MIN_GROWTH_RATIO * y[0]:
+        return None
+    return finding("model_copies", [p[2] for p in pts],
+                   {"host": h, "metric": key, "mb_per_user": slope, "r2": r2, "first_mb": float(y[0]),
+                    "last_mb": float(y[-1]), "from_users": pts[0][2]["users"], "to_users": pts[-1][2]["users"]},
+                   f"{h}: {label} grew about linearly with users, {slope:,.1f} MB per user (R² {r2:.2f}, "
+                   f"{y[0]:,.0f} -> {y[-1]:,.0f} MB): the model is probably copied per thread or request.",
+                   "Load the model once and share it: ONNX Runtime sessions are thread-safe (one "
+                   "InferenceSession for all threads); on a GPU, one model instance per device.")
+
+
+def model_copies(ctx: Context) -> list[dict[str, Any]]:
+    out = []
+    for h in ctx.server_hosts():
+        for key, label in MEMORY_METRICS:
+            if (f := _model_copy(ctx, h, key, label)) is not None:
+                out.append(f)
+    return out
+
+
+def gpu_serialized(ctx: Context) -> list[dict[str, Any]]:
+    late = ctx.late()
+    if ctx.knee_users is None or len(late) < MIN_LATE_STEPS_FOR_FLAT:
+        return []
+    qps = np.array([num(s["qps"]) for s in late])
+    if qps.mean() <= 0 or np.ptp(qps) > QPS_FLAT * qps.mean():
+        return []
+    out = []
+    for h in ctx.server_hosts():
+        sm = [ctx.metric(s, h, "sm_pct") for s in late]
+        if any(v is None for v in sm) or max(sm) >= GPU_LOW_PCT or max(sm) - min(sm) > GPU_FLAT_POINTS:
+            continue
+        out.append(finding("gpu_serialized", late,
+                           {"host": h, "sm_pct_max": max(sm), "sm_pct_min": min(sm), "qps_min": float(qps.min()),
+                            "qps_max": float(qps.max()), "from_users": late[0]["users"], "to_users": late[-1]["users"]},
+                           f"{h}: GPU utilisation stayed at {min(sm):.0f}-{max(sm):.0f}% while QPS stayed flat "
+                           f"({qps.min():,.1f}-{qps.max():,.1f}/s) from {late[0]['users']} to {late[-1]['users']} "
+                           "users: the GPU is waiting, not working.",
+                           "Look for one CUDA stream shared by all threads, a torch.cuda.synchronize() per request, "
+                           "or no batching: one stream per thread (the article: 91% utilisation) or dynamic "
+                           "batching (Triton, vLLM)."))
+    return out
