@@ -20,7 +20,8 @@ from analysis.hostfacts import host_facts
 from analysis.inputs import RunInputs, load_inputs
 from analysis.knee import find_knee, find_latency_knee, find_peak
 from analysis.report import render_html, write_text
-from analysis.steps import generator_cpu, ok_mask, server_metrics, step_stats, validate_steps
+from analysis.problems import collect
+from analysis.steps import data_loss_reasons, generator_cpu, ok_mask, server_metrics, step_stats, validate_steps
 from analysis.summary import build_summary, step_records, to_json, to_markdown
 from analysis.target import PROMETHEUS_STREAM, target_series_used
 
@@ -43,11 +44,15 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
     stats = step_stats(inputs.requests, inputs.steps, s.settle)
     t_lo, t_hi = stats["t_lo"].to_numpy(dtype=float), stats["t_hi"].to_numpy(dtype=float)
     gen = generator_cpu(inputs.generator, t_lo, t_hi)
-    stats = validate_steps(stats, s.min_requests, gen, s.generator_cpu_max)
+    lost = data_loss_reasons(stats, inputs.requests, inputs.unreadable_parts, inputs.generator,
+                             inputs.generator_unreadable, gen)
+    stats = validate_steps(stats, s.min_requests, gen, s.generator_cpu_max, lost)
     server = server_metrics(inputs.hosts, t_lo, t_hi)
     good = stats.loc[stats["valid"].to_numpy(dtype=bool)]
     users, qps, p99 = good["users"].to_numpy(float), good["qps"].to_numpy(float), good["p99_ms"].to_numpy(float)
     n_ok = int(ok_mask(inputs.requests).sum())
+    if len(inputs.requests) and not n_ok:
+        inputs.warnings.add(f"no request succeeded ({len(inputs.requests):,} requests, all failed): no step is valid")
     return build_summary(
         run_id=inputs.run_id,
         meta=inputs.meta,
@@ -62,6 +67,7 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
         workers=sorted(inputs.generator),
         target_series={h: used for h, streams in sorted(inputs.hosts.items())
                         if (used := target_series_used(streams.get(PROMETHEUS_STREAM)))},
+        problems=collect(inputs.meta, inputs.warnings.to_list(), inputs.lost),
     )
 
 

@@ -22,7 +22,7 @@ from plotly.subplots import make_subplots
 
 from analysis.hostfacts import host_lines
 from analysis.steps import ACTIVE_THREAD_CPU_PCT, completion_times, ok_mask
-from analysis.summary import knee_lines, malformed_lines, status_line, table_rows, n_users
+from analysis.summary import knee_lines, malformed_lines, n_users, status_line, table_rows, warning_lines
 from analysis.target import PROMETHEUS_STREAM, TARGET_METRICS, target_timeline
 
 logger = logging.getLogger(__name__)
@@ -252,6 +252,10 @@ def render_html(summary: dict[str, Any], requests: pd.DataFrame, generator: dict
     if not summary.get("complete"):
         parts.append(f"<p class='banner'>{html.escape(status_line(summary))}: this report covers only what "
                      "was recorded before the run stopped.</p>")
+    warnings = warning_lines(summary)
+    if warnings:
+        parts.append("<div class='warn warnings'><b>Warnings</b><ul>"
+                     + "".join(f"<li>{html.escape(w)}</li>" for w in warnings) + "</ul></div>")
     parts.append("<ul>" + "".join(f"<li>{_md_inline(line)}</li>" for line in knee_lines(summary)) + "</ul>")
     for line in malformed_lines(summary):
         parts.append(f"<p class='warn'>{_md_inline(line)}</p>")

@@ -7,7 +7,9 @@ step, at the completion of the last request.
 
 Definitions (one row per step, from the rows whose ``t_start`` lies in the window):
 
-* ``requests``  every row in the window; ``ok`` the successful ones;
+* ``requests``  every row in the window; ``ok`` the successful ones: ``ok`` true and a latency
+  that is a finite number >= 0 (a row marked ok without one is counted as an error of category
+  ``bad_latency``, so that QPS and the percentiles count the same rows);
 * ``qps``       successful requests per second of window (the article's throughput:
   successful inferences); ``rps`` all requests per second;
 * ``mean_ms``, ``p50_ms`` … ``p999_ms``  over the successful rows' ``latency_ms``,
@@ -15,8 +17,10 @@ Definitions (one row per step, from the rows whose ``t_start`` lies in the windo
 * ``error_rate`` = failed rows / requests; ``errors`` = {category: count} (null -> "other").
 
 Validity (``validate_steps``): a step is not trusted when its window is empty, it has fewer
-than ``min_requests`` requests, or a load-generator worker averaged more than
-``generator_cpu_max`` % CPU during it.
+than ``min_requests`` requests, more than ``MAX_ERROR_RATE`` of them failed or none succeeded,
+a load-generator worker averaged more than ``generator_cpu_max`` % CPU during it, or data it
+depends on was lost (``data_loss_reasons``: an unreadable request part, a generator CSV that
+could not be read or has no sample in the window of a worker that sent requests in it).
 """
 
 from __future__ import annotations
@@ -29,11 +33,14 @@ import numpy as np
 import pandas as pd
 
 from analysis.target import PROMETHEUS_STREAM, target_windows
+from kneeswarm.rundir import UnreadablePart, safe_name
 
 logger = logging.getLogger(__name__)
 
 PERCENTILES = {"p50_ms": 50.0, "p95_ms": 95.0, "p99_ms": 99.0, "p999_ms": 99.9}
 OTHER_ERROR = "other"
+BAD_LATENCY_ERROR = "bad_latency"  # a row marked ok whose latency is not a finite number >= 0
+MAX_ERROR_RATE = 0.5  # a step where more than this share of the requests failed is not valid
 
 # server metrics averaged per step: stream -> {csv column: summary key}
 VMSTAT_METRICS = {"us": "us", "sy": "sy", "wa": "wa", "cs": "cs", "r": "r"}
@@ -53,17 +60,41 @@ ACTIVE_THREAD_CPU_PCT = 5.0  # a thread using at least this %CPU in a sample cou
 
 
 def ok_mask(requests: pd.DataFrame) -> np.ndarray:
-    """True where the row is a success (a null ``ok`` counts as a failure)."""
-    if "ok" not in requests.columns:
+    """True where the row is a success: ``ok`` true (null counts as false) and a latency that is
+    a finite number >= 0."""
+    if "ok" not in requests.columns or "latency_ms" not in requests.columns:
         return np.zeros(len(requests), dtype=bool)
-    return np.asarray(requests["ok"].to_numpy() == True, dtype=bool)  # noqa: E712 (object dtype with None)
+    ok = np.asarray(requests["ok"].to_numpy() == True, dtype=bool)  # noqa: E712 (object dtype with None)
+    return ok & _good_latency(requests)
+
+
+def _good_latency(requests: pd.DataFrame) -> np.ndarray:
+    lat = pd.to_numeric(requests["latency_ms"], errors="coerce").to_numpy(dtype=float)
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(lat) & (lat >= 0)
+
+
+def error_categories(requests: pd.DataFrame) -> pd.Series:
+    """Each row's error category: the recorded one, ``bad_latency`` for a row marked ok without a
+    usable latency, ``other`` for a failure without a category (None for successes)."""
+    err = requests["error"] if "error" in requests.columns else pd.Series([None] * len(requests), dtype=object)
+    out = err.astype(object).where(err.notna(), None).reset_index(drop=True)
+    marked_ok = np.asarray(requests["ok"].to_numpy() == True, dtype=bool) if "ok" in requests.columns \
+        else np.zeros(len(requests), dtype=bool)  # noqa: E712
+    success = ok_mask(requests)
+    out[~success] = out[~success].fillna(OTHER_ERROR)
+    out[marked_ok & ~success] = BAD_LATENCY_ERROR
+    out[success] = None
+    return out
 
 
 def completion_times(requests: pd.DataFrame) -> np.ndarray:
-    """Epoch seconds at which each request ended (t_start + latency; t_start if no latency)."""
+    """Epoch seconds at which each request ended (t_start + latency; t_start without a usable latency)."""
     t = requests["t_start"].to_numpy(dtype=float)
-    lat = requests["latency_ms"].to_numpy(dtype=float) if "latency_ms" in requests.columns else np.zeros_like(t)
-    return t + np.nan_to_num(lat, nan=0.0) / 1000.0
+    if "latency_ms" not in requests.columns:
+        return t
+    lat = requests["latency_ms"].to_numpy(dtype=float)
+    return t + np.where(_good_latency(requests), lat, 0.0) / 1000.0
 
 
 def resolve_windows(steps: pd.DataFrame, requests: pd.DataFrame, settle: float) -> pd.DataFrame:
@@ -101,7 +132,7 @@ def step_stats(requests: pd.DataFrame, steps: pd.DataFrame, settle: float) -> pd
     t = requests["t_start"].to_numpy(dtype=float) if len(requests) else np.empty(0)
     ok = ok_mask(requests)
     lat = requests["latency_ms"].to_numpy(dtype=float) if len(requests) else np.empty(0)
-    err = requests["error"] if "error" in requests.columns else pd.Series([None] * len(requests))
+    err = error_categories(requests)
 
     lo_idx = np.searchsorted(t, win["t_lo"].to_numpy(dtype=float), side="left")
     hi_idx = np.searchsorted(t, win["t_hi"].to_numpy(dtype=float), side="left")
@@ -112,7 +143,6 @@ def step_stats(requests: pd.DataFrame, steps: pd.DataFrame, settle: float) -> pd
             continue
         okw = ok[a:b]
         lat_ok = lat[a:b][okw]
-        lat_ok = lat_ok[np.isfinite(lat_ok)]
         n, n_ok = int(b - a), int(okw.sum())
         stats = dict(requests=n, ok=n_ok, qps=n_ok / w, rps=n / w)
         if lat_ok.size:
@@ -120,7 +150,7 @@ def step_stats(requests: pd.DataFrame, steps: pd.DataFrame, settle: float) -> pd
             stats |= dict(mean_ms=float(lat_ok.mean()), **{k: float(v) for k, v in zip(PERCENTILES, pct)})
         else:
             stats |= dict(mean_ms=np.nan, **{k: np.nan for k in PERCENTILES})
-        failed = err.iloc[a:b][~okw].fillna(OTHER_ERROR).astype(str)
+        failed = err.iloc[a:b][~okw].astype(str)
         stats["errors"] = {str(k): int(v) for k, v in failed.value_counts().sort_index().items()}
         stats["error_rate"] = (n - n_ok) / n
         rows.append(stats)
@@ -240,33 +270,92 @@ def server_metrics(hosts: dict[str, dict[str, pd.DataFrame]], t_lo: np.ndarray, 
     return out
 
 
+def _window_reasons(row: pd.Series, min_requests: int) -> list[str]:
+    """Why a step's steady window cannot be trusted: no window, too few requests, too many failures."""
+    w = row["window_s"]
+    if not np.isfinite(float(row["t_steady"])):
+        return ["the step never reached steady state (no t_steady)"]
+    if not (math.isfinite(w) and w > 0):
+        return [f"the steady window is empty ({_fmt_s(w)} after the {_fmt_s(row['t_lo'] - row['t_steady'])} settle)"]
+    n, n_ok = int(row["requests"]), int(row["ok"])
+    if n < min_requests:
+        return [f"only {n} requests in the steady window (< {min_requests}): P99 not trustworthy"]
+    if n and (n - n_ok) / n > MAX_ERROR_RATE:
+        return [f"{n - n_ok} of {n} requests failed (more than {MAX_ERROR_RATE:.0%}): "
+                "the figures describe failures, not the service"]
+    if n_ok == 0:
+        return ["no successful request in the steady window"]
+    return []
+
+
+def _generator_reason(cpu: dict[str, float], generator_cpu_max: float) -> list[str]:
+    if not cpu:
+        return []
+    worker, top = max(cpu.items(), key=lambda kv: kv[1])
+    if top <= generator_cpu_max:
+        return []
+    return [f"load generator CPU {top:.0f}% > {generator_cpu_max:.0f}% (worker {worker}): "
+            "the generator, not the server, may be the bottleneck"]
+
+
 def validate_steps(stats: pd.DataFrame, min_requests: int, gen_cpu: list[dict[str, float]] | None = None,
-                   generator_cpu_max: float = 90.0) -> pd.DataFrame:
-    """Add ``valid`` (bool) and ``reasons`` (list of one-line strings) to the step statistics."""
+                   generator_cpu_max: float = 90.0, lost: list[list[str]] | None = None) -> pd.DataFrame:
+    """Add ``valid`` (bool) and ``reasons`` (list of one-line strings) to the step statistics.
+
+    ``lost``: per step, reasons from data that could not be read (:func:`data_loss_reasons`).
+    """
     out = stats.copy()
-    valid, reasons = [], []
     gen_cpu = gen_cpu or [{} for _ in range(len(out))]
-    for (_, row), cpu in zip(out.iterrows(), gen_cpu):  # one iteration per step, not per request
-        why: list[str] = []
-        w = row["window_s"]
-        if not np.isfinite(float(row["t_steady"])):
-            why.append("the step never reached steady state (no t_steady)")
-        elif not (math.isfinite(w) and w > 0):
-            why.append(f"the steady window is empty ({_fmt_s(w)} after the {_fmt_s(row['t_lo'] - row['t_steady'])} settle)")
-        elif row["requests"] < min_requests:
-            why.append(f"only {int(row['requests'])} requests in the steady window (< {min_requests}): P99 not trustworthy")
-        if cpu:
-            worker, top = max(cpu.items(), key=lambda kv: kv[1])
-            if top > generator_cpu_max:
-                why.append(
-                    f"load generator CPU {top:.0f}% > {generator_cpu_max:.0f}% (worker {worker}): "
-                    "the generator, not the server, may be the bottleneck"
-                )
-        valid.append(not why)
-        reasons.append(why)
-    out["valid"] = np.asarray(valid, dtype=bool)
+    lost = lost or [[] for _ in range(len(out))]
+    reasons = [_window_reasons(row, min_requests) + _generator_reason(cpu, generator_cpu_max) + list(why)
+               for (_, row), cpu, why in zip(out.iterrows(), gen_cpu, lost)]  # one iteration per step
+    out["valid"] = np.asarray([not why for why in reasons], dtype=bool)
     out["reasons"] = reasons
     out["generator_cpu_max"] = [max(c.values()) if c else np.nan for c in gen_cpu]
+    return out
+
+
+def workers_per_window(requests: pd.DataFrame, t_lo: np.ndarray, t_hi: np.ndarray) -> list[set[str]]:
+    """Per window: the generator-CSV names (safe_name of ``worker``) that sent requests in it."""
+    if not len(requests) or "worker" not in requests.columns:
+        return [set() for _ in range(len(t_lo))]
+    t = requests["t_start"].to_numpy(dtype=float)
+    order = np.argsort(t, kind="stable")
+    t, workers = t[order], requests["worker"].to_numpy()[order]
+    a = np.searchsorted(t, t_lo, side="left")
+    b = np.searchsorted(t, t_hi, side="left")
+    return [{safe_name(str(w)) for w in pd.unique(workers[lo:hi]) if w is not None} for lo, hi in zip(a, b)]
+
+
+def _part_hits(part: UnreadablePart, stats: pd.DataFrame) -> np.ndarray:
+    """Which steps an unreadable part may have held rows of (all when its range is unknown)."""
+    if part.step_range is not None:
+        idx = stats["index"].to_numpy(dtype=float)
+        return (idx >= part.step_range[0]) & (idx <= part.step_range[1])
+    if part.t_range is not None:
+        lo, hi = stats["t_lo"].to_numpy(dtype=float), stats["t_hi"].to_numpy(dtype=float)
+        return ~((hi <= part.t_range[0]) | (lo > part.t_range[1]))
+    return np.ones(len(stats), dtype=bool)
+
+
+def data_loss_reasons(stats: pd.DataFrame, requests: pd.DataFrame, unreadable_parts: list[UnreadablePart],
+                      generator: dict[str, pd.DataFrame], generator_unreadable: dict[str, str],
+                      gen_cpu: list[dict[str, float]]) -> list[list[str]]:
+    """Per step: why data the step depends on is missing (it cannot claim to be clean)."""
+    out: list[list[str]] = [[] for _ in range(len(stats))]
+    for part in unreadable_parts:
+        for i in np.flatnonzero(_part_hits(part, stats)):
+            where = "" if part.step_range or part.t_range else ", time range unknown"
+            out[i].append(f"request rows lost: requests/{part.path.name} is unreadable{where}")
+    for worker in sorted(generator_unreadable):
+        for reasons in out:
+            reasons.append(f"generator metrics unreadable (generator/{worker}.csv): "
+                           "the load generator's CPU is unknown")
+    senders = workers_per_window(requests, stats["t_lo"].to_numpy(dtype=float), stats["t_hi"].to_numpy(dtype=float))
+    for i, (sent, cpu) in enumerate(zip(senders, gen_cpu)):
+        for worker in sorted((sent & set(generator)) - set(cpu)):
+            out[i].append(f"generator metrics missing: worker {worker} sent requests but has no sample "
+                          "in the steady window")
     return out
 
 
