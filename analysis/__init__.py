@@ -63,7 +63,7 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
         peak=find_peak(users, qps),
         totals={"requests": len(inputs.requests), "errors": len(inputs.requests) - n_ok,
                 "steps": len(stats), "valid_steps": int(stats["valid"].sum())},
-        hosts=host_facts(inputs.meta, inputs.hosts),
+        hosts=host_facts(inputs.meta, inputs.hosts, inputs.parse),
         workers=sorted(inputs.generator),
         target_series={h: used for h, streams in sorted(inputs.hosts.items())
                         if (used := target_series_used(streams.get(PROMETHEUS_STREAM)))},

@@ -82,7 +82,7 @@ def _clock(clock: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _parse_counts(parse: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def parse_counts(parse: dict[str, Any]) -> dict[str, dict[str, Any]]:
     out = {}
     for name, p in sorted(_dict(parse).items()):
         p = _dict(p)
@@ -125,7 +125,7 @@ def host_facts_one(preflight: dict[str, Any], host_meta: dict[str, Any]) -> dict
     clock = _clock(_dict(host_meta.get("clock")))
     if clock:
         out["clock"] = clock
-    parse = _parse_counts(_dict(host_meta.get("parse")))
+    parse = parse_counts(_dict(host_meta.get("parse")))
     if parse:
         out["parse"] = parse
     for k in ("transport", "label"):
@@ -136,8 +136,10 @@ def host_facts_one(preflight: dict[str, Any], host_meta: dict[str, Any]) -> dict
     return out
 
 
-def host_facts(meta: dict[str, Any], data_hosts: Iterable[str] = ()) -> dict[str, dict[str, Any]]:
-    """{host dir name: facts} over the hosts in meta.json and those with data under hosts/."""
+def host_facts(meta: dict[str, Any], data_hosts: Iterable[str] = (),
+               rebuilt: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """{host dir name: facts} over the hosts in meta.json and those with data under hosts/;
+    ``rebuilt``: {host: parse stats} of hosts whose raw files analysis parsed again."""
     pre, hosts = _dict(meta.get("hosts_preflight")), _dict(meta.get("hosts"))
     out: dict[str, dict[str, Any]] = {}
     for label in sorted(set(pre) | set(hosts), key=str):
@@ -152,11 +154,15 @@ def host_facts(meta: dict[str, Any], data_hosts: Iterable[str] = ()) -> dict[str
         picked = _pick(scraper, SCRAPER_KEYS)
         if picked:
             facts["scraper"] = picked
-        parse = _parse_counts({"prometheus": scraper.get("parse")})
+        parse = parse_counts({"prometheus": scraper.get("parse")})
         if parse:
             facts["parse"] = {**facts.get("parse", {}), **parse}
     for h in data_hosts:
         out.setdefault(h, {})
+    for h, stats in (rebuilt or {}).items():
+        parse = parse_counts(stats)
+        if parse and not out.setdefault(h, {}).get("parse"):
+            out[h]["parse"] = parse
     return dict(sorted(out.items()))
 
 

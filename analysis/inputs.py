@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
+from analysis.rebuild import missing_lines, rebuild_parsed
 from analysis.target import PROMETHEUS_STREAM, wanted_columns
 from kneeswarm.plan import AnalysisPlan, LoadPlan
 from kneeswarm.rundir import STEP_COLUMNS, RunDir, UnreadablePart, WarningLog
@@ -248,5 +249,8 @@ def load_inputs(run_dir: str | Path) -> RunInputs:
                      "missing from this report")
         count_lost(inputs.lost, "meta_json")
     inputs.generator = read_generator(rd, inputs)
+    inputs.parse = rebuild_parsed(rd, meta, warnings)
     inputs.hosts = read_hosts(rd, warnings)
+    for line in missing_lines(rd, meta, inputs.steps, set(inputs.hosts)):
+        warnings.add(line)
     return inputs
