@@ -1,11 +1,20 @@
 """Floor 3: a run directory in, report/summary.json + summary.md + index.html out.
 
-Pure data: no network, no SSH.  ``analyze(run_dir)`` works on complete, crashed and
-interrupted runs alike and reports what it has (``complete`` false when meta.json says so
-or is missing).  The pieces are usable alone: ``step_stats`` (analysis.steps), ``find_knee``,
-``find_latency_knee``, ``find_peak`` (analysis.knee), ``to_markdown`` (analysis.summary),
-``render_html`` (analysis.report), ``host_facts`` (analysis.hostfacts: the report header),
-``target_windows`` (analysis.target: the server's own /metrics per step).
+No network, no SSH.  ``analyze(run_dir)`` works on complete, crashed and interrupted runs
+alike: it rebuilds what can be derived from disk (parsed host CSVs from hosts/<host>/raw/,
+analysis.rebuild), reports what it has, and says what is missing or was lost (summary
+``warnings``, ``lost``, ``complete``: analysis.problems).  The pieces, one module per concept:
+
+* analysis.inputs      everything read from the run directory (analysis.rebuild: raw -> parsed)
+* analysis.windows     each step's steady window; means of samples over windows
+* analysis.loadstats   per-step request statistics (``step_stats``) and validity
+* analysis.serverstats per-step server metrics (``server_metrics``)
+* analysis.target      the server's own /metrics per step (``target_windows``)
+* analysis.knee        ``find_knee``, ``find_latency_knee``, ``find_peak``
+* analysis.hostfacts   the report header: what each host was (``host_facts``)
+* analysis.problems    warnings and losses of meta.json, the hosts and analysis, merged
+* analysis.summary     summary.json/summary.md (``build_summary``, ``to_markdown``)
+* analysis.report      index.html (``render_html``)
 """
 
 from __future__ import annotations
@@ -15,15 +24,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from analysis.hostfacts import host_facts
 from analysis.inputs import RunInputs, load_inputs
 from analysis.knee import find_knee, find_latency_knee, find_peak
-from analysis.report import render_html, write_text
+from analysis.loadstats import data_loss_reasons, generator_cpu, ok_mask, step_stats, validate_steps
 from analysis.problems import collect
-from analysis.steps import data_loss_reasons, generator_cpu, ok_mask, server_metrics, step_stats, validate_steps
+from analysis.report import render_html
+from analysis.serverstats import server_metrics
 from analysis.summary import build_summary, step_records, to_json, to_markdown
 from analysis.target import PROMETHEUS_STREAM, target_series_used
+from kneeswarm.rundir import write_text
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +50,8 @@ def run_start(inputs: RunInputs) -> float:
     return min(finite) if finite else 0.0
 
 
-def summarize(inputs: RunInputs) -> dict[str, Any]:
-    """The summary dict of a loaded run (no files written)."""
+def per_step(inputs: RunInputs) -> tuple[pd.DataFrame, list[dict[str, float]], list[dict[str, Any]]]:
+    """(step statistics with ``valid`` and ``reasons``, generator CPU per step, server metrics per step)."""
     s = inputs.settings
     stats = step_stats(inputs.requests, inputs.steps, s.settle)
     t_lo, t_hi = stats["t_lo"].to_numpy(dtype=float), stats["t_hi"].to_numpy(dtype=float)
@@ -47,7 +59,16 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
     lost = data_loss_reasons(stats, inputs.requests, inputs.unreadable_parts, inputs.generator,
                              inputs.generator_unreadable, gen)
     stats = validate_steps(stats, s.min_requests, gen, s.generator_cpu_max, lost)
-    server = server_metrics(inputs.hosts, t_lo, t_hi)
+    for row in stats.loc[stats["foreign_rows"] > 0].to_dict("records"):
+        inputs.warnings.add(f"step {row['index']:g}: {row['foreign_rows']:,} rows in its steady window were recorded "
+                            "under another step and left out")
+    return stats, gen, server_metrics(inputs.hosts, t_lo, t_hi)
+
+
+def summarize(inputs: RunInputs) -> dict[str, Any]:
+    """The summary dict of a loaded run (no files written)."""
+    s = inputs.settings
+    stats, gen, server = per_step(inputs)
     good = stats.loc[stats["valid"].to_numpy(dtype=bool)]
     users, qps, p99 = good["users"].to_numpy(float), good["qps"].to_numpy(float), good["p99_ms"].to_numpy(float)
     n_ok = int(ok_mask(inputs.requests).sum())

@@ -9,7 +9,7 @@ From meta.json (any key may be absent; nothing here raises on a partial meta):
   bounds and the drift between them;
 * ``hosts[label]["parse"]``: per collector, lines read and lines skipped as malformed;
 * ``target_metrics`` (the conductor's scraper of the target's /metrics, written to
-  ``hosts/<its host>/``, "target" by default): url, scrapes, ok, failed, last_error, and its
+  ``hosts/<its host>/``, ``rundir.TARGET_HOST`` by default): url, scrapes, ok, failed, last_error, and its
   parse counts (added to that host's ``parse`` as "prometheus").
 
 Hosts are keyed by their directory name under ``hosts/`` (``RunDir.host_dir``), so that the
@@ -22,7 +22,7 @@ import logging
 import math
 from typing import Any, Iterable
 
-from kneeswarm.rundir import safe_name
+from kneeswarm.rundir import TARGET_HOST, safe_name
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +31,6 @@ GPU_KEYS = ("index", "name", "memory_total_mb", "driver")
 PROCESS_KEYS = ("pid", "cmdline", "by", "candidates", "error")
 CLOCK_SIDE_KEYS = ("offset", "error", "rtt_min", "t")
 SCRAPER_KEYS = ("url", "scrapes", "ok", "failed", "last_error")
-SCRAPER_HOST = "target"  # where the conductor's scraper writes when meta does not say
 KB_PER_GIB = 1024 * 1024
 CMDLINE_MAX = 200  # characters of a command line shown in the report
 
@@ -150,7 +149,7 @@ def host_facts(meta: dict[str, Any], data_hosts: Iterable[str] = (),
         out[name] = facts
     scraper = _dict(meta.get("target_metrics"))
     if scraper:
-        facts = out.setdefault(safe_name(str(scraper.get("host") or SCRAPER_HOST)), {})
+        facts = out.setdefault(safe_name(str(scraper.get("host") or TARGET_HOST)), {})
         picked = _pick(scraper, SCRAPER_KEYS)
         if picked:
             facts["scraper"] = picked

@@ -1,12 +1,15 @@
 """The summary: one dict that becomes report/summary.json and report/summary.md.
 
-Stable keys (DESIGN.md): run_id, complete, steps[] (index, users, requests, qps, p50_ms,
-p95_ms, p99_ms, p999_ms, mean_ms, error_rate, errors, valid, reasons[]), knee {users, qps,
-method}, peak {users, qps}.  Also written: latency_knee, totals, ended, analysis settings,
-per-step window/rps/generator/server facts (``server[host]``: vmstat, process incl.
-``sy_share``, threads, GPU means, and ``target`` {key: value} from the server's /metrics),
-``hosts`` {host: facts} (analysis.hostfacts), ``target_series`` {host: {key: series used}}
-(analysis.target).  NaN and infinities are written as null.
+Where the summary lives in a run directory: the README's "What a run directory holds" section.
+Stable keys: run_id, complete, steps[] (index, users, requests, qps, p50_ms, p95_ms, p99_ms,
+p999_ms, mean_ms, error_rate, errors, valid, reasons[]), knee {users, qps, method}, peak {users,
+qps}; ``warnings`` [one line each] and ``lost`` {what: count} (analysis.problems: meta.json's,
+each host's, and analysis's own; ``complete`` is false when anything was lost).  Also written:
+latency_knee, totals, ended, analysis settings, per-step window/rps/generator/server facts
+(``server[host]``: vmstat, process incl. ``sy_share``, threads, GPU means, and ``target``
+{key: value} from the server's /metrics), ``hosts`` {host: facts} (analysis.hostfacts),
+``target_series`` {host: {key: series used}} (analysis.target).  NaN and infinities are
+written as null.
 """
 
 from __future__ import annotations
@@ -207,7 +210,8 @@ def server_columns(summary: dict[str, Any], prefix_hosts: bool | None = None) ->
             for h in sorted(present) for head, key, fmt in SERVER_COLUMNS if key in present[h]]
 
 
-LOAD_HEADER = ["users", "requests", "QPS", "P50 ms", "P95 ms", "P99 ms", "P999 ms", "errors %", "valid"]
+VALID_HEADER = "valid"  # the column saying "yes" or "no: <reasons>"
+LOAD_HEADER = ["users", "requests", "QPS", "P50 ms", "P95 ms", "P99 ms", "P999 ms", "errors %", VALID_HEADER]
 
 
 def table_rows(summary: dict[str, Any], srv: list[tuple[str, str, str, str]] | None = None,
@@ -265,7 +269,7 @@ def to_markdown(summary: dict[str, Any]) -> str:
     # each server was doing at each step.
     header, rows = table_rows(summary, srv=[])
     if rows:
-        lines += _md_table(header, rows, numeric=8)
+        lines += _md_table(header, rows, numeric=LOAD_HEADER.index(VALID_HEADER))
         srv = server_columns(summary, prefix_hosts=False)
         for host in dict.fromkeys(h for h, _, _, _ in srv):
             lines += ["", f"**Server `{host}`**", ""]

@@ -175,6 +175,11 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def write_text(path: Path, text: str) -> None:
+    """Write a text file (UTF-8) atomically."""
+    _atomic_write_bytes(path, text.encode("utf-8"))
+
+
 def write_json(path: Path, obj: Any) -> None:
     """Write a JSON file atomically."""
     _atomic_write_bytes(path, json.dumps(obj, indent=2, sort_keys=True, default=str).encode())

@@ -94,7 +94,7 @@ def make_run(tmp_path: Path, model: Callable[[int], tuple[float, float]], users=
 
 
 def steady_rows(rd: RunDir, step: int) -> pd.DataFrame:
-    """The steady rows of one step, selected here independently of analysis.steps."""
+    """The steady rows of one step, selected here independently of analysis.loadstats."""
     df = pd.concat([pq.read_table(p).to_pandas() for p in rd.request_parts()], ignore_index=True)
     st = pd.read_csv(rd.steps_path)
     row = st[st["index"] == step].iloc[0]

@@ -1,11 +1,11 @@
-"""Per-step statistics over each step's steady window, computed from the request rows.
+"""Per-step load statistics, from the request rows, and whether each step can be trusted.
 
-The steady window of a step is ``[t_steady + settle, t_end)``: the ramp and the first
-``settle`` seconds after all users were running are left out.  A step whose ``t_end`` is
-missing (the run died during it) ends where the next step's ramp began, or, for the last
-step, at the completion of the last request.
+A step's rows are those the recorder stamped with its index (the ``step`` column) whose
+``t_start`` lies in the step's steady window (analysis.windows); a run recorded without the
+column falls back to the window alone.  Rows in the window stamped with another step are
+counted in ``foreign_rows`` (and said in the summary's warnings).
 
-Definitions (one row per step, from the rows whose ``t_start`` lies in the window):
+Definitions (one row per step):
 
 * ``requests``  every row in the window; ``ok`` the successful ones: ``ok`` true and a latency
   that is a finite number >= 0 (a row marked ok without one is counted as an error of category
@@ -14,7 +14,8 @@ Definitions (one row per step, from the rows whose ``t_start`` lies in the windo
   successful inferences); ``rps`` all requests per second;
 * ``mean_ms``, ``p50_ms`` … ``p999_ms``  over the successful rows' ``latency_ms``,
   ``numpy.percentile`` with its default (linear) method, never Locust's buckets;
-* ``error_rate`` = failed rows / requests; ``errors`` = {category: count} (null -> "other").
+* ``error_rate`` = failed rows / requests; ``errors`` = {category: count} (null -> "other");
+* ``generator_cpu``: per step, each load-generator worker's mean %CPU over the window.
 
 Validity (``validate_steps``): a step is not trusted when its window is empty, it has fewer
 than ``min_requests`` requests, more than ``MAX_ERROR_RATE`` of them failed or none succeeded,
@@ -32,7 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.target import PROMETHEUS_STREAM, target_windows
+from analysis.windows import completion_times, good_latency, resolve_windows, window_means
 from kneeswarm.rundir import UnreadablePart, safe_name
 
 logger = logging.getLogger(__name__)
@@ -42,21 +43,8 @@ OTHER_ERROR = "other"
 BAD_LATENCY_ERROR = "bad_latency"  # a row marked ok whose latency is not a finite number >= 0
 MAX_ERROR_RATE = 0.5  # a step where more than this share of the requests failed is not valid
 
-# server metrics averaged per step: stream -> {csv column: summary key}
-VMSTAT_METRICS = {"us": "us", "sy": "sy", "wa": "wa", "cs": "cs", "r": "r"}
-PROCESS_METRICS = {
-    "cpu_pct": "cpu_pct",
-    "usr_pct": "usr_pct",
-    "sys_pct": "sys_pct",
-    "rss_mb": "rss_mb",
-    "threads": "threads",
-    "cswch_s": "cswch_s",
-    "nvcswch_s": "nvcswch_s",
-    "migrations_s": "migrations_s",
-}
-GPU_MEAN_METRICS = {"sm_pct": "sm_pct", "mem_pct": "mem_pct"}  # mean over GPUs at each sample
-GPU_SUM_METRICS = {"fb_used_mb": "fb_used_mb", "power_w": "power_w"}  # summed over GPUs
-ACTIVE_THREAD_CPU_PCT = 5.0  # a thread using at least this %CPU in a sample counts as active
+__all__ = ["completion_times", "ok_mask", "error_categories", "step_stats", "generator_cpu", "validate_steps",
+           "data_loss_reasons"]
 
 
 def ok_mask(requests: pd.DataFrame) -> np.ndarray:
@@ -65,13 +53,7 @@ def ok_mask(requests: pd.DataFrame) -> np.ndarray:
     if "ok" not in requests.columns or "latency_ms" not in requests.columns:
         return np.zeros(len(requests), dtype=bool)
     ok = np.asarray(requests["ok"].to_numpy() == True, dtype=bool)  # noqa: E712 (object dtype with None)
-    return ok & _good_latency(requests)
-
-
-def _good_latency(requests: pd.DataFrame) -> np.ndarray:
-    lat = pd.to_numeric(requests["latency_ms"], errors="coerce").to_numpy(dtype=float)
-    with np.errstate(invalid="ignore"):
-        return np.isfinite(lat) & (lat >= 0)
+    return ok & good_latency(requests)
 
 
 def error_categories(requests: pd.DataFrame) -> pd.Series:
@@ -88,186 +70,64 @@ def error_categories(requests: pd.DataFrame) -> pd.Series:
     return out
 
 
-def completion_times(requests: pd.DataFrame) -> np.ndarray:
-    """Epoch seconds at which each request ended (t_start + latency; t_start without a usable latency)."""
-    t = requests["t_start"].to_numpy(dtype=float)
-    if "latency_ms" not in requests.columns:
-        return t
-    lat = requests["latency_ms"].to_numpy(dtype=float)
-    return t + np.where(_good_latency(requests), lat, 0.0) / 1000.0
-
-
-def resolve_windows(steps: pd.DataFrame, requests: pd.DataFrame, settle: float) -> pd.DataFrame:
-    """steps + ``t_end_used`` (t_end, else next t_ramp, else the last completion), ``t_lo``, ``t_hi``."""
-    out = steps.copy().reset_index(drop=True)
-    for col in ("index", "users", "t_ramp", "t_steady", "t_end"):
-        if col not in out.columns:
-            out[col] = np.nan
-        out[col] = pd.to_numeric(out[col], errors="coerce")
-    if out["index"].isna().all():
-        out["index"] = np.arange(len(out))
-    t_end = out["t_end"].to_numpy(dtype=float).copy()
-    next_ramp = np.append(out["t_ramp"].to_numpy(dtype=float)[1:], np.nan)
-    last_done = float(np.nanmax(completion_times(requests))) if len(requests) else np.nan
-    fill = np.where(np.isfinite(next_ramp), next_ramp, last_done)
-    missing = ~np.isfinite(t_end)
-    t_end[missing] = fill[missing]
-    out["t_end_used"] = t_end
-    out["t_lo"] = out["t_steady"].to_numpy(dtype=float) + float(settle)
-    out["t_hi"] = t_end
-    out["window_s"] = out["t_hi"] - out["t_lo"]
-    return out
-
-
 def _empty_stats() -> dict[str, Any]:
     return dict(requests=0, ok=0, qps=np.nan, rps=np.nan, mean_ms=np.nan,
-                **{k: np.nan for k in PERCENTILES}, error_rate=np.nan, errors={})
+                **{k: np.nan for k in PERCENTILES}, error_rate=np.nan, errors={}, foreign_rows=0)
+
+
+def recorded_steps(requests: pd.DataFrame) -> np.ndarray:
+    """The ``step`` each row was stamped with by the recorder (NaN where not recorded)."""
+    if "step" not in requests.columns:
+        return np.full(len(requests), np.nan)
+    return pd.to_numeric(requests["step"], errors="coerce").to_numpy(dtype=float)
+
+
+def _window_stats(ok: np.ndarray, lat: np.ndarray, err: pd.Series, w: float) -> dict[str, Any]:
+    """The statistics of one step's rows (already selected) over a window of ``w`` seconds."""
+    lat_ok = lat[ok]
+    n, n_ok = len(ok), int(ok.sum())
+    stats = dict(requests=n, ok=n_ok, qps=n_ok / w, rps=n / w)
+    if lat_ok.size:
+        pct = np.percentile(lat_ok, list(PERCENTILES.values()))
+        stats |= dict(mean_ms=float(lat_ok.mean()), **{k: float(v) for k, v in zip(PERCENTILES, pct)})
+    else:
+        stats |= dict(mean_ms=np.nan, **{k: np.nan for k in PERCENTILES})
+    failed = err[~ok].astype(str)
+    stats["errors"] = {str(k): int(v) for k, v in failed.value_counts().sort_index().items()}
+    stats["error_rate"] = (n - n_ok) / n if n else np.nan
+    return stats
 
 
 def step_stats(requests: pd.DataFrame, steps: pd.DataFrame, settle: float) -> pd.DataFrame:
-    """One row per step: window, requests, qps, rps, mean/p50/p95/p99/p999 ms, error_rate, errors."""
+    """One row per step: window, requests, qps, rps, mean/p50/p95/p99/p999 ms, error_rate, errors,
+    foreign_rows (rows in the window stamped with another step, left out)."""
     win = resolve_windows(steps, requests, settle)
     if len(requests) and not requests["t_start"].is_monotonic_increasing:
         requests = requests.sort_values("t_start", kind="stable").reset_index(drop=True)
     t = requests["t_start"].to_numpy(dtype=float) if len(requests) else np.empty(0)
-    ok = ok_mask(requests)
+    ok, err = ok_mask(requests), error_categories(requests)
     lat = requests["latency_ms"].to_numpy(dtype=float) if len(requests) else np.empty(0)
-    err = error_categories(requests)
+    step = recorded_steps(requests)
 
     lo_idx = np.searchsorted(t, win["t_lo"].to_numpy(dtype=float), side="left")
     hi_idx = np.searchsorted(t, win["t_hi"].to_numpy(dtype=float), side="left")
     rows = []
-    for i, (a, b, w) in enumerate(zip(lo_idx, hi_idx, win["window_s"].to_numpy(dtype=float))):
+    for a, b, w, index in zip(lo_idx, hi_idx, win["window_s"].to_numpy(dtype=float), win["index"].to_numpy(float)):
         if not (np.isfinite(w) and w > 0) or b <= a:
             rows.append(_empty_stats())
             continue
-        okw = ok[a:b]
-        lat_ok = lat[a:b][okw]
-        n, n_ok = int(b - a), int(okw.sum())
-        stats = dict(requests=n, ok=n_ok, qps=n_ok / w, rps=n / w)
-        if lat_ok.size:
-            pct = np.percentile(lat_ok, list(PERCENTILES.values()))
-            stats |= dict(mean_ms=float(lat_ok.mean()), **{k: float(v) for k, v in zip(PERCENTILES, pct)})
-        else:
-            stats |= dict(mean_ms=np.nan, **{k: np.nan for k in PERCENTILES})
-        failed = err.iloc[a:b][~okw].astype(str)
-        stats["errors"] = {str(k): int(v) for k, v in failed.value_counts().sort_index().items()}
-        stats["error_rate"] = (n - n_ok) / n
+        mine = np.isnan(step[a:b]) | (step[a:b] == index)  # unstamped rows: by the window alone
+        stats = _window_stats(ok[a:b][mine], lat[a:b][mine], err.iloc[a:b][mine], w) if mine.any() else _empty_stats()
+        stats["foreign_rows"] = int((~mine).sum())
         rows.append(stats)
     stats_df = pd.DataFrame(rows, index=win.index, columns=list(_empty_stats()))
     return pd.concat([win, stats_df], axis=1)
-
-
-def window_means(df: pd.DataFrame | None, columns: dict[str, str], t_lo: np.ndarray, t_hi: np.ndarray,
-                 by: str | None = None, sum_cols: tuple[str, ...] = ()) -> list[dict[str, float]]:
-    """Mean of each present column over each window [t_lo, t_hi); one dict per window.
-
-    With ``by`` (e.g. several pids or GPUs per sample), samples at the same ``t`` are first
-    combined: summed for ``sum_cols``, averaged otherwise.
-    """
-    n = len(t_lo)
-    if df is None or df.empty:
-        return [{} for _ in range(n)]
-    cols = [c for c in columns if c in df.columns]
-    if not cols:
-        return [{} for _ in range(n)]
-    data = df[["t", *cols]].copy()
-    for c in cols:
-        data[c] = pd.to_numeric(data[c], errors="coerce")
-    if by is not None and by in df.columns and df.duplicated("t").any():
-        agg = {c: ("sum" if c in sum_cols else "mean") for c in cols}
-        data = data.groupby("t", sort=True).agg(agg).reset_index()
-    t = data["t"].to_numpy(dtype=float)
-    order = np.argsort(t, kind="stable")
-    t = t[order]
-    values = data[cols].to_numpy(dtype=float)[order]
-    a = np.searchsorted(t, t_lo, side="left")
-    b = np.searchsorted(t, t_hi, side="left")
-    out = []
-    for lo, hi in zip(a, b):
-        if hi <= lo:
-            out.append({})
-            continue
-        with np.errstate(all="ignore"), _quiet():
-            means = np.nanmean(values[lo:hi], axis=0)
-        out.append({columns[c]: float(m) for c, m in zip(cols, means) if np.isfinite(m)})
-    return out
-
-
-class _quiet:
-    """Silence numpy's 'Mean of empty slice' warning for all-NaN columns."""
-
-    def __enter__(self):
-        import warnings
-
-        self._cm = warnings.catch_warnings()
-        self._cm.__enter__()
-        warnings.simplefilter("ignore", RuntimeWarning)
-
-    def __exit__(self, *exc):
-        return self._cm.__exit__(*exc)
 
 
 def generator_cpu(generator: dict[str, pd.DataFrame], t_lo: np.ndarray, t_hi: np.ndarray) -> list[dict[str, float]]:
     """Per window: {worker: mean cpu_pct} over the workers that reported in that window."""
     per_worker = {w: window_means(df, {"cpu_pct": "cpu_pct"}, t_lo, t_hi) for w, df in generator.items()}
     return [{w: m[i]["cpu_pct"] for w, m in per_worker.items() if "cpu_pct" in m[i]} for i in range(len(t_lo))]
-
-
-def thread_metrics(threads: pd.DataFrame | None, t_lo: np.ndarray, t_hi: np.ndarray) -> list[dict[str, float]]:
-    """Per window, from per-thread samples (threads.csv: t, tid, cpu_pct, ...):
-
-    * ``active_threads``: mean over samples of the number of threads at >= ACTIVE_THREAD_CPU_PCT %CPU
-      (the article's "active threads");
-    * ``top_thread_cpu_pct``: mean over samples of the busiest thread's %CPU (one thread pinned
-      near 100 % while the others idle points at a serial section: a GIL, a lock, one stream).
-    """
-    if threads is None or threads.empty or "cpu_pct" not in threads.columns:
-        return [{} for _ in range(len(t_lo))]
-    cpu = pd.to_numeric(threads["cpu_pct"], errors="coerce")
-    per_t = pd.DataFrame({"t": threads["t"].to_numpy(dtype=float), "cpu": cpu,
-                          "active": (cpu >= ACTIVE_THREAD_CPU_PCT).astype(float)})
-    agg = per_t.groupby("t", sort=True).agg(active_threads=("active", "sum"),
-                                            top_thread_cpu_pct=("cpu", "max")).reset_index()
-    return window_means(agg, {"active_threads": "active_threads", "top_thread_cpu_pct": "top_thread_cpu_pct"},
-                        t_lo, t_hi)
-
-
-def sy_share(process: dict[str, float]) -> float | None:
-    """The kernel's share of the process's CPU time: sys / (usr + sys) over the window's means.
-
-    The article: %sy above 10 % in a multi-threaded inference service means lock contention
-    or context switching is out of control.  None when the process used no CPU.
-    """
-    usr, sys = process.get("usr_pct"), process.get("sys_pct")
-    if usr is None or sys is None or not (usr + sys) > 0:
-        return None
-    return sys / (usr + sys)
-
-
-def server_metrics(hosts: dict[str, dict[str, pd.DataFrame]], t_lo: np.ndarray, t_hi: np.ndarray) -> list[dict[str, Any]]:
-    """Per window: {host: {metric: mean, ..., "target": {key: value}}} from vmstat, process,
-    threads, gpu and prometheus (analysis.target) samples."""
-    out: list[dict[str, Any]] = [{} for _ in range(len(t_lo))]
-    for host, streams in hosts.items():
-        process = window_means(streams.get("process"), PROCESS_METRICS, t_lo, t_hi, by="pid",
-                               sum_cols=tuple(PROCESS_METRICS))
-        parts = [
-            window_means(streams.get("vmstat"), VMSTAT_METRICS, t_lo, t_hi),
-            process,
-            [{"sy_share": v} if (v := sy_share(p)) is not None else {} for p in process],
-            thread_metrics(streams.get("threads"), t_lo, t_hi),
-            window_means(streams.get("gpu"), GPU_MEAN_METRICS | GPU_SUM_METRICS, t_lo, t_hi, by="gpu",
-                         sum_cols=tuple(GPU_SUM_METRICS)),
-        ]
-        target = target_windows(streams.get(PROMETHEUS_STREAM), t_lo, t_hi)
-        for i in range(len(t_lo)):
-            merged: dict[str, Any] = {k: v for p in parts for k, v in p[i].items()}
-            if target[i]:
-                merged["target"] = target[i]
-            if merged:
-                out[i][host] = merged
-    return out
 
 
 def _window_reasons(row: pd.Series, min_requests: int) -> list[str]:
