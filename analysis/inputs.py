@@ -24,9 +24,7 @@ from kneeswarm.rundir import STEP_COLUMNS, RunDir, UnreadablePart, WarningLog
 
 logger = logging.getLogger(__name__)
 
-HOST_STREAMS = ("vmstat", "process", "threads", "gpu")
-# where the preferred file of a stream is missing, these are read instead (procfs sampler's tables)
-STREAM_FALLBACKS = {"process": ("process.procfs",), "threads": ("threads.procfs",)}
+HOST_STREAMS = ("vmstat", "process", "threads", "gpu")  # tables read from hosts/<host>/<table>[.<collector>].csv
 GENERATOR_NEEDS = ("t", "cpu_pct")  # a generator CSV without these cannot feed the CPU guard
 
 
@@ -189,17 +187,20 @@ def read_prometheus(path: Path, warnings: WarningLog | None = None) -> pd.DataFr
 
 
 def read_hosts(rd: RunDir, warnings: WarningLog | None = None) -> dict[str, dict[str, pd.DataFrame]]:
+    """{host: {table: samples}}: each of HOST_STREAMS from its preferred <table>.csv, else from the
+    first other collector's <table>.<collector>.csv that reads; the target's series from prometheus.csv."""
     out: dict[str, dict[str, pd.DataFrame]] = {}
     for host in rd.hosts():
         streams = {}
+        tables = rd.host_tables(host)
         for name in HOST_STREAMS:
-            for file in (name, *STREAM_FALLBACKS.get(name, ())):
-                df = _read_csv_safe(lambda h=host, n=file: rd.read_host_csv(h, n), f"hosts/{host}/{file}.csv",
-                                    warnings)
+            for collector in tables.get(name, []):
+                path = rd.host_table_path(host, name, collector)
+                df = _read_csv_safe(lambda p=path: pd.read_csv(p), f"hosts/{host}/{path.name}", warnings)
                 if df is not None:
                     streams[name] = df
                     break
-        prom = read_prometheus(rd.host_dir(host) / f"{PROMETHEUS_STREAM}.csv", warnings)
+        prom = read_prometheus(rd.host_table_path(host, PROMETHEUS_STREAM), warnings)
         if prom is not None:
             streams[PROMETHEUS_STREAM] = prom
         if streams:

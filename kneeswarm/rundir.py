@@ -368,6 +368,16 @@ class RunDir:
     def hosts(self) -> list[str]:
         return sorted(p.name for p in self.hosts_dir.iterdir() if p.is_dir()) if self.hosts_dir.is_dir() else []
 
+    def host_tables(self, host: str) -> dict[str, list[str | None]]:
+        """{table: [collector or None, ...]} of the non-empty parsed CSVs of a host (see
+        :func:`split_table_name`); None (the preferred <table>.csv) first, then by collector name."""
+        out: dict[str, list[str | None]] = {}
+        for path in sorted(self.host_dir(host).glob("*.csv")):
+            if path.stat().st_size:
+                table, collector = split_table_name(path.stem)
+                out.setdefault(table, []).append(collector)
+        return {t: sorted(cs, key=lambda c: (c is not None, c or "")) for t, cs in out.items()}
+
     def read_host_csv(self, host: str, name: str) -> pd.DataFrame | None:
         path = self.host_dir(host) / f"{name}.csv"
         if not path.exists() or path.stat().st_size == 0:

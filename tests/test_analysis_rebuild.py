@@ -117,3 +117,30 @@ def test_analyze_rebuilds_server_metrics_from_raw(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "analysis rebuilt them from raw/" not in done.stdout  # parsed once; now read as they are
     assert "the controller was killed" in done.stdout
+
+
+def test_analyze_rebuilds_from_recorded_fixtures_on_the_master_clock(tmp_path):
+    """The same without running anything: real recorded vmstat and pidstat output copied into raw/."""
+    from collectors import parse_raw
+
+    rd = RunDir.create(tmp_path, "fixtures")
+    rd.plan_path.write_text(Plan(load=LoadPlan(steps=[1, 2], ramp=RAMP, hold=HOLD, settle=SETTLE)).to_toml())
+    raw = rd.raw_dir("local")
+    raw.mkdir(parents=True)
+    shutil.copy(FIXTURES / "vmstat-procps-4.0.2.txt", raw / "vmstat.txt")
+    shutil.copy(FIXTURES / "pidstat-12.6.1-t.txt", raw / "pidstat.txt")
+    host_t = parse_raw("vmstat", (raw / "vmstat.txt").read_text()).frames["vmstat"]["t"]
+    t0 = float(host_t.iloc[0]) - OFFSET  # the master's clock
+    span = (float(host_t.iloc[-1]) - float(host_t.iloc[0])) / 2
+    rd.write_steps([[0, 1, t0, t0 + RAMP, t0 + span], [1, 2, t0 + span, t0 + span + RAMP, t0 + 2 * span]])
+    rd.update_meta(run_id=rd.path.name, complete=True, ended="completed",
+                   hosts={"local": {"clock": clock_entry(OFFSET, t0)}})
+    s = analysis.analyze(rd.path)
+    vm = pd.read_csv(rd.host_dir("local") / "vmstat.csv")
+    assert vm["t"].iloc[0] == pytest.approx(t0)  # host time less the offset in meta.json
+    for i, (lo, hi) in enumerate(((t0 + RAMP + SETTLE, t0 + span), (t0 + span + RAMP + SETTLE, t0 + 2 * span))):
+        srv = s["steps"][i]["server"]["local"]
+        for col in ("us", "sy", "cs", "r"):
+            assert srv[col] == pytest.approx(window_mean(vm, col, lo, hi), rel=1e-9, abs=1e-12), col
+    assert "local: parsed CSVs were missing; analysis rebuilt them from raw/" in s["warnings"]
+    assert s["complete"] is True  # rebuilt, nothing lost

@@ -96,3 +96,24 @@ def test_readable_parts_are_all_read(tmp_path):
     assert got.unreadable == []
     expected = sum(pq.read_metadata(p).num_rows for p in rd.request_parts())
     assert len(got.frame) == expected and np.all(np.diff(got.frame["t_start"].to_numpy()) >= 0)
+
+
+def test_host_tables_name_the_preferred_file_first(tmp_path):
+    rd = RunDir.create(tmp_path, "h")
+    hd = rd.host_dir("server-1")
+    hd.mkdir(parents=True)
+    for name in ("process.procfs.csv", "process.csv", "vmstat.csv", "threads.procfs.csv"):
+        (hd / name).write_text("t,x\n1,2\n")
+    (hd / "gpu.csv").write_text("")  # empty: not a table
+    assert rd.host_tables("server-1") == {"process": [None, "procfs"], "threads": ["procfs"], "vmstat": [None]}
+
+
+def test_unreadable_preferred_table_falls_back_and_is_said(tmp_path):
+    rd = make_run(tmp_path, closed_loop(k=4), users=(1, 2))
+    hd = rd.host_dir("server-1")
+    good = (hd / "process.csv").read_bytes()
+    (hd / "process.procfs.csv").write_bytes(good)
+    (hd / "process.csv").write_bytes(b"\xff\xfe\x00" * 50)
+    s = analysis.analyze(rd.path)
+    assert s["steps"][1]["server"]["server-1"]["cpu_pct"] == 150.0  # from process.procfs.csv
+    assert any(w.startswith("hosts/server-1/process.csv: unreadable, skipped") for w in s["warnings"])
