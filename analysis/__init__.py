@@ -57,7 +57,7 @@ def per_step(inputs: RunInputs) -> tuple[pd.DataFrame, list[dict[str, float]], l
     t_lo, t_hi = stats["t_lo"].to_numpy(dtype=float), stats["t_hi"].to_numpy(dtype=float)
     gen = generator_cpu(inputs.generator, t_lo, t_hi)
     lost = data_loss_reasons(stats, inputs.requests, inputs.unreadable_parts, inputs.generator,
-                             inputs.generator_unreadable, gen)
+                             inputs.generator_unreadable)
     stats = validate_steps(stats, s.min_requests, gen, s.generator_cpu_max, lost)
     for row in stats.loc[stats["foreign_rows"] > 0].to_dict("records"):
         inputs.warnings.add(f"step {row['index']:g}: {row['foreign_rows']:,} rows in its steady window were recorded "

@@ -36,10 +36,9 @@ class Settings:
     min_requests: int = AnalysisPlan().min_requests
     generator_cpu_max: float = AnalysisPlan().generator_cpu_max
 
-    def describe(self, names: list[str] | None = None) -> str:
-        """"settle=2.0, min_requests=100, ..." for the named settings (default: all)."""
-        names = names or [f.name for f in fields(self)]
-        return ", ".join(f"{n}={getattr(self, n)!r}" for n in names)
+    def describe(self) -> str:
+        """"settle=2.0, min_requests=100, generator_cpu_max=90.0"."""
+        return ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
 
 
 @dataclass

@@ -42,6 +42,9 @@ PERCENTILES = {"p50_ms": 50.0, "p95_ms": 95.0, "p99_ms": 99.0, "p999_ms": 99.9}
 OTHER_ERROR = "other"
 BAD_LATENCY_ERROR = "bad_latency"  # a row marked ok whose latency is not a finite number >= 0
 MAX_ERROR_RATE = 0.5  # a step where more than this share of the requests failed is not valid
+# a worker that sent requests in a step has a generator sample (one a second) within this many
+# seconds of its steady window, or its CPU during the step is unknown
+GENERATOR_SLACK_S = 2.0
 
 __all__ = ["completion_times", "ok_mask", "error_categories", "step_stats", "generator_cpu", "validate_steps",
            "data_loss_reasons"]
@@ -199,8 +202,7 @@ def _part_hits(part: UnreadablePart, stats: pd.DataFrame) -> np.ndarray:
 
 
 def data_loss_reasons(stats: pd.DataFrame, requests: pd.DataFrame, unreadable_parts: list[UnreadablePart],
-                      generator: dict[str, pd.DataFrame], generator_unreadable: dict[str, str],
-                      gen_cpu: list[dict[str, float]]) -> list[list[str]]:
+                      generator: dict[str, pd.DataFrame], generator_unreadable: dict[str, str]) -> list[list[str]]:
     """Per step: why data the step depends on is missing (it cannot claim to be clean)."""
     out: list[list[str]] = [[] for _ in range(len(stats))]
     for part in unreadable_parts:
@@ -211,8 +213,9 @@ def data_loss_reasons(stats: pd.DataFrame, requests: pd.DataFrame, unreadable_pa
         for reasons in out:
             reasons.append(f"generator metrics unreadable (generator/{worker}.csv): "
                            "the load generator's CPU is unknown")
-    senders = workers_per_window(requests, stats["t_lo"].to_numpy(dtype=float), stats["t_hi"].to_numpy(dtype=float))
-    for i, (sent, cpu) in enumerate(zip(senders, gen_cpu)):
+    t_lo, t_hi = stats["t_lo"].to_numpy(dtype=float), stats["t_hi"].to_numpy(dtype=float)
+    near = generator_cpu(generator, t_lo - GENERATOR_SLACK_S, t_hi + GENERATOR_SLACK_S)
+    for i, (sent, cpu) in enumerate(zip(workers_per_window(requests, t_lo, t_hi), near)):
         for worker in sorted((sent & set(generator)) - set(cpu)):
             out[i].append(f"generator metrics missing: worker {worker} sent requests but has no sample "
                           "in the steady window")

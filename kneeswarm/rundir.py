@@ -14,6 +14,9 @@ A run that dies half-way leaves files analysis can read, and analysis can be re-
 What went wrong is recorded, never only logged: meta.json["warnings"] (one line each, see
 :class:`WarningLog`) and meta.json["lost"] ({what: count}, e.g. request rows that could not be
 written); the report shows both at the top, and a run with losses is not reported as clean.
+Readers never hide bad data either: :meth:`RunDir.read_request_rows` lists the parts it could
+not read (with what their footers still say), and an unreadable meta.json is never
+overwritten (update_meta keeps it aside as meta.json.corrupt and says so in "warnings").
 """
 
 from __future__ import annotations

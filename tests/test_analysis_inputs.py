@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import analysis
+from analysis.loadstats import GENERATOR_SLACK_S
 from kneeswarm.plan import AnalysisPlan, LoadPlan
 from kneeswarm.rundir import REQUEST_SCHEMA
 from synthetic_run import HOLD, SETTLE, closed_loop, make_run, steady_rows
@@ -41,12 +42,24 @@ def test_generator_csv_without_samples_in_a_step_invalidates_it(tmp_path):
     path = rd.generator_dir / "w1.csv"
     gen = pd.read_csv(path)
     steps = pd.read_csv(rd.steps_path)
-    gap = (gen["t"] >= steps["t_ramp"][1]) & (gen["t"] < steps["t_end"][1])  # worker w1 silent in step 1
+    # worker w1 silent during step 1 and beyond the GENERATOR_SLACK_S around its steady window
+    gap = (gen["t"] >= steps["t_ramp"][1]) & (gen["t"] < steps["t_end"][1] + GENERATOR_SLACK_S + 1)
     gen[~gap].to_csv(path, index=False)
     s = analysis.analyze(rd.path)
     assert [st["valid"] for st in s["steps"]] == [True, False, True]
     assert s["steps"][1]["reasons"] == [
         "generator metrics missing: worker w1 sent requests but has no sample in the steady window"]
+
+
+def test_generator_sample_just_outside_a_short_window_is_enough(tmp_path):
+    rd = make_run(tmp_path, closed_loop(k=4), users=(1, 2, 4))
+    path = rd.generator_dir / "w1.csv"
+    gen = pd.read_csv(path)
+    steps = pd.read_csv(rd.steps_path)
+    lo, hi = steps["t_steady"][1] + SETTLE, steps["t_end"][1]
+    gen[(gen["t"] < lo) | (gen["t"] >= hi)].to_csv(path, index=False)  # samples 1 s either side only
+    s = analysis.analyze(rd.path)
+    assert [st["valid"] for st in s["steps"]] == [True, True, True]
 
 
 def test_torn_generator_line_is_skipped_and_said(tmp_path):
