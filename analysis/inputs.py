@@ -106,15 +106,18 @@ def settings_from_plan(plan: dict[str, Any], warnings: WarningLog | None = None)
     return s
 
 
-def _read_csv_safe(read: Callable[[], pd.DataFrame | None], what: str,
-                   warnings: WarningLog | None = None) -> pd.DataFrame | None:
-    """A host CSV sorted by a numeric ``t``; None when empty, without ``t`` or unreadable (said)."""
+def _read_csv_safe(read: Callable[[], pd.DataFrame | None], what: str, warnings: WarningLog | None = None,
+                   lost: dict[str, int] | None = None) -> pd.DataFrame | None:
+    """A host CSV sorted by a numeric ``t``; None when empty, without ``t`` or unreadable (said in
+    ``warnings``, counted in ``lost["host_csvs"]``)."""
     try:
         df = read()
     except Exception as e:  # a torn or garbled CSV must not stop the analysis
         logger.warning("%s: unreadable, skipped (%s)", what, e)
         if warnings is not None:
             warnings.add(f"{what}: unreadable, skipped ({_one_line(e)})")
+        if lost is not None:
+            count_lost(lost, "host_csvs")
         return None
     if df is None or df.empty or "t" not in df.columns:
         return None
@@ -167,7 +170,8 @@ def read_generator(rd: RunDir, inputs: RunInputs | None = None) -> dict[str, pd.
     return out
 
 
-def read_prometheus(path: Path, warnings: WarningLog | None = None) -> pd.DataFrame | None:
+def read_prometheus(path: Path, warnings: WarningLog | None = None,
+                    lost: dict[str, int] | None = None) -> pd.DataFrame | None:
     """hosts/<host>/prometheus.csv narrowed to the series analysis.target knows (None if none)."""
     if not path.exists() or path.stat().st_size == 0:
         return None
@@ -176,16 +180,19 @@ def read_prometheus(path: Path, warnings: WarningLog | None = None) -> pd.DataFr
     except Exception as e:
         logger.warning("%s: unreadable, skipped (%s)", path, e)
         if warnings is not None:
-            warnings.add(f"{path.parent.name}/{path.name}: unreadable, skipped ({_one_line(e)})")
+            warnings.add(f"hosts/{path.parent.name}/{path.name}: unreadable, skipped ({_one_line(e)})")
+        if lost is not None:
+            count_lost(lost, "host_csvs")
         return None
     cols = wanted_columns(header) if "t" in header else []
     if len(cols) < 2:
         logger.info("%s: no well-known target series (%d columns)", path, len(header))
         return None
-    return _read_csv_safe(lambda: pd.read_csv(path, usecols=cols), f"{path.parent.name}/{path.name}", warnings)
+    return _read_csv_safe(lambda: pd.read_csv(path, usecols=cols), f"hosts/{path.parent.name}/{path.name}", warnings, lost)
 
 
-def read_hosts(rd: RunDir, warnings: WarningLog | None = None) -> dict[str, dict[str, pd.DataFrame]]:
+def read_hosts(rd: RunDir, warnings: WarningLog | None = None,
+               lost: dict[str, int] | None = None) -> dict[str, dict[str, pd.DataFrame]]:
     """{host: {table: samples}}: each of HOST_STREAMS from its preferred <table>.csv, else from the
     first other collector's <table>.<collector>.csv that reads; the target's series from prometheus.csv."""
     out: dict[str, dict[str, pd.DataFrame]] = {}
@@ -195,11 +202,11 @@ def read_hosts(rd: RunDir, warnings: WarningLog | None = None) -> dict[str, dict
         for name in HOST_STREAMS:
             for collector in tables.get(name, []):
                 path = rd.host_table_path(host, name, collector)
-                df = _read_csv_safe(lambda p=path: pd.read_csv(p), f"hosts/{host}/{path.name}", warnings)
+                df = _read_csv_safe(lambda p=path: pd.read_csv(p), f"hosts/{host}/{path.name}", warnings, lost)
                 if df is not None:
                     streams[name] = df
                     break
-        prom = read_prometheus(rd.host_table_path(host, PROMETHEUS_STREAM), warnings)
+        prom = read_prometheus(rd.host_table_path(host, PROMETHEUS_STREAM), warnings, lost)
         if prom is not None:
             streams[PROMETHEUS_STREAM] = prom
         if streams:
@@ -250,7 +257,7 @@ def load_inputs(run_dir: str | Path) -> RunInputs:
         count_lost(inputs.lost, "meta_json")
     inputs.generator = read_generator(rd, inputs)
     inputs.parse = rebuild_parsed(rd, meta, warnings)
-    inputs.hosts = read_hosts(rd, warnings)
+    inputs.hosts = read_hosts(rd, warnings, inputs.lost)
     for line in missing_lines(rd, meta, inputs.steps, set(inputs.hosts)):
         warnings.add(line)
     return inputs

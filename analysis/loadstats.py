@@ -50,13 +50,18 @@ __all__ = ["completion_times", "ok_mask", "error_categories", "step_stats", "gen
            "data_loss_reasons"]
 
 
-def ok_mask(requests: pd.DataFrame) -> np.ndarray:
-    """True where the row is a success: ``ok`` true (null counts as false) and a latency that is
-    a finite number >= 0."""
-    if "ok" not in requests.columns or "latency_ms" not in requests.columns:
+def marked_ok(requests: pd.DataFrame) -> np.ndarray:
+    """The recorder's ``ok`` as booleans (null counts as false)."""
+    if "ok" not in requests.columns:
         return np.zeros(len(requests), dtype=bool)
-    ok = np.asarray(requests["ok"].to_numpy() == True, dtype=bool)  # noqa: E712 (object dtype with None)
-    return ok & good_latency(requests)
+    return np.asarray(requests["ok"].to_numpy() == True, dtype=bool)  # noqa: E712 (object dtype with None)
+
+
+def ok_mask(requests: pd.DataFrame) -> np.ndarray:
+    """True where the row is a success: marked ``ok`` and a latency that is a finite number >= 0."""
+    if "latency_ms" not in requests.columns:
+        return np.zeros(len(requests), dtype=bool)
+    return marked_ok(requests) & good_latency(requests)
 
 
 def error_categories(requests: pd.DataFrame) -> pd.Series:
@@ -64,11 +69,9 @@ def error_categories(requests: pd.DataFrame) -> pd.Series:
     usable latency, ``other`` for a failure without a category (None for successes)."""
     err = requests["error"] if "error" in requests.columns else pd.Series([None] * len(requests), dtype=object)
     out = err.astype(object).where(err.notna(), None).reset_index(drop=True)
-    marked_ok = np.asarray(requests["ok"].to_numpy() == True, dtype=bool) if "ok" in requests.columns \
-        else np.zeros(len(requests), dtype=bool)  # noqa: E712
     success = ok_mask(requests)
     out[~success] = out[~success].fillna(OTHER_ERROR)
-    out[marked_ok & ~success] = BAD_LATENCY_ERROR
+    out[marked_ok(requests) & ~success] = BAD_LATENCY_ERROR
     out[success] = None
     return out
 

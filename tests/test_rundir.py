@@ -117,3 +117,4 @@ def test_unreadable_preferred_table_falls_back_and_is_said(tmp_path):
     s = analysis.analyze(rd.path)
     assert s["steps"][1]["server"]["server-1"]["cpu_pct"] == 150.0  # from process.procfs.csv
     assert any(w.startswith("hosts/server-1/process.csv: unreadable, skipped") for w in s["warnings"])
+    assert s["lost"] == {"host_csvs": 1} and s["complete"] is False
