@@ -95,7 +95,8 @@ def settings_from_plan(plan: dict[str, Any], warnings: WarningLog | None = None)
                 setattr(s, name, cast(table[name]))
                 continue
             except (TypeError, ValueError):
-                line = f"plan.toml: {name}={table[name]!r} is not a number; analysis used the default {name}={getattr(s, name)!r}"
+                line = (f"plan.toml: {name}={table[name]!r} is not a number; "
+                        f"analysis used the default {name}={getattr(s, name)!r}")
         elif plan:
             line = f"plan.toml has no {name}; analysis used the default {name}={getattr(s, name)!r}"
         else:
@@ -188,7 +189,8 @@ def read_prometheus(path: Path, warnings: WarningLog | None = None,
     if len(cols) < 2:
         logger.info("%s: no well-known target series (%d columns)", path, len(header))
         return None
-    return _read_csv_safe(lambda: pd.read_csv(path, usecols=cols), f"hosts/{path.parent.name}/{path.name}", warnings, lost)
+    return _read_csv_safe(lambda: pd.read_csv(path, usecols=cols), f"hosts/{path.parent.name}/{path.name}",
+                          warnings, lost)
 
 
 def read_hosts(rd: RunDir, warnings: WarningLog | None = None,
