@@ -1,11 +1,20 @@
 """Floor 3: a run directory in, report/summary.json + summary.md + index.html out.
 
-Pure data: no network, no SSH.  ``analyze(run_dir)`` works on complete, crashed and
-interrupted runs alike and reports what it has (``complete`` false when meta.json says so
-or is missing).  The pieces are usable alone: ``step_stats`` (analysis.steps), ``find_knee``,
-``find_latency_knee``, ``find_peak`` (analysis.knee), ``to_markdown`` (analysis.summary),
-``render_html`` (analysis.report), ``host_facts`` (analysis.hostfacts: the report header),
-``target_windows`` (analysis.target: the server's own /metrics per step).
+No network, no SSH.  ``analyze(run_dir)`` works on complete, crashed and interrupted runs
+alike: it rebuilds what can be derived from disk (parsed host CSVs from hosts/<host>/raw/,
+analysis.rebuild), reports what it has, and says what is missing or was lost (summary
+``warnings``, ``lost``, ``complete``: analysis.problems).  The pieces, one module per concept:
+
+* analysis.inputs      everything read from the run directory (analysis.rebuild: raw -> parsed)
+* analysis.windows     each step's steady window; means of samples over windows
+* analysis.loadstats   per-step request statistics (``step_stats``) and validity
+* analysis.serverstats per-step server metrics (``server_metrics``)
+* analysis.target      the server's own /metrics per step (``target_windows``)
+* analysis.knee        ``find_knee``, ``find_latency_knee``, ``find_peak``
+* analysis.hostfacts   the report header: what each host was (``host_facts``)
+* analysis.problems    warnings and losses of meta.json, the hosts and analysis, merged
+* analysis.summary     summary.json/summary.md (``build_summary``, ``to_markdown``)
+* analysis.report      index.html (``render_html``)
 """
 
 from __future__ import annotations
@@ -15,14 +24,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from analysis.hostfacts import host_facts
 from analysis.inputs import RunInputs, load_inputs
 from analysis.knee import find_knee, find_latency_knee, find_peak
-from analysis.report import render_html, write_text
-from analysis.steps import generator_cpu, ok_mask, server_metrics, step_stats, validate_steps
+from analysis.loadstats import data_loss_reasons, generator_cpu, ok_mask, step_stats, validate_steps
+from analysis.problems import collect
+from analysis.report import render_html
+from analysis.serverstats import server_metrics
 from analysis.summary import build_summary, step_records, to_json, to_markdown
 from analysis.target import PROMETHEUS_STREAM, target_series_used
+from kneeswarm.rundir import write_text
 
 logger = logging.getLogger(__name__)
 
@@ -37,17 +50,30 @@ def run_start(inputs: RunInputs) -> float:
     return min(finite) if finite else 0.0
 
 
-def summarize(inputs: RunInputs) -> dict[str, Any]:
-    """The summary dict of a loaded run (no files written)."""
+def per_step(inputs: RunInputs) -> tuple[pd.DataFrame, list[dict[str, float]], list[dict[str, Any]]]:
+    """(step statistics with ``valid`` and ``reasons``, generator CPU per step, server metrics per step)."""
     s = inputs.settings
     stats = step_stats(inputs.requests, inputs.steps, s.settle)
     t_lo, t_hi = stats["t_lo"].to_numpy(dtype=float), stats["t_hi"].to_numpy(dtype=float)
     gen = generator_cpu(inputs.generator, t_lo, t_hi)
-    stats = validate_steps(stats, s.min_requests, gen, s.generator_cpu_max)
-    server = server_metrics(inputs.hosts, t_lo, t_hi)
+    lost = data_loss_reasons(stats, inputs.requests, inputs.unreadable_parts, inputs.generator,
+                             inputs.generator_unreadable)
+    stats = validate_steps(stats, s.min_requests, gen, s.generator_cpu_max, lost)
+    for row in stats.loc[stats["foreign_rows"] > 0].to_dict("records"):
+        inputs.warnings.add(f"step {row['index']:g}: {row['foreign_rows']:,} rows in its steady window were recorded "
+                            "under another step and left out")
+    return stats, gen, server_metrics(inputs.hosts, t_lo, t_hi)
+
+
+def summarize(inputs: RunInputs) -> dict[str, Any]:
+    """The summary dict of a loaded run (no files written)."""
+    s = inputs.settings
+    stats, gen, server = per_step(inputs)
     good = stats.loc[stats["valid"].to_numpy(dtype=bool)]
     users, qps, p99 = good["users"].to_numpy(float), good["qps"].to_numpy(float), good["p99_ms"].to_numpy(float)
     n_ok = int(ok_mask(inputs.requests).sum())
+    if len(inputs.requests) and not n_ok:
+        inputs.warnings.add(f"no request succeeded ({len(inputs.requests):,} requests, all failed): no step is valid")
     return build_summary(
         run_id=inputs.run_id,
         meta=inputs.meta,
@@ -58,10 +84,11 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
         peak=find_peak(users, qps),
         totals={"requests": len(inputs.requests), "errors": len(inputs.requests) - n_ok,
                 "steps": len(stats), "valid_steps": int(stats["valid"].sum())},
-        hosts=host_facts(inputs.meta, inputs.hosts),
+        hosts=host_facts(inputs.meta, inputs.hosts, inputs.parse),
         workers=sorted(inputs.generator),
         target_series={h: used for h, streams in sorted(inputs.hosts.items())
                         if (used := target_series_used(streams.get(PROMETHEUS_STREAM)))},
+        problems=collect(inputs.meta, inputs.warnings.to_list(), inputs.lost),
     )
 
 

@@ -9,7 +9,7 @@ From meta.json (any key may be absent; nothing here raises on a partial meta):
   bounds and the drift between them;
 * ``hosts[label]["parse"]``: per collector, lines read and lines skipped as malformed;
 * ``target_metrics`` (the conductor's scraper of the target's /metrics, written to
-  ``hosts/<its host>/``, "target" by default): url, scrapes, ok, failed, last_error, and its
+  ``hosts/<its host>/``, ``rundir.TARGET_HOST`` by default): url, scrapes, ok, failed, last_error, and its
   parse counts (added to that host's ``parse`` as "prometheus").
 
 Hosts are keyed by their directory name under ``hosts/`` (``RunDir.host_dir``), so that the
@@ -22,7 +22,7 @@ import logging
 import math
 from typing import Any, Iterable
 
-from kneeswarm.rundir import safe_name
+from kneeswarm.rundir import TARGET_HOST, safe_name
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +31,6 @@ GPU_KEYS = ("index", "name", "memory_total_mb", "driver")
 PROCESS_KEYS = ("pid", "cmdline", "by", "candidates", "error")
 CLOCK_SIDE_KEYS = ("offset", "error", "rtt_min", "t")
 SCRAPER_KEYS = ("url", "scrapes", "ok", "failed", "last_error")
-SCRAPER_HOST = "target"  # where the conductor's scraper writes when meta does not say
 KB_PER_GIB = 1024 * 1024
 CMDLINE_MAX = 200  # characters of a command line shown in the report
 
@@ -82,7 +81,7 @@ def _clock(clock: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _parse_counts(parse: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def parse_counts(parse: dict[str, Any]) -> dict[str, dict[str, Any]]:
     out = {}
     for name, p in sorted(_dict(parse).items()):
         p = _dict(p)
@@ -125,7 +124,7 @@ def host_facts_one(preflight: dict[str, Any], host_meta: dict[str, Any]) -> dict
     clock = _clock(_dict(host_meta.get("clock")))
     if clock:
         out["clock"] = clock
-    parse = _parse_counts(_dict(host_meta.get("parse")))
+    parse = parse_counts(_dict(host_meta.get("parse")))
     if parse:
         out["parse"] = parse
     for k in ("transport", "label"):
@@ -136,8 +135,10 @@ def host_facts_one(preflight: dict[str, Any], host_meta: dict[str, Any]) -> dict
     return out
 
 
-def host_facts(meta: dict[str, Any], data_hosts: Iterable[str] = ()) -> dict[str, dict[str, Any]]:
-    """{host dir name: facts} over the hosts in meta.json and those with data under hosts/."""
+def host_facts(meta: dict[str, Any], data_hosts: Iterable[str] = (),
+               rebuilt: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """{host dir name: facts} over the hosts in meta.json and those with data under hosts/;
+    ``rebuilt``: {host: parse stats} of hosts whose raw files analysis parsed again."""
     pre, hosts = _dict(meta.get("hosts_preflight")), _dict(meta.get("hosts"))
     out: dict[str, dict[str, Any]] = {}
     for label in sorted(set(pre) | set(hosts), key=str):
@@ -148,15 +149,19 @@ def host_facts(meta: dict[str, Any], data_hosts: Iterable[str] = ()) -> dict[str
         out[name] = facts
     scraper = _dict(meta.get("target_metrics"))
     if scraper:
-        facts = out.setdefault(safe_name(str(scraper.get("host") or SCRAPER_HOST)), {})
+        facts = out.setdefault(safe_name(str(scraper.get("host") or TARGET_HOST)), {})
         picked = _pick(scraper, SCRAPER_KEYS)
         if picked:
             facts["scraper"] = picked
-        parse = _parse_counts({"prometheus": scraper.get("parse")})
+        parse = parse_counts({"prometheus": scraper.get("parse")})
         if parse:
             facts["parse"] = {**facts.get("parse", {}), **parse}
     for h in data_hosts:
         out.setdefault(h, {})
+    for h, stats in (rebuilt or {}).items():
+        parse = parse_counts(stats)
+        if parse and not out.setdefault(h, {}).get("parse"):
+            out[h]["parse"] = parse
     return dict(sorted(out.items()))
 
 

@@ -1,29 +1,31 @@
 """Read everything analysis needs from a run directory, tolerating whatever is missing.
 
 A run that crashed half-way may lack meta.json, plan.toml, steps' ends, request parts,
-generator or host files; each missing piece is logged and replaced by an empty value so
-that the analysis reports what it has instead of failing.
+generator or host files; each missing or unreadable piece is replaced by an empty value so that
+the analysis reports what it has instead of failing, and is said in ``RunInputs.warnings``
+(one line each) and, where data was lost, counted in ``RunInputs.lost`` ({what: count}); both
+reach summary.json and the top of the report.
 """
 
 from __future__ import annotations
 
 import logging
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
+from analysis.rebuild import missing_lines, rebuild_parsed
 from analysis.target import PROMETHEUS_STREAM, wanted_columns
 from kneeswarm.plan import AnalysisPlan, LoadPlan
-from kneeswarm.rundir import RunDir
+from kneeswarm.rundir import STEP_COLUMNS, RunDir, UnreadablePart, WarningLog
 
 logger = logging.getLogger(__name__)
 
-HOST_STREAMS = ("vmstat", "process", "threads", "gpu")
-# where the preferred file of a stream is missing, these are read instead (procfs sampler's tables)
-STREAM_FALLBACKS = {"process": ("process.procfs",), "threads": ("threads.procfs",)}
+HOST_STREAMS = ("vmstat", "process", "threads", "gpu")  # tables read from hosts/<host>/<table>[.<collector>].csv
+GENERATOR_NEEDS = ("t", "cpu_pct")  # a generator CSV without these cannot feed the CPU guard
 
 
 @dataclass
@@ -33,6 +35,10 @@ class Settings:
     settle: float = LoadPlan().settle
     min_requests: int = AnalysisPlan().min_requests
     generator_cpu_max: float = AnalysisPlan().generator_cpu_max
+
+    def describe(self) -> str:
+        """"settle=2.0, min_requests=100, generator_cpu_max=90.0"."""
+        return ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
 
 
 @dataclass
@@ -46,20 +52,36 @@ class RunInputs:
     requests: pd.DataFrame
     generator: dict[str, pd.DataFrame] = field(default_factory=dict)
     hosts: dict[str, dict[str, pd.DataFrame]] = field(default_factory=dict)
+    warnings: WarningLog = field(default_factory=WarningLog)  # what analysis itself found wrong
+    lost: dict[str, int] = field(default_factory=dict)  # what analysis could not read: {what: count}
+    unreadable_parts: list[UnreadablePart] = field(default_factory=list)
+    generator_unreadable: dict[str, str] = field(default_factory=dict)  # worker (CSV stem) -> why
+    parse: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> parse stats of a rebuild
 
 
-def read_plan(path: Path) -> dict[str, Any]:
-    """The resolved plan as a dict; {} when missing or unreadable (never raises)."""
+def count_lost(lost: dict[str, int], what: str, n: int = 1) -> None:
+    lost[what] = lost.get(what, 0) + n
+
+
+def read_plan(path: Path, warnings: WarningLog | None = None) -> dict[str, Any]:
+    """The resolved plan as a dict; {} when missing or unreadable (never raises; said in warnings)."""
+    why = None
     try:
         return tomllib.loads(path.read_text())
     except FileNotFoundError:
-        logger.warning("%s: missing; using default analysis settings", path)
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        logger.warning("%s: unreadable (%s); using default analysis settings", path, e)
+        why = "missing"
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as e:
+        why = f"unreadable ({e})"
+    line = f"plan.toml {why}: analysis used the default settings {Settings().describe()}"
+    logger.warning("%s", line)
+    if warnings is not None:
+        warnings.add(line)
     return {}
 
 
-def settings_from_plan(plan: dict[str, Any]) -> Settings:
+def settings_from_plan(plan: dict[str, Any], warnings: WarningLog | None = None) -> Settings:
+    """The analysis settings of a plan; a bad or missing value falls back to its default, said in
+    ``warnings`` (a missing plan is said by :func:`read_plan`)."""
     s = Settings()
     load = plan.get("load") if isinstance(plan.get("load"), dict) else {}
     ana = plan.get("analysis") if isinstance(plan.get("analysis"), dict) else {}
@@ -71,36 +93,86 @@ def settings_from_plan(plan: dict[str, Any]) -> Settings:
         if name in table:
             try:
                 setattr(s, name, cast(table[name]))
+                continue
             except (TypeError, ValueError):
-                logger.warning("plan.toml: %s=%r is not a number; using %r", name, table[name], getattr(s, name))
+                line = (f"plan.toml: {name}={table[name]!r} is not a number; "
+                        f"analysis used the default {name}={getattr(s, name)!r}")
+        elif plan:
+            line = f"plan.toml has no {name}; analysis used the default {name}={getattr(s, name)!r}"
+        else:
+            continue
+        logger.warning("%s", line)
+        if warnings is not None:
+            warnings.add(line)
     return s
 
 
-def _read_csv_safe(read, what: str) -> pd.DataFrame | None:
+def _read_csv_safe(read: Callable[[], pd.DataFrame | None], what: str, warnings: WarningLog | None = None,
+                   lost: dict[str, int] | None = None) -> pd.DataFrame | None:
+    """A host CSV sorted by a numeric ``t``; None when empty, without ``t`` or unreadable (said in
+    ``warnings``, counted in ``lost["host_csvs"]``)."""
     try:
         df = read()
     except Exception as e:  # a torn or garbled CSV must not stop the analysis
         logger.warning("%s: unreadable, skipped (%s)", what, e)
+        if warnings is not None:
+            warnings.add(f"{what}: unreadable, skipped ({_one_line(e)})")
+        if lost is not None:
+            count_lost(lost, "host_csvs")
         return None
     if df is None or df.empty or "t" not in df.columns:
         return None
+    return _sorted_by_t(df)
+
+
+def _one_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _sorted_by_t(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
     df["t"] = pd.to_numeric(df["t"], errors="coerce")
     return df.dropna(subset=["t"]).sort_values("t", kind="stable").reset_index(drop=True)
 
 
-def read_generator(rd: RunDir) -> dict[str, pd.DataFrame]:
+def read_generator_csv(path: Path) -> tuple[pd.DataFrame, int]:
+    """One worker's generator CSV and the number of malformed lines skipped (e.g. a torn last
+    append).  Raises ValueError when it cannot feed the CPU guard (no t or cpu_pct column)."""
+    bad: list[list[str]] = []
+    df = pd.read_csv(path, engine="python", on_bad_lines=lambda line: bad.append(line))
+    missing = [c for c in GENERATOR_NEEDS if c not in df.columns]
+    if missing:
+        raise ValueError(f"no {', '.join(missing)} column")
+    for c in GENERATOR_NEEDS:
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    return _sorted_by_t(df), len(bad)
+
+
+def read_generator(rd: RunDir, inputs: RunInputs | None = None) -> dict[str, pd.DataFrame]:
+    """{worker: samples} from generator/*.csv.  A CSV that cannot be read is named in
+    ``inputs.generator_unreadable`` (its steps cannot be trusted: the CPU guard is blind there)."""
     out: dict[str, pd.DataFrame] = {}
     for p in sorted(rd.generator_dir.glob("*.csv")) if rd.generator_dir.is_dir() else []:
-        if p.stat().st_size == 0:
+        try:
+            df, skipped = read_generator_csv(p)
+        except Exception as e:  # noqa: BLE001 - any unreadable file becomes a counted loss
+            why = _one_line(e) if p.stat().st_size else "empty file"
+            logger.warning("%s: unreadable (%s)", p, why)
+            if inputs is not None:
+                inputs.generator_unreadable[p.stem] = why
+                inputs.warnings.add(f"generator/{p.name}: unreadable ({why}): worker {p.stem}'s CPU is "
+                                    "unknown, its steps are not valid")
+                count_lost(inputs.lost, "generator_csvs")
             continue
-        df = _read_csv_safe(lambda p=p: pd.read_csv(p), str(p))
-        if df is not None:
-            out[p.stem] = df
+        if skipped and inputs is not None:
+            inputs.warnings.add(f"generator/{p.name}: {skipped} malformed lines skipped")
+        out[p.stem] = df
     return out
 
 
-def read_prometheus(path: Path) -> pd.DataFrame | None:
+def read_prometheus(path: Path, warnings: WarningLog | None = None,
+                    lost: dict[str, int] | None = None) -> pd.DataFrame | None:
     """hosts/<host>/prometheus.csv narrowed to the series analysis.target knows (None if none)."""
     if not path.exists() or path.stat().st_size == 0:
         return None
@@ -108,25 +180,35 @@ def read_prometheus(path: Path) -> pd.DataFrame | None:
         header = list(pd.read_csv(path, nrows=0).columns)
     except Exception as e:
         logger.warning("%s: unreadable, skipped (%s)", path, e)
+        if warnings is not None:
+            warnings.add(f"hosts/{path.parent.name}/{path.name}: unreadable, skipped ({_one_line(e)})")
+        if lost is not None:
+            count_lost(lost, "host_csvs")
         return None
     cols = wanted_columns(header) if "t" in header else []
     if len(cols) < 2:
         logger.info("%s: no well-known target series (%d columns)", path, len(header))
         return None
-    return _read_csv_safe(lambda: pd.read_csv(path, usecols=cols), str(path))
+    return _read_csv_safe(lambda: pd.read_csv(path, usecols=cols), f"hosts/{path.parent.name}/{path.name}",
+                          warnings, lost)
 
 
-def read_hosts(rd: RunDir) -> dict[str, dict[str, pd.DataFrame]]:
+def read_hosts(rd: RunDir, warnings: WarningLog | None = None,
+               lost: dict[str, int] | None = None) -> dict[str, dict[str, pd.DataFrame]]:
+    """{host: {table: samples}}: each of HOST_STREAMS from its preferred <table>.csv, else from the
+    first other collector's <table>.<collector>.csv that reads; the target's series from prometheus.csv."""
     out: dict[str, dict[str, pd.DataFrame]] = {}
     for host in rd.hosts():
         streams = {}
+        tables = rd.host_tables(host)
         for name in HOST_STREAMS:
-            for file in (name, *STREAM_FALLBACKS.get(name, ())):
-                df = _read_csv_safe(lambda h=host, n=file: rd.read_host_csv(h, n), f"{rd.host_dir(host)}/{file}.csv")
+            for collector in tables.get(name, []):
+                path = rd.host_table_path(host, name, collector)
+                df = _read_csv_safe(lambda p=path: pd.read_csv(p), f"hosts/{host}/{path.name}", warnings, lost)
                 if df is not None:
                     streams[name] = df
                     break
-        prom = read_prometheus(rd.host_dir(host) / f"{PROMETHEUS_STREAM}.csv")
+        prom = read_prometheus(rd.host_table_path(host, PROMETHEUS_STREAM), warnings, lost)
         if prom is not None:
             streams[PROMETHEUS_STREAM] = prom
         if streams:
@@ -134,13 +216,16 @@ def read_hosts(rd: RunDir) -> dict[str, dict[str, pd.DataFrame]]:
     return out
 
 
-def read_steps(rd: RunDir) -> pd.DataFrame:
+def read_steps(rd: RunDir, warnings: WarningLog | None = None) -> pd.DataFrame:
+    """steps.csv with numeric STEP_COLUMNS (NaN where missing); no rows when missing or unreadable."""
     try:
         steps = rd.read_steps()
     except Exception as e:
         logger.warning("%s: unreadable (%s); no steps", rd.steps_path, e)
-        steps = pd.DataFrame(columns=["index", "users", "t_ramp", "t_steady", "t_end"])
-    for col in ("index", "users", "t_ramp", "t_steady", "t_end"):
+        if warnings is not None:
+            warnings.add(f"steps.csv: unreadable ({_one_line(e)}): no steps")
+        steps = pd.DataFrame(columns=list(STEP_COLUMNS))
+    for col in STEP_COLUMNS:
         if col not in steps.columns:
             steps[col] = float("nan")
         steps[col] = pd.to_numeric(steps[col], errors="coerce")
@@ -150,15 +235,31 @@ def read_steps(rd: RunDir) -> pd.DataFrame:
 def load_inputs(run_dir: str | Path) -> RunInputs:
     rd = RunDir.open(run_dir)
     meta = rd.read_meta()
-    plan = read_plan(rd.plan_path)
-    return RunInputs(
+    warnings = WarningLog()
+    plan = read_plan(rd.plan_path, warnings)
+    requests = rd.read_request_rows()
+    inputs = RunInputs(
         run_dir=rd,
         run_id=str(meta.get("run_id") or rd.path.name),
         meta=meta,
         plan=plan,
-        settings=settings_from_plan(plan),
-        steps=read_steps(rd),
-        requests=rd.read_requests(),
-        generator=read_generator(rd),
-        hosts=read_hosts(rd),
+        settings=settings_from_plan(plan, warnings),
+        steps=read_steps(rd, warnings),
+        requests=requests.frame,
+        warnings=warnings,
+        unreadable_parts=requests.unreadable,
     )
+    for part in requests.unreadable:
+        warnings.add(part.line())
+    if requests.unreadable:
+        count_lost(inputs.lost, "request_parts", len(requests.unreadable))
+    for aside in rd.corrupt_meta_copies():
+        warnings.add(f"{aside.name}: meta.json was unreadable once and was kept aside; what it held is "
+                     "missing from this report")
+        count_lost(inputs.lost, "meta_json")
+    inputs.generator = read_generator(rd, inputs)
+    inputs.parse = rebuild_parsed(rd, meta, warnings)
+    inputs.hosts = read_hosts(rd, warnings, inputs.lost)
+    for line in missing_lines(rd, meta, inputs.steps, set(inputs.hosts)):
+        warnings.add(line)
+    return inputs

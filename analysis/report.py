@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import html
 import logging
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,8 +20,10 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from analysis.hostfacts import host_lines
-from analysis.steps import ACTIVE_THREAD_CPU_PCT, completion_times, ok_mask
-from analysis.summary import knee_lines, malformed_lines, status_line, table_rows, n_users
+from analysis.loadstats import ok_mask
+from analysis.serverstats import ACTIVE_THREAD_CPU_PCT, active_threads
+from analysis.windows import completion_times
+from analysis.summary import VALID_HEADER, knee_lines, malformed_lines, n_users, status_line, table_rows, warning_lines
 from analysis.target import PROMETHEUS_STREAM, TARGET_METRICS, target_timeline
 
 logger = logging.getLogger(__name__)
@@ -110,76 +111,81 @@ def _knee_figure(summary: dict[str, Any]) -> go.Figure:
     return fig
 
 
-def _timeline_figure(summary: dict[str, Any], requests: pd.DataFrame, generator: dict[str, pd.DataFrame],
-                     hosts: dict[str, dict[str, pd.DataFrame]], t0: float) -> go.Figure:
-    rows: list[tuple[str, list[tuple[str, pd.Series, pd.Series, bool]]]] = []  # title, traces(name,x,y,secondary)
+Trace = tuple[str, Any, Any, bool]  # name, x, y, on the secondary axis
+Panel = tuple[str, list[Trace]]  # title, traces
+
+
+def _request_panels(requests: pd.DataFrame, t0: float) -> list[Panel]:
     ps = per_second(requests, t0)
-    if len(ps):
-        rows.append(("QPS per second", [("QPS", ps["t"], ps["qps"], False), ("errors/s", ps["t"], ps["errors_s"], True)]))
-        rows.append(("P99 per second (ms)", [("P99 ms", ps["t"], ps["p99_ms"], False)]))
-    for host, streams in hosts.items():
-        vm = streams.get("vmstat")
-        if vm is not None:
-            b = _binned(vm, t0, ["us", "sy", "wa", "cs", "r"])
-            cpu = [(f"{k} %", b["t"], b[k], False) for k in ("us", "sy", "wa") if k in b]
-            if cpu:
-                rows.append((f"{host}: CPU % (vmstat)", cpu))
-            sched = [(n, b["t"], b[k], sec) for k, n, sec in (("cs", "cs/s", False), ("r", "run queue", True)) if k in b]
-            if sched:
-                rows.append((f"{host}: context switches/s, run queue", sched))
-        pr = streams.get("process")
-        if pr is not None:
-            b = _binned(pr, t0, ["cpu_pct", "rss_mb"], how="sum", by="pid")
-            tr = [(n, b["t"], b[k], sec) for k, n, sec in (("cpu_pct", "process %CPU", False), ("rss_mb", "RSS MB", True)) if k in b]
-            if tr:
-                rows.append((f"{host}: monitored process", tr))
-        th = streams.get("threads")
-        if th is not None and "cpu_pct" in th.columns:
-            cpu = pd.to_numeric(th["cpu_pct"], errors="coerce")
-            per_t = pd.DataFrame({"t": th["t"], "active": (cpu >= ACTIVE_THREAD_CPU_PCT).astype(float), "top": cpu})
-            per_t = per_t.groupby("t", sort=True).agg(active=("active", "sum"), top=("top", "max")).reset_index()
-            b = _binned(per_t, t0, ["active", "top"])
-            rows.append((f"{host}: threads (active >= {ACTIVE_THREAD_CPU_PCT:g}% CPU; busiest thread %CPU)",
-                         [("active threads", b["t"], b["active"], False), ("busiest thread %CPU", b["t"], b["top"], True)]))
-        gpu = streams.get("gpu")
-        if gpu is not None and "gpu" in gpu.columns and "sm_pct" in gpu.columns:
-            tr, mem = [], []
-            for g, gdf in gpu.groupby("gpu"):
-                b = _binned(gdf, t0, ["sm_pct", "mem_pct", "fb_used_mb", "power_w"])
-                tr.append((f"GPU {g} SM %", b["t"], b["sm_pct"], False))
-                if "mem_pct" in b:
-                    tr.append((f"GPU {g} mem %", b["t"], b["mem_pct"], False))
-                if "fb_used_mb" in b:
-                    mem.append((f"GPU {g} FB used MB", b["t"], b["fb_used_mb"], False))
-                if "power_w" in b:
-                    mem.append((f"GPU {g} power W", b["t"], b["power_w"], True))
-            rows.append((f"{host}: GPU", tr))
-            if mem:
-                rows.append((f"{host}: GPU memory used MB / power W", mem))
-        tl = target_timeline(streams.get(PROMETHEUS_STREAM), t0, BIN_S)
-        for keys in TARGET_PANELS:
-            tr = [(TARGET_LABELS[k], tl["t"], tl[k], sec) for k, sec in keys if k in tl.columns]
-            if tr:
-                rows.append((f"{host}: target: " + " / ".join(name for name, *_ in tr), tr))
-    if generator:
-        tr = []
-        for w, df in generator.items():
-            if "cpu_pct" in df.columns:
-                b = _binned(df, t0, ["cpu_pct"])
-                tr.append((f"{w} CPU %", b["t"], b["cpu_pct"], False))
+    if not len(ps):
+        return []
+    return [("QPS per second", [("QPS", ps["t"], ps["qps"], False), ("errors/s", ps["t"], ps["errors_s"], True)]),
+            ("P99 per second (ms)", [("P99 ms", ps["t"], ps["p99_ms"], False)])]
+
+
+def _vmstat_panels(host: str, vm: pd.DataFrame | None, t0: float) -> list[Panel]:
+    if vm is None:
+        return []
+    b = _binned(vm, t0, ["us", "sy", "wa", "cs", "r"])
+    cpu = [(f"{k} %", b["t"], b[k], False) for k in ("us", "sy", "wa") if k in b]
+    sched = [(n, b["t"], b[k], sec) for k, n, sec in (("cs", "cs/s", False), ("r", "run queue", True)) if k in b]
+    return [p for p in ((f"{host}: CPU % (vmstat)", cpu), (f"{host}: context switches/s, run queue", sched)) if p[1]]
+
+
+def _process_panels(host: str, pr: pd.DataFrame | None, th: pd.DataFrame | None, t0: float) -> list[Panel]:
+    out: list[Panel] = []
+    if pr is not None:
+        b = _binned(pr, t0, ["cpu_pct", "rss_mb"], how="sum", by="pid")
+        tr = [(n, b["t"], b[k], sec) for k, n, sec in (("cpu_pct", "process %CPU", False), ("rss_mb", "RSS MB", True))
+              if k in b]
         if tr:
-            rows.append(("load generator CPU % per worker", tr))
-    if not rows:
-        fig = go.Figure()
-        fig.update_layout(title="Timeline: no samples recorded", height=200)
-        return fig
-    fig = make_subplots(rows=len(rows), cols=1, shared_xaxes=True, vertical_spacing=0.03,
-                        subplot_titles=[r[0] for r in rows], specs=[[{"secondary_y": True}]] * len(rows))
-    for i, (_, traces) in enumerate(rows, start=1):
-        for name, x, y, sec in traces:
-            fig.add_trace(go.Scatter(x=np.asarray(x, dtype=float), y=np.asarray(y, dtype=float), name=name,
-                                     mode="lines", legendgroup=str(i), line=dict(width=1.5)),
-                          row=i, col=1, secondary_y=sec)
+            out.append((f"{host}: monitored process", tr))
+    per_t = active_threads(th)
+    if per_t is not None:
+        b = _binned(per_t, t0, ["active_threads", "top_thread_cpu_pct"])
+        out.append((f"{host}: threads (active >= {ACTIVE_THREAD_CPU_PCT:g}% CPU; busiest thread %CPU)",
+                    [("active threads", b["t"], b["active_threads"], False),
+                     ("busiest thread %CPU", b["t"], b["top_thread_cpu_pct"], True)]))
+    return out
+
+
+def _gpu_panels(host: str, gpu: pd.DataFrame | None, t0: float) -> list[Panel]:
+    if gpu is None or "gpu" not in gpu.columns or "sm_pct" not in gpu.columns:
+        return []
+    use, mem = [], []
+    for g, gdf in gpu.groupby("gpu"):
+        b = _binned(gdf, t0, ["sm_pct", "mem_pct", "fb_used_mb", "power_w"])
+        use.append((f"GPU {g} SM %", b["t"], b["sm_pct"], False))
+        if "mem_pct" in b:
+            use.append((f"GPU {g} mem %", b["t"], b["mem_pct"], False))
+        if "fb_used_mb" in b:
+            mem.append((f"GPU {g} FB used MB", b["t"], b["fb_used_mb"], False))
+        if "power_w" in b:
+            mem.append((f"GPU {g} power W", b["t"], b["power_w"], True))
+    return [(f"{host}: GPU", use)] + ([(f"{host}: GPU memory used MB / power W", mem)] if mem else [])
+
+
+def _target_panels(host: str, prom: pd.DataFrame | None, t0: float) -> list[Panel]:
+    tl = target_timeline(prom, t0, BIN_S)
+    out: list[Panel] = []
+    for keys in TARGET_PANELS:
+        tr = [(TARGET_LABELS[k], tl["t"], tl[k], sec) for k, sec in keys if k in tl.columns]
+        if tr:
+            out.append((f"{host}: target: " + " / ".join(name for name, *_ in tr), tr))
+    return out
+
+
+def _generator_panels(generator: dict[str, pd.DataFrame], t0: float) -> list[Panel]:
+    tr = []
+    for w, df in generator.items():
+        if "cpu_pct" in df.columns:
+            b = _binned(df, t0, ["cpu_pct"])
+            tr.append((f"{w} CPU %", b["t"], b["cpu_pct"], False))
+    return [("load generator CPU % per worker", tr)] if tr else []
+
+
+def _step_bands(fig: go.Figure, summary: dict[str, Any], t0: float) -> None:
+    """Each step as a shaded band across all panels, labelled with its users (✗: not valid)."""
     for j, s in enumerate(summary.get("steps", [])):
         if s.get("t_ramp") is None or s.get("t_end") is None or not s["t_end"] > s["t_ramp"]:
             continue
@@ -187,9 +193,32 @@ def _timeline_figure(summary: dict[str, Any], requests: pd.DataFrame, generator:
         fig.add_vrect(x0=lo, x1=hi, fillcolor=BAND_COLORS[j % 2], line_width=0, layer="below", row="all", col=1)
         fig.add_annotation(x=(lo + hi) / 2, y=1.0, xref="x", yref="paper", yanchor="bottom", showarrow=False,
                            text=f"{s.get('users')}u" + ("" if s.get("valid") else " ✗"), font=dict(size=10))
-    fig.update_xaxes(title_text="seconds since run start", row=len(rows), col=1)
+
+
+def _timeline_figure(summary: dict[str, Any], requests: pd.DataFrame, generator: dict[str, pd.DataFrame],
+                     hosts: dict[str, dict[str, pd.DataFrame]], t0: float) -> go.Figure:
+    panels = _request_panels(requests, t0)
+    for host, streams in hosts.items():
+        panels += _vmstat_panels(host, streams.get("vmstat"), t0)
+        panels += _process_panels(host, streams.get("process"), streams.get("threads"), t0)
+        panels += _gpu_panels(host, streams.get("gpu"), t0)
+        panels += _target_panels(host, streams.get(PROMETHEUS_STREAM), t0)
+    panels += _generator_panels(generator, t0)
+    if not panels:
+        fig = go.Figure()
+        fig.update_layout(title="Timeline: no samples recorded", height=200)
+        return fig
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.03,
+                        subplot_titles=[title for title, _ in panels], specs=[[{"secondary_y": True}]] * len(panels))
+    for i, (_, traces) in enumerate(panels, start=1):
+        for name, x, y, sec in traces:
+            fig.add_trace(go.Scatter(x=np.asarray(x, dtype=float), y=np.asarray(y, dtype=float), name=name,
+                                     mode="lines", legendgroup=str(i), line=dict(width=1.5)),
+                          row=i, col=1, secondary_y=sec)
+    _step_bands(fig, summary, t0)
+    fig.update_xaxes(title_text="seconds since run start", row=len(panels), col=1)
     fig.update_layout(title=dict(text="Timeline (steps shaded; ✗ = step not valid)", y=0.995),
-                      height=max(360, PLOT_HEIGHT_PER_ROW * len(rows) + 120), hovermode="x unified",
+                      height=max(360, PLOT_HEIGHT_PER_ROW * len(panels) + 120), hovermode="x unified",
                       margin=dict(t=90))
     return fig
 
@@ -199,9 +228,11 @@ def _table_html(summary: dict[str, Any]) -> str:
     if not rows:
         return "<p><em>No steps recorded.</em></p>"
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    cell_class = ["" if h != VALID_HEADER else ' class="valid"' for h in header]
     body = "".join(
-        "<tr{}>{}</tr>".format("" if r[8] == "yes" else ' class="invalid"', "".join(f"<td>{html.escape(c)}</td>" for c in r))
-        for r in rows
+        "<tr{}>{}</tr>".format("" if step.get("valid") else ' class="invalid"',
+                               "".join(f"<td{k}>{html.escape(c)}</td>" for k, c in zip(cell_class, r)))
+        for step, r in zip(summary.get("steps", []), rows)
     )
     return f'<table class="steps"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
@@ -235,7 +266,7 @@ body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
 .banner{background:#b00020;color:#fff;padding:.6em 1em;font-weight:bold;border-radius:4px}
 table.steps{border-collapse:collapse;font-size:13px;margin:1em 0}
 table.steps th,table.steps td{border:1px solid #ccc;padding:3px 8px;text-align:right}
-table.steps td:nth-child(9){text-align:left}
+table.steps td.valid{text-align:left}
 tr.invalid{background:#fff3f3;color:#777}
 .warn{background:#fff4e5;border-left:4px solid #e65100;padding:.4em .8em}
 ul.hosts{font-size:14px}
@@ -252,6 +283,10 @@ def render_html(summary: dict[str, Any], requests: pd.DataFrame, generator: dict
     if not summary.get("complete"):
         parts.append(f"<p class='banner'>{html.escape(status_line(summary))}: this report covers only what "
                      "was recorded before the run stopped.</p>")
+    warnings = warning_lines(summary)
+    if warnings:
+        parts.append("<div class='warn warnings'><b>Warnings</b><ul>"
+                     + "".join(f"<li>{html.escape(w)}</li>" for w in warnings) + "</ul></div>")
     parts.append("<ul>" + "".join(f"<li>{_md_inline(line)}</li>" for line in knee_lines(summary)) + "</ul>")
     for line in malformed_lines(summary):
         parts.append(f"<p class='warn'>{_md_inline(line)}</p>")
@@ -261,11 +296,3 @@ def render_html(summary: dict[str, Any], requests: pd.DataFrame, generator: dict
     parts.append(_timeline_figure(summary, requests, generator, hosts, t0).to_html(full_html=False, include_plotlyjs=False))
     parts.append("</body></html>")
     return "\n".join(parts)
-
-
-def write_text(path: Path, text: str) -> None:
-    """Write a report file atomically (temporary name, then rename), as rundir does."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)

@@ -1,12 +1,15 @@
 """The summary: one dict that becomes report/summary.json and report/summary.md.
 
-Stable keys (DESIGN.md): run_id, complete, steps[] (index, users, requests, qps, p50_ms,
-p95_ms, p99_ms, p999_ms, mean_ms, error_rate, errors, valid, reasons[]), knee {users, qps,
-method}, peak {users, qps}.  Also written: latency_knee, totals, ended, analysis settings,
-per-step window/rps/generator/server facts (``server[host]``: vmstat, process incl.
-``sy_share``, threads, GPU means, and ``target`` {key: value} from the server's /metrics),
-``hosts`` {host: facts} (analysis.hostfacts), ``target_series`` {host: {key: series used}}
-(analysis.target).  NaN and infinities are written as null.
+Where the summary lives in a run directory: the README's "What a run directory holds" section.
+Stable keys: run_id, complete, steps[] (index, users, requests, qps, p50_ms, p95_ms, p99_ms,
+p999_ms, mean_ms, error_rate, errors, valid, reasons[]), knee {users, qps, method}, peak {users,
+qps}; ``warnings`` [one line each] and ``lost`` {what: count} (analysis.problems: meta.json's,
+each host's, and analysis's own; ``complete`` is false when anything was lost).  Also written:
+latency_knee, totals, ended, analysis settings, per-step window/rps/generator/server facts
+(``server[host]``: vmstat, process incl. ``sy_share``, threads, GPU means, and ``target``
+{key: value} from the server's /metrics), ``hosts`` {host: facts} (analysis.hostfacts),
+``target_series`` {host: {key: series used}} (analysis.target).  NaN and infinities are
+written as null.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.hostfacts import host_lines, skipped_lines
+from analysis.problems import Problems, collect
 from analysis.target import TARGET_METRICS
 
 logger = logging.getLogger(__name__)
@@ -107,12 +111,17 @@ def step_records(stats: pd.DataFrame, server: list[dict[str, Any]] | None = None
 def build_summary(*, run_id: str, meta: dict[str, Any], settings: dict[str, Any], steps: list[dict[str, Any]],
                   knee: dict[str, Any], latency_knee: dict[str, Any], peak: dict[str, Any],
                   totals: dict[str, Any], hosts: dict[str, dict[str, Any]], workers: list[str],
-                  target_series: dict[str, Any] | None = None) -> dict[str, Any]:
-    complete = bool(meta.get("complete", False))
+                  target_series: dict[str, Any] | None = None, problems: Problems | None = None,
+                  **extra: Any) -> dict[str, Any]:
+    """The summary dict (JSON-ready).  ``problems`` (analysis.problems.collect) gives ``complete``,
+    ``warnings`` and ``lost``; ``extra`` keyword arguments become further top-level keys."""
+    problems = problems or collect(meta)
     summary = {
         "summary_version": SUMMARY_VERSION,
         "run_id": run_id,
-        "complete": complete,
+        "complete": problems.complete,
+        "warnings": problems.warnings,
+        "lost": problems.lost,
         "ended": meta.get("ended"),
         "meta": {k: meta[k] for k in META_KEYS if k in meta},
         "analysis": settings,
@@ -124,6 +133,7 @@ def build_summary(*, run_id: str, meta: dict[str, Any], settings: dict[str, Any]
         "hosts": hosts,
         "target_series": target_series or {},
         "workers": workers,
+        **extra,
     }
     return jsonable(summary)
 
@@ -144,7 +154,14 @@ def status_line(summary: dict[str, Any]) -> str:
     if summary.get("complete"):
         return "complete"
     ended = summary.get("ended")
+    if ended == "completed":
+        return "INCOMPLETE (the load completed, but see the warnings)"
     return f"INCOMPLETE (ended: {ended})" if ended else "INCOMPLETE (no record of how it ended)"
+
+
+def warning_lines(summary: dict[str, Any]) -> list[str]:
+    """The run's warnings (analysis.problems), shown before anything else."""
+    return [str(w) for w in summary.get("warnings") or []]
 
 
 def knee_lines(summary: dict[str, Any]) -> list[str]:
@@ -193,7 +210,8 @@ def server_columns(summary: dict[str, Any], prefix_hosts: bool | None = None) ->
             for h in sorted(present) for head, key, fmt in SERVER_COLUMNS if key in present[h]]
 
 
-LOAD_HEADER = ["users", "requests", "QPS", "P50 ms", "P95 ms", "P99 ms", "P999 ms", "errors %", "valid"]
+VALID_HEADER = "valid"  # the column saying "yes" or "no: <reasons>"
+LOAD_HEADER = ["users", "requests", "QPS", "P50 ms", "P95 ms", "P99 ms", "P999 ms", "errors %", VALID_HEADER]
 
 
 def table_rows(summary: dict[str, Any], srv: list[tuple[str, str, str, str]] | None = None,
@@ -217,6 +235,11 @@ def table_rows(summary: dict[str, Any], srv: list[tuple[str, str, str, str]] | N
     return header, rows
 
 
+def _md_escape(text: str) -> str:
+    """A plain line that Markdown shows as it is (no emphasis, code or HTML from its characters)."""
+    return "".join("\\" + c if c in "\\`*<>|[]" else c for c in text)
+
+
 def _md_table(header: list[str], rows: list[list[str]], numeric: int) -> list[str]:
     esc = lambda c: c.replace("|", "\\|")  # noqa: E731
     return ["| " + " | ".join(header) + " |",
@@ -226,6 +249,9 @@ def _md_table(header: list[str], rows: list[list[str]], numeric: int) -> list[st
 
 def to_markdown(summary: dict[str, Any]) -> str:
     lines = [f"## kneeswarm run `{summary.get('run_id')}`: {status_line(summary)}", ""]
+    warnings = warning_lines(summary)
+    if warnings:
+        lines += ["**Warnings:**", *(f"- {_md_escape(w)}" for w in warnings), ""]
     lines += [f"- {line}" for line in knee_lines(summary)]
     tot = summary.get("totals") or {}
     lines.append(f"- **Requests:** {tot.get('requests', 0):,} ({tot.get('errors', 0):,} errors)")
@@ -243,7 +269,7 @@ def to_markdown(summary: dict[str, Any]) -> str:
     # each server was doing at each step.
     header, rows = table_rows(summary, srv=[])
     if rows:
-        lines += _md_table(header, rows, numeric=8)
+        lines += _md_table(header, rows, numeric=LOAD_HEADER.index(VALID_HEADER))
         srv = server_columns(summary, prefix_hosts=False)
         for host in dict.fromkeys(h for h, _, _, _ in srv):
             lines += ["", f"**Server `{host}`**", ""]

@@ -1,7 +1,8 @@
 """Target metrics: the inference server's own /metrics (the article's "saturation" group).
 
-The remote agent scrapes the server's Prometheus endpoint; collectors.prometheus turns the
-scrapes into ``hosts/<host>/prometheus.csv``: ``t`` plus one column per series, keyed
+The load side scrapes the server's Prometheus endpoint (the conductor's scraper, on the
+master's clock); collectors.prometheus turns the scrapes into ``hosts/<host>/prometheus.csv``
+(``hosts/target/`` by default, rundir.TARGET_HOST): ``t`` plus one column per series, keyed
 ``name`` or ``name{label="v",...}`` (counters cumulative, as exposed).  Which host directory
 holds it varies (``hosts/target/``, ``hosts/local/`` ...): every host directory is read.
 

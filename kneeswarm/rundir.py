@@ -14,6 +14,9 @@ A run that dies half-way leaves files analysis can read, and analysis can be re-
 What went wrong is recorded, never only logged: meta.json["warnings"] (one line each, see
 :class:`WarningLog`) and meta.json["lost"] ({what: count}, e.g. request rows that could not be
 written); the report shows both at the top, and a run with losses is not reported as clean.
+Readers never hide bad data either: :meth:`RunDir.read_request_rows` lists the parts it could
+not read (with what their footers still say), and an unreadable meta.json is never
+overwritten (update_meta keeps it aside as meta.json.corrupt and says so in "warnings").
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import json
 import logging
 import os
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -61,12 +65,15 @@ ERROR_CATEGORIES = (
     "bad_payload",
     "stream_truncated",
     "other",
+    "bad_latency",  # given by analysis to a row marked ok whose latency is not a finite number >= 0
 )
 
 STEP_COLUMNS = ("index", "users", "t_ramp", "t_steady", "t_end")
+STEP_TIME_COLUMNS = STEP_COLUMNS[2:]
 GENERATOR_COLUMNS = ("t", "cpu_pct", "rss_mb", "users", "lag_ms")
 CLOCKS_FILE = "clocks.json"  # generator/clocks.json: each worker's clock offset, measured by the master
 TARGET_HOST = "target"  # hosts/<this>/ holds the target's /metrics scraped from the load side
+CORRUPT_META_SUFFIX = ".corrupt"  # an unreadable meta.json is kept aside as meta.json.corrupt[.N]
 MAX_WARNINGS = 200  # a WarningLog keeps the first ones; a count says how many more there were
 
 
@@ -101,6 +108,65 @@ class WarningLog:
         return self.items + ([f"... and {self.dropped} more warnings"] if self.dropped else [])
 
 
+@dataclass
+class UnreadablePart:
+    """A request part that could not be read: what is known of the rows it held."""
+
+    path: Path
+    error: str
+    rows: int | None = None  # from the part's footer, when that could be read
+    t_range: tuple[float, float] | None = None  # min/max t_start from the footer's statistics
+    step_range: tuple[int, int] | None = None  # min/max step from the footer's statistics
+
+    def line(self) -> str:
+        rows = f"{self.rows:,} rows" if self.rows is not None else "an unknown number of rows"
+        if self.step_range is not None:
+            where = f"steps {self.step_range[0]}..{self.step_range[1]}"
+        elif self.t_range is not None:
+            where = f"t_start {self.t_range[0]:.3f}..{self.t_range[1]:.3f}"
+        else:
+            where = "time range unknown"
+        return f"requests/{self.path.name}: unreadable ({self.error}); {rows} lost ({where})"
+
+
+@dataclass
+class RequestRows:
+    """All readable request rows, and the parts that could not be read."""
+
+    frame: pd.DataFrame
+    unreadable: list[UnreadablePart] = field(default_factory=list)
+
+
+def _footer_range(meta: pq.FileMetaData, column: str) -> tuple[float, float] | None:
+    """(min, max) of a column over all row groups from the footer's statistics, else None."""
+    if column not in meta.schema.names:
+        return None
+    j = meta.schema.names.index(column)
+    lo, hi = [], []
+    for i in range(meta.num_row_groups):
+        st = meta.row_group(i).column(j).statistics
+        if st is None or not st.has_min_max:
+            return None
+        lo.append(st.min)
+        hi.append(st.max)
+    return (min(lo), max(hi)) if lo else None
+
+
+def unreadable_part(path: Path, error: Exception) -> UnreadablePart:
+    """What the footer of an unreadable part still says (nothing when the footer is torn too)."""
+    part = UnreadablePart(path, str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__)
+    try:
+        meta = pq.ParquetFile(path).metadata
+    except Exception:  # a torn footer: the part's rows and times are unknown
+        return part
+    part.rows = int(meta.num_rows)
+    t = _footer_range(meta, "t_start")
+    step = _footer_range(meta, "step")
+    part.t_range = (float(t[0]), float(t[1])) if t else None
+    part.step_range = (int(step[0]), int(step[1])) if step else None
+    return part
+
+
 class RunDirError(ValueError):
     """A path that is not a usable run directory; str() is the one-line message."""
 
@@ -110,6 +176,11 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write a text file (UTF-8) atomically."""
+    _atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -191,18 +262,55 @@ class RunDir:
         return self.host_dir(host) / (f"{table}.csv" if collector is None else f"{table}.{collector}.csv")
 
     # -- meta.json -----------------------------------------------------------------------
-    def read_meta(self) -> dict[str, Any]:
+    def _load_meta(self) -> tuple[dict[str, Any], str | None]:
+        """(meta.json's dict, None), ({}, None) when missing, or ({}, why) when unreadable."""
         try:
-            return json.loads(self.meta_path.read_text())
+            meta = json.loads(self.meta_path.read_bytes())
         except FileNotFoundError:
-            return {}
-        except json.JSONDecodeError as e:
-            logger.warning("%s: unreadable (%s); treating as empty", self.meta_path, e)
-            return {}
+            return {}, None
+        except (ValueError, OSError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            return {}, f"{type(e).__name__}: {e}"
+        if not isinstance(meta, dict):
+            return {}, f"a JSON {type(meta).__name__}, not an object"
+        return meta, None
+
+    def read_meta(self) -> dict[str, Any]:
+        """meta.json as a dict ({} when missing).  An unreadable one reads as
+        {"complete": False, "warnings": [why]}, and the file is left as it is."""
+        meta, problem = self._load_meta()
+        if problem is None:
+            return meta
+        logger.warning("%s: unreadable (%s)", self.meta_path, problem)
+        return {"complete": False, "warnings": [f"meta.json: unreadable ({problem})"]}
+
+    def corrupt_meta_copies(self) -> list[Path]:
+        """The unreadable meta.json files that update_meta kept aside."""
+        return sorted(self.path.glob(f"{self.meta_path.name}{CORRUPT_META_SUFFIX}*"))
+
+    def _keep_corrupt_meta(self, problem: str) -> str:
+        """Move an unreadable meta.json aside (never overwriting an earlier copy); the warning line."""
+        aside = self.meta_path.with_name(self.meta_path.name + CORRUPT_META_SUFFIX)
+        n = 1
+        while aside.exists():
+            n += 1
+            aside = self.meta_path.with_name(f"{self.meta_path.name}{CORRUPT_META_SUFFIX}.{n}")
+        os.replace(self.meta_path, aside)
+        logger.warning("%s: unreadable (%s); kept as %s", self.meta_path, problem, aside.name)
+        return (f"meta.json was unreadable ({problem}); kept as {aside.name}; "
+                "what it held before is missing from this meta.json")
 
     def update_meta(self, **changes: Any) -> dict[str, Any]:
-        """Merge top-level keys into meta.json (atomic rewrite)."""
-        meta = self.read_meta()
+        """Merge top-level keys into meta.json (atomic rewrite).
+
+        An unreadable meta.json is never overwritten: it is kept aside (meta.json.corrupt) and
+        the new meta.json says so in "warnings" and is marked incomplete.
+        """
+        meta, problem = self._load_meta()
+        if problem is not None:
+            meta = {"complete": False, "warnings": [self._keep_corrupt_meta(problem)]}
+            if isinstance(changes.get("warnings"), list):
+                changes["warnings"] = meta["warnings"] + changes["warnings"]
+            changes.pop("complete", None)
         meta.update(changes)
         write_json(self.meta_path, meta)
         return meta
@@ -235,18 +343,26 @@ class RunDir:
         os.replace(tmp, path)
         return path
 
-    def read_requests(self) -> pd.DataFrame:
-        """All request rows, in t_start order; an unreadable part is skipped with a warning."""
-        tables = []
+    def read_request_rows(self) -> RequestRows:
+        """All readable request rows in t_start order, and the parts that could not be read
+        (with what their footers still say: rows, t_start and step ranges)."""
+        tables, unreadable = [], []
         for part in self.request_parts():
             try:
                 tables.append(pq.read_table(part, schema=REQUEST_SCHEMA))
             except Exception as e:  # a torn file from a crash must not stop the analysis
-                logger.warning("%s: unreadable, skipped (%s)", part, e)
+                bad = unreadable_part(part, e)
+                logger.warning("%s", bad.line())
+                unreadable.append(bad)
         if not tables:
-            return REQUEST_SCHEMA.empty_table().to_pandas()
+            return RequestRows(REQUEST_SCHEMA.empty_table().to_pandas(), unreadable)
         df = pa.concat_tables(tables).to_pandas()
-        return df.sort_values("t_start", kind="stable").reset_index(drop=True)
+        return RequestRows(df.sort_values("t_start", kind="stable").reset_index(drop=True), unreadable)
+
+    def read_requests(self) -> pd.DataFrame:
+        """All readable request rows, in t_start order (see :meth:`read_request_rows` for the
+        parts that could not be read)."""
+        return self.read_request_rows().frame
 
     # -- generator/ and hosts/ -----------------------------------------------------------
     def read_generator(self) -> dict[str, pd.DataFrame]:
@@ -254,6 +370,16 @@ class RunDir:
 
     def hosts(self) -> list[str]:
         return sorted(p.name for p in self.hosts_dir.iterdir() if p.is_dir()) if self.hosts_dir.is_dir() else []
+
+    def host_tables(self, host: str) -> dict[str, list[str | None]]:
+        """{table: [collector or None, ...]} of the non-empty parsed CSVs of a host (see
+        :func:`split_table_name`); None (the preferred <table>.csv) first, then by collector name."""
+        out: dict[str, list[str | None]] = {}
+        for path in sorted(self.host_dir(host).glob("*.csv")):
+            if path.stat().st_size:
+                table, collector = split_table_name(path.stem)
+                out.setdefault(table, []).append(collector)
+        return {t: sorted(cs, key=lambda c: (c is not None, c or "")) for t, cs in out.items()}
 
     def read_host_csv(self, host: str, name: str) -> pd.DataFrame | None:
         path = self.host_dir(host) / f"{name}.csv"

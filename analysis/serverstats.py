@@ -1,0 +1,101 @@
+"""Per-step server metrics: what each monitored host was doing during each step's steady window.
+
+From the parsed host tables (collectors/): vmstat (host CPU, context switches, run queue),
+process (the monitored process, summed over its pids), threads (active threads, the busiest
+thread), gpu (SM and memory %, averaged over GPUs; framebuffer and power, summed) and the
+target's own /metrics (analysis.target).  Each value is the mean of the samples whose ``t``
+lies in the window (analysis.windows).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.target import PROMETHEUS_STREAM, target_windows
+from analysis.windows import window_means
+
+logger = logging.getLogger(__name__)
+
+# server metrics averaged per step: stream -> {csv column: summary key}
+VMSTAT_METRICS = {"us": "us", "sy": "sy", "wa": "wa", "cs": "cs", "r": "r"}
+PROCESS_METRICS = {
+    "cpu_pct": "cpu_pct",
+    "usr_pct": "usr_pct",
+    "sys_pct": "sys_pct",
+    "rss_mb": "rss_mb",
+    "threads": "threads",
+    "cswch_s": "cswch_s",
+    "nvcswch_s": "nvcswch_s",
+    "migrations_s": "migrations_s",
+}
+GPU_MEAN_METRICS = {"sm_pct": "sm_pct", "mem_pct": "mem_pct"}  # mean over GPUs at each sample
+GPU_SUM_METRICS = {"fb_used_mb": "fb_used_mb", "power_w": "power_w"}  # summed over GPUs
+ACTIVE_THREAD_CPU_PCT = 5.0  # a thread using at least this %CPU in a sample counts as active
+
+
+def active_threads(threads: pd.DataFrame | None) -> pd.DataFrame | None:
+    """Per sample time of threads.csv: t, ``active_threads`` (threads at >= ACTIVE_THREAD_CPU_PCT
+    %CPU) and ``top_thread_cpu_pct`` (the busiest thread's %CPU); None without thread samples."""
+    if threads is None or threads.empty or "cpu_pct" not in threads.columns:
+        return None
+    cpu = pd.to_numeric(threads["cpu_pct"], errors="coerce")
+    per_t = pd.DataFrame({"t": threads["t"].to_numpy(dtype=float), "cpu": cpu,
+                          "active": (cpu >= ACTIVE_THREAD_CPU_PCT).astype(float)})
+    return per_t.groupby("t", sort=True).agg(active_threads=("active", "sum"),
+                                             top_thread_cpu_pct=("cpu", "max")).reset_index()
+
+
+def thread_metrics(threads: pd.DataFrame | None, t_lo: np.ndarray, t_hi: np.ndarray) -> list[dict[str, float]]:
+    """Per window, from per-thread samples (threads.csv: t, tid, cpu_pct, ...):
+
+    * ``active_threads``: mean over samples of the number of threads at >= ACTIVE_THREAD_CPU_PCT %CPU
+      (the article's "active threads");
+    * ``top_thread_cpu_pct``: mean over samples of the busiest thread's %CPU (one thread pinned
+      near 100 % while the others idle points at a serial section: a GIL, a lock, one stream).
+    """
+    per_sample = active_threads(threads)
+    if per_sample is None:
+        return [{} for _ in range(len(t_lo))]
+    return window_means(per_sample, {"active_threads": "active_threads", "top_thread_cpu_pct": "top_thread_cpu_pct"},
+                        t_lo, t_hi)
+
+
+def sy_share(process: dict[str, float]) -> float | None:
+    """The kernel's share of the process's CPU time: sys / (usr + sys) over the window's means.
+
+    The article: %sy above 10 % in a multi-threaded inference service means lock contention
+    or context switching is out of control.  None when the process used no CPU.
+    """
+    usr, sys = process.get("usr_pct"), process.get("sys_pct")
+    if usr is None or sys is None or not (usr + sys) > 0:
+        return None
+    return sys / (usr + sys)
+
+
+def server_metrics(hosts: dict[str, dict[str, pd.DataFrame]], t_lo: np.ndarray, t_hi: np.ndarray) -> list[dict[str, Any]]:
+    """Per window: {host: {metric: mean, ..., "target": {key: value}}} from vmstat, process,
+    threads, gpu and prometheus (analysis.target) samples."""
+    out: list[dict[str, Any]] = [{} for _ in range(len(t_lo))]
+    for host, streams in hosts.items():
+        process = window_means(streams.get("process"), PROCESS_METRICS, t_lo, t_hi, by="pid",
+                               sum_cols=tuple(PROCESS_METRICS))
+        parts = [
+            window_means(streams.get("vmstat"), VMSTAT_METRICS, t_lo, t_hi),
+            process,
+            [{"sy_share": v} if (v := sy_share(p)) is not None else {} for p in process],
+            thread_metrics(streams.get("threads"), t_lo, t_hi),
+            window_means(streams.get("gpu"), GPU_MEAN_METRICS | GPU_SUM_METRICS, t_lo, t_hi, by="gpu",
+                         sum_cols=tuple(GPU_SUM_METRICS)),
+        ]
+        target = target_windows(streams.get(PROMETHEUS_STREAM), t_lo, t_hi)
+        for i in range(len(t_lo)):
+            merged: dict[str, Any] = {k: v for p in parts for k, v in p[i].items()}
+            if target[i]:
+                merged["target"] = target[i]
+            if merged:
+                out[i][host] = merged
+    return out

@@ -1,0 +1,95 @@
+"""Step windows, and means of samples over them: the time frame every per-step figure shares.
+
+The steady window of a step is ``[t_steady + settle, t_end)``: the ramp and the first
+``settle`` seconds after all users were running are left out.  A step whose ``t_end`` is
+missing (the run died during it) ends where the next step's ramp began, or, for the last
+step, at the completion of the last request.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import numpy as np
+import pandas as pd
+
+from kneeswarm.rundir import STEP_COLUMNS
+
+logger = logging.getLogger(__name__)
+
+
+def good_latency(requests: pd.DataFrame) -> np.ndarray:
+    """True where ``latency_ms`` is a finite number >= 0."""
+    lat = pd.to_numeric(requests["latency_ms"], errors="coerce").to_numpy(dtype=float)
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(lat) & (lat >= 0)
+
+
+def completion_times(requests: pd.DataFrame) -> np.ndarray:
+    """Epoch seconds at which each request ended (t_start + latency; t_start without a usable latency)."""
+    t = requests["t_start"].to_numpy(dtype=float)
+    if "latency_ms" not in requests.columns:
+        return t
+    lat = requests["latency_ms"].to_numpy(dtype=float)
+    return t + np.where(good_latency(requests), lat, 0.0) / 1000.0
+
+
+def resolve_windows(steps: pd.DataFrame, requests: pd.DataFrame, settle: float) -> pd.DataFrame:
+    """steps + ``t_end_used`` (t_end, else next t_ramp, else the last completion), ``t_lo``, ``t_hi``,
+    ``window_s``."""
+    out = steps.copy().reset_index(drop=True)
+    for col in STEP_COLUMNS:
+        if col not in out.columns:
+            out[col] = np.nan
+        out[col] = pd.to_numeric(out[col], errors="coerce")
+    if out["index"].isna().all():
+        out["index"] = np.arange(len(out))
+    t_end = out["t_end"].to_numpy(dtype=float).copy()
+    next_ramp = np.append(out["t_ramp"].to_numpy(dtype=float)[1:], np.nan)
+    last_done = float(np.nanmax(completion_times(requests))) if len(requests) else np.nan
+    fill = np.where(np.isfinite(next_ramp), next_ramp, last_done)
+    missing = ~np.isfinite(t_end)
+    t_end[missing] = fill[missing]
+    out["t_end_used"] = t_end
+    out["t_lo"] = out["t_steady"].to_numpy(dtype=float) + float(settle)
+    out["t_hi"] = t_end
+    out["window_s"] = out["t_hi"] - out["t_lo"]
+    return out
+
+
+def window_means(df: pd.DataFrame | None, columns: dict[str, str], t_lo: np.ndarray, t_hi: np.ndarray,
+                 by: str | None = None, sum_cols: tuple[str, ...] = ()) -> list[dict[str, float]]:
+    """Mean of each present column over each window [t_lo, t_hi); one dict {columns[c]: mean} per window.
+
+    With ``by`` (e.g. several pids or GPUs per sample), samples at the same ``t`` are first
+    combined: summed for ``sum_cols``, averaged otherwise.
+    """
+    n = len(t_lo)
+    if df is None or df.empty:
+        return [{} for _ in range(n)]
+    cols = [c for c in columns if c in df.columns]
+    if not cols:
+        return [{} for _ in range(n)]
+    data = df[["t", *cols]].copy()
+    for c in cols:
+        data[c] = pd.to_numeric(data[c], errors="coerce")
+    if by is not None and by in df.columns and df.duplicated("t").any():
+        agg = {c: ("sum" if c in sum_cols else "mean") for c in cols}
+        data = data.groupby("t", sort=True).agg(agg).reset_index()
+    t = data["t"].to_numpy(dtype=float)
+    order = np.argsort(t, kind="stable")
+    t = t[order]
+    values = data[cols].to_numpy(dtype=float)[order]
+    a = np.searchsorted(t, t_lo, side="left")
+    b = np.searchsorted(t, t_hi, side="left")
+    out = []
+    for lo, hi in zip(a, b):
+        if hi <= lo:
+            out.append({})
+            continue
+        # an all-NaN column gives NaN (dropped below); numpy's "Mean of empty slice" is expected
+        with np.errstate(all="ignore"), warnings.catch_warnings(action="ignore", category=RuntimeWarning):
+            means = np.nanmean(values[lo:hi], axis=0)
+        out.append({columns[c]: float(m) for c, m in zip(cols, means) if np.isfinite(m)})
+    return out
