@@ -46,10 +46,13 @@ EXIT_REGRESSION = 4
 EXIT_INCOMPLETE = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
-# A change smaller than this share of the base is not significant, however narrow its interval.
-# QPS: the steps of one configuration repeated on a shared 2-core machine differ by a few %; P99 is
-# a tail statistic and moves more between repeats than the QPS does.
-MIN_RELATIVE_CHANGE = {"qps": 0.05, "p99_ms": 0.10}
+# A change smaller than this share of the base is not significant, however narrow its interval:
+# the interval measures the sampling noise within a run, not the drift between two runs of the same
+# configuration.  Measured here (tests/test_compare.py, knee-mode demo target run twice on a shared
+# 2-core machine, steps 1-8 held 8 s; three such pairs): QPS moved -7 % to +4 %, P99 -37 % to
+# +153 % (a P99 of ~140 rows at 1 user is its top 2 rows; those intervals held 0); the target slowed
+# by 30 %: QPS -19 % to -25 % at every step, P99 +9 % to +39 %.
+MIN_RELATIVE_CHANGE = {"qps": 0.10, "p99_ms": 0.20}
 WORSE_WHEN = {"qps": -1, "p99_ms": +1}  # the sign of new − base that is a regression
 REGRESSED, IMPROVED, NO_CHANGE, NOT_COMPARABLE = "regressed", "improved", "no significant change", "not comparable"
 NOT_COMPARED = "not compared"
