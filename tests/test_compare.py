@@ -185,6 +185,14 @@ def test_unmatched_and_invalid_steps(tmp_path, runs):
     assert main_compare([str(runs["base"]), str(short), "-q", "--out", str(tmp_path / "o")]) == 2
 
 
+def test_a_torn_part_is_a_warning_and_the_rest_is_compared(tmp_path, runs):
+    torn = make_run(tmp_path, "torn", seed=2)
+    (RunDir(torn).requests_dir / "part-000009.parquet").write_bytes(b"PAR1 not really")
+    r = compare_runs(runs["base"], torn)
+    assert len(r["warnings"]) == 1 and "part-000009.parquet" in r["warnings"][0]
+    assert r["verdict"] == NO_CHANGE and all(s["qps"]["ci"] for s in r["steps"])
+
+
 def test_findings_knee_and_peak_shift_from_summaries():
     def st(u, q):
         return {"users": u, "qps": q, "p99_ms": 60.0, "mean_ms": 1000 * u / q, "error_rate": 0.0, "valid": True,
