@@ -71,6 +71,7 @@ class LocalEcho(EchoChannel):
 
 class LocalTransport(Transport):
     kind = "local"
+    transfer = "local"
 
     def __init__(self, label: str = "local", python: list[str] | None = None):
         self.label = label
@@ -108,9 +109,6 @@ class LocalTransport(Transport):
         with open(path, "rb") as f:
             f.seek(offset)
             return f.read(length)
-
-    def touch(self, path: str) -> None:
-        os.utime(path, None) if os.path.exists(path) else Path(path).touch()
 
     def remove_tree(self, path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)

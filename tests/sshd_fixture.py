@@ -91,7 +91,9 @@ class SSHD:
         self.authorized_keys.write_text("".join(k.with_name(k.name + ".pub").read_text() for k in keys))
 
     @classmethod
-    def start(cls, dir: Path, listen: str = "127.0.0.1", port: int | None = None, netns: str | None = None) -> SSHD:
+    def start(cls, dir: Path, listen: str = "127.0.0.1", port: int | None = None, netns: str | None = None,
+              sftp: bool = True) -> SSHD:
+        """A private sshd; ``sftp=False`` leaves out the ``Subsystem sftp`` line (exec channel only)."""
         if not os.path.exists(SSHD_BIN):
             pytest.skip(f"{SSHD_BIN} is not installed (apt-get install openssh-server)")
         dir.mkdir(parents=True, exist_ok=True)
@@ -104,8 +106,9 @@ class SSHD:
             f"Port {s.port}\nListenAddress {listen}\nHostKey {s.host_key}\nPidFile {dir}/sshd.pid\n"
             f"AuthorizedKeysFile {s.authorized_keys}\nStrictModes no\nUsePAM no\n"
             "PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
-            "PubkeyAuthentication yes\nAllowTcpForwarding yes\nSubsystem sftp internal-sftp\n"
-            "MaxSessions 64\nMaxStartups 64\nLogLevel ERROR\n"
+            "PubkeyAuthentication yes\nAllowTcpForwarding yes\n"
+            + ("Subsystem sftp internal-sftp\n" if sftp else "")
+            + "MaxSessions 64\nMaxStartups 64\nLogLevel ERROR\n"
             # A session whose client vanished without a FIN (a link taken down, a namespace
             # removed) ends after CLIENT_ALIVE_S * CLIENT_ALIVE_COUNT seconds instead of never.
             f"ClientAliveInterval {CLIENT_ALIVE_S}\nClientAliveCountMax {CLIENT_ALIVE_COUNT}\n"

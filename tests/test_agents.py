@@ -18,7 +18,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from agents import AgentError, clock, host as host_mod, open_agent, write_parsed_csvs
+from agents import AgentError, AgentSettings, clock, open_agent, write_parsed_csvs
+from agents import link as link_mod
 from kneeswarm.plan import HostPlan
 from kneeswarm.rundir import RunDir
 
@@ -45,7 +46,7 @@ def run(tmp_path):
 
 @pytest.mark.skipif(not HAVE_TOOLS, reason="pidstat/vmstat (sysstat, procps) not installed")
 def test_local_agent_records_busy_process_and_leaves_nothing(busy, run):
-    with open_agent(HostPlan(pid=busy.pid), run, interval=1, max_duration=60, heartbeat_timeout=10) as agent:
+    with open_agent(HostPlan(pid=busy.pid), run, AgentSettings(interval=1, max_duration=60, heartbeat_timeout=10)) as agent:
         facts = agent.preflight()
         assert facts["process"]["pid"] == busy.pid
         assert facts["cpu"]["logical_cpus"] >= 1 and facts["memory_total_kb"] > 0
@@ -115,10 +116,8 @@ import json, sys, time
 sys.path.insert(0, {repo!r})
 from kneeswarm.plan import HostPlan
 from kneeswarm.rundir import RunDir
-from agents import open_agent
-from agents import host
-host.HEARTBEAT_PERIOD = 0.5
-agent = open_agent(HostPlan(pid={pid}), RunDir({run!r}), interval=1, max_duration=120, heartbeat_timeout=3)
+from agents import AgentSettings, open_agent
+agent = open_agent(HostPlan(pid={pid}), RunDir({run!r}), AgentSettings(interval=1, max_duration=120, heartbeat_timeout=60))
 agent.preflight()
 agent.start()
 print(json.dumps({{"remote_dir": agent.remote_dir, "status": agent.start_status}}), flush=True)
@@ -138,13 +137,11 @@ def test_watchdog_stops_everything_when_the_controller_is_killed(busy, run):
         time.sleep(1.0)
         ctl.send_signal(signal.SIGKILL)
         ctl.wait(timeout=5)
-        killed_at = time.monotonic()
-        assert wait_until_gone(remote_dir, pids, 3.0 + 6.0) == []
-        gone_after = time.monotonic() - killed_at
+        # the heartbeat timeout is 60 s: only the closed watch channel can stop it this soon
+        assert wait_until_gone(remote_dir, pids, 10.0) == []
         status = json.loads((Path(remote_dir) / "status.json").read_text())
-        assert status["state"] == "stopped" and status["reason"].startswith("heartbeat lost")
+        assert status["state"] == "stopped" and status["reason"].startswith("controller gone"), status["reason"]
         assert (Path(remote_dir) / "MANIFEST.json").exists()  # what was recorded is kept, checksummed
-        assert gone_after < 9.0
     finally:
         if ctl.poll() is None:
             ctl.kill()
@@ -182,11 +179,11 @@ sys.stdin.readline()
 @pytest.mark.skipif(not _faketime_works(), reason="libfaketime (Debian faketime) missing or not working with python")
 @pytest.mark.skipif(not HAVE_TOOLS, reason="pidstat/vmstat not installed")
 def test_agent_under_faketime_offset_within_20ms_and_burst_aligned(run, monkeypatch):
-    monkeypatch.setattr(host_mod, "ECHO_WRAPPER", SHIFTED)
-    monkeypatch.setattr(host_mod, "AGENT_WRAPPER", SHIFTED)  # the agent and its collectors: +2.5 s
+    monkeypatch.setattr(link_mod, "ECHO_WRAPPER", SHIFTED)
+    monkeypatch.setattr(link_mod, "AGENT_WRAPPER", SHIFTED)  # the agent and its collectors: +2.5 s
     burst = subprocess.Popen([sys.executable, "-c", BURST_CODE], stdin=subprocess.PIPE)
     try:
-        with open_agent(HostPlan(pid=burst.pid), run, interval=1, max_duration=60, heartbeat_timeout=10) as agent:
+        with open_agent(HostPlan(pid=burst.pid), run, AgentSettings(interval=1, max_duration=60, heartbeat_timeout=10)) as agent:
             agent.preflight()
             agent.start()
             time.sleep(1.5)
@@ -249,8 +246,9 @@ def _remote(*args: str, timeout: float = 30) -> dict:
 def test_remote_max_duration_stops_the_agent_and_a_bad_command_is_reported(tmp_path):
     (tmp_path / "remote.py").write_bytes(REMOTE.read_bytes())
     cfg = {"interval": 1, "heartbeat_timeout": 60, "max_duration": 1.5,
-           "commands": [{"name": "nope", "argv": ["no-such-tool-xyz"], "raw_file": "nope.txt"}],
-           "samplers": [{"name": "procfs", "pid": os.getpid(), "raw_file": "procfs.jsonl"}]}
+           "collectors": [{"name": "nope", "argv": ["no-such-tool-xyz"], "raw_file": "nope.txt"},
+                          {"name": "procfs", "sampler": "procfs", "params": {"pid": os.getpid()},
+                           "raw_file": "procfs.jsonl"}]}
     (tmp_path / "agent.json").write_text(json.dumps(cfg))
     out = _remote("start", str(tmp_path / "agent.json"))
     assert out["ok"]
