@@ -405,8 +405,10 @@ class NvmlSampler(Sampler):
     """GPU and per-process GPU samples through NVML (``import pynvml``), one line per GPU."""
 
     def setup(self) -> None:
-        import pynvml  # noqa: F401 - raises ImportError where NVML is not installed
-
+        try:
+            import pynvml  # optional: nvidia-ml-py
+        except ImportError:
+            raise RuntimeError("pynvml (nvidia-ml-py) is not installed") from None
         self.nv = pynvml
         pynvml.nvmlInit()
         self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]

@@ -173,8 +173,8 @@ def _map_error(e: BaseException, label: str, where: str) -> AgentError:
     return TransportError(f"{label}: {where}: {type(e).__name__}: {e}".rstrip(": "))
 
 
-class _NoSftp(Exception):
-    """The server is reachable but has no sftp subsystem."""
+class _NoSftp(AgentError):
+    """The server is reachable but has no sftp subsystem (not retried: the exec channel is used)."""
 
 
 class SSHEcho(EchoChannel):
@@ -330,7 +330,7 @@ class SSHTransport(Transport):
                 self._sftp = paramiko.SFTPClient.from_transport(tr, window_size=None)
             except paramiko.SSHException as e:
                 if tr.is_active() and self.transfer is None:  # connected, but no sftp subsystem
-                    raise _NoSftp() from None
+                    raise _NoSftp(f"{self.label}: the server has no sftp subsystem ({e})") from None
                 raise _map_error(e, self.label, "sftp") from None
             except (OSError, EOFError) as e:
                 raise _map_error(e, self.label, "sftp") from None

@@ -194,12 +194,15 @@ def sshd(tmp_path_factory: pytest.TempPathFactory):
 # -- process helpers ---------------------------------------------------------------------------
 REPO = Path(__file__).resolve().parents[1]
 
-BUSY_CODE = """
+BUSY_THREAD = "spin"  # the kernel's name (comm) of the spinning thread: pidstat -t and /proc show it
+BUSY_CODE = f"""
 import threading, time
 def spin():
+    with open(f"/proc/self/task/{{threading.get_native_id()}}/comm", "w") as f:
+        f.write("{BUSY_THREAD}")
     while True:
         sum(range(20000))
-threading.Thread(target=spin, daemon=True, name="spin").start()
+threading.Thread(target=spin, daemon=True).start()
 while True:
     time.sleep(0.01)
 """

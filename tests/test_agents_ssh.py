@@ -244,3 +244,41 @@ def test_key_held_only_by_ssh_agent(sshd, known_hosts, tmp_path, monkeypatch):
     finally:
         agent.terminate()
         agent.wait(timeout=10)
+
+
+def test_a_server_without_sftp_is_monitored_through_the_exec_channel(tmp_path):
+    server = SSHD.start(tmp_path / "nosftp", sftp=False)
+    busy = start_busy()
+    kh = server.write_known_hosts(tmp_path / "known_hosts")
+    run = RunDir.create(tmp_path, "nosftp")
+    plan = HostPlan(name="srv", ssh=server.target, key_file=str(server.user_key), known_hosts=str(kh), pid=busy.pid,
+                    collectors=["vmstat", "procfs"])
+    try:
+        with open_agent(plan, run, AgentSettings(interval=1, max_duration=60, heartbeat_timeout=10)) as agent:
+            with pytest.raises(AgentError, match="no sftp subsystem"):
+                agent.t.sftp()  # really no sftp subsystem on this server
+            agent.preflight()
+            agent.start()
+            time.sleep(3.0)
+            agent.fetch()
+            agent.stop()
+            agent.fetch(final=True)
+            agent.write_parsed()
+            meta = agent.meta()
+    finally:
+        stop_proc(busy)
+        server.stop()
+    assert meta["transfer"] == "exec" and meta["fetch"]["verified"] and meta["complete"], meta["fetch"]
+    vm = pd.read_csv(run.host_dir("srv") / "vmstat.csv")
+    procfs = pd.read_csv(run.host_dir("srv") / "process.csv")
+    assert len(vm) >= 2 and len(procfs) >= 2 and procfs["pid"].eq(busy.pid).all()
+    assert procfs["cpu_pct"].max() > 20  # the spinning thread was seen (2 cores shared with other tests)
+
+
+def test_sftp_transfer_is_named_in_meta(sshd, known_hosts, tmp_path):
+    run = RunDir.create(tmp_path, "sftp")
+    plan = HostPlan(name="srv", ssh=sshd.target, key_file=str(sshd.user_key), known_hosts=str(known_hosts),
+                    collectors=["vmstat"])
+    with open_agent(plan, run) as agent:
+        agent.preflight()
+        assert agent.meta()["transfer"] == "sftp"
