@@ -71,7 +71,8 @@ class Deployment:
         self.facts = facts
         self.selection = selection.select(facts, h.collectors, self.pid, self.settings, self.link.label)
         for name, reason in self.selection.skipped.items():
-            self.warnings.add(f"collector {name} skipped: {reason}")
+            if name not in self.selection.quiet:
+                self.warnings.add(f"collector {name} skipped: {reason}")
         if not self.selection.enabled:
             raise AgentError(f"{self.link.label}: no collector can run "
                              f"({'; '.join(self.warnings) or 'none available'})")

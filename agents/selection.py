@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 class Selection:
     enabled: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {"version", "raw_file", "kind"}
     skipped: dict[str, str] = field(default_factory=dict)  # name -> reason
+    quiet: set[str] = field(default_factory=set)  # skipped as planned (a stand-in not needed): no warning
     specs: list[RunSpec] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -50,10 +51,15 @@ def select(facts: dict[str, Any], requested: list[str] | None, pid: int | None, 
             raise AgentError(f"{label}: unknown collector(s) {', '.join(unknown)} "
                              f"(known: {', '.join(sorted(COLLECTORS))})")
     names = list(requested) if requested is not None else [n for n, c in COLLECTORS.items() if c.default]
+    names.sort(key=lambda n: COLLECTORS[n].instead_of is not None)  # stand-ins after what they stand in for
     ctx = HostContext(facts, pid, settings.interval, settings.metrics_url)
     sel = Selection()
     for name in names:
         c = COLLECTORS[name]
+        if requested is None and c.instead_of in sel.enabled:
+            sel.skipped[name] = f"{c.instead_of} runs (list {name} in the host's collectors to run both)"
+            sel.quiet.add(name)
+            continue
         try:
             spec = c.run_spec(ctx)
         except Unavailable as e:

@@ -133,6 +133,8 @@ class Collector:
     needs_gpu: bool = False
     #: For samplers: the name of the sampler ``agents/remote.py`` implements (default: ``name``).
     sampler: str | None = None
+    #: A stand-in: by default it runs only where this other collector cannot (listing both runs both).
+    instead_of: str | None = None
 
     def run_spec(self, ctx: HostContext) -> RunSpec:
         """What the agent runs for this collector on the host ``ctx`` describes; Unavailable if

@@ -147,6 +147,9 @@ class ProcfsCollector(Collector):
     kind = "sampler"
     tables = ("process", "threads")
     output_tz = None
+    #: pidstat -t already reads every thread each second; reading them twice doubles the cost
+    #: (bench/agent_overhead.py: ~3.5% of a core for 256 threads).
+    instead_of = "pidstat"
 
     def sampler_params(self, ctx: HostContext) -> dict[str, Any]:
         if ctx.pid is None:

@@ -49,7 +49,8 @@ def run(tmp_path):
 
 @pytest.mark.skipif(not HAVE_TOOLS, reason="pidstat/vmstat (sysstat, procps) not installed")
 def test_local_agent_records_busy_process_and_leaves_nothing(busy, run):
-    with open_agent(HostPlan(pid=busy.pid), run, AgentSettings(interval=1, max_duration=60, heartbeat_timeout=10)) as agent:
+    host = HostPlan(pid=busy.pid, collectors=["pidstat", "vmstat", "procfs"])  # procfs too: listed, not by default
+    with open_agent(host, run, AgentSettings(interval=1, max_duration=60, heartbeat_timeout=10)) as agent:
         facts = agent.preflight()
         assert facts["process"]["pid"] == busy.pid
         assert facts["cpu"]["logical_cpus"] >= 1 and facts["memory_total_kb"] > 0
@@ -171,7 +172,8 @@ def test_agent_under_faketime_offset_within_20ms_and_burst_aligned(run, monkeypa
     monkeypatch.setattr(link_mod, "AGENT_WRAPPER", shifted)  # the agent and its collectors: +2.5 s
     burst = subprocess.Popen([sys.executable, "-c", BURST_CODE], stdin=subprocess.PIPE)
     try:
-        with open_agent(HostPlan(pid=burst.pid), run, AgentSettings(interval=1, max_duration=60, heartbeat_timeout=10)) as agent:
+        host = HostPlan(pid=burst.pid, collectors=["pidstat", "vmstat", "procfs"])
+        with open_agent(host, run, AgentSettings(interval=1, max_duration=60, heartbeat_timeout=10)) as agent:
             agent.preflight()
             agent.start()
             time.sleep(1.5)

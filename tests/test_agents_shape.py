@@ -263,3 +263,16 @@ def test_failed_final_fetch_marks_the_host_incomplete(tmp_path):
     assert meta["complete"] is False and meta["lost"]["unverified_files"] >= 1
     assert any(w.startswith("final fetch failed") for w in meta["warnings"]), meta["warnings"]
     assert (run.host_dir("local") / "vmstat.csv").exists()  # what arrived before is still parsed
+
+
+def test_procfs_stands_in_for_pidstat_only_where_pidstat_cannot_run():
+    from agents import selection
+
+    pidstat_ok = {"found": True, "rc": 0, "output": "sysstat version 12.6.1"}
+    with_pidstat = {"tools": {"pidstat": pidstat_ok}, "procfs": True}
+    sel = selection.select(with_pidstat, None, 123, AgentSettings(), "h")
+    assert "pidstat" in sel.enabled and "procfs" not in sel.enabled and "procfs" in sel.quiet
+    sel = selection.select({"tools": {"pidstat": {"found": False}}, "procfs": True}, None, 123, AgentSettings(), "h")
+    assert "procfs" in sel.enabled and "pidstat" in sel.skipped
+    sel = selection.select(with_pidstat, ["pidstat", "procfs"], 123, AgentSettings(), "h")  # listed: both run
+    assert {"pidstat", "procfs"} <= set(sel.enabled)
