@@ -33,8 +33,11 @@ class Heartbeat:
         self.warnings = warnings
         self.failures = 0
         self._chan: EchoChannel | None = None
+        self._chan_link = -1  # link.reconnects when the channel was opened
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a reconnect by anyone: beat now, on a new channel
         self._thread: threading.Thread | None = None
+        link.on_reconnect.append(self._wake.set)
 
     def start(self) -> None:
         """Open the watch channel (AgentError if it cannot be) and start the thread."""
@@ -46,8 +49,11 @@ class Heartbeat:
 
     def beat(self) -> bool:
         """One heartbeat (opening the channel if needed); False if it was not answered."""
+        if self._chan is not None and self._chan_link != self.link.reconnects:
+            self._close(bye=False)  # its connection was replaced: the old watch saw EOF, renew in time
         try:
             if self._chan is None:
+                self._chan_link = self.link.reconnects
                 self._chan = self.link.open_channel("watch", self.link.remote_dir or "")
             self._chan.send(b"beat\n")
             answer = self._chan.recv_line(WATCH_REPLY_TIMEOUT)
@@ -66,12 +72,17 @@ class Heartbeat:
     def _loop(self) -> None:
         period = min(HEARTBEAT_PERIOD, self.timeout / 3.0)
         attempt = 0
-        while not self._stop.wait(period if attempt == 0 else backoff(attempt - 1)):
+        while True:
+            self._wake.wait(period if attempt == 0 else backoff(attempt - 1))
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             if self.beat():
                 attempt = 0
                 continue
             attempt += 1
             if self.link.reconnect():
+                self._wake.clear()  # our own reconnect: the backoff still applies
                 logger.info("%s: reconnected", self.link.label)
 
     def _close(self, bye: bool) -> None:
@@ -88,6 +99,7 @@ class Heartbeat:
     def stop(self) -> None:
         """Stop the thread and say goodbye on the channel (the agent keeps running)."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=JOIN_TIMEOUT)
             self._thread = None

@@ -40,6 +40,8 @@ class HostLink:
         self.remote_dir: str | None = None
         self.lock = threading.RLock()
         self.reconnects = 0
+        #: Called after every successful reconnect (the heartbeat reopens its channel at once).
+        self.on_reconnect: list[Callable[[], None]] = []
 
     def path(self, name: str) -> str:
         assert self.remote_dir is not None
@@ -60,6 +62,8 @@ class HostLink:
             with self.lock:
                 self.t.reconnect()
                 self.reconnects += 1
+            for hook in self.on_reconnect:
+                hook()
             return True
         except HostKeyError:
             raise

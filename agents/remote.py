@@ -75,7 +75,7 @@ STOP_GRACE = 2.0  # seconds between SIGINT, SIGTERM and SIGKILL of a collector
 STOP_WAIT = 20.0  # seconds `stop` waits for the agent to exit before killing it
 CHECK_TIMEOUT = 8.0  # seconds for one tool version check in preflight
 ECHO_IDLE_TIMEOUT = 300.0  # the echo process exits after this long without a line
-WATCH_EOF_GRACE = 4.0  # seconds after the watch channel's EOF before the agent is told to stop
+WATCH_EOF_GRACE = 5.0  # seconds after the watch channel's EOF before the agent is told to stop
 WATCH_EOF_MAX_SILENCE = 12.0  # an EOF this long after the last line is a dead link, not a dead controller
 WATCH_POLL = 1.0  # seconds between the watch process's checks that the agent still runs
 MAX_DURATION_CAP = 7 * 24 * 3600.0
@@ -187,17 +187,13 @@ def _signal_group(pid: int, start_time: int | None, sig: int) -> bool:
             return False
 
 
-def stop_groups(groups: list[tuple[int, int | None]], grace: float = STOP_GRACE) -> list[int]:
+def stop_groups(groups: list[tuple[int, int | None]], grace: float = STOP_GRACE) -> None:
     """SIGINT, then SIGTERM, then SIGKILL each (pid, start time) process group still ours, waiting
-    up to ``grace`` seconds after each signal; then SIGKILL anything left in those groups.
-    Returns the pids that needed more than SIGINT."""
+    up to ``grace`` seconds after each signal; then SIGKILL anything left in those groups."""
     pending = [(p, s) for p, s in groups if _is_ours(p, s)]
-    stubborn: list[int] = []
-    for i, sig in enumerate(STOP_SIGNALS):
+    for sig in STOP_SIGNALS:
         if not pending:
             break
-        if i == 1:
-            stubborn = [p for p, _ in pending]
         for pid, start in pending:
             _signal_group(pid, start, sig)
         deadline = time.monotonic() + grace
@@ -211,7 +207,6 @@ def stop_groups(groups: list[tuple[int, int | None]], grace: float = STOP_GRACE)
                     os.kill(member, signal.SIGKILL)
                 except OSError:
                     pass
-    return stubborn
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -612,7 +607,7 @@ class Agent:
         return 0
 
 
-def _report(fd: int | None, msg: dict) -> None:
+def _report(fd: int | None, msg: dict) -> None:  # returns None: the fd is closed
     """Send ``start`` its one-line answer through the ready pipe (once)."""
     if fd is not None:
         os.write(fd, json.dumps(msg).encode() + b"\n")

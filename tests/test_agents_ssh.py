@@ -7,6 +7,7 @@ whole agent lifecycle with manifest-verified fetches.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 
@@ -282,3 +283,23 @@ def test_sftp_transfer_is_named_in_meta(sshd, known_hosts, tmp_path):
     with open_agent(plan, run) as agent:
         agent.preflight()
         assert agent.meta()["transfer"] == "sftp"
+
+
+def test_a_reconnect_mid_run_does_not_stop_the_agent(sshd, known_hosts, tmp_path):
+    """Replacing the connection closes the old watch channel (EOF on the host, like a dead
+    controller): the heartbeat renews on a new channel within the grace, so the agent runs on."""
+    from agents.remote import WATCH_EOF_GRACE
+
+    run = RunDir.create(tmp_path, "reconnect")
+    plan = HostPlan(name="srv", ssh=sshd.target, key_file=str(sshd.user_key), known_hosts=str(known_hosts),
+                    collectors=["vmstat"])
+    with open_agent(plan, run, AgentSettings(heartbeat_timeout=60)) as agent:
+        agent.preflight()
+        agent.start()
+        assert agent.link.reconnect()
+        time.sleep(WATCH_EOF_GRACE + 3.0)
+        agent.fetch()
+        status = json.loads((run.raw_dir("srv") / "status.json").read_text())
+        assert status["state"] == "running" and status["reason"] is None, status["reason"]
+        info = agent.stop()
+    assert info["reason"].startswith("signal"), info["reason"]  # stopped by the controller, not by the watch
