@@ -66,7 +66,8 @@ class HostAgent:
         self.deploy = Deployment(self.link, host, settings, self.warnings)
         self.heartbeat = Heartbeat(self.link, settings.heartbeat_timeout, self.warnings)
         self.fetcher = Fetcher(self.link, run.raw_dir(self.label), host.keep_remote, self.warnings)
-        self.parse_info: dict[str, Any] | None = None
+        self.parse_info: dict[str, Any] | None = None  # {collector: {"lines", "skipped", "error", "tables"}}
+        self.parsed_verified: bool | None = None  # whether what was parsed had all matched the manifest
 
     # what tests and callers read
     t = property(lambda self: self.link.t)
@@ -111,21 +112,19 @@ class HostAgent:
     def write_parsed(self) -> dict[str, Any]:
         """Parse the raw files into hosts/<host>/<table>.csv (master's clock); per-collector stats.
 
-        Runs on whatever arrived; ``verified`` says whether it all matched the manifest."""
+        Runs on whatever arrived (meta's ``parsed_verified`` says whether it all matched the
+        manifest); a parser that raised has its ``error`` in the stats and counts in ``lost``."""
         sel = self.deploy.selection
-        stats = write_parsed_csvs(self.run, self.label, self.clock, list(sel.enabled) if sel else None,
-                                  interval=self.settings.interval)
-        for name, st in stats.items():
-            if st.get("error"):
-                self.warnings.add(f"parser of {name} failed: {st['error']}; its tables are empty")
-        self.parse_info = {"verified": bool(self.fetch_info.get("verified")), "collectors": stats}
-        return stats
+        self.parse_info = write_parsed_csvs(self.run, self.label, self.clock, list(sel.enabled) if sel else None,
+                                            interval=self.settings.interval)
+        self.parsed_verified = bool(self.fetch_info.get("verified"))
+        return self.parse_info
 
     # -- the record ------------------------------------------------------------------------
     def lost(self) -> dict[str, int]:
         """What this host lost, by kind ({} when nothing)."""
         out = dict(self.fetcher.lost)
-        errors = sum(1 for st in ((self.parse_info or {}).get("collectors") or {}).values() if st.get("error"))
+        errors = sum(1 for st in (self.parse_info or {}).values() if st.get("error"))
         if errors:
             out["parser_errors"] = errors
         return out
@@ -149,6 +148,7 @@ class HostAgent:
             "stop": self.deploy.stop_info,
             "fetch": self.fetch_info,
             "parse": self.parse_info,
+            "parsed_verified": self.parsed_verified,
             "reconnects": self.link.reconnects,
             "heartbeat_failures": self.heartbeat.failures,
             "fetches_postponed": self.fetcher.postponed,

@@ -149,8 +149,8 @@ def test_a_collector_registered_at_runtime_runs_and_reaches_hosts_parsed(tmp_pat
     assert len(df) == len(raw) >= 5 and df["n"].tolist() == [int(r[1]) for r in raw]
     # the parser that raised: its error is in the stats and in meta, and counted as lost
     assert stats["broken"]["error"] == "ValueError: this parser is broken"
-    assert meta["parse"]["collectors"]["broken"]["error"] and meta["lost"] == {"parser_errors": 1}
-    assert meta["complete"] is False and any("parser of broken failed" in w for w in meta["warnings"])
+    assert meta["parse"]["broken"]["error"] and meta["lost"] == {"parser_errors": 1}
+    assert meta["complete"] is False and meta["parse"]["counter"]["error"] is None
 
 
 def test_collector_children_get_sigint_back_even_when_the_controller_ignores_it(tmp_path):
@@ -240,7 +240,7 @@ def test_checksum_mismatch_marks_the_host_incomplete_and_still_parses(tmp_path):
     try:
         assert meta["complete"] is False and meta["lost"] == {"unverified_files": 1}
         assert meta["fetch"]["verified"] is False and meta["fetch"]["mismatched"] == ["vmstat.txt"]
-        assert meta["parse"]["verified"] is False and meta["parse"]["collectors"]["vmstat"]["tables"]["vmstat"] >= 1
+        assert meta["parsed_verified"] is False and meta["parse"]["vmstat"]["tables"]["vmstat"] >= 1
         assert os.path.isdir(remote_dir)  # kept: the host still has what did not match
         assert any("did not match" in w for w in meta["warnings"])
     finally:
