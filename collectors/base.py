@@ -1,12 +1,13 @@
 """The one small interface every collector shares, and the helpers its parsers use.
 
 A collector is one module holding one :class:`Collector` subclass. It says how to check that its
-tool is installed (``check_argv`` / ``version_from``), how to run it (``command``) and how to turn
-the raw text it printed into canonical tables (``parse``). Samplers (``kind == "sampler"``) run
-inside the remote agent and write JSON lines; their collector only parses them.
+tool is installed (``check_argv`` / ``version_from``), what the agent runs on a given host
+(``run_spec``: a ``command``, or for ``kind == "sampler"`` a sampler of agents/remote.py named by
+``sampler`` with ``sampler_params``), its ``raw_file``, and how to turn the raw text into its
+canonical ``tables`` (``parse``). Samplers run inside the remote agent and write JSON lines.
 
 Parsers never raise on any text: unknown or malformed lines are skipped and counted in
-``Parsed.skipped``. Every table has a float ``t`` column first (Unix epoch seconds, the clock of the
+``Parsed.skipped``; a parser that raises anyway gives empty tables and ``Parsed.error``. Every table has a float ``t`` column first (Unix epoch seconds, the clock of the
 host that recorded it).
 
 Canonical tables (column names exactly; the analysis and the report read these):
