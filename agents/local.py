@@ -30,8 +30,9 @@ LOCAL_ROOT: str | None = None
 class LocalEcho(EchoChannel):
     def __init__(self, argv: list[str]):
         try:
+            # its own session: a Ctrl-C at the controller's terminal is the controller's to handle
             self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.DEVNULL, bufsize=0)
+                                         stderr=subprocess.DEVNULL, bufsize=0, start_new_session=True)
         except OSError as e:
             raise AgentError(f"local: cannot start echo process {argv[0]}: {e.strerror or e}") from None
         self._buf = b""
