@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 HEARTBEAT_PERIOD = 3.0  # seconds between heartbeats (at most a third of the heartbeat timeout)
 WATCH_REPLY_TIMEOUT = 10.0  # seconds to wait for the watch process's "ok"
 JOIN_TIMEOUT = 15.0  # seconds ``stop`` waits for the thread
+PAUSE_SLICE = 0.25  # seconds between checks of the stop flag while waiting for the next beat
 
 
 class Heartbeat:
@@ -69,11 +70,26 @@ class Heartbeat:
             self._close(bye=True)
             return False
 
+    def _pause(self, seconds: float) -> None:
+        """Wait ``seconds``, less when stopped, woken, or when the channel closes: a dead
+        connection is replaced at once, well within the watch's EOF grace on the host."""
+        deadline = time.monotonic() + seconds
+        while not (self._stop.is_set() or self._wake.is_set()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            chan = self._chan
+            if chan is None:
+                self._wake.wait(min(PAUSE_SLICE, left))
+            elif chan.closed_within(min(PAUSE_SLICE, left)):
+                logger.info("%s: the watch channel closed; renewing it now", self.link.label)
+                return
+
     def _loop(self) -> None:
         period = min(HEARTBEAT_PERIOD, self.timeout / 3.0)
         attempt = 0
         while True:
-            self._wake.wait(period if attempt == 0 else backoff(attempt - 1))
+            self._pause(period if attempt == 0 else backoff(attempt - 1))
             self._wake.clear()
             if self._stop.is_set():
                 return

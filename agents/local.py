@@ -57,6 +57,14 @@ class LocalEcho(EchoChannel):
         line, self._buf = self._buf.split(b"\n", 1)
         return line
 
+    def closed_within(self, timeout: float) -> bool:
+        fd = self.proc.stdout.fileno()
+        if not select.select([fd], [], [], max(0.0, timeout))[0]:
+            return False
+        chunk = os.read(fd, 4096)
+        self._buf += chunk
+        return not chunk
+
     def close(self) -> None:
         try:
             self.proc.stdin.close()

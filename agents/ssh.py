@@ -209,6 +209,21 @@ class SSHEcho(EchoChannel):
         line, self._buf = self._buf.split(b"\n", 1)
         return line
 
+    def closed_within(self, timeout: float) -> bool:
+        if self.chan.closed or self.chan.eof_received:
+            return True
+        if not select.select([self.chan], [], [], max(0.0, timeout))[0]:
+            return False
+        try:
+            self.chan.settimeout(0.1)
+            chunk = self.chan.recv(4096)
+        except socket.timeout:
+            return False
+        except (OSError, EOFError, paramiko.SSHException):
+            return True
+        self._buf += chunk
+        return not chunk
+
     def close(self) -> None:
         try:
             self.chan.shutdown_write()

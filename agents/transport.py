@@ -43,6 +43,11 @@ class EchoChannel(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    @abstractmethod
+    def closed_within(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds; True as soon as the channel closes (the process
+        exited or the connection died), False if it is still open."""
+
 
 class Transport(ABC):
     """A way to run commands and move files on one host."""

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -285,6 +288,13 @@ def test_sftp_transfer_is_named_in_meta(sshd, known_hosts, tmp_path):
         assert agent.meta()["transfer"] == "sftp"
 
 
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def test_a_reconnect_mid_run_does_not_stop_the_agent(sshd, known_hosts, tmp_path):
     """Replacing the connection closes the old watch channel (EOF on the host, like a dead
     controller): the heartbeat renews on a new channel within the grace, so the agent runs on."""
@@ -297,6 +307,15 @@ def test_a_reconnect_mid_run_does_not_stop_the_agent(sshd, known_hosts, tmp_path
         agent.preflight()
         agent.start()
         assert agent.link.reconnect()
+        time.sleep(WATCH_EOF_GRACE + 3.0)
+        agent.fetch()
+        status = json.loads((run.raw_dir("srv") / "status.json").read_text())
+        assert status["state"] == "running" and status["reason"] is None, status["reason"]
+        # the server side of the connection dies (sshd's session killed): the same EOF on the host
+        sessions = [p for p in sshd.sessions() if _name(p).startswith("sshd")]
+        assert sessions
+        for pid in sessions:  # only sshd's own processes: the watch process must see EOF, not a signal
+            os.kill(pid, signal.SIGKILL)
         time.sleep(WATCH_EOF_GRACE + 3.0)
         agent.fetch()
         status = json.loads((run.raw_dir("srv") / "status.json").read_text())
