@@ -98,11 +98,15 @@ def _log(msg: str) -> None:
     sys.stderr.flush()
 
 
-def _write_json_atomic(path: str, obj: object) -> None:
+def _write_text_atomic(path: str, text: str) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
+        f.write(text)
     os.replace(tmp, path)
+
+
+def _write_json_atomic(path: str, obj: object) -> None:
+    _write_text_atomic(path, json.dumps(obj, indent=1, sort_keys=True))
 
 
 def _read_json(path: str) -> dict | None:
@@ -630,13 +634,6 @@ def _file_key(path: str):
         return (st.st_ino, st.st_mtime_ns, st.st_size)
     except OSError:
         return None
-
-
-def _write_text_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def _touch(path: str) -> None:
