@@ -152,7 +152,8 @@ class Fetcher:
             manifest = json.loads((self.raw_dir / MANIFEST_FILE).read_text())
             files = dict(manifest.get("files") or {})
         except (OSError, ValueError, AttributeError):
-            self._unverified(max(1, len(self._sizes_seen)), "no readable MANIFEST.json fetched (was the agent stopped?)")
+            self._unverified(max(1, len(self._sizes_seen)),
+                             "no readable MANIFEST.json fetched (was the agent stopped?)")
             return
         bad = sorted(n for n, m in files.items() if n not in NOT_FETCHED and not self._matches(n, m))
         total = sum(int(m.get("size") or 0) for m in files.values())

@@ -97,7 +97,8 @@ class HostAgent:
             self.deploy.stop()
             raise
         assert self.deploy.selection is not None
-        logger.info("%s: agent started in %s (%s)", self.label, self.remote_dir, ", ".join(self.deploy.selection.enabled))
+        logger.info("%s: agent started in %s (%s)", self.label, self.remote_dir,
+                    ", ".join(self.deploy.selection.enabled))
         return status
 
     def fetch(self, final: bool = False) -> dict[str, int]:

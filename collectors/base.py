@@ -7,8 +7,8 @@ tool is installed (``check_argv`` / ``version_from``), what the agent runs on a 
 canonical ``tables`` (``parse``). Samplers run inside the remote agent and write JSON lines.
 
 Parsers never raise on any text: unknown or malformed lines are skipped and counted in
-``Parsed.skipped``; a parser that raises anyway gives empty tables and ``Parsed.error``. Every table has a float ``t`` column first (Unix epoch seconds, the clock of the
-host that recorded it).
+``Parsed.skipped``; a parser that raises anyway gives empty tables and ``Parsed.error``. Every
+table has a float ``t`` column first (Unix epoch seconds, the clock of the host that recorded it).
 
 Canonical tables (column names exactly; the analysis and the report read these):
 

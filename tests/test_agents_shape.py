@@ -95,7 +95,8 @@ def test_selection_and_remote_name_no_collector():
 
 
 # -- a throwaway collector, registered at runtime ---------------------------------------------
-COUNTER_CODE = "import sys,time\nfor i in range(10**6):\n    print(f'{time.time():.3f} {i}', flush=True)\n    time.sleep(0.2)\n"
+COUNTER_CODE = ("import time\nfor i in range(10**6):\n"
+                "    print(f'{time.time():.3f} {i}', flush=True)\n    time.sleep(0.2)\n")
 
 
 class CounterCollector(Collector):
