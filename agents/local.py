@@ -30,8 +30,9 @@ LOCAL_ROOT: str | None = None
 class LocalEcho(EchoChannel):
     def __init__(self, argv: list[str]):
         try:
+            # its own session: a Ctrl-C at the controller's terminal is the controller's to handle
             self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.DEVNULL, bufsize=0)
+                                         stderr=subprocess.DEVNULL, bufsize=0, start_new_session=True)
         except OSError as e:
             raise AgentError(f"local: cannot start echo process {argv[0]}: {e.strerror or e}") from None
         self._buf = b""
@@ -56,6 +57,14 @@ class LocalEcho(EchoChannel):
         line, self._buf = self._buf.split(b"\n", 1)
         return line
 
+    def closed_within(self, timeout: float) -> bool:
+        fd = self.proc.stdout.fileno()
+        if not select.select([fd], [], [], max(0.0, timeout))[0]:
+            return False
+        chunk = os.read(fd, 4096)
+        self._buf += chunk
+        return not chunk
+
     def close(self) -> None:
         try:
             self.proc.stdin.close()
@@ -71,6 +80,7 @@ class LocalEcho(EchoChannel):
 
 class LocalTransport(Transport):
     kind = "local"
+    transfer = "local"
 
     def __init__(self, label: str = "local", python: list[str] | None = None):
         self.label = label
@@ -108,9 +118,6 @@ class LocalTransport(Transport):
         with open(path, "rb") as f:
             f.seek(offset)
             return f.read(length)
-
-    def touch(self, path: str) -> None:
-        os.utime(path, None) if os.path.exists(path) else Path(path).touch()
 
     def remove_tree(self, path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)

@@ -1,26 +1,36 @@
 #!/usr/bin/env python3
-"""kneeswarm remote agent: one file, python3 standard library only.
+"""kneeswarm remote agent: one file, python3 standard library only (pynvml used when present).
 
-It is uploaded (by SFTP, or copied for ``local``) into a per-run directory on the monitored
-server and driven by the controller (agents/host.py) through a few verbs:
+It is uploaded (by SFTP, through the exec channel, or copied for ``local``) into a per-run
+directory on the monitored server and driven by the controller (agents/host.py) through verbs:
 
     remote.py preflight [CONFIG.json | '{json}']   facts about the host, as JSON on stdout
     remote.py start CONFIG.json                    daemonise, start collectors; JSON on stdout
-    remote.py heartbeat DIR                        renew the controller's heartbeat
-    remote.py status DIR                           status.json plus liveness, JSON on stdout
+    remote.py watch DIR                            the controller's heartbeat channel (below)
     remote.py stop DIR                             stop everything, write MANIFEST.json
     remote.py echo                                 line echo with timestamps (clock offset)
 
-The run directory holds the config (agent.json), one raw file per collector exactly as the
-tool printed it (stderr in <name>.err), the JSON-lines output of the in-process samplers
-(procfs, nvml), agent.pid, status.json, agent.log and, once stopped, MANIFEST.json (sha256
-and size of every file).  A watchdog stops everything when the heartbeat file has not
-changed for ``heartbeat_timeout`` seconds or ``max_duration`` has passed, so a killed
-controller leaves nothing running.  Every child is started in its own session and is only
-signalled after checking that its pid still has the start time recorded for it.
+The run directory holds the config (agent.json), one raw file per collector exactly as the tool
+printed it (stderr in <name>.err), the JSON-lines output of the in-process samplers, agent.pid,
+status.json, agent.log and, once stopped, MANIFEST.json (sha256 and size of every file).
 
-Timed waits use select() rather than time.sleep()/Event.wait(): libfaketime (used in the
-tests to shift this host's clock) breaks clock_nanosleep and timed condition waits.
+What runs is read from agent.json["collectors"]: each entry has ``argv`` (+ ``env``), a command
+run in its own session, or ``sampler`` (a name in ``SAMPLERS``) + ``params``, a thread here. The
+agent knows no collector by name.
+
+Nothing is left running when the controller goes away:
+* ``watch`` is a long-lived process fed one line per heartbeat by the controller; each line renews
+  the heartbeat file. When the controller process dies its kernel closes the connection, so
+  ``watch`` reads EOF: unless a newer heartbeat arrives within ``WATCH_EOF_GRACE`` seconds (a
+  reconnected controller), it tells the agent to stop (SIGUSR1). A network cut gives no EOF (or
+  one long after the last line, when sshd gives up on the client): the heartbeat timeout governs.
+* the agent's watchdog stops everything when the heartbeat file has not changed for
+  ``heartbeat_timeout`` seconds or ``max_duration`` has passed.
+Every child is started in its own session and only signalled after checking that its pid still has
+the start time recorded for it.
+
+Timed waits use select() rather than time.sleep()/Event.wait(): libfaketime (used in the tests to
+shift this host's clock) breaks clock_nanosleep and timed condition waits.
 """
 
 from __future__ import annotations
@@ -40,14 +50,22 @@ import threading
 import time
 import traceback
 
-AGENT_VERSION = 1
+AGENT_VERSION = 2
+# The agent directory: every file name is typed here once (agents/host.py imports them).
+SCRIPT_FILE = "remote.py"
 CONFIG_FILE = "agent.json"
+PREFLIGHT_FILE = "preflight.json"
 PID_FILE = "agent.pid"
 STATUS_FILE = "status.json"
 MANIFEST_FILE = "MANIFEST.json"
 HEARTBEAT_FILE = "heartbeat"
 LOG_FILE = "agent.log"
 NOT_IN_MANIFEST = (MANIFEST_FILE, HEARTBEAT_FILE, PID_FILE)
+#: Files the controller does not copy home.
+NOT_FETCHED = frozenset({SCRIPT_FILE, HEARTBEAT_FILE, PID_FILE})
+#: Files rewritten in place (not append-only): fetched whole whenever they change.
+REWRITTEN = frozenset({STATUS_FILE, MANIFEST_FILE, CONFIG_FILE, PREFLIGHT_FILE})
+WATCH_BYE = b"bye"  # the controller's last line on the watch channel: a clean goodbye, not a death
 
 START_WAIT = 15.0  # seconds `start` waits for the daemon to report ready
 START_SETTLE = 0.3  # seconds after starting commands before checking none died at once
@@ -57,9 +75,13 @@ STOP_GRACE = 2.0  # seconds between SIGINT, SIGTERM and SIGKILL of a collector
 STOP_WAIT = 20.0  # seconds `stop` waits for the agent to exit before killing it
 CHECK_TIMEOUT = 8.0  # seconds for one tool version check in preflight
 ECHO_IDLE_TIMEOUT = 300.0  # the echo process exits after this long without a line
+WATCH_EOF_GRACE = 5.0  # seconds after the watch channel's EOF before the agent is told to stop
+WATCH_EOF_MAX_SILENCE = 12.0  # an EOF this long after the last line is a dead link, not a dead controller
+WATCH_POLL = 1.0  # seconds between the watch process's checks that the agent still runs
 MAX_DURATION_CAP = 7 * 24 * 3600.0
 MAX_TASKS = 4096  # threads of the monitored process read per procfs sample
 PROMETHEUS_MAX_BYTES = 8 << 20
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)  # pidstat prints its last lines on SIGINT
 
 
 def _sleep(seconds: float) -> None:
@@ -76,11 +98,15 @@ def _log(msg: str) -> None:
     sys.stderr.flush()
 
 
-def _write_json_atomic(path: str, obj: object) -> None:
+def _write_text_atomic(path: str, text: str) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
+        f.write(text)
     os.replace(tmp, path)
+
+
+def _write_json_atomic(path: str, obj: object) -> None:
+    _write_text_atomic(path, json.dumps(obj, indent=1, sort_keys=True))
 
 
 def _read_json(path: str) -> dict | None:
@@ -91,18 +117,55 @@ def _read_json(path: str) -> dict | None:
         return None
 
 
-def _proc_start_time(pid: int) -> int | None:
-    """Field 22 of /proc/PID/stat (start time in clock ticks since boot), None if gone."""
+def _read_text(path: str) -> str:
+    with open(path, "rb") as f:
+        return f.read().decode("utf-8", "replace")
+
+
+# -- /proc/PID/stat, read in one place -----------------------------------------------------------
+class Stat:
+    """/proc/PID/stat (or /proc/PID/task/TID/stat) split once. ``field(n)`` is man proc(5)'s
+    field number n (1-based: 3 state, 4 ppid, 5 pgrp, 10 minflt, 12 majflt, 14 utime, 15 stime,
+    20 num_threads, 22 starttime, 23 vsize, 24 rss, 39 processor)."""
+
+    def __init__(self, text: str):
+        self.comm = text[text.find("(") + 1 : text.rfind(")")]
+        self._rest = text[text.rfind(")") + 2 :].split()  # from field 3 (state) on
+
+    def field(self, n: int) -> str:
+        return self._rest[n - 3]
+
+    def int(self, n: int) -> int:
+        return int(self._rest[n - 3])
+
+    @property
+    def zombie(self) -> bool:
+        return self.field(3) == "Z"
+
+
+def _stat(path: str) -> Stat | None:
+    """Stat of a /proc/.../stat file, None when it is gone or unreadable."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read().decode("ascii", "replace")
-    except OSError:
+        st = Stat(_read_text(path))
+        st.field(3)
+        return st
+    except (OSError, IndexError):
         return None
-    fields = data[data.rfind(")") + 2 :].split()
+
+
+def _proc_start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (field 22), None if gone or a zombie."""
+    st = _stat(f"/proc/{pid}/stat")
     try:
-        if fields[0] == "Z":  # a zombie is as good as gone
-            return None
-        return int(fields[19])
+        return None if st is None or st.zombie else st.int(22)
+    except (IndexError, ValueError):
+        return None
+
+
+def _ppid(pid: int) -> int | None:
+    st = _stat(f"/proc/{pid}/stat")
+    try:
+        return None if st is None else st.int(4)
     except (IndexError, ValueError):
         return None
 
@@ -128,41 +191,70 @@ def _signal_group(pid: int, start_time: int | None, sig: int) -> bool:
             return False
 
 
+def stop_groups(groups: list[tuple[int, int | None]], grace: float = STOP_GRACE) -> None:
+    """SIGINT, then SIGTERM, then SIGKILL each (pid, start time) process group still ours, waiting
+    up to ``grace`` seconds after each signal; then SIGKILL anything left in those groups."""
+    pending = [(p, s) for p, s in groups if _is_ours(p, s)]
+    for sig in STOP_SIGNALS:
+        if not pending:
+            break
+        for pid, start in pending:
+            _signal_group(pid, start, sig)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(_is_ours(p, s) for p, s in pending):
+            _sleep(0.05)
+        pending = [(p, s) for p, s in pending if _is_ours(p, s)]
+    for pid, _ in groups:  # leftovers in a collector's own process group (a child it forked)
+        for member in _group_members(pid):
+            if member != os.getpid():
+                try:
+                    os.kill(member, signal.SIGKILL)
+                except OSError:
+                    pass
+
+
 def _group_members(pgid: int) -> list[int]:
     out = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
+        st = _stat(f"/proc/{name}/stat")
         try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read().decode("ascii", "replace")
-            fields = data[data.rfind(")") + 2 :].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
+            if st is not None and not st.zombie and st.int(5) == pgid:
                 out.append(int(name))
-        except (OSError, ValueError, IndexError):
+        except (IndexError, ValueError):
             continue
     return out
 
 
-def _pdeathsig_setter():
-    """A preexec_fn that makes the child get SIGTERM when the agent dies (Linux prctl)."""
+def _child_setup():
+    """A preexec_fn for collectors: SIGINT back to default (a controller started as a background
+    job in a script has it ignored, and an ignored signal is inherited), and SIGTERM to the child
+    when the agent dies (Linux prctl PR_SET_PDEATHSIG, where ctypes can reach it)."""
+    prctl = None
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except Exception:
-        return None
+        pass
 
     def _set() -> None:
-        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        if prctl is not None:
+            prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
     return _set
 
 
 # -- samplers --------------------------------------------------------------------------------
 class Sampler(threading.Thread):
-    """Writes one JSON line per interval to its raw file until ``stopping`` is set."""
+    """Writes one JSON line per interval to its raw file until ``stopping`` is set.
+
+    A sampler is built as ``cls(name, path, interval, stopping, **params)`` with the ``params``
+    its collector declared (``Collector.sampler_params``)."""
 
     def __init__(self, name: str, path: str, interval: float, stopping: threading.Event):
         super().__init__(name=f"sampler-{name}", daemon=True)
@@ -213,6 +305,16 @@ class Sampler(threading.Thread):
                 pass
 
 
+def _status_nums(text: str) -> dict[str, int]:
+    out = {}
+    for line in text.splitlines():
+        k, _, v = line.partition(":")
+        parts = v.split()
+        if parts and parts[0].isdigit():
+            out[k] = int(parts[0])
+    return out
+
+
 class ProcfsSampler(Sampler):
     """Cumulative counters of one process and its threads from /proc (collectors/procfs.py)."""
 
@@ -224,32 +326,9 @@ class ProcfsSampler(Sampler):
         self.page_kb = os.sysconf("SC_PAGE_SIZE") // 1024
         self._gone_reported = False
 
-    @staticmethod
-    def _read(path: str) -> str:
-        with open(path, "rb") as f:
-            return f.read().decode("utf-8", "replace")
-
-    @staticmethod
-    def _status_nums(text: str) -> dict[str, int]:
-        out = {}
-        for line in text.splitlines():
-            k, _, v = line.partition(":")
-            parts = v.split()
-            if parts and parts[0].isdigit():
-                out[k] = int(parts[0])
-        return out
-
-    def sample(self, t: float) -> list[dict]:
-        base = f"/proc/{self.pid}"
-        try:
-            stat = self._read(f"{base}/stat")
-            status = self._status_nums(self._read(f"{base}/status"))
-        except OSError as e:
-            if self._gone_reported:
-                return []
-            self._gone_reported = True
-            return [{"t": round(t, 3), "pid": self.pid, "error": f"process gone ({e.strerror})"}]
-        fields = stat[stat.rfind(")") + 2 :].split()
+    def _tasks(self, base: str) -> tuple[list[list], int, int, int]:
+        """Per-thread rows [tid, comm, utime, stime, processor, vol cs, invol cs] and the summed
+        voluntary / involuntary switches and run-queue wait (ns)."""
         vol = invol = wait_ns = 0
         tasks = []
         try:
@@ -258,43 +337,49 @@ class ProcfsSampler(Sampler):
             tids = []
         for tid in tids:
             tb = f"{base}/task/{tid}"
+            st = _stat(f"{tb}/stat")
             try:
-                tstat = self._read(f"{tb}/stat")
-                tstatus = self._status_nums(self._read(f"{tb}/status"))
+                ts = _status_nums(_read_text(f"{tb}/status"))
             except OSError:
                 continue  # the thread exited between listdir and read
-            comm = tstat[tstat.find("(") + 1 : tstat.rfind(")")]
-            tf = tstat[tstat.rfind(")") + 2 :].split()
-            v, nv = tstatus.get("voluntary_ctxt_switches", 0), tstatus.get("nonvoluntary_ctxt_switches", 0)
+            v, nv = ts.get("voluntary_ctxt_switches", 0), ts.get("nonvoluntary_ctxt_switches", 0)
             vol += v
             invol += nv
             try:
-                wait_ns += int(self._read(f"{tb}/schedstat").split()[1])
+                wait_ns += int(_read_text(f"{tb}/schedstat").split()[1])
             except (OSError, IndexError, ValueError):
                 pass
             try:
-                tasks.append([tid, comm, int(tf[11]), int(tf[12]), int(tf[36]), v, nv])
+                if st is not None:
+                    tasks.append([tid, st.comm, st.int(14), st.int(15), st.int(39), v, nv])
             except (IndexError, ValueError):
                 pass
-        return [
-            {
-                "t": round(t, 3),
-                "pid": self.pid,
-                "utime": int(fields[11]),
-                "stime": int(fields[12]),
-                "clk_tck": self.clk_tck,
-                "rss_kb": status.get("VmRSS", int(fields[21]) * self.page_kb),
-                "vsz_kb": status.get("VmSize", int(fields[20]) // 1024),
-                "threads": status.get("Threads", int(fields[17])),
-                "vol_cs": vol if tids else status.get("voluntary_ctxt_switches"),
-                "invol_cs": invol if tids else status.get("nonvoluntary_ctxt_switches"),
-                "minflt": int(fields[7]),
-                "majflt": int(fields[9]),
-                "ncpu": self.ncpu,
-                "wait_ns": wait_ns,
-                "tasks": tasks,
-            }
-        ]
+        return tasks, vol, invol, wait_ns
+
+    def sample(self, t: float) -> list[dict]:
+        base = f"/proc/{self.pid}"
+        st = _stat(f"{base}/stat")
+        try:
+            if st is None:
+                raise FileNotFoundError(2, "No such process")
+            status = _status_nums(_read_text(f"{base}/status"))
+        except OSError as e:
+            if self._gone_reported:
+                return []
+            self._gone_reported = True
+            return [{"t": round(t, 3), "pid": self.pid, "error": f"process gone ({e.strerror})"}]
+        tasks, vol, invol, wait_ns = self._tasks(base)
+        return [{
+            "t": round(t, 3), "pid": self.pid, "utime": st.int(14), "stime": st.int(15),
+            "clk_tck": self.clk_tck,
+            "rss_kb": status.get("VmRSS", st.int(24) * self.page_kb),
+            "vsz_kb": status.get("VmSize", st.int(23) // 1024),
+            "threads": status.get("Threads", st.int(20)),
+            "vol_cs": vol if tasks else status.get("voluntary_ctxt_switches"),
+            "invol_cs": invol if tasks else status.get("nonvoluntary_ctxt_switches"),
+            "minflt": st.int(10), "majflt": st.int(12), "ncpu": self.ncpu, "wait_ns": wait_ns,
+            "tasks": tasks,
+        }]
 
 
 class PrometheusSampler(Sampler):
@@ -319,8 +404,10 @@ class NvmlSampler(Sampler):
     """GPU and per-process GPU samples through NVML (``import pynvml``), one line per GPU."""
 
     def setup(self) -> None:
-        import pynvml  # noqa: F401 - raises ImportError where NVML is not installed
-
+        try:
+            import pynvml  # optional: nvidia-ml-py
+        except ImportError:
+            raise RuntimeError("pynvml (nvidia-ml-py) is not installed") from None
         self.nv = pynvml
         pynvml.nvmlInit()
         self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
@@ -333,36 +420,35 @@ class NvmlSampler(Sampler):
             pass
 
     def sample(self, t: float) -> list[dict]:
-        nv = self.nv
         since = self.last_t if self.last_t is not None else t - 2 * self.interval
         self.last_t = t
-        rows = []
-        for i, h in enumerate(self.handles):
-            row: dict = {"t": round(t, 3), "gpu": i}
+        return [self._gpu(i, h, t, since) for i, h in enumerate(self.handles)]
 
-            def grab(key, fn):
-                try:
-                    row[key] = fn()
-                except nv.NVMLError as e:
-                    row[key] = None
-                    row.setdefault("errors", {})[key] = str(e)
+    def _gpu(self, i: int, h, t: float, since: float) -> dict:
+        nv = self.nv
+        row: dict = {"t": round(t, 3), "gpu": i}
+        calls = {
+            "util": lambda: (lambda u: [u.gpu, u.memory])(nv.nvmlDeviceGetUtilizationRates(h)),
+            "mem": lambda: (lambda m: [m.used, m.total])(nv.nvmlDeviceGetMemoryInfo(h)),
+            "power_mw": lambda: nv.nvmlDeviceGetPowerUsage(h),
+            "sm_clock_mhz": lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+            "mem_clock_mhz": lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
+            "temp_c": lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
+            "procs": lambda: [[p.pid, p.usedGpuMemory] for p in nv.nvmlDeviceGetComputeRunningProcesses(h)],
+            "proc_util": lambda: [[s.pid, s.smUtil, s.memUtil]
+                                  for s in nv.nvmlDeviceGetProcessUtilization(h, int(since * 1e6))],
+        }
+        for key, fn in calls.items():
+            try:
+                row[key] = fn()
+            except nv.NVMLError as e:
+                row[key] = None
+                row.setdefault("errors", {})[key] = str(e)
+        return row
 
-            grab("util", lambda: (lambda u: [u.gpu, u.memory])(nv.nvmlDeviceGetUtilizationRates(h)))
-            grab("mem", lambda: (lambda m: [m.used, m.total])(nv.nvmlDeviceGetMemoryInfo(h)))
-            grab("power_mw", lambda: nv.nvmlDeviceGetPowerUsage(h))
-            grab("sm_clock_mhz", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
-            grab("mem_clock_mhz", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM))
-            grab("temp_c", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
-            grab("procs", lambda: [[p.pid, p.usedGpuMemory] for p in nv.nvmlDeviceGetComputeRunningProcesses(h)])
-            grab(
-                "proc_util",
-                lambda: [[s.pid, s.smUtil, s.memUtil] for s in nv.nvmlDeviceGetProcessUtilization(h, int(since * 1e6))],
-            )
-            rows.append(row)
-        return rows
 
-
-SAMPLERS = {"procfs": ProcfsSampler, "nvml": NvmlSampler, "prometheus": PrometheusSampler}
+#: The samplers this agent implements, by the name a collector's ``sampler`` gives.
+SAMPLERS: dict[str, type[Sampler]] = {"procfs": ProcfsSampler, "nvml": NvmlSampler, "prometheus": PrometheusSampler}
 
 
 # -- the agent daemon ------------------------------------------------------------------------
@@ -386,190 +472,151 @@ class Agent:
 
     def _on_signal(self, signum, frame) -> None:
         if self.reason is None:
-            self.reason = f"signal {signal.Signals(signum).name}"
+            if signum == signal.SIGUSR1:
+                self.reason = "controller gone (its watch channel closed)"
+            else:
+                self.reason = f"signal {signal.Signals(signum).name}"
         self.stopping.set()
 
-    # status -------------------------------------------------------------------------------
-    def status(self, state: str) -> dict:
-        col = {}
-        for name, c in self.commands.items():
-            p = c.get("proc")
-            rc = p.poll() if p is not None else c.get("exit_code")
-            if p is not None:
-                c["exit_code"] = rc
-            col[name] = {
-                "kind": "command",
-                "argv": c["argv"],
-                "raw_file": c["raw_file"],
-                "pid": c.get("pid"),
-                "start_time": c.get("start_time"),
-                "running": p is not None and rc is None,
-                "exit_code": rc,
-                "error": c.get("error"),
-                "bytes": _size(self.path(c["raw_file"])),
-            }
+    # status.json ----------------------------------------------------------------------------
+    def _command_status(self, c: dict) -> dict:
+        p = c.get("proc")
+        rc = p.poll() if p is not None else c.get("exit_code")
+        if p is not None:
+            c["exit_code"] = rc
+        return {"kind": "command", "argv": c["argv"], "raw_file": c["raw_file"], "pid": c.get("pid"),
+                "start_time": c.get("start_time"), "running": p is not None and rc is None, "exit_code": rc,
+                "error": c.get("error"), "bytes": _size(self.path(c["raw_file"]))}
+
+    def snapshot(self, state: str) -> dict:
+        col = {name: self._command_status(c) for name, c in self.commands.items()}
         for name, s in self.samplers.items():
-            col[name] = {
-                "kind": "sampler",
-                "raw_file": s.path and os.path.basename(s.path),
-                "running": s.is_alive(),
-                "error": s.error,
-                "lines": s.lines,
-                "bytes": _size(s.path),
-            }
+            col[name] = {"kind": "sampler", "raw_file": os.path.basename(s.path), "running": s.is_alive(),
+                         "error": s.error, "lines": s.lines, "bytes": _size(s.path)}
         for name, err in self.sampler_errors.items():
             col.setdefault(name, {"kind": "sampler", "running": False, "error": err, "bytes": 0})
-        return {
-            "agent_version": AGENT_VERSION,
-            "agent_pid": os.getpid(),
-            "agent_start_time": self.my_start,
-            "state": state,
-            "reason": self.reason,
-            "started": self.started,
-            "updated": _now(),
-            "collectors": col,
-        }
+        return {"agent_version": AGENT_VERSION, "agent_pid": os.getpid(), "agent_start_time": self.my_start,
+                "state": state, "reason": self.reason, "started": self.started, "updated": _now(),
+                "collectors": col}
 
     def write_status(self, state: str) -> dict:
-        st = self.status(state)
+        st = self.snapshot(state)
         _write_json_atomic(self.path(STATUS_FILE), st)
         return st
 
-    # lifecycle ----------------------------------------------------------------------------
+    # collectors -----------------------------------------------------------------------------
+    def start_command(self, spec: dict, preexec) -> None:
+        name, raw = spec["name"], spec["raw_file"]
+        c = {"argv": list(spec["argv"]), "raw_file": raw}
+        self.commands[name] = c
+        env = dict(os.environ)
+        env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
+        try:
+            with open(self.path(raw), "ab") as out, open(self.path(f"{name}.err"), "ab") as err:
+                p = subprocess.Popen(c["argv"], stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
+                                     cwd=self.dir, start_new_session=True, preexec_fn=preexec)
+        except OSError as e:
+            c["error"] = f"cannot start {c['argv'][0]}: {e.strerror or e}"
+            c["exit_code"] = 127
+            _log(f"{name}: {c['error']}")
+            return
+        c.update(proc=p, pid=p.pid, start_time=_proc_start_time(p.pid))
+        _log(f"{name}: started pid {p.pid}: {' '.join(c['argv'])}")
+
+    def start_sampler(self, spec: dict) -> None:
+        name = spec["name"]
+        cls = SAMPLERS.get(spec["sampler"])
+        if cls is None:
+            self.sampler_errors[name] = f"unknown sampler {spec['sampler']!r} (this agent has {', '.join(SAMPLERS)})"
+            return
+        try:
+            s = cls(name, self.path(spec["raw_file"]), float(spec.get("interval", self.interval)), self.stopping,
+                    **(spec.get("params") or {}))
+            s.setup()
+        except Exception as e:
+            self.sampler_errors[name] = f"{type(e).__name__}: {e}"
+            _log(f"{name}: not started: {self.sampler_errors[name]}")
+            return
+        self.samplers[name] = s
+        s.start()
+        _log(f"{name}: sampler started")
+
     def start_collectors(self) -> None:
-        preexec = _pdeathsig_setter()
-        base_env = dict(os.environ)
-        for spec in self.cfg.get("commands", []):
-            name = spec["name"]
-            raw = spec.get("raw_file") or f"{name}.txt"
-            c = {"argv": list(spec["argv"]), "raw_file": raw}
-            self.commands[name] = c
-            env = dict(base_env)
-            env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
-            try:
-                with open(self.path(raw), "ab") as out, open(self.path(f"{name}.err"), "ab") as err:
-                    p = subprocess.Popen(
-                        c["argv"],
-                        stdin=subprocess.DEVNULL,
-                        stdout=out,
-                        stderr=err,
-                        env=env,
-                        cwd=self.dir,
-                        start_new_session=True,
-                        preexec_fn=preexec,
-                    )
-            except OSError as e:
-                c["error"] = f"cannot start {c['argv'][0]}: {e.strerror or e}"
-                c["exit_code"] = 127
-                _log(f"{name}: {c['error']}")
-                continue
-            c["proc"] = p
-            c["pid"] = p.pid
-            c["start_time"] = _proc_start_time(p.pid)
-            _log(f"{name}: started pid {p.pid}: {' '.join(c['argv'])}")
-        for spec in self.cfg.get("samplers", []):
-            name = spec["name"]
-            cls = SAMPLERS.get(spec.get("sampler", name))
-            if cls is None:
-                self.sampler_errors[name] = f"unknown sampler {spec.get('sampler', name)!r}"
-                continue
-            path = self.path(spec.get("raw_file") or f"{name}.jsonl")
-            try:
-                kwargs = {"pid": spec["pid"]} if cls is ProcfsSampler else {}
-                if cls is PrometheusSampler:
-                    kwargs = {"url": spec["url"]}
-                s = cls(name, path, float(spec.get("interval", self.interval)), self.stopping, **kwargs)
-                s.setup()
-            except Exception as e:
-                self.sampler_errors[name] = f"{type(e).__name__}: {e}"
-                _log(f"{name}: not started: {self.sampler_errors[name]}")
-                continue
-            self.samplers[name] = s
-            s.start()
-            _log(f"{name}: sampler started")
+        preexec = _child_setup()
+        for spec in self.cfg.get("collectors", []):
+            if spec.get("argv") is not None:
+                self.start_command(spec, preexec)
+            else:
+                self.start_sampler(spec)
 
     def stop_collectors(self) -> None:
         self.stopping.set()
-        live = {n: c for n, c in self.commands.items() if c.get("proc") is not None}
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
-            pending = [c for c in live.values() if c["proc"].poll() is None]
-            if not pending:
-                break
-            for c in pending:
-                _signal_group(c["pid"], c["start_time"], sig)
-            deadline = time.monotonic() + STOP_GRACE
-            while time.monotonic() < deadline and any(c["proc"].poll() is None for c in pending):
-                _sleep(0.05)
-        for c in live.values():  # leftovers in a collector's own process group
-            for pid in _group_members(c["pid"]):
-                if pid != os.getpid():
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except OSError:
-                        pass
+        live = [c for c in self.commands.values() if c.get("proc") is not None]
+        stop_groups([(c["pid"], c["start_time"]) for c in live])
+        for c in live:
             c["exit_code"] = c["proc"].poll()
         deadline = time.monotonic() + STOP_GRACE
         while time.monotonic() < deadline and any(s.is_alive() for s in self.samplers.values()):
             _sleep(0.05)
 
-    def heartbeat_key(self):
-        try:
-            st = os.stat(self.path(HEARTBEAT_FILE))
-            return (st.st_ino, st.st_mtime_ns, st.st_size)
-        except OSError:
-            return None
+    # the watchdog ---------------------------------------------------------------------------
+    def _why_stop(self, t0: float, beat_at: float, now: float) -> str | None:
+        if now - beat_at > self.heartbeat_timeout:
+            return f"heartbeat lost ({now - beat_at:.1f}s > {self.heartbeat_timeout:g}s)"
+        if now - t0 > self.max_duration:
+            return f"max_duration ({self.max_duration:g}s) reached"
+        return None
+
+    def watch(self) -> None:
+        """Until stopped: follow the heartbeat file, rewrite status.json now and then."""
+        t0 = time.monotonic()
+        beat_key, beat_at = _file_key(self.path(HEARTBEAT_FILE)), t0
+        last_status = t0
+        while not self.stopping.is_set():
+            _sleep(LOOP_PERIOD)
+            now = time.monotonic()
+            key = _file_key(self.path(HEARTBEAT_FILE))
+            if key != beat_key:
+                beat_key, beat_at = key, now
+            self.reason = self.reason or self._why_stop(t0, beat_at, now)
+            if self.reason:
+                break
+            if now - last_status >= STATUS_PERIOD:
+                self.write_status("running")
+                last_status = now
 
     def run(self, ready_fd: int | None) -> int:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
             signal.signal(sig, self._on_signal)
-        with open(self.path(PID_FILE) + ".tmp", "w") as f:
-            f.write(f"{os.getpid()} {self.my_start}\n")
-        os.replace(self.path(PID_FILE) + ".tmp", self.path(PID_FILE))
+        _write_text_atomic(self.path(PID_FILE), f"{os.getpid()} {self.my_start}\n")
         _touch(self.path(HEARTBEAT_FILE))
         try:
             self.start_collectors()
             _sleep(START_SETTLE)
             st = self.write_status("running")
-            if ready_fd is not None:
-                os.write(ready_fd, json.dumps({"ok": True, "status": st}).encode() + b"\n")
-                os.close(ready_fd)
-                ready_fd = None
-            t0 = time.monotonic()
-            beat_key, beat_at = self.heartbeat_key(), t0
-            last_status = t0
-            while not self.stopping.is_set():
-                _sleep(LOOP_PERIOD)
-                now = time.monotonic()
-                key = self.heartbeat_key()
-                if key != beat_key:
-                    beat_key, beat_at = key, now
-                if now - beat_at > self.heartbeat_timeout:
-                    self.reason = f"heartbeat lost ({now - beat_at:.1f}s > {self.heartbeat_timeout:g}s)"
-                elif now - t0 > self.max_duration:
-                    self.reason = f"max_duration ({self.max_duration:g}s) reached"
-                if self.reason:
-                    break
-                if now - last_status >= STATUS_PERIOD:
-                    self.write_status("running")
-                    last_status = now
+            ready_fd = _report(ready_fd, {"ok": True, "status": st})
+            self.watch()
         except Exception as e:
             self.reason = self.reason or f"agent error: {type(e).__name__}: {e}"
             _log(traceback.format_exc())
-            if ready_fd is not None:
-                os.write(ready_fd, json.dumps({"ok": False, "error": self.reason}).encode() + b"\n")
-                os.close(ready_fd)
+            ready_fd = _report(ready_fd, {"ok": False, "error": self.reason})
         finally:
             self.reason = self.reason or "stopped"
             _log(f"stopping: {self.reason}")
             self.stop_collectors()
             self.write_status("stopped")
             write_manifest(self.dir)
-            try:
-                os.unlink(self.path(PID_FILE))
-            except OSError:
-                pass
+            _unlink(self.path(PID_FILE))
             _log("stopped")
         return 0
+
+
+def _report(fd: int | None, msg: dict) -> None:  # returns None: the fd is closed
+    """Send ``start`` its one-line answer through the ready pipe (once)."""
+    if fd is not None:
+        os.write(fd, json.dumps(msg).encode() + b"\n")
+        os.close(fd)
+    return None
 
 
 def _size(path: str | None) -> int:
@@ -579,11 +626,25 @@ def _size(path: str | None) -> int:
         return 0
 
 
+def _file_key(path: str):
+    """What changes whenever ``path`` is rewritten (inode, mtime, size); None when missing. Not
+    the mtime alone: under libfaketime the process clock and the file times disagree."""
+    try:
+        st = os.stat(path)
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+    except OSError:
+        return None
+
+
 def _touch(path: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(f"{_now()!r}\n")
-    os.replace(tmp, path)
+    _write_text_atomic(path, f"{_now()!r}\n")
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def write_manifest(run_dir: str) -> dict:
@@ -624,6 +685,48 @@ def _fail(msg: str, code: int = 2) -> int:
     return code
 
 
+def _daemon(run_dir: str, cfg: dict, w: int) -> None:
+    """The forked child of ``start``: detach, log to agent.log, run the agent; never returns."""
+    code = 1
+    try:
+        os.setsid()
+        os.chdir(run_dir)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        log = os.open(os.path.join(run_dir, LOG_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        for fd, src in ((0, devnull), (1, log), (2, log)):
+            os.dup2(src, fd)
+        os.close(devnull)
+        os.close(log)
+        sys.stdout = os.fdopen(1, "w", buffering=1)
+        sys.stderr = os.fdopen(2, "w", buffering=1)
+        _log(f"agent {AGENT_VERSION} pid {os.getpid()} python {platform.python_version()} in {run_dir}")
+        code = Agent(run_dir, cfg).run(w)
+    except BaseException:
+        try:
+            _log(traceback.format_exc())
+        except Exception:
+            pass
+    finally:
+        os._exit(code)
+
+
+def _read_message(fd: int, timeout: float) -> bytes:
+    """One newline-terminated message from ``fd`` within ``timeout`` (b"" if none came)."""
+    buf = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        buf += chunk
+        if buf.endswith(b"\n"):
+            break
+    return buf
+
+
 def cmd_start(cfg_path: str) -> int:
     cfg_path = os.path.abspath(cfg_path)
     run_dir = os.path.dirname(cfg_path)
@@ -633,50 +736,13 @@ def cmd_start(cfg_path: str) -> int:
     alive, pid, _ = _agent_alive(run_dir)
     if alive:
         return _fail(f"an agent (pid {pid}) is already running in {run_dir}")
-    for stale in (MANIFEST_FILE,):
-        try:
-            os.unlink(os.path.join(run_dir, stale))
-        except OSError:
-            pass
+    _unlink(os.path.join(run_dir, MANIFEST_FILE))
     r, w = os.pipe()
-    child = os.fork()
-    if child == 0:  # the daemon
-        code = 1
-        try:
-            os.close(r)
-            os.setsid()
-            os.chdir(run_dir)
-            devnull = os.open(os.devnull, os.O_RDWR)
-            log = os.open(os.path.join(run_dir, LOG_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            os.dup2(devnull, 0)
-            os.dup2(log, 1)
-            os.dup2(log, 2)
-            os.close(devnull)
-            os.close(log)
-            sys.stdout = os.fdopen(1, "w", buffering=1)
-            sys.stderr = os.fdopen(2, "w", buffering=1)
-            _log(f"agent {AGENT_VERSION} pid {os.getpid()} python {platform.python_version()} in {run_dir}")
-            code = Agent(run_dir, cfg).run(w)
-        except BaseException:
-            try:
-                _log(traceback.format_exc())
-            except Exception:
-                pass
-        finally:
-            os._exit(code)
+    if os.fork() == 0:
+        os.close(r)
+        _daemon(run_dir, cfg, w)
     os.close(w)
-    buf = b""
-    deadline = time.monotonic() + START_WAIT
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([r], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            break
-        chunk = os.read(r, 65536)
-        if not chunk:
-            break
-        buf += chunk
-        if buf.endswith(b"\n"):  # one message, newline-terminated
-            break
+    buf = _read_message(r, START_WAIT)
     os.close(r)
     try:
         msg = json.loads(buf.decode())
@@ -690,23 +756,6 @@ def cmd_start(cfg_path: str) -> int:
         return _fail(f"agent did not report ready within {START_WAIT:g}s {tail}")
     print(json.dumps(msg))
     return 0 if msg.get("ok") else 1
-
-
-def cmd_heartbeat(run_dir: str) -> int:
-    _touch(os.path.join(run_dir, HEARTBEAT_FILE))
-    return 0
-
-
-def cmd_status(run_dir: str) -> int:
-    st = _read_json(os.path.join(run_dir, STATUS_FILE)) or {}
-    alive, pid, _ = _agent_alive(run_dir)
-    st["alive"] = alive
-    try:
-        st["heartbeat_age"] = round(_now() - os.path.getmtime(os.path.join(run_dir, HEARTBEAT_FILE)), 3)
-    except OSError:
-        st["heartbeat_age"] = None
-    print(json.dumps(st))
-    return 0
 
 
 def cmd_stop(run_dir: str) -> int:
@@ -724,25 +773,66 @@ def cmd_stop(run_dir: str) -> int:
             _sleep(0.1)
     # whatever the agent left behind (it was killed, or died): collectors still ours
     st = _read_json(os.path.join(run_dir, STATUS_FILE)) or {}
-    for name, c in (st.get("collectors") or {}).items():
-        cpid, cstart = c.get("pid"), c.get("start_time")
-        if cpid and _is_ours(cpid, cstart):
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
-                _signal_group(cpid, cstart, sig)
-                deadline = time.monotonic() + STOP_GRACE
-                while time.monotonic() < deadline and _is_ours(cpid, cstart):
-                    _sleep(0.05)
-                if not _is_ours(cpid, cstart):
-                    break
-            killed.append(cpid)
-    try:
-        os.unlink(os.path.join(run_dir, PID_FILE))
-    except OSError:
-        pass
+    groups = [(c.get("pid"), c.get("start_time")) for c in (st.get("collectors") or {}).values() if c.get("pid")]
+    left = [p for p, s in groups if _is_ours(p, s)]
+    stop_groups(groups)
+    killed += left
+    _unlink(os.path.join(run_dir, PID_FILE))
     st = _read_json(os.path.join(run_dir, STATUS_FILE)) or {}
     manifest = write_manifest(run_dir)
     print(json.dumps({"ok": True, "reason": st.get("reason"), "status": st, "killed": killed, "manifest": manifest}))
     return 0
+
+
+def _read_lines(fd: int, timeout: float) -> list[bytes] | None:
+    """Complete lines read from ``fd`` within ``timeout`` ([] if none); None at EOF."""
+    ready, _, _ = select.select([fd], [], [], timeout)
+    if not ready:
+        return []
+    chunk = os.read(fd, 4096)
+    if not chunk:
+        return None
+    return chunk.splitlines()
+
+
+def _controller_gone(run_dir: str, silent_for: float) -> int:
+    """After the watch channel's EOF: tell the agent to stop unless a newer heartbeat comes."""
+    if silent_for > WATCH_EOF_MAX_SILENCE:
+        _log(f"watch: EOF {silent_for:.1f}s after the last line (a dead link): the heartbeat timeout governs")
+        return 0
+    beat = _file_key(os.path.join(run_dir, HEARTBEAT_FILE))
+    deadline = time.monotonic() + WATCH_EOF_GRACE
+    while time.monotonic() < deadline:
+        _sleep(0.1)
+        if _file_key(os.path.join(run_dir, HEARTBEAT_FILE)) != beat:
+            return 0  # a reconnected controller renews the heartbeat through a new watch
+    alive, pid, _ = _agent_alive(run_dir)
+    if alive:
+        os.kill(pid, signal.SIGUSR1)
+    return 0
+
+
+def cmd_watch(run_dir: str) -> int:
+    """The controller's heartbeat channel: each line on stdin renews the heartbeat and is
+    answered "ok"; "bye" ends it quietly; EOF (the controller died) stops the agent."""
+    run_dir = os.path.abspath(run_dir)
+    beat_path = os.path.join(run_dir, HEARTBEAT_FILE)
+    last_line = time.monotonic()
+    while True:
+        lines = _read_lines(0, WATCH_POLL)
+        if lines is None:
+            return _controller_gone(run_dir, time.monotonic() - last_line)
+        if not _agent_alive(run_dir)[0]:
+            return 0
+        for line in lines:
+            if line.strip() == WATCH_BYE:
+                return 0
+            _touch(beat_path)
+            last_line = time.monotonic()
+            try:
+                os.write(1, b"ok\n")
+            except OSError:
+                pass
 
 
 def cmd_echo() -> int:
@@ -940,15 +1030,6 @@ def _cmdline(pid: int) -> str | None:
         return None
 
 
-def _ppid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read().decode("ascii", "replace")
-        return int(data[data.rfind(")") + 2 :].split()[1])  # fields after comm: state, ppid, ...
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _ancestors() -> set[int]:
     out, pid = set(), os.getpid()
     while pid and pid not in out:
@@ -1064,7 +1145,7 @@ def cmd_preflight(arg: str | None) -> int:
 
 
 def main(argv: list[str]) -> int:
-    usage = "usage: remote.py {preflight [CONFIG]|start CONFIG|heartbeat DIR|status DIR|stop DIR|echo}"
+    usage = "usage: remote.py {preflight [CONFIG]|start CONFIG|watch DIR|stop DIR|echo}"
     if not argv:
         print(usage, file=sys.stderr)
         return 2
@@ -1074,8 +1155,9 @@ def main(argv: list[str]) -> int:
             return cmd_preflight(args[0] if args else None)
         if verb == "echo":
             return cmd_echo()
-        if verb in ("start", "heartbeat", "status", "stop") and len(args) == 1:
-            return {"start": cmd_start, "heartbeat": cmd_heartbeat, "status": cmd_status, "stop": cmd_stop}[verb](args[0])
+        verbs = {"start": cmd_start, "watch": cmd_watch, "stop": cmd_stop}
+        if verb in verbs and len(args) == 1:
+            return verbs[verb](args[0])
     except KeyboardInterrupt:
         return 130
     print(usage, file=sys.stderr)

@@ -8,8 +8,10 @@ passphrase is read from the environment variable the plan names), else ssh-agent
 default keys.  No password or passphrase ever goes into argv, logs or the run directory.
 
 Commands read stdout and stderr together (no deadlock on large outputs) against a deadline;
-files move by SFTP with a socket timeout; ProxyJump opens a direct-tcpip channel on the
-bastion's connection.
+files move by SFTP with a socket timeout, or, where the server has no sftp subsystem, through the
+exec channel (``python3 -c`` reading stdin, the written file's sha256 checked: Ansible's piped
+transfer); ``transfer`` says which. ProxyJump opens a direct-tcpip channel on the bastion's
+connection.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import base64
 import getpass
 import hashlib
 import io
+import json
 import logging
 import os
 import posixpath
@@ -46,6 +49,33 @@ EOF_GRACE = 2.0  # seconds to wait for EOF after a command's exit status arrived
 RUN_MAX_OUTPUT = 256 << 20  # bytes kept per stream of one command; the rest is read and dropped
 REMOTE_ROOT = ".kneeswarm/runs"  # per-run agent directories, relative to the remote home
 ACCEPT_FLAG = "--accept-new-host-keys"
+EXEC_OP_TIMEOUT = 30.0  # one file operation through the exec channel
+#: The file operations through the exec channel, for a server without the sftp subsystem. Run as
+#: ``python3 -c EXEC_FILE_OPS OP PATH [ARGS]``; exit 3 means "no such file or directory".
+EXEC_FILE_OPS = r"""
+import hashlib, json, os, sys
+op, path = sys.argv[1], sys.argv[2]
+try:
+    if op == "put":
+        tmp = path + ".tmp-upload"
+        with open(tmp, "wb") as f:
+            f.write(sys.stdin.buffer.read())
+        os.chmod(tmp, int(sys.argv[3], 8))
+        os.replace(tmp, path)
+        with open(path, "rb") as f:
+            print(hashlib.sha256(f.read()).hexdigest())
+    elif op == "sizes":
+        print(json.dumps({e.name: e.stat().st_size for e in os.scandir(path) if e.is_file(follow_symlinks=False)}))
+    elif op == "read":
+        with open(path, "rb") as f:
+            f.seek(int(sys.argv[3]))
+            sys.stdout.buffer.write(f.read(int(sys.argv[4])))
+    elif op == "mkdir":
+        os.makedirs(path, mode=0o700, exist_ok=True)
+except FileNotFoundError as e:
+    sys.stderr.write(f"{e}\n")
+    sys.exit(3)
+"""
 
 
 def parse_target(text: str, default_user: str | None = None) -> tuple[str, str, int]:
@@ -143,6 +173,10 @@ def _map_error(e: BaseException, label: str, where: str) -> AgentError:
     return TransportError(f"{label}: {where}: {type(e).__name__}: {e}".rstrip(": "))
 
 
+class _NoSftp(AgentError):
+    """The server is reachable but has no sftp subsystem (not retried: the exec channel is used)."""
+
+
 class SSHEcho(EchoChannel):
     def __init__(self, chan: paramiko.Channel, label: str):
         self.chan = chan
@@ -175,6 +209,21 @@ class SSHEcho(EchoChannel):
         line, self._buf = self._buf.split(b"\n", 1)
         return line
 
+    def closed_within(self, timeout: float) -> bool:
+        if self.chan.closed or self.chan.eof_received:
+            return True
+        if not select.select([self.chan], [], [], max(0.0, timeout))[0]:
+            return False
+        try:
+            self.chan.settimeout(0.1)
+            chunk = self.chan.recv(4096)
+        except socket.timeout:
+            return False
+        except (OSError, EOFError, paramiko.SSHException):
+            return True
+        self._buf += chunk
+        return not chunk
+
     def close(self) -> None:
         try:
             self.chan.shutdown_write()
@@ -201,6 +250,7 @@ class SSHTransport(Transport):
         self.client: paramiko.SSHClient | None = None
         self.jump_client: paramiko.SSHClient | None = None
         self._sftp: paramiko.SFTPClient | None = None
+        self.transfer: str | None = None  # "sftp" or "exec" once the first file operation found out
         self.recorded_keys: list[str] = []
         if self.key_file and not os.path.exists(self.key_file):
             raise AgentError(f"{self.label}: key_file {key_file}: no such file")
@@ -290,14 +340,38 @@ class SSHTransport(Transport):
 
     def sftp(self) -> paramiko.SFTPClient:
         if self._sftp is None:
+            tr = self._transport()
             try:
-                self._sftp = paramiko.SFTPClient.from_transport(self._transport(), window_size=None)
-            except (OSError, EOFError, paramiko.SSHException) as e:
+                self._sftp = paramiko.SFTPClient.from_transport(tr, window_size=None)
+            except paramiko.SSHException as e:
+                if tr.is_active() and self.transfer is None:  # connected, but no sftp subsystem
+                    raise _NoSftp(f"{self.label}: the server has no sftp subsystem ({e})") from None
+                raise _map_error(e, self.label, "sftp") from None
+            except (OSError, EOFError) as e:
                 raise _map_error(e, self.label, "sftp") from None
             if self._sftp is None:
                 raise TransportError(f"{self.label}: the server refused the SFTP subsystem")
             self._sftp.get_channel().settimeout(SFTP_TIMEOUT)
+            self.transfer = "sftp"
         return self._sftp
+
+    def _use_exec(self) -> bool:
+        """True where file operations go through the exec channel (found out once)."""
+        if self.transfer is None:
+            try:
+                self.sftp()
+            except _NoSftp:
+                self.transfer = "exec"
+                logger.warning("%s: the server has no sftp subsystem; files go through the exec channel", self.label)
+        return self.transfer == "exec"
+
+    def _exec_op(self, op: str, path: str, *args: str, stdin: bytes | None = None) -> bytes:
+        res = self.run([*self.python, "-c", EXEC_FILE_OPS, op, path, *args], EXEC_OP_TIMEOUT, stdin=stdin)
+        if res.rc == 3:
+            raise FileNotFoundError(path)
+        if res.rc != 0:
+            raise AgentError(f"{self.label}: {op} {path} through the exec channel failed: {res.err_line()}")
+        return res.stdout
 
     def _sftp_op(self, what: str, fn: Any) -> Any:
         try:
@@ -362,6 +436,10 @@ class SSHTransport(Transport):
         return CommandResult(rc, bytes(out), bytes(err))
 
     def makedirs(self, path: str) -> None:
+        if self._use_exec():
+            self._exec_op("mkdir", path)
+            return
+
         def mk(sftp: paramiko.SFTPClient) -> None:
             parts = [p for p in path.split("/") if p]
             cur = "/" if path.startswith("/") else ""
@@ -375,6 +453,12 @@ class SSHTransport(Transport):
         self._sftp_op(f"mkdir {path}", mk)
 
     def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        if self._use_exec():
+            got = self._exec_op("put", path, f"{mode:o}", stdin=data).decode().strip()
+            if got != hashlib.sha256(data).hexdigest():
+                raise TransportError(f"{self.label}: upload of {path} through the exec channel: sha256 mismatch")
+            return
+
         def up(sftp: paramiko.SFTPClient) -> None:
             tmp = f"{path}.tmp-upload"
             sftp.putfo(io.BytesIO(data), tmp, file_size=len(data), confirm=True)
@@ -384,6 +468,13 @@ class SSHTransport(Transport):
         self._sftp_op(f"upload of {path}", up)
 
     def sizes(self, path: str) -> dict[str, int]:
+        if self._use_exec():
+            try:
+                return {str(k): int(v) for k, v in json.loads(self._exec_op("sizes", path)).items()}
+            except FileNotFoundError:
+                raise AgentError(f"{self.label}: agent directory {path} is gone") from None
+            except (ValueError, AttributeError):
+                raise TransportError(f"{self.label}: listing {path} through the exec channel gave no JSON") from None
         try:
             attrs = self._sftp_op(f"listing {path}", lambda s: s.listdir_attr(path))
         except FileNotFoundError:
@@ -391,6 +482,9 @@ class SSHTransport(Transport):
         return {a.filename: int(a.st_size or 0) for a in attrs if a.st_mode is not None and stat.S_ISREG(a.st_mode)}
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
+        if self._use_exec():
+            return self._exec_op("read", path, str(offset), str(length))
+
         def rd(sftp: paramiko.SFTPClient) -> bytes:
             with sftp.open(path, "rb") as f:
                 f.seek(offset)
@@ -399,9 +493,6 @@ class SSHTransport(Transport):
                 return f.read(length)
 
         return self._sftp_op(f"read of {path}", rd)
-
-    def touch(self, path: str) -> None:
-        self._sftp_op(f"heartbeat {path}", lambda s: s.utime(path, None))
 
     def remove_tree(self, path: str) -> None:
         norm = posixpath.normpath(path)

@@ -31,7 +31,8 @@ class CommandResult:
 
 
 class EchoChannel(ABC):
-    """A long-lived ``remote.py echo`` process: send a line, read its 'T2 T3' answer."""
+    """A long-lived remote process fed lines on stdin, answering lines on stdout
+    (``remote.py echo`` for the clock, ``remote.py watch`` for the heartbeat)."""
 
     @abstractmethod
     def send(self, line: bytes) -> None: ...
@@ -42,6 +43,11 @@ class EchoChannel(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    @abstractmethod
+    def closed_within(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds; True as soon as the channel closes (the process
+        exited or the connection died), False if it is still open."""
+
 
 class Transport(ABC):
     """A way to run commands and move files on one host."""
@@ -49,6 +55,8 @@ class Transport(ABC):
     kind: str = "?"
     label: str = "?"
     python: list[str] = ["python3"]
+    #: How files move: "local", "sftp" or "exec" (no sftp subsystem); None until first used.
+    transfer: str | None = None
 
     @abstractmethod
     def run_root(self, run_id: str, label: str) -> str:
@@ -70,9 +78,6 @@ class Transport(ABC):
 
     @abstractmethod
     def read_range(self, path: str, offset: int, length: int) -> bytes: ...
-
-    @abstractmethod
-    def touch(self, path: str) -> None: ...
 
     @abstractmethod
     def remove_tree(self, path: str) -> None: ...

@@ -1,7 +1,7 @@
 """Agent overhead on the monitored host: CPU% and RSS of the host agent (agents/remote.py) and its
 collectors, sampled with psutil at 1 Hz while the agent records a real process.
 
-    .venv/bin/python bench/agent_overhead.py [--seconds 60] [--transport local,ssh] [--ssh user@host:port ...]
+    .venv/bin/python bench/agent_overhead.py [--seconds 60] [--threads 256] [--transport local,ssh] [--ssh ...]
 
 What is measured, per transport: the agent daemon's process (its own session and process group,
 started by ``remote.py start``) and every descendant of it (pidstat, vmstat, ... each in a group of
@@ -9,8 +9,9 @@ its own), summed; with SSH, also the sshd session processes that serve the contr
 and incremental fetches (they run on the monitored host because of the agent).  The controller
 renews the heartbeat every few seconds and fetches every FETCH_PERIOD seconds, as in a run.
 
-The monitored process is the bundled demo target (ONNX Runtime mode: a real, multi-threaded
-server; pidstat -t reads every one of its threads).  For SSH, without ``--ssh``, a private sshd on
+The monitored process has ``--threads`` threads (default 256: a real inference server has many, and
+pidstat -t and the /proc sampler read every one of them each second), each waking every
+THREAD_WAKE seconds; ``--threads 0`` monitors the bundled demo target (ONNX Runtime mode) instead.  For SSH, without ``--ssh``, a private sshd on
 loopback is started from tests/sshd_fixture.py when /usr/sbin/sshd exists (else SSH is skipped).
 
 Verdict per transport against the target: mean CPU <= 1% of one core and peak RSS <= 50 MB.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import logging
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +35,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from agents import open_agent  # noqa: E402
+from agents import AgentSettings, open_agent  # noqa: E402
 from kneeswarm.plan import HostPlan  # noqa: E402
 from kneeswarm.rundir import RunDir  # noqa: E402
 
@@ -45,6 +47,18 @@ FETCH_PERIOD = 5.0  # seconds between incremental fetches (the conductor's FETCH
 TARGET_CPU_PCT = 1.0  # of one core
 TARGET_RSS_MB = 50.0
 TARGET_ARGS = ["--mode", "onnx", "--request-threads", "4"]
+THREADS = 256  # threads of the monitored process
+THREAD_WAKE = 0.5  # seconds each of its threads sleeps between wake-ups
+MANY_THREADS_CODE = """
+import sys, threading, time
+def idle():
+    while True:
+        time.sleep({wake})
+for _ in range({n}):
+    threading.Thread(target=idle, daemon=True).start()
+print("ready", flush=True)
+time.sleep(3600)
+"""
 
 
 @dataclass
@@ -125,7 +139,7 @@ def component_groups(agent_pid: int, collector_pids: dict[str, int], sshd_pid: i
 def measure(host: HostPlan, label: str, seconds: float, sshd_pid: int | None = None) -> dict[str, Series]:
     with tempfile.TemporaryDirectory(prefix="kneeswarm-bench-") as tmp:
         run = RunDir.create(tmp, f"overhead-{label}")
-        with open_agent(host, run, interval=1, max_duration=seconds + 120, heartbeat_timeout=30) as agent:
+        with open_agent(host, run, AgentSettings(interval=1, max_duration=seconds, heartbeat_timeout=30)) as agent:
             agent.preflight()
             status = agent.start()
             agent_pid = int(status["agent_pid"])
@@ -193,10 +207,33 @@ def loopback_sshd(tmp: Path) -> Any:
         return None
 
 
+def monitored_process(threads: int) -> tuple[Any, Any]:
+    """(process, stop function): a process of ``threads`` threads, or the demo target when 0."""
+    if threads <= 0:
+        from kneeswarm.cli import start_target, stop_target
+
+        proc, url = start_target(TARGET_ARGS)
+        what, stop = f"demo target {url}", lambda: stop_target(proc)
+    else:
+        proc = subprocess.Popen([sys.executable, "-c", MANY_THREADS_CODE.format(n=threads, wake=THREAD_WAKE)],
+                                stdout=subprocess.PIPE, text=True)
+        proc.stdout.readline()  # "ready": every thread started
+        what = f"a python process of {threads} threads waking every {THREAD_WAKE:g}s"
+
+        def stop() -> None:
+            proc.kill()
+            proc.wait(timeout=10)
+    print(f"monitored process: {what}, pid {proc.pid} ({len(psutil.Process(proc.pid).threads())} threads)",
+          file=sys.stderr)
+    return proc, stop
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=SECONDS, help=f"seconds per transport (default {SECONDS:g})")
     ap.add_argument("--transport", default="local,ssh", help="comma-separated: local, ssh (default: both)")
+    ap.add_argument("--threads", type=int, default=THREADS,
+                    help=f"threads of the monitored process (default {THREADS}; 0: the demo target)")
     ap.add_argument("--ssh", help="user@host[:port] of an existing sshd (default: a private one on loopback)")
     ap.add_argument("--key-file", help="with --ssh: private key")
     ap.add_argument("--known-hosts", help="with --ssh: known_hosts file")
@@ -211,11 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench: error: --transport {','.join(bad)}: unknown (known: local, ssh)", file=sys.stderr)
         return 2
 
-    from kneeswarm.cli import start_target, stop_target
-
-    proc, url = start_target(TARGET_ARGS)
-    print(f"monitored process: demo target {url} pid {proc.pid} ({len(psutil.Process(proc.pid).threads())} threads)",
-          file=sys.stderr)
+    proc, stop = monitored_process(args.threads)
     verdicts: dict[str, bool] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="kneeswarm-bench-ssh-") as tmp:
@@ -243,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                     if server is not None:
                         server.stop()
     finally:
-        stop_target(proc)
+        stop()
     print("\n" + ", ".join(f"{k}: {'PASS' if v else 'FAIL'}" for k, v in verdicts.items()))
     return 0 if verdicts and all(verdicts.values()) else 1
 

@@ -13,7 +13,7 @@ import logging
 from datetime import tzinfo
 
 from collectors import dmon, nvml, pidstat, procfs, prometheus, query_gpu, vmstat
-from collectors.base import Collector, Parsed
+from collectors.base import Collector, HostContext, Parsed, RunSpec, Unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -50,4 +50,5 @@ def parse_raw(name: str, text: str, *, tz: tzinfo | None | object = _DEFAULT,
     return c.parse(text, tz=zone, t0=t0, interval=interval)  # type: ignore[arg-type]
 
 
-__all__ = ["COLLECTORS", "Collector", "Parsed", "by_raw_file", "get", "parse_raw"]
+__all__ = ["COLLECTORS", "Collector", "HostContext", "Parsed", "RunSpec", "Unavailable", "by_raw_file", "get",
+           "parse_raw"]

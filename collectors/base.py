@@ -1,13 +1,14 @@
 """The one small interface every collector shares, and the helpers its parsers use.
 
 A collector is one module holding one :class:`Collector` subclass. It says how to check that its
-tool is installed (``check_argv`` / ``version_from``), how to run it (``command``) and how to turn
-the raw text it printed into canonical tables (``parse``). Samplers (``kind == "sampler"``) run
-inside the remote agent and write JSON lines; their collector only parses them.
+tool is installed (``check_argv`` / ``version_from``), what the agent runs on a given host
+(``run_spec``: a ``command``, or for ``kind == "sampler"`` a sampler of agents/remote.py named by
+``sampler`` with ``sampler_params``), its ``raw_file``, and how to turn the raw text into its
+canonical ``tables`` (``parse``). Samplers run inside the remote agent and write JSON lines.
 
 Parsers never raise on any text: unknown or malformed lines are skipped and counted in
-``Parsed.skipped``. Every table has a float ``t`` column first (Unix epoch seconds, the clock of the
-host that recorded it).
+``Parsed.skipped``; a parser that raises anyway gives empty tables and ``Parsed.error``. Every
+table has a float ``t`` column first (Unix epoch seconds, the clock of the host that recorded it).
 
 Canonical tables (column names exactly; the analysis and the report read these):
 
@@ -30,7 +31,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone, tzinfo
-from typing import Iterable, Literal
+from typing import Any, Iterable, Literal, Mapping
 
 import pandas as pd
 
@@ -61,15 +62,64 @@ Kind = Literal["command", "sampler"]
 
 @dataclass(frozen=True)
 class Parsed:
-    """What a parser returns: tables by canonical name, lines read, lines skipped."""
+    """What a parser returns: tables by canonical name, lines read, lines skipped, and the error
+    of a parser that raised (its tables are then empty: say so, never pass it off as no data)."""
 
     frames: dict[str, pd.DataFrame] = field(default_factory=dict)
     lines: int = 0
     skipped: int = 0
+    error: str | None = None
+
+
+class Unavailable(Exception):
+    """Why a collector cannot run on a host (one line, e.g. "not installed", "no GPU found")."""
+
+
+@dataclass(frozen=True)
+class HostContext:
+    """What a collector may look at to decide how (and whether) it runs on one host."""
+
+    facts: Mapping[str, Any]  # ``remote.py preflight`` output
+    pid: int | None  # the monitored process (None: host-wide collectors only)
+    interval: float  # seconds between samples
+    metrics_url: str | None = None  # a Prometheus /metrics the host's agent may scrape
+
+    @property
+    def has_gpu(self) -> bool:
+        return bool(self.facts.get("gpus")) or bool((self.facts.get("nvml") or {}).get("available"))
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What the agent runs for one collector: a command (argv + env) or a named sampler of
+    ``agents/remote.py`` (``SAMPLERS``) with its keyword parameters; plain JSON either way."""
+
+    name: str
+    raw_file: str
+    interval: float
+    argv: list[str] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    sampler: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    version: str | None = None
+
+    def to_agent(self) -> dict[str, Any]:
+        """The entry of agent.json["collectors"] that ``remote.py`` reads."""
+        out: dict[str, Any] = {"name": self.name, "raw_file": self.raw_file, "interval": self.interval}
+        if self.argv is not None:
+            out.update(argv=list(self.argv), env=dict(self.env))
+        else:
+            out.update(sampler=self.sampler, params=dict(self.params))
+        return out
 
 
 class Collector:
-    """Base of every collector: override the class attributes and the methods that apply."""
+    """Base of every collector: override the class attributes and the methods that apply.
+
+    The same verbs for every collector: ``check_argv``/``version_from`` (is it installed),
+    ``run_spec`` (what the agent runs here: ``command`` or ``sampler_params``), ``raw_file``,
+    ``parse`` and ``tables``. Selection and the remote agent read these and name no collector.
+    """
 
     name: str = ""
     raw_file: str = ""
@@ -78,6 +128,47 @@ class Collector:
     tables: tuple[str, ...] = ()
     #: Zone of the wall-clock timestamps in output produced by ``command()`` (None: epoch only).
     output_tz: tzinfo | None = timezone.utc
+    #: Runs on every host unless its ``collectors`` list says otherwise (False: only when listed).
+    default: bool = True
+    #: Reads a GPU: skipped quietly on a host where preflight found none.
+    needs_gpu: bool = False
+    #: For samplers: the name of the sampler ``agents/remote.py`` implements (default: ``name``).
+    sampler: str | None = None
+    #: A stand-in: by default it runs only where this other collector cannot (listing both runs both).
+    instead_of: str | None = None
+
+    def run_spec(self, ctx: HostContext) -> RunSpec:
+        """What the agent runs for this collector on the host ``ctx`` describes; Unavailable if
+        it cannot run there."""
+        if self.needs_gpu and not ctx.has_gpu:
+            raise Unavailable("no GPU found")
+        if self.kind == "sampler":
+            params = self.sampler_params(ctx)
+            return RunSpec(self.name, self.raw_file, ctx.interval, sampler=self.sampler or self.name,
+                           params=params, version=self.sampler_version(ctx))
+        tool = (ctx.facts.get("tools") or {}).get(self.name) or {}
+        if not tool.get("found"):
+            raise Unavailable(tool.get("error") or "not installed")
+        if tool.get("rc") != 0:
+            raise Unavailable(tool.get("error") or f"{' '.join(self.check_argv() or [])} exited {tool.get('rc')}")
+        version = self.version_from(tool.get("output") or "")
+        try:
+            cmd = self.command(ctx.pid, ctx.interval, version)
+        except Exception as e:  # e.g. pidstat without a pid to monitor
+            raise Unavailable(str(e)) from None
+        if cmd is None:
+            raise Unavailable("no command for this host")
+        argv, env = cmd
+        return RunSpec(self.name, self.raw_file, ctx.interval, argv=list(argv), env=dict(env or {}),
+                       version=version)
+
+    def sampler_params(self, ctx: HostContext) -> dict[str, Any]:
+        """Keyword parameters of the remote sampler (samplers only); Unavailable if it cannot run."""
+        return {}
+
+    def sampler_version(self, ctx: HostContext) -> str | None:
+        """The version of what the sampler reads, from the preflight facts (None: unknown)."""
+        return None
 
     def check_argv(self) -> list[str] | None:
         """argv that exits 0 and prints the tool's version when it is installed (None: sampler)."""
@@ -105,10 +196,11 @@ class Collector:
         """
         try:
             return self.parse_text(text, tz, t0, interval)
-        except Exception:  # a parser never raises: last-resort guard (the fuzz tests watch for it)
+        except Exception as e:  # a parser never raises: last-resort guard (the fuzz tests watch for it)
             logger.exception("%s parser failed", self.name)
             n = len(text.splitlines())
-            return Parsed({t: frame([], TABLE_COLUMNS.get(t, ["t"])) for t in self.tables}, n, n)
+            return Parsed({t: frame([], TABLE_COLUMNS.get(t, ["t"])) for t in self.tables}, n, n,
+                          error=f"{type(e).__name__}: {e}"[:300])
 
     def parse_text(self, text: str, tz: tzinfo | None, t0: float | None, interval: float) -> Parsed:
         """The collector's parser proper; ``parse`` guards it."""

@@ -93,6 +93,8 @@ _DMON_FOR_CANONICAL = [{v: k for k, v in CANONICAL.items()}[c] for c in GPU_COLU
 class NvidiaSmiCollector(Collector):
     """What every nvidia-smi based collector shares: the check and the driver version."""
 
+    needs_gpu = True
+
     def check_argv(self) -> list[str] | None:
         return ["nvidia-smi", "--version"]
 

@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import logging
 from datetime import tzinfo
+from typing import Any
 
-from collectors.base import (GPU_COLUMNS, GPU_PROC_COLUMNS, NAN, Collector, Parsed, finite, json_records,
-                             frame, to_float)
+from collectors.base import (GPU_COLUMNS, GPU_PROC_COLUMNS, NAN, Collector, HostContext, Parsed,
+                             Unavailable, finite, frame, json_records, to_float)
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,16 @@ class NvmlCollector(Collector):
     kind = "sampler"
     tables = ("gpu", "gpu_procs")
     output_tz = None
+    needs_gpu = True
+
+    def sampler_params(self, ctx: HostContext) -> dict[str, Any]:
+        nv = ctx.facts.get("nvml") or {}
+        if not nv.get("available"):
+            raise Unavailable(nv.get("error") or "NVML not available")
+        return {}
+
+    def sampler_version(self, ctx: HostContext) -> str | None:
+        return (ctx.facts.get("nvml") or {}).get("driver")
 
     def parse_text(self, text: str, tz: tzinfo | None, t0: float | None, interval: float) -> Parsed:
         return parse_nvml(text)

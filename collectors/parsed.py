@@ -32,7 +32,8 @@ def write_parsed_csvs(run: RunDir, host: str, correction: ClockCorrection | floa
 
     ``correction``: a ClockCorrection, a constant offset (host minus master, seconds) or None to
     read meta.json["hosts"][host]["clock"] (no correction if absent).  Works on any run dir, so
-    analysis can be re-run.  Returns {collector: {"lines", "skipped", "tables": {table: rows}}}.
+    analysis can be re-run.  Returns {collector: {"lines", "skipped", "error", "tables": {table: rows}}}:
+    ``error`` is None, or the one-line error of a parser that raised (its tables are then empty).
     """
     if correction is None:
         meta_clock = ((run.read_meta().get("hosts") or {}).get(host) or {}).get("clock")
@@ -52,7 +53,7 @@ def write_parsed_csvs(run: RunDir, host: str, correction: ClockCorrection | floa
             continue
         text = path.read_bytes().decode("utf-8", "replace")
         parsed = parse_raw(name, text, interval=interval)
-        stats[name] = {"lines": parsed.lines, "skipped": parsed.skipped,
+        stats[name] = {"lines": parsed.lines, "skipped": parsed.skipped, "error": parsed.error,
                        "tables": {t: len(df) for t, df in parsed.frames.items()}}
         for table, df in parsed.frames.items():
             by_table.setdefault(table, []).append((name, df))

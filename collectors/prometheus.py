@@ -10,7 +10,8 @@ SCRAPE to ``prometheus.jsonl``::
     {"t": 1796002085.5, "url": "http://127.0.0.1:8000/metrics", "error": "timed out"}
 
 ``t`` is the epoch when the scrape was sent; a failed scrape has ``error`` instead of ``text`` and
-is counted as skipped.
+is counted as skipped. ``skipped`` counts raw lines (JSON lines): a scrape whose exposition had
+unreadable lines keeps what could be read and counts once, so it never exceeds ``lines``.
 
 Series keys: the sample name, plus its labels sorted by name in exposition syntax, e.g.
 ``vllm:num_requests_running{model_name="m"}`` or ``process_cpu_seconds_total``. Parsing uses
@@ -32,7 +33,7 @@ from typing import Any, Iterable
 import pandas as pd
 import requests
 
-from collectors.base import Collector, Parsed, finite, json_records, to_float
+from collectors.base import Collector, HostContext, Parsed, Unavailable, finite, json_records, to_float
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ def parse_prometheus_jsonl(text: str) -> Parsed:
             skipped += 1
             continue
         flat, bad = parse_exposition_counted(rec["text"])
-        skipped += bad
+        skipped += 1 if bad else 0  # a scrape with unreadable exposition lines: one raw line, partly read
         rows.append({"t": t, **flat})
     df = scrapes_to_frame((r.pop("t"), r) for r in rows)
     return Parsed({"prometheus": df}, lines, skipped)
@@ -131,6 +132,15 @@ class PrometheusCollector(Collector):
     kind = "sampler"
     tables = ("prometheus",)
     output_tz = None
+    #: The target's metrics_url is scraped from the load side by the conductor; a host runs this
+    #: sampler only when its ``collectors`` name it (e.g. a /metrics bound to the server's
+    #: loopback), writing hosts/<host>/raw/prometheus.jsonl on that host's clock.
+    default = False
+
+    def sampler_params(self, ctx: HostContext) -> dict[str, Any]:
+        if not ctx.metrics_url:
+            raise Unavailable("no metrics_url")
+        return {"url": ctx.metrics_url}
 
     def parse_text(self, text: str, tz: tzinfo | None, t0: float | None, interval: float) -> Parsed:
         return parse_prometheus_jsonl(text)

@@ -75,6 +75,7 @@ class QueryGpuCollector(NvidiaSmiCollector):
     raw_file = "query-gpu.csv"
     kind = "command"
     tables = ("gpu",)
+    default = False  # an alternative to dmon: only where a host lists it
 
     def command(self, pid: int | None, interval: float,
                 version: str | None = None) -> tuple[list[str], dict[str, str]] | None:

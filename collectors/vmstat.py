@@ -28,6 +28,16 @@ KNOWN_COLUMNS = frozenset(VMSTAT_COLUMNS[1:] + ["gu"])
 DATE_FORMAT = "%Y-%m-%d"
 
 
+def _header(tokens: list[str]) -> tuple[list[str], list[str]]:
+    """A header line's known column names, and what follows them (the timestamp's zone name)."""
+    cols = []
+    for tok in tokens:
+        if tok not in KNOWN_COLUMNS:
+            break
+        cols.append(tok)
+    return cols, tokens[len(cols):]
+
+
 def parse_vmstat(text: str, tz: tzinfo | None = None, t0: float | None = None,
                  interval: float = 1.0) -> Parsed:
     """vmstat text -> ``vmstat`` table. Never raises."""
@@ -45,13 +55,7 @@ def parse_vmstat(text: str, tz: tzinfo | None = None, t0: float | None = None,
         if not tokens:
             continue
         if tokens[0] == "r" and len(tokens) > 1 and tokens[1] == "b":
-            cols = []
-            for tok in tokens:
-                if tok in KNOWN_COLUMNS:
-                    cols.append(tok)
-                else:
-                    break
-            extra = tokens[len(cols):]
+            cols, extra = _header(tokens)
             if "cs" not in cols or len(extra) > 1:
                 skipped += 1
                 continue

@@ -193,12 +193,7 @@ class Conductor:
                 launcher="kneeswarm run", target=self.plan.target, protocol=self.plan.protocol,
                 load_host=socket.gethostname(), workers=self.workers, versions=versions(),
             )
-            agents = HostAgents.open(
-                self.plan.hosts, run, interval=self.plan.monitor.interval,
-                max_duration=self.plan.step_durations() + RUN_MARGIN,
-                heartbeat_timeout=self.plan.monitor.heartbeat_timeout,
-                accept_new_host_keys=self.accept_new_host_keys, metrics_url=self.plan.metrics_url,
-            )
+            agents = HostAgents.open(self.plan, run, accept_new_host_keys=self.accept_new_host_keys)
         except BaseException:
             shutil.rmtree(run.path, ignore_errors=True)
             raise

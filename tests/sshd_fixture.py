@@ -91,7 +91,9 @@ class SSHD:
         self.authorized_keys.write_text("".join(k.with_name(k.name + ".pub").read_text() for k in keys))
 
     @classmethod
-    def start(cls, dir: Path, listen: str = "127.0.0.1", port: int | None = None, netns: str | None = None) -> SSHD:
+    def start(cls, dir: Path, listen: str = "127.0.0.1", port: int | None = None, netns: str | None = None,
+              sftp: bool = True) -> SSHD:
+        """A private sshd; ``sftp=False`` leaves out the ``Subsystem sftp`` line (exec channel only)."""
         if not os.path.exists(SSHD_BIN):
             pytest.skip(f"{SSHD_BIN} is not installed (apt-get install openssh-server)")
         dir.mkdir(parents=True, exist_ok=True)
@@ -104,8 +106,9 @@ class SSHD:
             f"Port {s.port}\nListenAddress {listen}\nHostKey {s.host_key}\nPidFile {dir}/sshd.pid\n"
             f"AuthorizedKeysFile {s.authorized_keys}\nStrictModes no\nUsePAM no\n"
             "PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
-            "PubkeyAuthentication yes\nAllowTcpForwarding yes\nSubsystem sftp internal-sftp\n"
-            "MaxSessions 64\nMaxStartups 64\nLogLevel ERROR\n"
+            "PubkeyAuthentication yes\nAllowTcpForwarding yes\n"
+            + ("Subsystem sftp internal-sftp\n" if sftp else "")
+            + "MaxSessions 64\nMaxStartups 64\nLogLevel ERROR\n"
             # A session whose client vanished without a FIN (a link taken down, a namespace
             # removed) ends after CLIENT_ALIVE_S * CLIENT_ALIVE_COUNT seconds instead of never.
             f"ClientAliveInterval {CLIENT_ALIVE_S}\nClientAliveCountMax {CLIENT_ALIVE_COUNT}\n"
@@ -191,12 +194,15 @@ def sshd(tmp_path_factory: pytest.TempPathFactory):
 # -- process helpers ---------------------------------------------------------------------------
 REPO = Path(__file__).resolve().parents[1]
 
-BUSY_CODE = """
+BUSY_THREAD = "spin"  # the kernel's name (comm) of the spinning thread: pidstat -t and /proc show it
+BUSY_CODE = f"""
 import threading, time
 def spin():
+    with open(f"/proc/self/task/{{threading.get_native_id()}}/comm", "w") as f:
+        f.write("{BUSY_THREAD}")
     while True:
         sum(range(20000))
-threading.Thread(target=spin, daemon=True, name="spin").start()
+threading.Thread(target=spin, daemon=True).start()
 while True:
     time.sleep(0.01)
 """

@@ -6,6 +6,7 @@ remote.py verbs on their own.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -18,14 +19,17 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from agents import AgentError, clock, host as host_mod, open_agent, write_parsed_csvs
+from agents import AgentError, AgentSettings, clock, open_agent, write_parsed_csvs
+from agents import link as link_mod
 from kneeswarm.plan import HostPlan
 from kneeswarm.rundir import RunDir
 
 try:
-    from sshd_fixture import REPO, collector_pids, start_busy, stop_proc, wait_until_gone
+    from faketime_lib import faketime_prefix
+    from sshd_fixture import BUSY_THREAD, REPO, collector_pids, start_busy, stop_proc, wait_until_gone
 except ImportError:  # tests/ imported as a package
-    from tests.sshd_fixture import REPO, collector_pids, start_busy, stop_proc, wait_until_gone
+    from tests.faketime_lib import faketime_prefix
+    from tests.sshd_fixture import BUSY_THREAD, REPO, collector_pids, start_busy, stop_proc, wait_until_gone
 
 REMOTE = REPO / "agents" / "remote.py"
 HAVE_TOOLS = shutil.which("pidstat") and shutil.which("vmstat")
@@ -45,7 +49,8 @@ def run(tmp_path):
 
 @pytest.mark.skipif(not HAVE_TOOLS, reason="pidstat/vmstat (sysstat, procps) not installed")
 def test_local_agent_records_busy_process_and_leaves_nothing(busy, run):
-    with open_agent(HostPlan(pid=busy.pid), run, interval=1, max_duration=60, heartbeat_timeout=10) as agent:
+    host = HostPlan(pid=busy.pid, collectors=["pidstat", "vmstat", "procfs"])  # procfs too: listed, not by default
+    with open_agent(host, run, AgentSettings(interval=1, max_duration=60, heartbeat_timeout=10)) as agent:
         facts = agent.preflight()
         assert facts["process"]["pid"] == busy.pid
         assert facts["cpu"]["logical_cpus"] >= 1 and facts["memory_total_kb"] > 0
@@ -75,7 +80,9 @@ def test_local_agent_records_busy_process_and_leaves_nothing(busy, run):
     procfs = pd.read_csv(run.host_dir("local") / "process.procfs.csv")
     assert len(procfs) >= 3 and procfs["cpu_pct"].median() > 50
     threads = pd.read_csv(run.host_dir("local") / "threads.csv")
-    assert threads["name"].astype(str).str.contains("spin").any() or len(threads["tid"].unique()) >= 2
+    spin = threads[threads["name"] == BUSY_THREAD]
+    assert spin["tid"].nunique() == 1 and spin["tid"].iloc[0] != busy.pid, threads["name"].unique()
+    assert len(spin) >= 3 and spin["cpu_pct"].median() > 50  # the spinning thread, by its name
     meta = agent.meta()
     assert meta["clock"]["before"]["error"] < 0.01 and meta["clock"]["after"] is not None
     json.dumps(meta)  # serialisable for meta.json
@@ -115,10 +122,8 @@ import json, sys, time
 sys.path.insert(0, {repo!r})
 from kneeswarm.plan import HostPlan
 from kneeswarm.rundir import RunDir
-from agents import open_agent
-from agents import host
-host.HEARTBEAT_PERIOD = 0.5
-agent = open_agent(HostPlan(pid={pid}), RunDir({run!r}), interval=1, max_duration=120, heartbeat_timeout=3)
+from agents import AgentSettings, open_agent
+agent = open_agent(HostPlan(pid={pid}), RunDir({run!r}), AgentSettings(interval=1, max_duration=120, heartbeat_timeout=60))
 agent.preflight()
 agent.start()
 print(json.dumps({{"remote_dir": agent.remote_dir, "status": agent.start_status}}), flush=True)
@@ -138,35 +143,16 @@ def test_watchdog_stops_everything_when_the_controller_is_killed(busy, run):
         time.sleep(1.0)
         ctl.send_signal(signal.SIGKILL)
         ctl.wait(timeout=5)
-        killed_at = time.monotonic()
-        assert wait_until_gone(remote_dir, pids, 3.0 + 6.0) == []
-        gone_after = time.monotonic() - killed_at
+        # the heartbeat timeout is 60 s: only the closed watch channel can stop it this soon
+        assert wait_until_gone(remote_dir, pids, 10.0) == []
         status = json.loads((Path(remote_dir) / "status.json").read_text())
-        assert status["state"] == "stopped" and status["reason"].startswith("heartbeat lost")
+        assert status["state"] == "stopped" and status["reason"].startswith("controller gone"), status["reason"]
         assert (Path(remote_dir) / "MANIFEST.json").exists()  # what was recorded is kept, checksummed
-        assert gone_after < 9.0
     finally:
         if ctl.poll() is None:
             ctl.kill()
         ctl.stdout.close()
         shutil.rmtree(started["remote_dir"], ignore_errors=True) if "started" in locals() else None
-
-
-LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
-# The library through the environment, not the `faketime` wrapper: the wrapper waits for every
-# process that inherited it, so a daemonising `remote.py start` would not return.
-SHIFTED = ["env", f"LD_PRELOAD={LIBFAKETIME}", "FAKETIME=+2.5s"]
-
-
-def _faketime_works() -> bool:
-    if not os.path.exists(LIBFAKETIME):
-        return False
-    try:
-        out = subprocess.run([*SHIFTED, sys.executable, "-c", "import time; print(time.time())"],
-                             capture_output=True, text=True, timeout=20)
-        return abs(float(out.stdout) - time.time() - 2.5) < 1.0
-    except (ValueError, subprocess.TimeoutExpired, OSError):
-        return False
 
 
 BURST_CODE = """
@@ -179,14 +165,15 @@ sys.stdin.readline()
 """
 
 
-@pytest.mark.skipif(not _faketime_works(), reason="libfaketime (Debian faketime) missing or not working with python")
 @pytest.mark.skipif(not HAVE_TOOLS, reason="pidstat/vmstat not installed")
 def test_agent_under_faketime_offset_within_20ms_and_burst_aligned(run, monkeypatch):
-    monkeypatch.setattr(host_mod, "ECHO_WRAPPER", SHIFTED)
-    monkeypatch.setattr(host_mod, "AGENT_WRAPPER", SHIFTED)  # the agent and its collectors: +2.5 s
+    shifted = faketime_prefix(2.5)  # skips without faketime, fails when it is there but broken
+    monkeypatch.setattr(link_mod, "ECHO_WRAPPER", shifted)
+    monkeypatch.setattr(link_mod, "AGENT_WRAPPER", shifted)  # the agent and its collectors: +2.5 s
     burst = subprocess.Popen([sys.executable, "-c", BURST_CODE], stdin=subprocess.PIPE)
     try:
-        with open_agent(HostPlan(pid=burst.pid), run, interval=1, max_duration=60, heartbeat_timeout=10) as agent:
+        host = HostPlan(pid=burst.pid, collectors=["pidstat", "vmstat", "procfs"])
+        with open_agent(host, run, AgentSettings(interval=1, max_duration=60, heartbeat_timeout=10)) as agent:
             agent.preflight()
             agent.start()
             time.sleep(1.5)
@@ -249,8 +236,9 @@ def _remote(*args: str, timeout: float = 30) -> dict:
 def test_remote_max_duration_stops_the_agent_and_a_bad_command_is_reported(tmp_path):
     (tmp_path / "remote.py").write_bytes(REMOTE.read_bytes())
     cfg = {"interval": 1, "heartbeat_timeout": 60, "max_duration": 1.5,
-           "commands": [{"name": "nope", "argv": ["no-such-tool-xyz"], "raw_file": "nope.txt"}],
-           "samplers": [{"name": "procfs", "pid": os.getpid(), "raw_file": "procfs.jsonl"}]}
+           "collectors": [{"name": "nope", "argv": ["no-such-tool-xyz"], "raw_file": "nope.txt"},
+                          {"name": "procfs", "sampler": "procfs", "params": {"pid": os.getpid()},
+                           "raw_file": "procfs.jsonl"}]}
     (tmp_path / "agent.json").write_text(json.dumps(cfg))
     out = _remote("start", str(tmp_path / "agent.json"))
     assert out["ok"]
@@ -274,7 +262,12 @@ def test_remote_preflight_reports_tools_and_topology():
     assert facts["process"]["pid"] == os.getpid()
     cpu = facts["cpu"]
     assert cpu["logical_cpus"] == os.cpu_count()
-    assert cpu["physical_cores"] * cpu["threads_per_core"] == cpu["logical_cpus"] or cpu["sockets"] >= 1
+    assert cpu["physical_cores"] * cpu["threads_per_core"] == cpu["logical_cpus"]
+    # the kernel's own topology is the independent truth: packages are sockets, (package, core) cores
+    topo = [(Path(d, "physical_package_id").read_text().strip(), Path(d, "core_id").read_text().strip())
+            for d in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/topology")]
+    if topo:
+        assert cpu["sockets"] == len({p for p, _ in topo}) and cpu["physical_cores"] == len(set(topo))
 
 
 def test_remote_echo_answers_each_line_with_two_timestamps():
@@ -282,3 +275,19 @@ def test_remote_echo_answers_each_line_with_two_timestamps():
     out, _ = p.communicate(b"a\nb\n", timeout=10)
     rows = [list(map(float, line.split())) for line in out.decode().splitlines()]
     assert len(rows) == 2 and all(abs(r[0] - time.time()) < 5 and r[1] >= r[0] for r in rows)
+
+
+def test_remote_heartbeat_timeout_stops_an_agent_nobody_renews(tmp_path):
+    """No watch channel, no heartbeat (a network cut): the heartbeat timeout stops the agent."""
+    (tmp_path / "remote.py").write_bytes(REMOTE.read_bytes())
+    cfg = {"interval": 1, "heartbeat_timeout": 1.5, "max_duration": 60,
+           "collectors": [{"name": "sleep", "argv": ["sleep", "60"], "raw_file": "sleep.txt"}]}
+    (tmp_path / "agent.json").write_text(json.dumps(cfg))
+    out = _remote("start", str(tmp_path / "agent.json"))
+    pid, start = out["status"]["collectors"]["sleep"]["pid"], out["status"]["collectors"]["sleep"]["start_time"]
+    try:
+        assert wait_until_gone(str(tmp_path), {"sleep": (pid, start)}, 10.0) == []
+        status = json.loads((tmp_path / "status.json").read_text())
+        assert status["state"] == "stopped" and status["reason"].startswith("heartbeat lost"), status["reason"]
+    finally:
+        _remote("stop", str(tmp_path))

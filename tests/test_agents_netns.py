@@ -15,8 +15,9 @@ import time
 import pandas as pd
 import pytest
 
-from agents import host as host_mod
-from agents import open_agent
+from agents import AgentSettings, open_agent
+from agents import heartbeat as heartbeat_mod
+from agents import link as link_mod
 from agents import ssh as ssh_mod
 from kneeswarm.plan import HostPlan
 from kneeswarm.rundir import RunDir
@@ -62,9 +63,10 @@ def test_link_down_for_10s_mid_run_loses_no_sample(netns, tmp_path, monkeypatch)
     monkeypatch.setattr(ssh_mod, "SFTP_TIMEOUT", 3.0)
     monkeypatch.setattr(ssh_mod, "CONNECT_TIMEOUT", 3.0)
     monkeypatch.setattr(ssh_mod, "BANNER_TIMEOUT", 5.0)
-    monkeypatch.setattr(host_mod, "HEARTBEAT_PERIOD", 1.0)
-    monkeypatch.setattr(host_mod, "RECONNECT_BACKOFF", (0.5, 1.0, 2.0))
-    monkeypatch.setattr(host_mod, "RECONNECT_WINDOW", 4.0)
+    monkeypatch.setattr(heartbeat_mod, "HEARTBEAT_PERIOD", 1.0)
+    monkeypatch.setattr(heartbeat_mod, "WATCH_REPLY_TIMEOUT", 3.0)
+    monkeypatch.setattr(link_mod, "RECONNECT_BACKOFF", (0.5, 1.0, 2.0))
+    monkeypatch.setattr(link_mod, "RECONNECT_WINDOW", 4.0)
     server = SSHD.start(tmp_path / "sshd", listen=netns["ip"], netns=netns["ns"])
     busy = start_busy()
     kh = server.write_known_hosts(tmp_path / "known_hosts")
@@ -72,7 +74,7 @@ def test_link_down_for_10s_mid_run_loses_no_sample(netns, tmp_path, monkeypatch)
     plan = HostPlan(name="srv", ssh=server.target, key_file=str(server.user_key), known_hosts=str(kh), pid=busy.pid,
                     collectors=["vmstat", "procfs", "pidstat"])
     try:
-        with open_agent(plan, run, interval=1, max_duration=120, heartbeat_timeout=30) as agent:
+        with open_agent(plan, run, AgentSettings(interval=1, max_duration=120, heartbeat_timeout=30)) as agent:
             agent.preflight()
             agent.start()
             t_start = time.time()

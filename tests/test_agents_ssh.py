@@ -7,13 +7,17 @@ whole agent lifecycle with manifest-verified fetches.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import signal
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from agents import AgentError, HostKeyError, TransportError, open_agent
+from agents import AgentError, AgentSettings, HostKeyError, TransportError, open_agent
 from agents.ssh import SSHTransport
 from kneeswarm.plan import HostPlan
 from kneeswarm.rundir import RunDir
@@ -42,7 +46,7 @@ def test_ssh_agent_records_fetches_verified_and_leaves_nothing(sshd, known_hosts
     plan = HostPlan(name="srv", ssh=sshd.target, key_file=str(sshd.user_key), known_hosts=str(known_hosts),
                     pid=busy.pid)
     try:
-        with open_agent(plan, run, interval=1, max_duration=60, heartbeat_timeout=10) as agent:
+        with open_agent(plan, run, AgentSettings(interval=1, max_duration=60, heartbeat_timeout=10)) as agent:
             facts = agent.preflight()
             assert facts["process"]["pid"] == busy.pid and facts["python"].startswith("3.")
             agent.start()
@@ -169,10 +173,9 @@ import json, sys, time
 sys.path.insert(0, {repo!r})
 from kneeswarm.plan import HostPlan
 from kneeswarm.rundir import RunDir
-from agents import host, open_agent
-host.HEARTBEAT_PERIOD = 0.5
+from agents import AgentSettings, open_agent
 plan = HostPlan(name="srv", ssh={target!r}, key_file={key!r}, known_hosts={kh!r}, pid={pid})
-agent = open_agent(plan, RunDir({run!r}), interval=1, max_duration=120, heartbeat_timeout=3)
+agent = open_agent(plan, RunDir({run!r}), AgentSettings(interval=1, max_duration=120, heartbeat_timeout=60))
 agent.preflight()
 agent.start()
 print(json.dumps({{"remote_dir": agent.remote_dir, "status": agent.start_status}}), flush=True)
@@ -201,9 +204,10 @@ def test_killed_controller_leaves_nothing_on_the_server(sshd, known_hosts, tmp_p
         time.sleep(1.0)
         ctl.send_signal(signal.SIGKILL)
         ctl.wait(timeout=5)
-        assert wait_until_gone(remote_dir, pids, 3.0 + 6.0) == []
+        # the heartbeat timeout is 60 s: only the closed watch channel can stop it this soon
+        assert wait_until_gone(remote_dir, pids, 10.0) == []
         status = json.loads((Path.home() / remote_dir / "status.json").read_text())
-        assert status["reason"].startswith("heartbeat lost")
+        assert status["reason"].startswith("controller gone"), status["reason"]
     finally:
         if ctl.poll() is None:
             ctl.kill()
@@ -244,3 +248,77 @@ def test_key_held_only_by_ssh_agent(sshd, known_hosts, tmp_path, monkeypatch):
     finally:
         agent.terminate()
         agent.wait(timeout=10)
+
+
+def test_a_server_without_sftp_is_monitored_through_the_exec_channel(tmp_path):
+    server = SSHD.start(tmp_path / "nosftp", sftp=False)
+    busy = start_busy()
+    kh = server.write_known_hosts(tmp_path / "known_hosts")
+    run = RunDir.create(tmp_path, "nosftp")
+    plan = HostPlan(name="srv", ssh=server.target, key_file=str(server.user_key), known_hosts=str(kh), pid=busy.pid,
+                    collectors=["vmstat", "procfs"])
+    try:
+        with open_agent(plan, run, AgentSettings(interval=1, max_duration=60, heartbeat_timeout=10)) as agent:
+            with pytest.raises(AgentError, match="no sftp subsystem"):
+                agent.t.sftp()  # really no sftp subsystem on this server
+            agent.preflight()
+            agent.start()
+            time.sleep(3.0)
+            agent.fetch()
+            agent.stop()
+            agent.fetch(final=True)
+            agent.write_parsed()
+            meta = agent.meta()
+    finally:
+        stop_proc(busy)
+        server.stop()
+    assert meta["transfer"] == "exec" and meta["fetch"]["verified"] and meta["complete"], meta["fetch"]
+    vm = pd.read_csv(run.host_dir("srv") / "vmstat.csv")
+    procfs = pd.read_csv(run.host_dir("srv") / "process.csv")
+    assert len(vm) >= 2 and len(procfs) >= 2 and procfs["pid"].eq(busy.pid).all()
+    assert procfs["cpu_pct"].max() > 20  # the spinning thread was seen (2 cores shared with other tests)
+
+
+def test_sftp_transfer_is_named_in_meta(sshd, known_hosts, tmp_path):
+    run = RunDir.create(tmp_path, "sftp")
+    plan = HostPlan(name="srv", ssh=sshd.target, key_file=str(sshd.user_key), known_hosts=str(known_hosts),
+                    collectors=["vmstat"])
+    with open_agent(plan, run) as agent:
+        agent.preflight()
+        assert agent.meta()["transfer"] == "sftp"
+
+
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def test_a_reconnect_mid_run_does_not_stop_the_agent(sshd, known_hosts, tmp_path):
+    """Replacing the connection closes the old watch channel (EOF on the host, like a dead
+    controller): the heartbeat renews on a new channel within the grace, so the agent runs on."""
+    from agents.remote import WATCH_EOF_GRACE
+
+    run = RunDir.create(tmp_path, "reconnect")
+    plan = HostPlan(name="srv", ssh=sshd.target, key_file=str(sshd.user_key), known_hosts=str(known_hosts),
+                    collectors=["vmstat"])
+    with open_agent(plan, run, AgentSettings(heartbeat_timeout=60)) as agent:
+        agent.preflight()
+        agent.start()
+        assert agent.link.reconnect()
+        time.sleep(WATCH_EOF_GRACE + 3.0)
+        agent.fetch()
+        status = json.loads((run.raw_dir("srv") / "status.json").read_text())
+        assert status["state"] == "running" and status["reason"] is None, status["reason"]
+        # the server side of the connection dies (sshd's session killed): the same EOF on the host
+        sessions = [p for p in sshd.sessions() if _name(p).startswith("sshd")]
+        assert sessions
+        for pid in sessions:  # only sshd's own processes: the watch process must see EOF, not a signal
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(WATCH_EOF_GRACE + 3.0)
+        agent.fetch()
+        status = json.loads((run.raw_dir("srv") / "status.json").read_text())
+        assert status["state"] == "running" and status["reason"] is None, status["reason"]
+        info = agent.stop()
+    assert info["reason"].startswith("signal"), info["reason"]  # stopped by the controller, not by the watch

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import requests
 
-from agents import selection
+from agents import AgentSettings, selection
 from collectors.prometheus import PrometheusScraper, write_prometheus_csv
 
 SERVED = 'kneeswarm_target_requests_total{code="200"}'
@@ -102,11 +102,12 @@ def test_a_slow_target_is_cut_at_the_timeout(tmp_path):
 
 def test_agent_does_not_scrape_the_target_unless_a_host_lists_it():
     facts = {"tools": {}, "procfs": True}
-    sel = selection.select(facts, None, 123, 1.0, "local", metrics_url="http://127.0.0.1:1/metrics")
-    assert "prometheus" not in sel.enabled and not any(s["name"] == "prometheus" for s in sel.samplers)
-    sel = selection.select(facts, ["prometheus"], 123, 1.0, "local", metrics_url="http://127.0.0.1:1/metrics")
-    assert [s["name"] for s in sel.samplers] == ["prometheus"]
-    sel = selection.select(facts, ["prometheus"], 123, 1.0, "local", metrics_url=None)
+    url = AgentSettings(metrics_url="http://127.0.0.1:1/metrics")
+    sel = selection.select(facts, None, 123, url, "local")
+    assert "prometheus" not in sel.enabled and not any(s.name == "prometheus" for s in sel.specs)
+    sel = selection.select(facts, ["prometheus"], 123, url, "local")
+    assert [(s.name, s.sampler, s.params) for s in sel.specs] == [("prometheus", "prometheus", {"url": url.metrics_url})]
+    sel = selection.select(facts, ["prometheus"], 123, AgentSettings(), "local")
     assert sel.skipped == {"prometheus": "no metrics_url"}
 
 

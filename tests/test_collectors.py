@@ -1,6 +1,7 @@
 """Collectors: golden tests on recorded output, the live tools, and parsers that never raise."""
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -19,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import collectors
+from agents.remote import SAMPLERS
 from collectors import COLLECTORS, Parsed, get, parse_raw
 from collectors.base import (GPU_COLUMNS, GPU_PROC_COLUMNS, PROCESS_COLUMNS, THREAD_COLUMNS,
                              VMSTAT_COLUMNS)
@@ -62,6 +64,7 @@ def test_registry_holds_every_collector_with_the_same_interface():
             assert c.check_argv()
         else:
             assert c.command(1234, 1.0) is None and c.check_argv() is None
+            assert (c.sampler or c.name) in SAMPLERS  # the remote agent implements it
     with pytest.raises(KeyError, match="unknown collector 'iostat'"):
         get("iostat")
 
@@ -341,6 +344,14 @@ def test_prometheus_exposition_and_scrapes():
     assert len(prom) == 3 and p.skipped == 1  # the failed scrape
     assert prom['demo_requests_total{route="/infer"}'].tolist() == [10.0, 30.0, 60.0]
     assert prom['demo_latency_seconds_bucket{le="0.5"}'].tolist() == [1.0, 2.0, 2.0]
+
+
+def test_prometheus_skipped_counts_raw_lines_never_more_than_read():
+    bad = "up 1\n" + "".join(f"garbage line {i} {{\n" for i in range(5))  # 5 bad exposition lines
+    text = "\n".join(json.dumps(r) for r in ({"t": 1.0, "text": bad}, {"t": 2.0, "text": "up 0\n"})) + "\n"
+    p = parse_raw("prometheus", text)
+    assert p.lines == 2 and p.skipped == 1  # one raw line only partly read; not 5 of 2
+    assert p.frames["prometheus"]["up"].tolist() == [1.0, 0.0]
 
 
 # ---- live tools ------------------------------------------------------------------------------

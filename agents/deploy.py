@@ -1,0 +1,144 @@
+"""Deploying the agent on one host: upload remote.py, preflight (facts, collectors), start (clock
+offset, agent.json, ``remote.py start``), and stop (``remote.py stop``, clock offset again)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from kneeswarm.plan import HostPlan
+from kneeswarm.rundir import WarningLog
+
+from agents import clock, selection
+from agents.errors import AgentError
+from agents.link import HostLink
+from agents.remote import CONFIG_FILE, PREFLIGHT_FILE, SCRIPT_FILE
+from agents.settings import AgentSettings
+
+logger = logging.getLogger(__name__)
+
+REMOTE_SCRIPT = Path(__file__).with_name(SCRIPT_FILE)
+PREFLIGHT_TIMEOUT = 60.0
+START_TIMEOUT = 40.0
+STOP_TIMEOUT = 60.0
+STOP_WINDOW = 120.0  # seconds stop keeps retrying a lost connection
+
+
+class Deployment:
+    def __init__(self, link: HostLink, host: HostPlan, settings: AgentSettings, warnings: WarningLog):
+        self.link = link
+        self.host = host
+        self.settings = settings
+        self.warnings = warnings
+        self.facts: dict[str, Any] | None = None
+        self.pid: int | None = None
+        self.selection: selection.Selection | None = None
+        self.clock = clock.ClockCorrection()
+        self.clock_errors: list[str] = []
+        self.start_status: dict[str, Any] | None = None
+        self.stop_info: dict[str, Any] | None = None
+        self.started = self.stopped = False
+
+    def upload(self) -> None:
+        """remote.py into the per-run agent directory (once)."""
+        if self.link.remote_dir is not None:
+            return
+        remote_dir = self.link.t.run_root(self.link.run_id, self.link.label)
+        script = REMOTE_SCRIPT.read_bytes()
+
+        def up() -> None:
+            self.link.t.makedirs(remote_dir)
+            self.link.t.put(f"{remote_dir}/{SCRIPT_FILE}", script, 0o755)
+
+        self.link.retry(up, 10.0, f"upload of {SCRIPT_FILE}")
+        self.link.remote_dir = remote_dir
+
+    def preflight(self) -> dict[str, Any]:
+        """Facts about the host; AgentError if it cannot be monitored."""
+        self.upload()
+        h = self.host
+        cfg = {"checks": selection.check_argvs(), "pid": h.pid, "process": h.process, "port": h.port}
+        self.link.put(PREFLIGHT_FILE, json.dumps(cfg).encode())
+        facts = self.link.call("preflight", self.link.path(PREFLIGHT_FILE), PREFLIGHT_TIMEOUT, wrapper=[])
+        proc = facts.get("process") or {}
+        if proc.get("error"):
+            raise AgentError(f"{self.link.label}: monitored process: {proc['error']}")
+        self.pid = proc.get("pid")
+        if self.pid is None:
+            self.warnings.add("no monitored process (give pid, process or port): host-wide collectors only")
+        self.facts = facts
+        self.selection = selection.select(facts, h.collectors, self.pid, self.settings, self.link.label)
+        for name, reason in self.selection.skipped.items():
+            if name not in self.selection.quiet:
+                self.warnings.add(f"collector {name} skipped: {reason}")
+        if not self.selection.enabled:
+            raise AgentError(f"{self.link.label}: no collector can run "
+                             f"({'; '.join(self.warnings) or 'none available'})")
+        return self.facts
+
+    def measure_clock(self) -> clock.ClockOffset | None:
+        """One offset measurement over a fresh echo process; None (and a note) if it fails."""
+        self.upload()
+        echo = None
+        try:
+            echo = self.link.open_echo()
+            with self.link.lock:
+                return clock.measure(echo, label=self.link.label)
+        except AgentError as e:
+            self.clock_errors.append(str(e))
+            logger.warning("%s: clock offset not measured: %s", self.link.label, e)
+            return None
+        finally:
+            if echo is not None:
+                try:
+                    echo.close()
+                except Exception as e:  # closing a dead channel must not hide the result
+                    logger.debug("%s: closing echo: %s", self.link.label, e)
+
+    def start(self) -> dict[str, Any]:
+        """Measure the clock, write agent.json and start the remote agent."""
+        if self.selection is None:
+            self.preflight()
+        assert self.selection is not None
+        self.clock.before = self.measure_clock()
+        cfg = selection.agent_config(self.selection, self.settings, self.link.run_id, self.pid)
+        self.link.put(CONFIG_FILE, json.dumps(cfg, indent=1).encode())
+        out = self.link.call("start", self.link.path(CONFIG_FILE), START_TIMEOUT)
+        self.started = True
+        self.start_status = out.get("status") or {}
+        for name, c in (self.start_status.get("collectors") or {}).items():
+            if c.get("error") or not c.get("running"):
+                msg = f"collector {name} not running: {c.get('error') or 'exited with ' + str(c.get('exit_code'))}"
+                self.warnings.add(msg)
+                logger.warning("%s: %s", self.link.label, msg)
+        return self.start_status
+
+    def stop(self) -> dict[str, Any]:
+        """Stop the remote agent and its collectors (MANIFEST.json written), then measure the clock again."""
+        if not self.started or self.stopped:
+            return self.stop_info or {}
+        out = self.link.call("stop", self.link.remote_dir, STOP_TIMEOUT, window=STOP_WINDOW)
+        self.stopped = True
+        st = out.get("status") or {}
+        self.stop_info = {
+            "reason": out.get("reason"),
+            "killed": out.get("killed") or [],
+            "collectors": {n: {k: c.get(k) for k in ("exit_code", "bytes", "error", "lines") if k in c}
+                           for n, c in (st.get("collectors") or {}).items()},
+        }
+        self.clock.after = self.measure_clock()
+        return self.stop_info
+
+    def facts_summary(self) -> dict[str, Any] | None:
+        """The facts for meta.json: tools with the version each collector found, and the selection."""
+        if self.facts is None:
+            return None
+        f = {k: v for k, v in self.facts.items() if k not in ("ok", "tools")}
+        enabled = self.selection.enabled if self.selection else {}
+        f["tools"] = {n: {"found": t.get("found"), "path": t.get("path"),
+                          "version": enabled.get(n, {}).get("version"), "error": t.get("error")}
+                      for n, t in (self.facts.get("tools") or {}).items()}
+        f["collectors"] = self.selection.to_dict() if self.selection else {}
+        return f

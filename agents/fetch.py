@@ -1,0 +1,172 @@
+"""Copying a host agent's files home into hosts/<host>/raw/: incremental during the run, then a
+final fetch verified against the agent's MANIFEST.json.
+
+A final fetch that fails, or files that do not match their checksums, are not only a warning:
+``lost["unverified_files"]`` counts them and ``verified`` stays False (the host's meta then says
+``complete: false``); the remote directory is kept so that nothing is lost for good.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from kneeswarm.rundir import WarningLog
+
+from agents.errors import AgentError, TransportError
+from agents.link import RECONNECT_WINDOW, HostLink
+from agents.remote import MANIFEST_FILE, NOT_FETCHED, REWRITTEN, STATUS_FILE
+
+logger = logging.getLogger(__name__)
+
+FETCH_CHUNK = 4 << 20  # bytes per read of an incremental fetch
+FINAL_WINDOW = 120.0  # seconds the final fetch keeps retrying a lost connection
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class Fetcher:
+    def __init__(self, link: HostLink, raw_dir: Path, keep_remote: bool, warnings: WarningLog):
+        self.link = link
+        self.raw_dir = raw_dir
+        self.keep_remote = keep_remote
+        self.warnings = warnings
+        self.info: dict[str, Any] = {"verified": False, "bytes": 0, "files": 0}
+        self.lost: dict[str, int] = {}
+        self.postponed = 0
+        self._sizes_seen: dict[str, int] = {}
+
+    # -- copying ---------------------------------------------------------------------------
+    def _read(self, name: str, offset: int, length: int) -> bytes:
+        out = b""
+        while len(out) < length:
+            chunk = self.link.retry(lambda: self.link.t.read_range(self.link.path(name), offset + len(out),
+                                                                    min(FETCH_CHUNK, length - len(out))),
+                                    RECONNECT_WINDOW, f"read of {name}")
+            if not chunk:
+                break
+            out += chunk
+        return out
+
+    def _fetch_file(self, name: str, size: int, whole: bool = False) -> int:
+        local = self.raw_dir / name
+        have = local.stat().st_size if local.exists() else 0
+        if whole or name in REWRITTEN or size < have:
+            data = self._read(name, 0, size)
+            tmp = local.with_name(f".{name}.tmp")
+            tmp.write_bytes(data)
+            tmp.replace(local)
+            return len(data)
+        added = 0
+        with open(local, "ab") as f:
+            while have + added < size:
+                data = self._read(name, have + added, min(FETCH_CHUNK, size - have - added))
+                if not data:
+                    break
+                f.write(data)
+                f.flush()
+                added += len(data)
+        return added
+
+    def _wanted(self, name: str, size: int, final: bool) -> bool:
+        if name in NOT_FETCHED or ".tmp" in name:
+            return False
+        if self._sizes_seen.get(name) != size or not (self.raw_dir / name).exists():
+            return True
+        return name in REWRITTEN and (final or name == STATUS_FILE)
+
+    def _copy(self, window: float, final: bool) -> dict[str, int]:
+        sizes = self.link.retry(lambda: self.link.t.sizes(self.link.remote_dir), window,
+                                "listing of the agent directory")
+        got: dict[str, int] = {}
+        for name, size in sorted(sizes.items()):
+            if self._wanted(name, size, final):
+                got[name] = self._fetch_file(name, size)
+                self._sizes_seen[name] = size
+        return got
+
+    def fetch(self) -> dict[str, int]:
+        """Copy new bytes of every agent file. A lost connection is retried for
+        RECONNECT_WINDOW seconds and then left for the next fetch (returns what was fetched)."""
+        if self.link.remote_dir is None:
+            return {}
+        self.raw_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            return self._copy(RECONNECT_WINDOW, final=False)
+        except TransportError as e:
+            logger.warning("%s: fetch postponed: %s", self.link.label, e)
+            self.postponed += 1
+            if self.postponed == 1:
+                self.warnings.add(f"incremental fetch postponed at {time.time():.0f} ({self.link.bare(e)})")
+            return {}
+
+    # -- the final fetch -------------------------------------------------------------------
+    def fetch_final(self) -> dict[str, int]:
+        """After stop: fetch everything (retrying for FINAL_WINDOW), verify it against
+        MANIFEST.json, remove the remote directory when all matched (unless keep_remote).
+        Never raises for lost data: it is counted in ``lost`` and warned about."""
+        if self.link.remote_dir is None:
+            return {}
+        self.raw_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            got = self._copy(FINAL_WINDOW, final=True)
+        except AgentError as e:
+            n = max(1, len([p for p in self.raw_dir.iterdir() if not p.name.startswith(".")]))
+            self._unverified(n, f"final fetch failed: {self.link.bare(e)}")
+            return {}
+        self.verify()
+        return got
+
+    def _unverified(self, n: int, why: str) -> None:
+        self.lost["unverified_files"] = self.lost.get("unverified_files", 0) + n
+        self.info.update(verified=False, error=why, remote_dir=self.link.remote_dir, kept=True)
+        self.warnings.add(f"{why}; the data stays on the host in {self.link.remote_dir}")
+        logger.error("%s: %s", self.link.label, why)
+
+    def _matches(self, name: str, entry: dict[str, Any]) -> bool:
+        """Whether raw/<name> matches its manifest entry, after fetching it again whole once."""
+        for attempt in range(2):
+            local = self.raw_dir / name
+            if local.exists() and sha256_of(local) == entry.get("sha256"):
+                return True
+            if attempt == 0:
+                logger.warning("%s: %s does not match the manifest; fetching it again", self.link.label, name)
+                try:
+                    self._fetch_file(name, int(entry.get("size") or 0), whole=True)
+                except AgentError:
+                    return False
+        return False
+
+    def verify(self) -> None:
+        try:
+            manifest = json.loads((self.raw_dir / MANIFEST_FILE).read_text())
+            files = dict(manifest.get("files") or {})
+        except (OSError, ValueError, AttributeError):
+            self._unverified(max(1, len(self._sizes_seen)),
+                             "no readable MANIFEST.json fetched (was the agent stopped?)")
+            return
+        bad = sorted(n for n, m in files.items() if n not in NOT_FETCHED and not self._matches(n, m))
+        total = sum(int(m.get("size") or 0) for m in files.values())
+        self.info = {"verified": not bad, "files": len(files), "bytes": total, "remote_dir": self.link.remote_dir,
+                     "kept": bool(self.keep_remote or bad)}
+        if bad:
+            self.info["mismatched"] = bad
+            self._unverified(len(bad), f"{', '.join(bad)} did not match the sha256 in MANIFEST.json")
+            return
+        logger.info("%s: %d files (%d bytes) verified against MANIFEST.json", self.link.label, len(files), total)
+        if not self.keep_remote:
+            try:
+                self.link.retry(lambda: self.link.t.remove_tree(self.link.remote_dir), RECONNECT_WINDOW,
+                                "removal of the agent directory")
+            except AgentError as e:
+                logger.warning("%s: %s", self.link.label, e)
