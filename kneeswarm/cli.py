@@ -20,6 +20,8 @@ import subprocess
 import sys
 from typing import Any
 
+from kneeswarm.lifeline import die_with_parent
+
 logger = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -110,7 +112,7 @@ def start_target(argv: list[str], timeout: float = TARGET_START_TIMEOUT) -> tupl
     proc = subprocess.Popen(
         [sys.executable, "-m", "kneeswarm.target", "--port", "0", *argv],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
-        start_new_session=True,
+        start_new_session=True, preexec_fn=die_with_parent(),  # a killed `kneeswarm demo` takes it along
     )
     # The target prints its URL first; wait for that line, but never past the timeout (a
     # target stuck building its model must not hang `kneeswarm demo`).

@@ -39,6 +39,7 @@ from typing import Any
 import requests
 
 from collectors.prometheus import PrometheusScraper, write_prometheus_csv
+from kneeswarm.lifeline import die_with_parent
 from kneeswarm.plan import HostPlan, Plan
 from kneeswarm.rundir import CLOCKS_FILE, RunDir, safe_name
 
@@ -300,8 +301,11 @@ class Conductor:
         cmd = [*(wrapper or []), sys.executable, "-m", "locust", "-f", str(SWARM), *args]
         f = log.open("ab")
         # A session of its own: the terminal's Ctrl-C reaches the conductor only, which then
-        # stops Locust in order (master first, so it collects the workers' last rows).
-        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        # stops Locust in order (master first, so it collects the workers' last rows).  Tied to
+        # this process: a conductor killed with SIGKILL takes its Locust processes along
+        # (PR_SET_PDEATHSIG fires when the forking thread exits: _load runs on the main thread).
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                             preexec_fn=die_with_parent())
         f.close()
         self._procs.append(p)
         return p
