@@ -5,8 +5,9 @@
     kneeswarm target [flags]            the bundled demo inference server
     kneeswarm analyze RUN_DIR           (re)write the report of a run directory
 
-Exit codes: 0 done; 1 the run did not complete (load failed); 2 bad input (plan, flags,
-target, host, process); 130 interrupted.
+Exit codes (of `run`, `demo` and `analyze`): 0 the load completed and the report is written;
+1 the load did not complete, no request succeeded, or the analysis failed (the reason on stderr,
+one line); 2 bad input (plan, flags, target, host, process); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -82,19 +83,58 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def verdict(summary: dict[str, Any] | None, analysis_error: str | None, ended: str | None) -> tuple[int, str | None]:
+    """The exit code of a run or an analysis, and the one-line reason when it is not 0.
+
+    interrupted -> 130; the analysis failed, the load did not complete, or no request
+    succeeded -> 1; otherwise 0."""
+    if ended == "interrupted":
+        return EXIT_INTERRUPTED, None
+    if analysis_error is not None or summary is None:
+        return EXIT_FAILED, f"analysis failed: {analysis_error or 'no summary'}"
+    if not summary.get("complete"):
+        return EXIT_FAILED, f"the load did not complete (ended: {summary.get('ended') or 'unknown'})"
+    totals = summary.get("totals") or {}
+    requests, errors = int(totals.get("requests") or 0), int(totals.get("errors") or 0)
+    if requests - errors <= 0:
+        return EXIT_FAILED, f"no request succeeded ({_failures(summary, requests)})"
+    return EXIT_OK, None
+
+
+def _failures(summary: dict[str, Any], requests: int) -> str:
+    """"412 requests, all failed: http_4xx" (the steps' error categories, most frequent first)."""
+    if not requests:
+        return "no request was sent"
+    counts: dict[str, int] = {}
+    for step in summary.get("steps") or []:
+        for category, n in (step.get("errors") or {}).items():
+            counts[category] = counts.get(category, 0) + int(n)
+    by = ", ".join(sorted(counts, key=lambda c: -counts[c]))
+    return f"{requests} requests, all failed" + (f": {by}" if by else "")
+
+
+def _report(run: Any, summary: dict[str, Any] | None, analysis_error: str | None, ended: str | None,
+            quiet: bool) -> int:
+    """Print summary.md (unless quiet) and the report's path when it was written; the reason of a
+    non-zero exit goes to stderr, one line."""
+    report = run.report_dir / "index.html"
+    if summary is not None:
+        md = run.report_dir / "summary.md"
+        if not quiet and md.is_file():
+            print(md.read_text())
+        if report.is_file():
+            print(f"report: {report}")
+    code, reason = verdict(summary, analysis_error, ended)
+    if reason:
+        print(f"kneeswarm: error: {reason} ({run.path})", file=sys.stderr, flush=True)
+    return code
+
+
 def _print_result(result: Any, quiet: bool) -> int:
     from kneeswarm.conductor import RunResult
 
     assert isinstance(result, RunResult)
-    report = result.run.report_dir / "index.html"
-    if not quiet and result.summary:
-        md = result.run.report_dir / "summary.md"
-        if md.exists():
-            print(md.read_text())
-    print(f"report: {report}")
-    if result.ended == "interrupted":
-        return EXIT_INTERRUPTED
-    return EXIT_OK if result.complete else EXIT_FAILED
+    return _report(result.run, result.summary, result.analysis_error, result.ended, quiet)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -156,14 +196,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    import analysis
+    from kneeswarm.conductor import analyze_run
     from kneeswarm.rundir import RunDir
 
     run = RunDir.open(args.run_dir)
-    analysis.analyze(run.path)
-    print((run.report_dir / "summary.md").read_text())
-    print(f"report: {run.report_dir / 'index.html'}")
-    return EXIT_OK
+    summary, error = analyze_run(run)
+    return _report(run, summary, error, None, quiet=False)
 
 
 def main(argv: list[str] | None = None) -> int:

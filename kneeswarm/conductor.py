@@ -68,7 +68,8 @@ class ConductorError(RuntimeError):
 class RunResult:
     run: RunDir
     ended: str  # "completed", "interrupted", "load_failed"
-    summary: dict[str, Any] | None
+    summary: dict[str, Any] | None  # None when the analysis failed or was not run
+    analysis_error: str | None = None  # one line, when the analysis raised
 
     @property
     def complete(self) -> bool:
@@ -143,6 +144,19 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def analyze_run(run: RunDir) -> tuple[dict[str, Any] | None, str | None]:
+    """(summary, None), or (None, one line saying why) when the analysis raised; never raises.
+    The recorded data stays either way: `kneeswarm analyze` can be re-run on it."""
+    import analysis
+
+    try:
+        return analysis.analyze(run.path), None
+    except Exception as e:  # noqa: BLE001 - any failure of the analysis is reported, not raised
+        logger.debug("analysis of %s failed", run.path, exc_info=True)
+        text = " ".join(str(e).split()) or "no message"
+        return None, f"{type(e).__name__}: {text}"
 
 
 class Conductor:
@@ -226,8 +240,8 @@ class Conductor:
             print(f"kneeswarm: killed; no report written (`kneeswarm analyze {run.path}` writes it)",
                   file=sys.stderr, flush=True)
             return RunResult(run, ended, None)
-        summary = self._analyze(run)
-        return RunResult(run, ended, summary)
+        summary, error = analyze_run(run)
+        return RunResult(run, ended, summary, error)
 
     def _finish_agents(self, agents: Any) -> dict[str, Any]:
         """Stop, final fetch, parse: never raises (a failure becomes a warning)."""
@@ -285,15 +299,6 @@ class Conductor:
         if stats["scrapes"] and not stats["ok"]:
             self._warn(f"metrics {self.plan.metrics_url}: no scrape succeeded")
         return out
-
-    def _analyze(self, run: RunDir) -> dict[str, Any] | None:
-        import analysis
-
-        try:
-            return analysis.analyze(run.path)
-        except Exception as e:  # the recorded data stays; the user can re-run `kneeswarm analyze`
-            logger.error("analysis of %s failed: %s", run.path, e)
-            return None
 
     # -- Locust processes ----------------------------------------------------------------
     def _locust(self, args: list[str], log: Path, wrapper: list[str] | None = None) -> subprocess.Popen:

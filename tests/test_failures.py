@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import psutil
 import pytest
 
@@ -86,6 +87,102 @@ def test_kill_9_of_demo_leaves_no_locust_and_no_target(tmp_path):
                 p.kill()
     (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
     res = console("analyze", str(run_dir), timeout=120)
-    assert res.returncode in (0, 1), res.stderr[-2000:]
+    assert res.returncode == 1, res.stderr[-2000:]
     assert "Traceback" not in res.stderr
+    assert last_line(res.stderr).startswith("kneeswarm: error: the load did not complete")
     assert (run_dir / "report" / "summary.json").exists()
+    assert f"report: {run_dir / 'report' / 'index.html'}" in res.stdout
+
+
+# -- exit codes, through the console script ------------------------------------------------
+def last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def quick_run(target_url: str, out: Path, *extra: str) -> list[str]:
+    return ["run", *extra, "--target", target_url, "--steps", "1,2", "--hold", "2", "--ramp", "0.5",
+            "--settle", "0", "--workers", "1", "--out", str(out), "-q"]
+
+
+def test_exit_0_for_a_complete_analysed_run(tmp_path, start_demo_target):
+    target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
+    res = console(*quick_run(target.url, tmp_path, "--pid", str(target.pid)))
+    assert res.returncode == 0, res.stderr[-2000:]
+    (run_dir,) = tmp_path.iterdir()
+    assert res.stdout.strip().splitlines()[-1] == f"report: {run_dir / 'report' / 'index.html'}"
+    assert (run_dir / "report" / "index.html").is_file()
+
+
+def test_exit_1_when_no_request_succeeded(tmp_path, start_demo_target):
+    """Every request is a 404 (a model the target does not serve): exit 1, one line saying so."""
+    target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
+    plan = tmp_path / "plan.toml"
+    plan.write_text('[request]\nmodel = "nosuch"\n')
+    res = console(*quick_run(target.url, tmp_path / "runs", str(plan), "--pid", str(target.pid)))
+    assert res.returncode == 1, res.stderr[-2000:]
+    line = last_line(res.stderr)
+    assert line.startswith("kneeswarm: error: no request succeeded (") and "http_4xx" in line, line
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    rows = pd.read_parquet(run_dir / "requests")
+    assert len(rows) > 0 and not rows["ok"].any() and set(rows["status"]) == {404}
+    assert f"({len(rows)} requests, all failed: http_4xx)" in line
+
+
+def test_exit_1_when_the_load_dies(tmp_path, start_demo_target):
+    """The Locust master dies mid-run: the load did not complete, exit 1, the report still written."""
+    target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
+    args = quick_run(target.url, tmp_path, "--pid", str(target.pid))
+    args[args.index("--hold") + 1] = "60"
+    proc = subprocess.Popen([KNEESWARM, *args], cwd=REPO, env=kneeswarm_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: any(tmp_path.glob("*/requests/part-*.parquet")) or proc.poll() is not None, 60,
+                 "the first request rows")
+        (master,) = run_processes(psutil.Process(proc.pid))["master"]
+        master.kill()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, err[-2000:]
+    assert last_line(err).startswith("kneeswarm: error: the load did not complete (ended: load_failed)")
+    (run_dir,) = tmp_path.iterdir()
+    assert f"report: {run_dir / 'report' / 'index.html'}" in out
+
+
+def test_exit_1_when_the_analysis_fails(tmp_path, start_demo_target):
+    """report/ is not a directory, so the report cannot be written: exit 1 with the reason, and no
+    `report:` line pointing at a report that does not exist; `analyze` says the same."""
+    target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
+    proc = subprocess.Popen([KNEESWARM, *quick_run(target.url, tmp_path, "--pid", str(target.pid))], cwd=REPO,
+                            env=kneeswarm_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: any(tmp_path.glob("*/requests/part-*.parquet")) or proc.poll() is not None, 60,
+                 "the first request rows")
+        (run_dir,) = tmp_path.iterdir()
+        (run_dir / "report").rmdir()
+        (run_dir / "report").write_text("not a directory\n")
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, err[-2000:]
+    assert last_line(err).startswith("kneeswarm: error: analysis failed: "), err[-2000:]
+    assert "report:" not in out and "Traceback" not in err
+    assert len(pd.read_parquet(run_dir / "requests")) > 0  # what was recorded is kept
+    res = console("analyze", str(run_dir), timeout=120)
+    assert res.returncode == 1 and last_line(res.stderr).startswith("kneeswarm: error: analysis failed: ")
+    assert "report:" not in res.stdout and "Traceback" not in res.stderr
+
+
+def test_exit_2_for_bad_input_through_the_console_script(tmp_path):
+    plan = tmp_path / "p.toml"
+    plan.write_text("[load]\nsteps = [1, 2]\nwarmup = 3\n")
+    res = console("run", str(plan), "--out", str(tmp_path / "runs"), timeout=60)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"kneeswarm: error: {plan}: unknown key 'load.warmup'"), lines
+    assert not (tmp_path / "runs").exists()
