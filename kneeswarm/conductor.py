@@ -41,7 +41,8 @@ import requests
 from collectors.prometheus import PrometheusScraper, write_prometheus_csv
 from kneeswarm.lifeline import die_with_parent
 from kneeswarm.plan import HostPlan, Plan
-from kneeswarm.rundir import CLOCKS_FILE, RunDir, safe_name
+from kneeswarm.rundir import CLOCKS_FILE, TARGET_HOST, RunDir, WarningLog, safe_name
+from locustfiles.recorder import RECORDER_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +52,7 @@ WORKER_WAIT = 60.0  # seconds for all workers to connect
 FETCH_PERIOD = 5.0  # seconds between incremental fetches from the host agents
 RUN_MARGIN = 120.0  # seconds beyond the planned duration before the master is killed
 STOP_GRACE = 20.0  # seconds the master has to quit after SIGTERM
-METRICS_HOST = "target"  # hosts/<this>/ holds the target's scraped metrics
 METRICS_INTERVAL = 1.0  # seconds between scrapes of plan.metrics_url
-MAX_WARNINGS = 200  # meta.json["warnings"] keeps the first ones (a count says how many more)
 #: Prefix of each worker's command line, e.g. ["taskset", "-c", "1"] to pin the load generator
 #: (tests use it to run a worker under a shifted clock).
 WORKER_WRAPPER: list[str] = []
@@ -171,27 +170,37 @@ class Conductor:
         self.workers = plan.load.workers or os.cpu_count() or 1
         self._procs: list[subprocess.Popen] = []
         self._interrupts = 0
-        self.warnings: list[str] = []
-        self._warnings_dropped = 0
+        self.warnings = WarningLog()
         self.scraper: PrometheusScraper | None = None
 
     def _warn(self, text: str) -> None:
         """A problem that does not end the run: logged, and kept for meta.json["warnings"]."""
         logger.warning("%s", text)
-        if text in self.warnings:
-            return
-        if len(self.warnings) < MAX_WARNINGS:
-            self.warnings.append(text)
-        else:
-            self._warnings_dropped += 1
+        self.warnings.add(text)
 
     def _all_warnings(self, agents: Any) -> list[str]:
-        out = list(self.warnings)
+        out = WarningLog()
+        for w in self.warnings:
+            out.add(w)
         for a in agents:
-            out += [f"{a.label}: {w}" for w in a.warnings if f"{a.label}: {w}" not in out]
-        if self._warnings_dropped:
-            out.append(f"... and {self._warnings_dropped} more warnings")
-        return out
+            for w in a.warnings:
+                out.add(f"{a.label}: {w}")
+        out.dropped += self.warnings.dropped
+        return out.to_list()
+
+    def _recorder_outcome(self, run: RunDir) -> dict[str, int]:
+        """The master's generator/recorder.json: its warnings join ours; returns meta.json's
+        "lost" with the master's counts added (what it could not write)."""
+        lost = dict(run.read_meta().get("lost") or {})
+        rec = _read_json(run.generator_dir / RECORDER_FILE)
+        if not isinstance(rec, dict):
+            self._warn(f"the load generator left no {RECORDER_FILE}: what it could not write is unknown")
+            return lost
+        for what, n in (rec.get("lost") or {}).items():
+            lost[what] = lost.get(what, 0) + int(n)
+        for w in rec.get("warnings") or []:
+            self._warn(f"load generator: {w}")
+        return lost
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -232,7 +241,9 @@ class Conductor:
             finally:
                 target_metrics = self._stop_metrics(run)
                 hosts = self._finish_agents(agents)
-                run.update_meta(hosts=hosts, target_metrics=target_metrics, warnings=self._all_warnings(agents))
+                lost = self._recorder_outcome(run)
+                run.update_meta(hosts=hosts, target_metrics=target_metrics, lost=lost,
+                                warnings=self._all_warnings(agents))
         finished = time.time()
         run.update_meta(ended=ended, complete=ended == "completed", finished=finished,
                         worker_clocks=_read_json(run.generator_dir / CLOCKS_FILE))
@@ -264,9 +275,9 @@ class Conductor:
 
     # -- the target's metrics (load side) ------------------------------------------------
     def metrics_host(self) -> str:
-        """hosts/<name>/ for the target's metrics: METRICS_HOST unless a monitored host is called that."""
+        """hosts/<name>/ for the target's metrics: TARGET_HOST unless a monitored host is called that."""
         taken = {safe_name(h.label) for h in self.plan.hosts}
-        name = METRICS_HOST
+        name = TARGET_HOST
         while name in taken:
             name += "-metrics"
         return name
@@ -275,8 +286,8 @@ class Conductor:
         if not self.plan.metrics_url:
             return
         host = self.metrics_host()
-        if host != METRICS_HOST:
-            self._warn(f"a monitored host is called {METRICS_HOST!r}: the target's metrics go to hosts/{host}/")
+        if host != TARGET_HOST:
+            self._warn(f"a monitored host is called {TARGET_HOST!r}: the target's metrics go to hosts/{host}/")
         self.scraper = PrometheusScraper(self.plan.metrics_url, run.raw_dir(host) / "prometheus.jsonl",
                                          interval=METRICS_INTERVAL)
         self.scraper.start()

@@ -24,7 +24,8 @@ from kneeswarm.plan import PlanError, load_plan, plan_from_dict
 from kneeswarm.rundir import CLOCKS_FILE, GENERATOR_COLUMNS, RunDir, safe_name, write_json
 
 from locustfiles import clocks, state
-from locustfiles.recorder import FLUSH_INTERVAL, GEN_KEY, REPORT_KEY, GeneratorSampler, RequestWriter, RowBuffer
+from locustfiles.recorder import (FLUSH_INTERVAL, GEN_KEY, RECORDER_FILE, REPORT_KEY, GeneratorSampler,
+                                 RequestWriter, RowBuffer)
 from locustfiles.shape import StepShape
 from locustfiles.steps import StepSchedule
 from locustfiles.users import InferenceUser
@@ -42,7 +43,13 @@ def _add_arguments(parser: Any) -> None:
 
 
 class Recording:
-    """The master's (or local runner's) recording of one test: writer, steps, generator CSVs."""
+    """The master's (or local runner's) recording of one test: writer, steps, generator CSVs.
+
+    A write that fails (a full disk) never stops the load: request rows are held and retried
+    (RequestWriter), and whatever could not be written is counted.  The counts go to
+    generator/recorder.json (RECORDER_FILE), which the conductor merges into meta.json; with no
+    conductor (web UI) they go straight to meta.json["lost"] and ["warnings"].
+    """
 
     def __init__(self, env: Environment, run: RunDir, local_buffer: RowBuffer | None, owns_meta: bool,
                  worker_clocks: clocks.WorkerClocks):
@@ -52,60 +59,101 @@ class Recording:
         plan = state.plan()
         self.schedule = StepSchedule(plan.load.steps, plan.load.ramp, plan.load.hold, on_change=self._write_steps)
         self.writer = RequestWriter(run, self.schedule.step_starts)
+        self.failures: dict[str, list] = {}  # what -> [count, last error] of writes other than parts
+        self.generator_rows_lost = 0
         self.local_sampler = GeneratorSampler(lambda: env.runner.user_count) if local_buffer is not None else None
         self._flusher = gevent.spawn(self._flush_loop)
         self._sampler = gevent.spawn(self.local_sampler.run_forever) if self.local_sampler else None
 
+    def _failed(self, what: str, e: OSError) -> None:
+        entry = self.failures.setdefault(what, [0, ""])
+        entry[0] += 1
+        entry[1] = " ".join(str(e).split())
+        logger.error("kneeswarm: could not write %s: %s", what, e)
+
     def _write_steps(self, log: list) -> None:
-        self.run.write_steps(s.row() for s in log)
+        try:
+            self.run.write_steps(s.row() for s in log)
+        except OSError as e:  # the next change rewrites the whole file
+            self._failed("steps.csv", e)
 
     def add_generator_rows(self, worker: str, rows: list) -> None:
         if not rows:
             return
         path = self.run.generator_dir / f"{safe_name(worker)}.csv"
-        new = not path.exists()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a", newline="") as f:
-            w = csv.writer(f)
-            if new:
-                w.writerow(GENERATOR_COLUMNS)
-            w.writerows(rows)
+        try:
+            new = not path.exists()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a", newline="") as f:
+                w = csv.writer(f)
+                if new:
+                    w.writerow(GENERATOR_COLUMNS)
+                w.writerows(rows)
+        except OSError as e:
+            self.generator_rows_lost += len(rows)
+            self._failed("generator samples", e)
 
     def flush(self) -> None:
         if self.local_buffer is not None:
             self.writer.add("local", self.local_buffer.take())
             self.add_generator_rows("local", self.local_sampler.take())
-        try:
-            self.writer.flush()
-        except OSError as e:  # a full disk must not kill the load; say so once per flush
-            logger.error("kneeswarm: could not write request rows: %s", e)
+        self.writer.flush()  # never raises: rows it cannot write are held, or counted lost
 
     def _flush_loop(self) -> None:
         while True:
             gevent.sleep(FLUSH_INTERVAL)
             self.flush()
 
-    def write_clocks(self) -> None:
-        """generator/clocks.json: each worker's clock offset (the conductor copies it to meta.json)."""
-        offsets = self.worker_clocks.summary()
-        if offsets:
-            write_json(self.run.generator_dir / CLOCKS_FILE, offsets)
+    def lost(self) -> dict[str, int]:
+        """What could not be written, for meta.json["lost"] (only what is not zero)."""
+        counts = {"request_rows": self.writer.rows_lost, "generator_rows": self.generator_rows_lost}
+        return {k: v for k, v in counts.items() if v}
+
+    def warnings(self) -> list[str]:
+        """One line per kind of failed write, for meta.json["warnings"]."""
+        w, out = self.writer, []
+        if w.failed_writes:
+            out.append(f"requests/: {w.failed_writes} part writes failed ({w.last_error}); their rows were held "
+                       f"and retried")
+        if w.rows_lost:
+            out.append(f"requests/: {w.rows_lost} of {w.rows_received} request rows could not be written "
+                       f"and were dropped ({w.last_error})")
+        out += [f"{what}: {n} writes failed ({err})" for what, (n, err) in sorted(self.failures.items())]
+        return out
+
+    def write_outcome(self, final: bool) -> None:
+        """generator/clocks.json and generator/recorder.json (the conductor copies both to meta.json);
+        with no conductor, meta.json itself. A write that fails here is logged: nothing is left to hold it."""
+        summary = {
+            "request_rows": {"received": self.writer.rows_received, "written": self.writer.rows_written,
+                             "held": self.writer.rows_held, "lost": self.writer.rows_lost},
+            "lost": self.lost(), "warnings": self.warnings(), "final": final,
+        }
+        try:
+            offsets = self.worker_clocks.summary()
+            if offsets:
+                write_json(self.run.generator_dir / CLOCKS_FILE, offsets)
+            write_json(self.run.generator_dir / RECORDER_FILE, summary)
+            if self.owns_meta:
+                done = self.schedule.done and len(self.schedule.log) == len(self.schedule.steps)
+                self.run.update_meta(ended="completed" if done else "stopped", complete=done, finished=time.time(),
+                                     worker_clocks=offsets, lost=summary["lost"], warnings=summary["warnings"])
+        except OSError as e:
+            logger.error("kneeswarm: could not write the recording's outcome: %s (%s)", e, summary)
 
     def end(self) -> None:
         """The test stopped (shape finished, or Stop pressed): flush, and say how it ended."""
         self.flush()
-        self.write_clocks()
-        if self.owns_meta:
-            done = self.schedule.done and len(self.schedule.log) == len(self.schedule.steps)
-            self.run.update_meta(ended="completed" if done else "stopped", complete=done, finished=time.time(),
-                                 worker_clocks=self.worker_clocks.summary())
+        self.write_outcome(final=False)
 
     def stop(self) -> None:
         """The recording is over (Locust quits, or a new test starts): last flush, last step closed."""
         for g in (self._flusher, self._sampler):
             if g is not None:
                 g.kill(block=False)
-        self.end()
+        self.flush()
+        self.writer.abandon()  # rows whose last write failed: counted lost
+        self.write_outcome(final=True)
         self.schedule.finish(time.time())  # a test cut short: its last step ends now in steps.csv
         logger.info("kneeswarm: %d request rows in %s", self.writer.rows_written, self.run.path)
 

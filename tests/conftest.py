@@ -64,3 +64,44 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str, period: float 
 
 def read_summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "report" / "summary.json").read_text())
+
+
+class SmallDisk:
+    """A real tmpfs of a few MiB that a test can fill to the last byte and free again."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.filler = path / ".filler"
+
+    def fill(self) -> int:
+        """Write the filler until the disk is full (ENOSPC); returns its size in bytes."""
+        import os
+
+        fd = os.open(self.filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        try:
+            for chunk in (1 << 16, 1 << 12, 1):  # the last page to the byte: no new file fits
+                try:
+                    for _ in range(1 << 20):
+                        os.write(fd, b"\0" * chunk)
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
+        return self.filler.stat().st_size
+
+    def free(self) -> None:
+        self.filler.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path) -> Iterator[SmallDisk]:
+    """tmp_path/disk as a 16 MiB tmpfs (needs root: `mount -t tmpfs`), unmounted at teardown."""
+    path = tmp_path / "disk"
+    path.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(path)], capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {res.stderr.strip()}")
+    try:
+        yield SmallDisk(path)
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)

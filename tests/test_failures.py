@@ -186,3 +186,59 @@ def test_exit_2_for_bad_input_through_the_console_script(tmp_path):
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"kneeswarm: error: {plan}: unknown key 'load.warmup'"), lines
     assert not (tmp_path / "runs").exists()
+
+
+# -- a full disk ---------------------------------------------------------------------------
+HELD_ROWS_IN_TEST = 100  # the master holds at most this many unwritable rows (recorder.MAX_HELD_ROWS)
+
+
+def served(target) -> int:
+    """Infer requests the target answered, from its own counter (the independent truth)."""
+    return int(sum(v for k, v in target.metrics().items() if k.startswith("kneeswarm_target_requests_total")))
+
+
+def test_full_disk_mid_run_loses_only_counted_rows(tmp_path, small_disk, start_demo_target, monkeypatch):
+    """--out on a real 16 MiB tmpfs, filled to the last byte for ~6 s mid-run and then freed: the
+    run finishes, and every request the target served is on disk or counted lost in meta.json."""
+    import json
+    import threading
+
+    from kneeswarm import cli, conductor
+    from kneeswarm.rundir import RunDir
+
+    swarm = tmp_path / "swarm_small_hold.py"  # the real locustfile with a small hold, in master and workers
+    swarm.write_text(f"from locustfiles import recorder\nrecorder.MAX_HELD_ROWS = {HELD_ROWS_IN_TEST}\n"
+                     "from locustfiles.swarm import *  # noqa: F401,F403\n")
+    monkeypatch.setattr(conductor, "SWARM", swarm)
+    target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
+    before = served(target)
+    filled: dict[str, int] = {}
+
+    def fill_then_free() -> None:
+        try:
+            wait_for(lambda: any(small_disk.path.glob("*/requests/part-*.parquet")), 60, "the first part")
+            filled["bytes"] = small_disk.fill()
+            time.sleep(6)
+        finally:
+            small_disk.free()
+
+    filler = threading.Thread(target=fill_then_free, daemon=True)
+    filler.start()
+    rc = cli.main(["run", "--target", target.url, "--steps", "1,2,4", "--hold", "5", "--ramp", "0.5",
+                   "--settle", "0", "--workers", "1", "--pid", str(target.pid), "--out", str(small_disk.path), "-q"])
+    filler.join(timeout=30)
+    assert filled.get("bytes", 0) > 0, "the disk was never filled"
+    (run_dir,) = [p for p in small_disk.path.iterdir() if p.is_dir()]
+    run = RunDir(run_dir)
+    meta = run.read_meta()
+    rec = json.loads((run_dir / "generator" / "recorder.json").read_text())
+    on_disk = len(run.read_requests())
+    lost = meta["lost"]["request_rows"]
+    assert lost == rec["lost"]["request_rows"] > 0  # ~6 s of rows at ~50-200/s, at most 100 held
+    assert on_disk == rec["request_rows"]["written"] == rec["request_rows"]["received"] - lost
+    answered = served(target) - before
+    assert 0 <= answered - (on_disk + lost) <= 8, (answered, on_disk, lost)  # <= in flight at the stop
+    assert any(w.startswith("load generator: requests/:") and f"{lost} of" in w for w in meta["warnings"])
+    assert rc == 0, meta.get("warnings")
+    steps = run.read_steps()
+    assert len(steps) == 3 and steps["t_end"].notna().all()
