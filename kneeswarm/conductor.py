@@ -302,7 +302,7 @@ class Conductor:
         try:
             out["parse"] = write_prometheus_csv(run.raw_dir(host) / "prometheus.jsonl",
                                                 run.host_dir(host) / "prometheus.csv")
-        except Exception as e:  # noqa: BLE001 - the raw scrapes stay; analysis can re-parse them
+        except Exception as e:  # noqa: BLE001 - a bad scrape must not end the run; the raw file stays
             self._warn(f"metrics {self.plan.metrics_url}: parse failed: {e}")
         if stats["failed"]:
             self._warn(f"metrics {self.plan.metrics_url}: {stats['failed']} of {stats['scrapes']} scrapes failed "

@@ -1,14 +1,16 @@
 """The per-request recorder: every request becomes one row of the run directory's schema.
 
-Worker side (``RowBuffer``): a ``request`` event listener appends a tuple per request; the
-rows ride to the master on Locust's own worker->master report (``report_to_master``, every
-``locust.runners.WORKER_REPORT_INTERVAL`` seconds), so no shared disk is needed.
+Worker side (``RowBuffer``): a ``request`` event listener appends each request's values to
+one list per column; the columns ride to the master on Locust's own worker->master report
+(``report_to_master``, every ``locust.runners.WORKER_REPORT_INTERVAL`` seconds), so no shared
+disk is needed.
 
-Master side (``RequestWriter``): rows from every worker (or from this process in local
-mode) are stamped with the step they belong to and appended to requests/part-*.parquet
-every ``FLUSH_INTERVAL`` seconds, so a crash loses at most the last few seconds.
+Master side (``RequestWriter``): rows from every worker (already on the master's clock, see
+clocks.ClockGate) or from this process in local mode are stamped with the step they belong
+to and appended to requests/part-*.parquet every ``FLUSH_INTERVAL`` seconds, so a crash loses
+at most the last few seconds.
 
-The listener is the hot path: it does a tuple append and nothing else for a success.
+The listener is the hot path: ten list appends and nothing else for a success.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ GEN_KEY = "kneeswarm_gen"
 #: (the conductor merges "lost" and "warnings" into meta.json)
 RECORDER_FILE = "recorder.json"
 
-# Column order of a row tuple as it travels (worker and step are added on the master).
+# The columns of a row as it travels, one list each (worker and step are added on the master).
 WIRE_COLUMNS = ("t_start", "latency_ms", "bytes", "ok", "status", "error", "name", "tokens_in", "tokens_out", "ttft_ms")
 
 
@@ -81,7 +83,6 @@ class RowBuffer:
 
     def __init__(self) -> None:
         self._reset()
-        self.count = 0
 
     def _reset(self) -> None:
         self._cols = empty_columns()
@@ -114,7 +115,6 @@ class RowBuffer:
         self._tin(tin)
         self._tout(tout)
         self._ttft(ttft)
-        self.count += 1
 
     def take(self) -> Columns:
         """The rows so far (and a fresh, empty buffer). No lock: greenlets do not preempt."""
@@ -134,7 +134,7 @@ class RequestWriter:
     def __init__(self, run: RunDir, step_starts: Callable[[], list[tuple[float, int]]]):
         self.run = run
         self._step_starts = step_starts  # [(t_ramp, users)] of the steps begun so far
-        self._pending: list[tuple[str, Columns, float]] = []
+        self._pending: list[tuple[str, Columns]] = []
         self._held: dict[str, Any] | None = None  # stamped rows whose write failed, retried next flush
         self._seq = len(run.request_parts())
         self.rows_received = 0
@@ -143,10 +143,10 @@ class RequestWriter:
         self.failed_writes = 0
         self.last_error = ""
 
-    def add(self, worker: str, cols: Columns | None, clock_offset: float = 0.0) -> None:
-        """Queue a worker's rows; ``clock_offset`` (worker minus master, seconds) is taken off t_start."""
+    def add(self, worker: str, cols: Columns | None) -> None:
+        """Queue a worker's rows (their t_start on the master's clock)."""
         if cols and cols.get("t_start"):
-            self._pending.append((worker, cols, clock_offset))
+            self._pending.append((worker, cols))
             self.rows_received += len(cols["t_start"])
 
     def flush(self) -> int:
@@ -195,14 +195,14 @@ class RequestWriter:
         logger.error("kneeswarm: could not write request rows (%s); %d held for the next flush, %d lost so far",
                      self.last_error, n - excess, self.rows_lost)
 
-    def _stamp(self, batches: list[tuple[str, Columns, float]]) -> dict[str, Any]:
-        """One batch of columns on the master's clock, with each row's step, users and worker."""
+    def _stamp(self, batches: list[tuple[str, Columns]]) -> dict[str, Any]:
+        """One batch of columns, with each row's step, users and worker."""
         merged = empty_columns()
-        for _, cols, _ in batches:
+        for _, cols in batches:
             for c in WIRE_COLUMNS:
                 merged[c].extend(cols.get(c) or [None] * len(cols["t_start"]))
-        sizes = [len(cols["t_start"]) for _, cols, _ in batches]
-        t_start = np.asarray(merged["t_start"], dtype=float) - np.repeat([off for _, _, off in batches], sizes)
+        sizes = [len(cols["t_start"]) for _, cols in batches]
+        t_start = np.asarray(merged["t_start"], dtype=float)
         starts = self._step_starts()
         t_ramps = np.array([t for t, _ in starts], dtype=float)
         step = np.searchsorted(t_ramps, t_start, side="right") - 1
@@ -211,7 +211,7 @@ class RequestWriter:
         out["t_start"] = t_start
         out["step"] = step.astype(np.int32)
         out["users"] = users[step]
-        out["worker"] = [w for (w, _, _), k in zip(batches, sizes) for _ in range(k)]
+        out["worker"] = [w for (w, _), k in zip(batches, sizes) for _ in range(k)]
         return out
 
 
