@@ -41,6 +41,7 @@ import requests
 from collectors.prometheus import PrometheusScraper, write_prometheus_csv
 from kneeswarm.lifeline import die_with_parent
 from kneeswarm.plan import HostPlan, Plan
+from kneeswarm.progress import Progress
 from kneeswarm.rundir import CLOCKS_FILE, TARGET_HOST, RunDir, WarningLog, safe_name
 from locustfiles.recorder import RECORDER_FILE
 
@@ -344,6 +345,7 @@ class Conductor:
 
         deadline = time.monotonic() + WORKER_WAIT + self.plan.step_durations() * 2 + RUN_MARGIN
         ended = "completed"
+        progress = None if self.quiet else Progress(run, self.plan)
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             last_fetch = time.monotonic()
@@ -365,11 +367,15 @@ class Conductor:
                 if time.monotonic() - last_fetch > FETCH_PERIOD:
                     self._fetch(agents)
                     last_fetch = time.monotonic()
+                if progress is not None:
+                    progress.poll()
                 time.sleep(0.2)
         finally:
             self._stop_workers()
             for s, h in old.items():
                 signal.signal(s, h)
+        if progress is not None:
+            progress.finish()
         if ended == "completed" and not self._all_steps_ran(run):
             ended = "load_failed"
             logger.error("the load stopped before all steps ran; see %s", logs / "master.log")
