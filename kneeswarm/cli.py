@@ -227,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kneeswarm: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except OSError as e:  # the machine's fault (a full disk, no free port), not the input's
+        print(f"kneeswarm: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

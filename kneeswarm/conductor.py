@@ -4,12 +4,14 @@
     start       run directory (plan.toml, meta.json), host agents, the target's /metrics scraper
                 (plan.metrics_url, 1 Hz, from this machine), Locust master + N workers
     load        the step shape runs on the master; rows stream into requests/*.parquet; host
-                agents are fetched every FETCH_PERIOD seconds
+                agents are fetched every FETCH_PERIOD seconds; progress on stderr (progress.py)
     stop        agents stopped and fetched (verified), parsed CSVs, meta.json says how it ended
+                (with the master's generator/recorder.json merged into "lost" and "warnings")
     analyze     report/summary.json, summary.md, index.html
 
 A first Ctrl-C (or SIGTERM) stops the load gracefully and still writes the report, marked
-incomplete; a second one kills everything at once.  Bad input raises ConductorError with one
+incomplete; a second one kills everything at once.  A conductor killed outright takes its Locust
+processes along (PR_SET_PDEATHSIG, kneeswarm/lifeline.py).  Bad input raises ConductorError with one
 line before any load is sent, and leaves no run directory behind.  Once the load has started,
 nothing a host agent or the metrics scraper does can end the run: failures become warnings in
 meta.json["warnings"] (and the host's own list), and the final fetch is still attempted.
@@ -243,17 +245,25 @@ class Conductor:
                 target_metrics = self._stop_metrics(run)
                 hosts = self._finish_agents(agents)
                 lost = self._recorder_outcome(run)
-                run.update_meta(hosts=hosts, target_metrics=target_metrics, lost=lost,
-                                warnings=self._all_warnings(agents))
+                self._record_meta(run, hosts=hosts, target_metrics=target_metrics, lost=lost,
+                                  warnings=self._all_warnings(agents))
         finished = time.time()
-        run.update_meta(ended=ended, complete=ended == "completed", finished=finished,
-                        worker_clocks=_read_json(run.generator_dir / CLOCKS_FILE))
+        self._record_meta(run, ended=ended, complete=ended == "completed", finished=finished,
+                          worker_clocks=_read_json(run.generator_dir / CLOCKS_FILE))
         if self._interrupts >= 2:  # asked twice to stop: the data is safe, the report can wait
             print(f"kneeswarm: killed; no report written (`kneeswarm analyze {run.path}` writes it)",
                   file=sys.stderr, flush=True)
             return RunResult(run, ended, None)
         summary, error = analyze_run(run)
         return RunResult(run, ended, summary, error)
+
+    def _record_meta(self, run: RunDir, **changes: Any) -> None:
+        """meta.json at the end of a run; a write that fails (a full disk) is said on stderr, and
+        the run goes on to its analysis, which then fails too and says so in the exit code."""
+        try:
+            run.update_meta(**changes)
+        except OSError as e:
+            print(f"kneeswarm: could not write {run.meta_path}: {e}", file=sys.stderr, flush=True)
 
     def _finish_agents(self, agents: Any) -> dict[str, Any]:
         """Stop, final fetch, parse: never raises (a failure becomes a warning)."""

@@ -95,7 +95,11 @@ class Progress:
     def finish(self) -> None:
         """The load is over: every step not yet printed gets its line."""
         self.poll(force=True)
-        steps = self.run.read_steps()
+        try:
+            steps = self.run.read_steps()
+        except Exception as e:  # noqa: BLE001 - a display must never end a run
+            logger.debug("progress: %s", e)
+            return
         for _, st in steps.iterrows():
             if int(st["index"]) > self._printed:
                 self._line(self._text(st, time.time(), finished=True))

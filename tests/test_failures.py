@@ -242,3 +242,36 @@ def test_full_disk_mid_run_loses_only_counted_rows(tmp_path, small_disk, start_d
     assert rc == 0, meta.get("warnings")
     steps = run.read_steps()
     assert len(steps) == 3 and steps["t_end"].notna().all()
+
+
+def test_disk_still_full_at_the_end_is_one_error_line(tmp_path, small_disk, start_demo_target):
+    """The disk fills mid-run and stays full: exit 1 with one line saying why, no traceback, and
+    the parts written before it filled are intact."""
+    import threading
+
+    from kneeswarm import cli
+    from kneeswarm.rundir import RunDir
+
+    target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
+    parts_before: list[Path] = []
+
+    def fill() -> None:
+        wait_for(lambda: any(small_disk.path.glob("*/requests/part-*.parquet")), 60, "the first part")
+        parts_before.extend(small_disk.path.glob("*/requests/part-*.parquet"))
+        small_disk.fill()
+
+    filler = threading.Thread(target=fill, daemon=True)
+    filler.start()
+    try:
+        res = subprocess.run([KNEESWARM, *quick_run(target.url, small_disk.path, "--pid", str(target.pid))],
+                             capture_output=True, text=True, timeout=180, cwd=REPO, env=kneeswarm_env())
+    finally:
+        filler.join(timeout=30)
+        small_disk.free()
+    assert parts_before, "the disk was never filled"
+    assert res.returncode == 1, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr
+    assert last_line(res.stderr).startswith("kneeswarm: error: "), res.stderr[-2000:]
+    assert "report:" not in res.stdout
+    (run_dir,) = [p for p in small_disk.path.iterdir() if p.is_dir()]
+    assert len(RunDir(run_dir).read_requests()) > 0
