@@ -183,8 +183,8 @@ class MasterListeners:
 class Recording:
     """The master's (or local runner's) recording of one test: writer, steps, generator CSVs.
 
-Workers' reports pass through ``gate`` (clocks.ClockGate), the one place where their times are
-put on the master's clock; a local runner's rows are on it already.
+    Workers' reports pass through ``gate`` (clocks.ClockGate), the one place where their times
+    are put on the master's clock; a local runner's rows are on it already.
 
     A write that fails (a full disk) never stops the load: request rows are held and retried
     (RequestWriter), and whatever could not be written is counted.  The counts go to
