@@ -126,7 +126,7 @@ def test_exit_1_when_no_request_succeeded(tmp_path, start_demo_target):
     (run_dir,) = (tmp_path / "runs").iterdir()
     rows = pd.read_parquet(run_dir / "requests")
     assert len(rows) > 0 and not rows["ok"].any() and set(rows["status"]) == {404}
-    assert f"({len(rows)} requests, all failed: http_4xx)" in line
+    assert f"({len(rows)} requests, all failed: http_4xx {len(rows)})" in line
 
 
 def test_exit_1_when_the_load_dies(tmp_path, start_demo_target):
