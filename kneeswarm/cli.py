@@ -94,13 +94,21 @@ def verdict(run: Any, summary: dict[str, Any] | None, analysis_error: str | None
     if analysis_error is not None or summary is None:
         return EXIT_FAILED, f"analysis failed: {analysis_error or 'no summary'}"
     if not summary.get("complete"):
-        return EXIT_FAILED, f"the load did not complete (ended: {summary.get('ended') or 'unknown'})"
+        return EXIT_FAILED, _incomplete(summary)
     requests, ok, errors = request_outcomes(run)
     if not ok:
         by = ", ".join(f"{c} {n}" for c, n in sorted(errors.items(), key=lambda kv: -kv[1]))
         what = f"{requests} requests, all failed" + (f": {by}" if by else "") if requests else "no request was sent"
         return EXIT_FAILED, f"no request succeeded ({what})"
     return EXIT_OK, None
+
+
+def _incomplete(summary: dict[str, Any]) -> str:
+    ended = summary.get("ended")
+    if ended != "completed":
+        return f"the load did not complete (ended: {ended or 'unknown'})"
+    lost = ", ".join(f"{what} {n}" for what, n in sorted((summary.get("lost") or {}).items()))
+    return "the load completed but the run is incomplete (" + (f"lost: {lost}" if lost else "see the report's warnings") + ")"
 
 
 def request_outcomes(run: Any) -> tuple[int, int, dict[str, int]]:
