@@ -87,10 +87,10 @@ class Progress:
         for _, st in steps.iterrows():
             i = int(st["index"])
             if self._printed < i < newest_rows:  # rows of a later step are in: this one's are too
-                self._line(self._text(st, now, finished=True))
+                self._line(self._text(st, self._time_left(steps, now)))
                 self._printed = i
         if self.live and len(steps) and int(steps.iloc[-1]["index"]) > self._printed:
-            self._show_live(self._text(steps.iloc[-1], now, finished=False))
+            self._show_live(self._text(steps.iloc[-1], self._time_left(steps, now)))
 
     def finish(self) -> None:
         """The load is over: every step not yet printed gets its line."""
@@ -102,7 +102,7 @@ class Progress:
             return
         for _, st in steps.iterrows():
             if int(st["index"]) > self._printed:
-                self._line(self._text(st, time.time(), finished=True))
+                self._line(self._text(st, None))
                 self._printed = int(st["index"])
         if self._live_shown:
             self.stream.write("\r\x1b[K")
@@ -125,7 +125,8 @@ class Progress:
                     self._steps.setdefault(int(i), StepSoFar()).add(t[m], lat[m], ok[m])
 
     # -- text ----------------------------------------------------------------------------
-    def _text(self, st: Any, now: float, finished: bool) -> str:
+    def _text(self, st: Any, left: float | None) -> str:
+        """A step's line; ``left``: seconds of load left in the run, None once it is over."""
         i, users = int(st["index"]), int(st["users"])
         t_steady = st["t_steady"] if np.isfinite(st["t_steady"]) else st["t_ramp"]
         n, errors, qps, p99 = self._steps.get(i, StepSoFar()).figures(float(t_steady))
@@ -134,15 +135,14 @@ class Progress:
                  f"{qps:.1f} QPS" if qps is not None else "– QPS",
                  f"P99 {p99:.1f} ms" if p99 is not None else "P99 –",
                  f"{errors} errors" + (f" ({100.0 * errors / n:.1f}%)" if errors and n else "")]
-        left = self._time_left(i, st, now, finished)
-        parts.append(f"~{_duration(left)} left" if left > 0 or not finished else "done")
+        parts.append("done" if left is None else f"~{_duration(left)} left")
         return ", ".join(parts)
 
-    def _time_left(self, i: int, st: Any, now: float, finished: bool) -> float:
+    def _time_left(self, steps: Any, now: float) -> float:
+        """Seconds of load the plan has left, from the step running now (the last in steps.csv)."""
         load = self.plan.load
-        later = (len(load.steps) - 1 - i) * (load.ramp + load.hold)
-        if finished:
-            return later
+        st = steps.iloc[-1]
+        later = (len(load.steps) - 1 - int(st["index"])) * (load.ramp + load.hold)
         if np.isfinite(st["t_steady"]):
             return later + max(0.0, float(st["t_steady"]) + load.hold - now)
         return later + load.hold + max(0.0, float(st["t_ramp"]) + load.ramp - now)
