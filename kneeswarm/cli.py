@@ -108,7 +108,8 @@ def _incomplete(summary: dict[str, Any]) -> str:
     if ended != "completed":
         return f"the load did not complete (ended: {ended or 'unknown'})"
     lost = ", ".join(f"{what} {n}" for what, n in sorted((summary.get("lost") or {}).items()))
-    return "the load completed but the run is incomplete (" + (f"lost: {lost}" if lost else "see the report's warnings") + ")"
+    why = f"lost: {lost}" if lost else "see the report's warnings"
+    return f"the load completed but the run is incomplete ({why})"
 
 
 def request_outcomes(run: Any) -> tuple[int, int, dict[str, int]]:
