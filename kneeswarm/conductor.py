@@ -203,6 +203,8 @@ class Conductor:
             lost[what] = lost.get(what, 0) + int(n)
         for w in rec.get("warnings") or []:
             self._warn(f"load generator: {w}")
+        if not rec.get("final"):
+            self._warn(f"the load generator did not finish its {RECORDER_FILE}: its last rows may be missing, uncounted")
         return lost
 
     # -- the run -------------------------------------------------------------------------
