@@ -6,6 +6,7 @@ this tree first on PYTHONPATH), real Locust processes and the real demo target.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -112,6 +113,8 @@ def test_exit_0_for_a_complete_analysed_run(tmp_path, start_demo_target):
     (run_dir,) = tmp_path.iterdir()
     assert res.stdout.strip().splitlines()[-1] == f"report: {run_dir / 'report' / 'index.html'}"
     assert (run_dir / "report" / "index.html").is_file()
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["lost"] == {} and not [w for w in meta["warnings"] if "load generator" in w], meta["warnings"]
 
 
 def test_exit_1_when_no_request_succeeded(tmp_path, start_demo_target):
@@ -200,7 +203,6 @@ def served(target) -> int:
 def test_full_disk_mid_run_loses_only_counted_rows(tmp_path, small_disk, start_demo_target, monkeypatch, capsys):
     """--out on a real 16 MiB tmpfs, filled to the last byte for ~6 s mid-run and then freed: the
     run finishes, and every request the target served is on disk or counted lost in meta.json."""
-    import json
     import threading
 
     from kneeswarm import cli, conductor
