@@ -105,3 +105,36 @@ def small_disk(tmp_path) -> Iterator[SmallDisk]:
         yield SmallDisk(path)
     finally:
         subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def find_libfaketime() -> str | None:
+    """libfaketime's preload library wherever the distribution put it (any multiarch directory)."""
+    import glob
+
+    for pattern in ("/usr/lib/*/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1",
+                    "/usr/local/lib/faketime/libfaketime.so.1", "/usr/lib64/faketime/libfaketime.so.1"):
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    return None
+
+
+@pytest.fixture
+def shifted_clock() -> Callable[[float], list[str]]:
+    """A command prefix that runs a process with its wall clock shifted by SECONDS (libfaketime;
+    monotonic time untouched).  Skipped only where the faketime package is not installed; an
+    installed one that cannot be found or does not shift the clock fails the test."""
+    import shutil
+
+    if shutil.which("faketime") is None:
+        pytest.skip("faketime (the Debian package) is not installed")
+    lib = find_libfaketime()
+    assert lib, "faketime is installed but libfaketime.so.1 was not found"
+
+    def prefix(seconds: float) -> list[str]:
+        return ["env", f"LD_PRELOAD={lib}", f"FAKETIME={seconds:+g}s", "DONT_FAKE_MONOTONIC=1"]
+
+    out = subprocess.run([*prefix(2.5), sys.executable, "-c", "import time; print(time.time())"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and abs(float(out.stdout) - time.time() - 2.5) < 1.0, (lib, out.stdout, out.stderr)
+    return prefix

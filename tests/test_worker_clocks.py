@@ -4,8 +4,6 @@ requests in the right steps, because the master measures and removes its offset.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,19 +12,7 @@ from kneeswarm import cli, conductor
 from kneeswarm.rundir import RunDir
 from locustfiles.clocks import ClockGate, WorkerClocks
 
-LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
-SHIFT = 2.5
-FAKE_ENV = ["env", f"LD_PRELOAD={LIBFAKETIME}", f"FAKETIME=+{SHIFT}s", "DONT_FAKE_MONOTONIC=1"]
-
-
-def faketime_works() -> bool:
-    if not Path(LIBFAKETIME).exists():
-        return False
-    out = subprocess.run([*FAKE_ENV, sys.executable, "-c", "import time; print(time.time())"],
-                         capture_output=True, text=True, timeout=30)
-    import time
-
-    return out.returncode == 0 and abs(float(out.stdout) - time.time() - SHIFT) < 1.0
+SHIFT = 2.5  # seconds the worker's clock runs ahead (libfaketime, the shifted_clock fixture)
 
 
 def test_offset_from_round_trips_keeps_the_fastest():
@@ -85,10 +71,9 @@ def test_gate_lets_a_silent_workers_rows_through_uncorrected_and_counts_them():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not faketime_works(), reason="libfaketime (Debian faketime) missing or not working")
-def test_shifted_worker_rows_land_in_their_steps(tmp_path, start_demo_target, monkeypatch):
+def test_shifted_worker_rows_land_in_their_steps(tmp_path, start_demo_target, monkeypatch, shifted_clock):
     target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
-    monkeypatch.setattr(conductor, "WORKER_WRAPPER", FAKE_ENV)
+    monkeypatch.setattr(conductor, "WORKER_WRAPPER", shifted_clock(SHIFT))
     rc = cli.main(["run", "--target", target.url, "--steps", "1,2", "--hold", "4", "--ramp", "0.5",
                    "--settle", "0", "--workers", "1", "--pid", str(target.pid), "--out", str(tmp_path), "-q"])
     assert rc == 0
@@ -133,13 +118,13 @@ def sequential(rows) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not faketime_works(), reason="libfaketime (Debian faketime) missing or not working")
-def test_rows_before_the_first_clock_answer_are_held_and_corrected(tmp_path, start_demo_target, monkeypatch):
+def test_rows_before_the_first_clock_answer_are_held_and_corrected(tmp_path, start_demo_target, monkeypatch,
+                                                                   shifted_clock):
     """The shifted worker's answers are lost for its first 8 s, while it already sends rows:
     they wait for the offset, so the one user's requests stay one after another on the master's
     clock (written uncorrected, the first ones would overlap the later ones by 2.5 s)."""
     target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
-    monkeypatch.setattr(conductor, "WORKER_WRAPPER", FAKE_ENV)
+    monkeypatch.setattr(conductor, "WORKER_WRAPPER", shifted_clock(SHIFT))
     monkeypatch.setattr(conductor, "SWARM", locustfile_with_silent_worker(tmp_path, 8.0))
     out = tmp_path / "runs"
     rc = cli.main(["run", "--target", target.url, "--steps", "1,2", "--hold", "7", "--ramp", "0.5",
