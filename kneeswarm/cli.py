@@ -5,8 +5,9 @@
     kneeswarm target [flags]            the bundled demo inference server
     kneeswarm analyze RUN_DIR           (re)write the report of a run directory
 
-Exit codes: 0 done; 1 the run did not complete (load failed); 2 bad input (plan, flags,
-target, host, process); 130 interrupted.
+Exit codes (of `run`, `demo` and `analyze`): 0 the load completed and the report is written;
+1 the load did not complete, no request succeeded, or the analysis failed (the reason on stderr,
+one line); 2 bad input (plan, flags, target, host, process); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import signal
 import subprocess
 import sys
 from typing import Any
+
+from kneeswarm.lifeline import die_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -80,19 +83,76 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def verdict(run: Any, summary: dict[str, Any] | None, analysis_error: str | None,
+            ended: str | None) -> tuple[int, str | None]:
+    """The exit code of a run or an analysis, and the one-line reason when it is not 0.
+
+    interrupted -> 130; the analysis failed, the load did not complete, or no request
+    succeeded (counted from the request rows themselves) -> 1; otherwise 0."""
+    if ended == "interrupted":
+        return EXIT_INTERRUPTED, None
+    if analysis_error is not None or summary is None:
+        return EXIT_FAILED, f"analysis failed: {analysis_error or 'no summary'}"
+    if not summary.get("complete"):
+        return EXIT_FAILED, _incomplete(summary)
+    requests, ok, errors = request_outcomes(run)
+    if not ok:
+        by = ", ".join(f"{c} {n}" for c, n in sorted(errors.items(), key=lambda kv: -kv[1]))
+        what = f"{requests} requests, all failed" + (f": {by}" if by else "") if requests else "no request was sent"
+        return EXIT_FAILED, f"no request succeeded ({what})"
+    return EXIT_OK, None
+
+
+def _incomplete(summary: dict[str, Any]) -> str:
+    ended = summary.get("ended")
+    if ended != "completed":
+        return f"the load did not complete (ended: {ended or 'unknown'})"
+    lost = ", ".join(f"{what} {n}" for what, n in sorted((summary.get("lost") or {}).items()))
+    why = f"lost: {lost}" if lost else "see the report's warnings"
+    return f"the load completed but the run is incomplete ({why})"
+
+
+def request_outcomes(run: Any) -> tuple[int, int, dict[str, int]]:
+    """(requests, successes, {error category: count}) from the run's request parts (an
+    unreadable part is left out here; the analysis reports it)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    requests, ok, errors = 0, 0, {}
+    for part in run.request_parts():
+        try:
+            table = pq.read_table(part, columns=["ok", "error"])
+        except Exception:  # noqa: BLE001 - a torn part: the analysis counts it
+            continue
+        requests += table.num_rows
+        ok += int(pc.sum(table.column("ok")).as_py() or 0)
+        for item in pc.value_counts(table.column("error").drop_null()).to_pylist():
+            errors[item["values"]] = errors.get(item["values"], 0) + int(item["counts"])
+    return requests, ok, errors
+
+
+def _report(run: Any, summary: dict[str, Any] | None, analysis_error: str | None, ended: str | None,
+            quiet: bool) -> int:
+    """Print summary.md (unless quiet) and the report's path when it was written; the reason of a
+    non-zero exit goes to stderr, one line."""
+    report = run.report_dir / "index.html"
+    if summary is not None:
+        md = run.report_dir / "summary.md"
+        if not quiet and md.is_file():
+            print(md.read_text())
+        if report.is_file():
+            print(f"report: {report}")
+    code, reason = verdict(run, summary, analysis_error, ended)
+    if reason:
+        print(f"kneeswarm: error: {reason} ({run.path})", file=sys.stderr, flush=True)
+    return code
+
+
 def _print_result(result: Any, quiet: bool) -> int:
     from kneeswarm.conductor import RunResult
 
     assert isinstance(result, RunResult)
-    report = result.run.report_dir / "index.html"
-    if not quiet and result.summary:
-        md = result.run.report_dir / "summary.md"
-        if md.exists():
-            print(md.read_text())
-    print(f"report: {report}")
-    if result.ended == "interrupted":
-        return EXIT_INTERRUPTED
-    return EXIT_OK if result.complete else EXIT_FAILED
+    return _report(result.run, result.summary, result.analysis_error, result.ended, quiet)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -110,7 +170,7 @@ def start_target(argv: list[str], timeout: float = TARGET_START_TIMEOUT) -> tupl
     proc = subprocess.Popen(
         [sys.executable, "-m", "kneeswarm.target", "--port", "0", *argv],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
-        start_new_session=True,
+        start_new_session=True, preexec_fn=die_with_parent(),  # a killed `kneeswarm demo` takes it along
     )
     # The target prints its URL first; wait for that line, but never past the timeout (a
     # target stuck building its model must not hang `kneeswarm demo`).
@@ -154,14 +214,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    import analysis
+    from kneeswarm.conductor import analyze_run
     from kneeswarm.rundir import RunDir
 
     run = RunDir.open(args.run_dir)
-    analysis.analyze(run.path)
-    print((run.report_dir / "summary.md").read_text())
-    print(f"report: {run.report_dir / 'index.html'}")
-    return EXIT_OK
+    summary, error = analyze_run(run)
+    return _report(run, summary, error, None, quiet=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kneeswarm: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except OSError as e:  # the machine's fault (a full disk, no free port), not the input's
+        print(f"kneeswarm: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

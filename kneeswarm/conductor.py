@@ -4,12 +4,14 @@
     start       run directory (plan.toml, meta.json), host agents, the target's /metrics scraper
                 (plan.metrics_url, 1 Hz, from this machine), Locust master + N workers
     load        the step shape runs on the master; rows stream into requests/*.parquet; host
-                agents are fetched every FETCH_PERIOD seconds
+                agents are fetched every FETCH_PERIOD seconds; progress on stderr (progress.py)
     stop        agents stopped and fetched (verified), parsed CSVs, meta.json says how it ended
+                (with the master's generator/recorder.json merged into "lost" and "warnings")
     analyze     report/summary.json, summary.md, index.html
 
 A first Ctrl-C (or SIGTERM) stops the load gracefully and still writes the report, marked
-incomplete; a second one kills everything at once.  Bad input raises ConductorError with one
+incomplete; a second one kills everything at once.  A conductor killed outright takes its Locust
+processes along (PR_SET_PDEATHSIG, kneeswarm/lifeline.py).  Bad input raises ConductorError with one
 line before any load is sent, and leaves no run directory behind.  Once the load has started,
 nothing a host agent or the metrics scraper does can end the run: failures become warnings in
 meta.json["warnings"] (and the host's own list), and the final fetch is still attempted.
@@ -39,8 +41,11 @@ from typing import Any
 import requests
 
 from collectors.prometheus import PrometheusScraper, write_prometheus_csv
+from kneeswarm.lifeline import die_with_parent
 from kneeswarm.plan import HostPlan, Plan
-from kneeswarm.rundir import CLOCKS_FILE, RunDir, safe_name
+from kneeswarm.progress import Progress
+from kneeswarm.rundir import CLOCKS_FILE, TARGET_HOST, RunDir, WarningLog, safe_name
+from locustfiles.recorder import RECORDER_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +55,7 @@ WORKER_WAIT = 60.0  # seconds for all workers to connect
 FETCH_PERIOD = 5.0  # seconds between incremental fetches from the host agents
 RUN_MARGIN = 120.0  # seconds beyond the planned duration before the master is killed
 STOP_GRACE = 20.0  # seconds the master has to quit after SIGTERM
-METRICS_HOST = "target"  # hosts/<this>/ holds the target's scraped metrics
 METRICS_INTERVAL = 1.0  # seconds between scrapes of plan.metrics_url
-MAX_WARNINGS = 200  # meta.json["warnings"] keeps the first ones (a count says how many more)
 #: Prefix of each worker's command line, e.g. ["taskset", "-c", "1"] to pin the load generator
 #: (tests use it to run a worker under a shifted clock).
 WORKER_WRAPPER: list[str] = []
@@ -67,7 +70,8 @@ class ConductorError(RuntimeError):
 class RunResult:
     run: RunDir
     ended: str  # "completed", "interrupted", "load_failed"
-    summary: dict[str, Any] | None
+    summary: dict[str, Any] | None  # None when the analysis failed or was not run
+    analysis_error: str | None = None  # one line, when the analysis raised
 
     @property
     def complete(self) -> bool:
@@ -144,6 +148,19 @@ def _read_json(path: Path) -> Any:
         return None
 
 
+def analyze_run(run: RunDir) -> tuple[dict[str, Any] | None, str | None]:
+    """(summary, None), or (None, one line saying why) when the analysis raised; never raises.
+    The recorded data stays either way: `kneeswarm analyze` can be re-run on it."""
+    import analysis
+
+    try:
+        return analysis.analyze(run.path), None
+    except Exception as e:  # noqa: BLE001 - any failure of the analysis is reported, not raised
+        logger.debug("analysis of %s failed", run.path, exc_info=True)
+        text = " ".join(str(e).split()) or "no message"
+        return None, f"{type(e).__name__}: {text}"
+
+
 class Conductor:
     def __init__(self, plan: Plan, out: str | Path = "runs", accept_new_host_keys: bool = False,
                  quiet: bool = False):
@@ -156,27 +173,39 @@ class Conductor:
         self.workers = plan.load.workers or os.cpu_count() or 1
         self._procs: list[subprocess.Popen] = []
         self._interrupts = 0
-        self.warnings: list[str] = []
-        self._warnings_dropped = 0
+        self.warnings = WarningLog()
         self.scraper: PrometheusScraper | None = None
 
     def _warn(self, text: str) -> None:
         """A problem that does not end the run: logged, and kept for meta.json["warnings"]."""
         logger.warning("%s", text)
-        if text in self.warnings:
-            return
-        if len(self.warnings) < MAX_WARNINGS:
-            self.warnings.append(text)
-        else:
-            self._warnings_dropped += 1
+        self.warnings.add(text)
 
     def _all_warnings(self, agents: Any) -> list[str]:
-        out = list(self.warnings)
+        out = WarningLog()
+        for w in self.warnings:
+            out.add(w)
         for a in agents:
-            out += [f"{a.label}: {w}" for w in a.warnings if f"{a.label}: {w}" not in out]
-        if self._warnings_dropped:
-            out.append(f"... and {self._warnings_dropped} more warnings")
-        return out
+            for w in a.warnings:
+                out.add(f"{a.label}: {w}")
+        out.dropped += self.warnings.dropped
+        return out.to_list()
+
+    def _recorder_outcome(self, run: RunDir) -> dict[str, int]:
+        """The master's generator/recorder.json: its warnings join ours; returns meta.json's
+        "lost" with the master's counts added (what it could not write)."""
+        lost = dict(run.read_meta().get("lost") or {})
+        rec = _read_json(run.generator_dir / RECORDER_FILE)
+        if not isinstance(rec, dict):
+            self._warn(f"the load generator left no {RECORDER_FILE}: what it could not write is unknown")
+            return lost
+        for what, n in (rec.get("lost") or {}).items():
+            lost[what] = lost.get(what, 0) + int(n)
+        for w in rec.get("warnings") or []:
+            self._warn(f"load generator: {w}")
+        if not rec.get("final"):
+            self._warn(f"the load generator did not finish its {RECORDER_FILE}: its last rows may be missing, uncounted")
+        return lost
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -212,16 +241,26 @@ class Conductor:
             finally:
                 target_metrics = self._stop_metrics(run)
                 hosts = self._finish_agents(agents)
-                run.update_meta(hosts=hosts, target_metrics=target_metrics, warnings=self._all_warnings(agents))
+                lost = self._recorder_outcome(run)
+                self._record_meta(run, hosts=hosts, target_metrics=target_metrics, lost=lost,
+                                  warnings=self._all_warnings(agents))
         finished = time.time()
-        run.update_meta(ended=ended, complete=ended == "completed", finished=finished,
-                        worker_clocks=_read_json(run.generator_dir / CLOCKS_FILE))
+        self._record_meta(run, ended=ended, complete=ended == "completed", finished=finished,
+                          worker_clocks=_read_json(run.generator_dir / CLOCKS_FILE))
         if self._interrupts >= 2:  # asked twice to stop: the data is safe, the report can wait
             print(f"kneeswarm: killed; no report written (`kneeswarm analyze {run.path}` writes it)",
                   file=sys.stderr, flush=True)
             return RunResult(run, ended, None)
-        summary = self._analyze(run)
-        return RunResult(run, ended, summary)
+        summary, error = analyze_run(run)
+        return RunResult(run, ended, summary, error)
+
+    def _record_meta(self, run: RunDir, **changes: Any) -> None:
+        """meta.json at the end of a run; a write that fails (a full disk) is said on stderr, and
+        the run goes on to its analysis, which then fails too and says so in the exit code."""
+        try:
+            run.update_meta(**changes)
+        except OSError as e:
+            print(f"kneeswarm: could not write {run.meta_path}: {e}", file=sys.stderr, flush=True)
 
     def _finish_agents(self, agents: Any) -> dict[str, Any]:
         """Stop, final fetch, parse: never raises (a failure becomes a warning)."""
@@ -244,9 +283,9 @@ class Conductor:
 
     # -- the target's metrics (load side) ------------------------------------------------
     def metrics_host(self) -> str:
-        """hosts/<name>/ for the target's metrics: METRICS_HOST unless a monitored host is called that."""
+        """hosts/<name>/ for the target's metrics: TARGET_HOST unless a monitored host is called that."""
         taken = {safe_name(h.label) for h in self.plan.hosts}
-        name = METRICS_HOST
+        name = TARGET_HOST
         while name in taken:
             name += "-metrics"
         return name
@@ -255,8 +294,8 @@ class Conductor:
         if not self.plan.metrics_url:
             return
         host = self.metrics_host()
-        if host != METRICS_HOST:
-            self._warn(f"a monitored host is called {METRICS_HOST!r}: the target's metrics go to hosts/{host}/")
+        if host != TARGET_HOST:
+            self._warn(f"a monitored host is called {TARGET_HOST!r}: the target's metrics go to hosts/{host}/")
         self.scraper = PrometheusScraper(self.plan.metrics_url, run.raw_dir(host) / "prometheus.jsonl",
                                          interval=METRICS_INTERVAL)
         self.scraper.start()
@@ -271,7 +310,7 @@ class Conductor:
         try:
             out["parse"] = write_prometheus_csv(run.raw_dir(host) / "prometheus.jsonl",
                                                 run.host_dir(host) / "prometheus.csv")
-        except Exception as e:  # noqa: BLE001 - the raw scrapes stay; analysis can re-parse them
+        except Exception as e:  # noqa: BLE001 - a bad scrape must not end the run; the raw file stays
             self._warn(f"metrics {self.plan.metrics_url}: parse failed: {e}")
         if stats["failed"]:
             self._warn(f"metrics {self.plan.metrics_url}: {stats['failed']} of {stats['scrapes']} scrapes failed "
@@ -280,23 +319,17 @@ class Conductor:
             self._warn(f"metrics {self.plan.metrics_url}: no scrape succeeded")
         return out
 
-    def _analyze(self, run: RunDir) -> dict[str, Any] | None:
-        import analysis
-
-        try:
-            return analysis.analyze(run.path)
-        except Exception as e:  # the recorded data stays; the user can re-run `kneeswarm analyze`
-            logger.error("analysis of %s failed: %s", run.path, e)
-            return None
-
     # -- Locust processes ----------------------------------------------------------------
     def _locust(self, args: list[str], log: Path, wrapper: list[str] | None = None) -> subprocess.Popen:
         log.parent.mkdir(parents=True, exist_ok=True)
         cmd = [*(wrapper or []), sys.executable, "-m", "locust", "-f", str(SWARM), *args]
         f = log.open("ab")
         # A session of its own: the terminal's Ctrl-C reaches the conductor only, which then
-        # stops Locust in order (master first, so it collects the workers' last rows).
-        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        # stops Locust in order (master first, so it collects the workers' last rows).  Tied to
+        # this process: a conductor killed with SIGKILL takes its Locust processes along
+        # (PR_SET_PDEATHSIG fires when the forking thread exits: _load runs on the main thread).
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                             preexec_fn=die_with_parent())
         f.close()
         self._procs.append(p)
         return p
@@ -319,6 +352,7 @@ class Conductor:
 
         deadline = time.monotonic() + WORKER_WAIT + self.plan.step_durations() * 2 + RUN_MARGIN
         ended = "completed"
+        progress = None if self.quiet else Progress(run, self.plan)
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             last_fetch = time.monotonic()
@@ -340,11 +374,15 @@ class Conductor:
                 if time.monotonic() - last_fetch > FETCH_PERIOD:
                     self._fetch(agents)
                     last_fetch = time.monotonic()
+                if progress is not None:
+                    progress.poll()
                 time.sleep(0.2)
         finally:
             self._stop_workers()
             for s, h in old.items():
                 signal.signal(s, h)
+        if progress is not None:
+            progress.finish()
         if ended == "completed" and not self._all_steps_ran(run):
             ended = "load_failed"
             logger.error("the load stopped before all steps ran; see %s", logs / "master.log")

@@ -7,21 +7,28 @@ own time t2, the answer arrives at t4. For that round trip
 
     offset = t2 - (t1 + t4) / 2        (worker clock minus master clock; error <= RTT / 2)
 
-and the sample with the lowest RTT is kept. The master subtracts the offset from that
-worker's rows and generator samples, so the run directory is on the master's clock.
+and the sample with the lowest RTT is kept.  ``ClockGate`` is the one place where the offset
+is taken off a worker's rows and generator samples, so the run directory is on the master's
+clock.  A worker's first rows can arrive before its first answer: the gate holds them until
+the answer comes (at most FIRST_ANSWER_WAIT seconds), and counts any it had to let through on
+the worker's own clock.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
+
+logger = logging.getLogger(__name__)
 
 PING = "kneeswarm_ping"
 PONG = "kneeswarm_pong"
 PINGS_PER_ROUND = 8  # round trips per measurement round
 PING_SPACING = 0.05  # seconds between the pings of a round
 ROUND_PERIOD = 15.0  # seconds between rounds during a test (drift, late workers)
+FIRST_ANSWER_WAIT = 10.0  # seconds a worker's rows wait for its first clock answer, then go uncorrected
 
 
 @dataclass
@@ -58,6 +65,9 @@ class WorkerClocks:
         if last is None or t4 - last.t > ROUND_PERIOD / 2 or s.rtt < last.rtt:
             self._last[worker] = s
 
+    def has_answered(self, worker: str) -> bool:
+        return worker in self._best
+
     def offset(self, worker: str) -> float:
         """Seconds to subtract from the worker's times (0.0 until it has answered)."""
         s = self._best.get(worker)
@@ -69,6 +79,71 @@ class WorkerClocks:
                 "latest_offset_s": round(self._last[w].offset, 6)}
             for w, s in sorted(self._best.items())
         }
+
+
+Batch = tuple[str, "dict[str, list] | None", list]  # (worker, request columns, generator samples)
+
+
+class ClockGate:
+    """Puts each worker's rows and generator samples on the master's clock, holding them until
+    the worker's first clock answer (or FIRST_ANSWER_WAIT seconds, after which they pass
+    uncorrected and are counted in ``uncorrected``)."""
+
+    def __init__(self, clocks: WorkerClocks, wait: float | None = None, now: Callable[[], float] = time.monotonic):
+        self.clocks = clocks
+        self.wait = FIRST_ANSWER_WAIT if wait is None else wait
+        self._now = now
+        self._held: dict[str, list[tuple[dict[str, list] | None, list]]] = {}
+        self._since: dict[str, float] = {}  # when each worker's first batch arrived
+        self.uncorrected: dict[str, dict[str, int]] = {}  # worker -> {"request_rows": n, "generator_rows": m}
+
+    def admit(self, worker: str, rows: dict[str, list] | None, samples: list | None) -> None:
+        """A worker's report: held until :meth:`release` can put it on the master's clock."""
+        if not (rows and rows.get("t_start")) and not samples:
+            return
+        self._held.setdefault(worker, []).append((rows, list(samples or [])))
+        self._since.setdefault(worker, self._now())
+
+    def release(self, final: bool = False) -> list[Batch]:
+        """The batches that can be written now, on the master's clock; ``final`` lets everything go."""
+        out: list[Batch] = []
+        for worker in list(self._held):
+            if self.clocks.has_answered(worker):
+                off = self.clocks.offset(worker)
+                out += [(worker, *shift(rows, samples, off)) for rows, samples in self._held.pop(worker)]
+            elif final or self._now() - self._since[worker] >= self.wait:
+                batches = self._held.pop(worker)
+                counts = self.uncorrected.setdefault(worker, {"request_rows": 0, "generator_rows": 0})
+                for rows, samples in batches:
+                    counts["request_rows"] += len(rows["t_start"]) if rows else 0
+                    counts["generator_rows"] += len(samples)
+                    out.append((worker, rows, samples))
+                logger.warning("kneeswarm: %s has not answered a clock ping; its rows are written uncorrected", worker)
+        return out
+
+    @property
+    def held_rows(self) -> int:
+        return sum(len(r["t_start"]) for batches in self._held.values() for r, _ in batches if r)
+
+    def warnings(self) -> list[str]:
+        return [f"{w}: no clock answer within {self.wait:g}s; {c['request_rows']} request rows and "
+                f"{c['generator_rows']} generator samples were written on its own clock (uncorrected)"
+                for w, c in sorted(self.uncorrected.items())]
+
+    def lost(self) -> dict[str, int]:
+        """For meta.json["lost"]: rows that went out on a worker's own clock (only what is not zero)."""
+        out = {"uncorrected_request_rows": sum(c["request_rows"] for c in self.uncorrected.values()),
+               "uncorrected_generator_rows": sum(c["generator_rows"] for c in self.uncorrected.values())}
+        return {k: v for k, v in out.items() if v}
+
+
+def shift(rows: dict[str, list] | None, samples: list, offset: float) -> tuple[dict[str, list] | None, list]:
+    """Rows and generator samples with ``offset`` (worker minus master) taken off their times."""
+    if offset == 0.0:
+        return rows, samples
+    if rows:
+        rows = {**rows, "t_start": [t - offset for t in rows["t_start"]]}
+    return rows, [(t - offset, *rest) for t, *rest in samples]
 
 
 def pong(data: dict[str, Any]) -> dict[str, float]:

@@ -1,9 +1,16 @@
 """kneeswarm's wiring into Locust, as event listeners registered at ``init``.
 
-Imported by the locustfile (swarm.py).  It adds the command-line options, loads the plan,
-and connects the recorder: on workers a RowBuffer whose rows ride on the worker report; on
-the master (or a local runner) the RequestWriter, the step log (steps.csv) and the
-load-generator self-metrics (generator/*.csv).  Nothing here edits Locust's runners.
+Imported by the locustfile (swarm.py).  It adds the command-line options and loads the plan;
+then, as Locust's own runners hold their state, one listener object per process role:
+
+    WorkerListeners   a worker: a RowBuffer whose rows (and generator samples) ride on the
+                      worker report; answers the master's clock pings; takes the plan
+    MasterListeners   the master or a local runner: measures worker clocks, and for each test
+                      a Recording (RequestWriter, steps.csv, generator/*.csv)
+
+A worker has one name everywhere: ``worker-<i>``, where i is Locust's own index of it
+(``MasterRunner.get_worker_index``; the worker sees the same number as ``runner.worker_index``).
+Nothing here edits Locust's runners.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from kneeswarm.plan import PlanError, load_plan, plan_from_dict
 from kneeswarm.rundir import CLOCKS_FILE, GENERATOR_COLUMNS, RunDir, safe_name, write_json
 
 from locustfiles import clocks, state
-from locustfiles.recorder import FLUSH_INTERVAL, GEN_KEY, REPORT_KEY, GeneratorSampler, RequestWriter, RowBuffer
+from locustfiles.recorder import (FLUSH_INTERVAL, GEN_KEY, RECORDER_FILE, REPORT_KEY, GeneratorSampler,
+                                  RequestWriter, RowBuffer)
 from locustfiles.shape import StepShape
 from locustfiles.steps import StepSchedule
 from locustfiles.users import InferenceUser
@@ -41,76 +49,14 @@ def _add_arguments(parser: Any) -> None:
     parser.add_argument("--kneeswarm-out", default="runs", help="where new run directories go (default: runs)")
 
 
-class Recording:
-    """The master's (or local runner's) recording of one test: writer, steps, generator CSVs."""
-
-    def __init__(self, env: Environment, run: RunDir, local_buffer: RowBuffer | None, owns_meta: bool,
-                 worker_clocks: clocks.WorkerClocks):
-        self.env, self.run, self.local_buffer = env, run, local_buffer
-        self.worker_clocks = worker_clocks
-        self.owns_meta = owns_meta  # no conductor (web UI / bare locust): meta.json is ours to finish
-        plan = state.plan()
-        self.schedule = StepSchedule(plan.load.steps, plan.load.ramp, plan.load.hold, on_change=self._write_steps)
-        self.writer = RequestWriter(run, self.schedule.step_starts)
-        self.local_sampler = GeneratorSampler(lambda: env.runner.user_count) if local_buffer is not None else None
-        self._flusher = gevent.spawn(self._flush_loop)
-        self._sampler = gevent.spawn(self.local_sampler.run_forever) if self.local_sampler else None
-
-    def _write_steps(self, log: list) -> None:
-        self.run.write_steps(s.row() for s in log)
-
-    def add_generator_rows(self, worker: str, rows: list) -> None:
-        if not rows:
-            return
-        path = self.run.generator_dir / f"{safe_name(worker)}.csv"
-        new = not path.exists()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a", newline="") as f:
-            w = csv.writer(f)
-            if new:
-                w.writerow(GENERATOR_COLUMNS)
-            w.writerows(rows)
-
-    def flush(self) -> None:
-        if self.local_buffer is not None:
-            self.writer.add("local", self.local_buffer.take())
-            self.add_generator_rows("local", self.local_sampler.take())
-        try:
-            self.writer.flush()
-        except OSError as e:  # a full disk must not kill the load; say so once per flush
-            logger.error("kneeswarm: could not write request rows: %s", e)
-
-    def _flush_loop(self) -> None:
-        while True:
-            gevent.sleep(FLUSH_INTERVAL)
-            self.flush()
-
-    def write_clocks(self) -> None:
-        """generator/clocks.json: each worker's clock offset (the conductor copies it to meta.json)."""
-        offsets = self.worker_clocks.summary()
-        if offsets:
-            write_json(self.run.generator_dir / CLOCKS_FILE, offsets)
-
-    def end(self) -> None:
-        """The test stopped (shape finished, or Stop pressed): flush, and say how it ended."""
-        self.flush()
-        self.write_clocks()
-        if self.owns_meta:
-            done = self.schedule.done and len(self.schedule.log) == len(self.schedule.steps)
-            self.run.update_meta(ended="completed" if done else "stopped", complete=done, finished=time.time(),
-                                 worker_clocks=self.worker_clocks.summary())
-
-    def stop(self) -> None:
-        """The recording is over (Locust quits, or a new test starts): last flush, last step closed."""
-        for g in (self._flusher, self._sampler):
-            if g is not None:
-                g.kill(block=False)
-        self.end()
-        self.schedule.finish(time.time())  # a test cut short: its last step ends now in steps.csv
-        logger.info("kneeswarm: %d request rows in %s", self.writer.rows_written, self.run.path)
-
-
-_recording: Recording | None = None
+@events.init.add_listener
+def _on_init(environment: Environment, **_kw: Any) -> None:
+    _load_plan(environment)
+    runner = environment.runner
+    if isinstance(runner, WorkerRunner):
+        WorkerListeners(environment, runner)
+    elif runner is not None:
+        MasterListeners(environment, runner)
 
 
 def _load_plan(env: Environment) -> None:
@@ -133,125 +79,236 @@ def _apply_plan(env: Environment) -> None:
     InferenceUser.host = plan.target
 
 
-def _worker_label(runner: MasterRunner, client_id: str) -> str:
-    try:
-        return f"worker-{runner.get_worker_index(client_id)}"
-    except Exception:  # older Locust or an unknown client
-        return client_id
+def worker_name(runner: MasterRunner, client_id: str) -> str:
+    """The one name of a worker in the run directory (rows, generator/, clocks)."""
+    return f"worker-{runner.get_worker_index(client_id)}"
 
 
-@events.init.add_listener
-def _on_init(environment: Environment, **_kw: Any) -> None:
-    _load_plan(environment)
-    runner = environment.runner
-    if isinstance(runner, WorkerRunner):
-        _init_worker(environment, runner)
-    elif runner is not None:
-        _init_master_or_local(environment, runner)
+class WorkerListeners:
+    """A worker's part: its rows and samples ride on Locust's worker report to the master."""
 
+    def __init__(self, env: Environment, runner: WorkerRunner):
+        self.env, self.runner = env, runner
+        self.buffer = RowBuffer()
+        self.sampler = GeneratorSampler(lambda: runner.user_count)
+        env.events.request.add_listener(self.buffer.on_request)
+        env.events.report_to_master.add_listener(self.on_report)
+        runner.register_message(PLAN_MESSAGE, self.on_plan)
+        runner.register_message(clocks.PING, self.on_ping)
+        gevent.spawn(self.sampler.run_forever)
 
-def _init_worker(env: Environment, runner: WorkerRunner) -> None:
-    buffer = RowBuffer()
-    sampler = GeneratorSampler(lambda: runner.user_count)
-    env.events.request.add_listener(buffer.on_request)
+    def on_report(self, client_id: str, data: dict) -> None:
+        data[REPORT_KEY] = self.buffer.take()
+        data[GEN_KEY] = self.sampler.take()
 
-    def on_report(client_id: str, data: dict) -> None:
-        data[REPORT_KEY] = buffer.take()
-        data[GEN_KEY] = sampler.take()
-
-    def on_plan(environment: Environment, msg: Any, **_kw: Any) -> None:
+    def on_plan(self, environment: Environment, msg: Any, **_kw: Any) -> None:
         state.set_plan(plan_from_dict(msg.data["plan"], "plan from master"))
-        state.set_worker_index(int(msg.data.get("index", 0)))
         _apply_plan(environment)
 
-    def on_ping(environment: Environment, msg: Any, **_kw: Any) -> None:
-        runner.send_message(clocks.PONG, clocks.pong(msg.data or {}))
-
-    env.events.report_to_master.add_listener(on_report)
-    runner.register_message(PLAN_MESSAGE, on_plan)
-    runner.register_message(clocks.PING, on_ping)
-    gevent.spawn(sampler.run_forever)
+    def on_ping(self, environment: Environment, msg: Any, **_kw: Any) -> None:
+        self.runner.send_message(clocks.PONG, clocks.pong(msg.data or {}))
 
 
-def _init_master_or_local(env: Environment, runner: Any) -> None:
-    is_master = isinstance(runner, MasterRunner)
-    worker_clocks = clocks.WorkerClocks()
-    local_buffer = None if is_master else RowBuffer()
-    if local_buffer is not None:
-        env.events.request.add_listener(local_buffer.on_request)
+class MasterListeners:
+    """The master's (or a local runner's) part: worker clocks, and one Recording per test."""
 
-    def new_test() -> StepSchedule:
-        global _recording
-        if _recording is not None:
-            _recording.stop()
-        run, owns_meta = _run_dir(env)
-        _recording = Recording(env, run, local_buffer, owns_meta, worker_clocks)
-        return _recording.schedule
+    def __init__(self, env: Environment, runner: Any):
+        self.env, self.runner = env, runner
+        self.is_master = isinstance(runner, MasterRunner)
+        self.worker_clocks = clocks.WorkerClocks()
+        self.local_buffer = None if self.is_master else RowBuffer()
+        self.recording: Recording | None = None
+        if self.local_buffer is not None:
+            env.events.request.add_listener(self.local_buffer.on_request)
+        if isinstance(env.shape_class, StepShape):
+            env.shape_class.new_test = self.new_test
+        if self.is_master:
+            runner.register_message(clocks.PONG, self.on_pong)
+            gevent.spawn(self.ping_loop)
+        env.events.test_start.add_listener(self.on_test_start)
+        env.events.spawning_complete.add_listener(self.on_spawning_complete)
+        env.events.worker_report.add_listener(self.on_worker_report)
+        env.events.test_stop.add_listener(self.on_test_stop)
+        env.events.quitting.add_listener(self.on_quitting)
 
-    if isinstance(env.shape_class, StepShape):
-        env.shape_class.new_test = new_test
+    def new_test(self) -> StepSchedule:
+        """A test starts (StepShape.reset_time): a new Recording, in a new run directory unless
+        the conductor named one."""
+        if self.recording is not None:
+            self.recording.stop()
+        run, owns_meta = _run_dir(self.env, first=self.recording is None)
+        self.recording = Recording(self.env, run, self.local_buffer, owns_meta, self.worker_clocks)
+        return self.recording.schedule
 
-    def on_test_start(environment: Environment, **_kw: Any) -> None:
-        if is_master:
-            for client in runner.clients.all:
-                idx = runner.get_worker_index(client.id) if hasattr(runner, "get_worker_index") else 0
-                runner.send_message(PLAN_MESSAGE, {"plan": state.plan().to_dict(), "index": idx}, client.id)
-            gevent.spawn(ping_round)  # measured before the first request is sent
+    def on_test_start(self, environment: Environment, **_kw: Any) -> None:
+        if self.is_master:
+            for client in self.runner.clients.all:
+                self.runner.send_message(PLAN_MESSAGE, {"plan": state.plan().to_dict()}, client.id)
+            gevent.spawn(self.ping_round)  # measured before the first request is sent
 
-    def ping_round() -> None:
+    def ping_round(self) -> None:
         """Measure every connected worker's clock (PINGS_PER_ROUND round trips each)."""
         for _ in range(clocks.PINGS_PER_ROUND):
-            for client in list(runner.clients.all):
-                runner.send_message(clocks.PING, worker_clocks.request(), client.id)
+            for client in list(self.runner.clients.all):
+                self.runner.send_message(clocks.PING, self.worker_clocks.request(), client.id)
             gevent.sleep(clocks.PING_SPACING)
 
-    def ping_loop() -> None:
+    def ping_loop(self) -> None:
         while True:
-            if runner.clients.all:
-                ping_round()
-            gevent.sleep(clocks.ROUND_PERIOD if worker_clocks.summary() else 1.0)
+            if self.runner.clients.all:
+                self.ping_round()
+            gevent.sleep(clocks.ROUND_PERIOD if self.worker_clocks.summary() else 1.0)
 
-    def on_pong(environment: Environment, msg: Any, **_kw: Any) -> None:
-        worker_clocks.answered(_worker_label(runner, msg.node_id), msg.data or {})
+    def on_pong(self, environment: Environment, msg: Any, **_kw: Any) -> None:
+        self.worker_clocks.answered(worker_name(self.runner, msg.node_id), msg.data or {})
 
-    if is_master:
-        runner.register_message(clocks.PONG, on_pong)
-        gevent.spawn(ping_loop)
+    def on_spawning_complete(self, user_count: int, **_kw: Any) -> None:
+        if self.recording is not None:
+            self.recording.schedule.spawned(time.time())
 
-    def on_spawning_complete(user_count: int, **_kw: Any) -> None:
-        if _recording is not None:
-            _recording.schedule.spawned(time.time())
+    def on_worker_report(self, client_id: str, data: dict) -> None:
+        if self.recording is not None:
+            self.recording.gate.admit(worker_name(self.runner, client_id), data.get(REPORT_KEY), data.get(GEN_KEY))
 
-    def on_worker_report(client_id: str, data: dict) -> None:
-        if _recording is None:
-            return
-        worker = _worker_label(runner, client_id)
-        offset = worker_clocks.offset(worker)
-        _recording.writer.add(worker, data.get(REPORT_KEY), offset)
-        _recording.add_generator_rows(worker, [[t - offset, *rest] for t, *rest in data.get(GEN_KEY) or []])
-
-    def on_test_stop(environment: Environment, **_kw: Any) -> None:
+    def on_test_stop(self, environment: Environment, **_kw: Any) -> None:
         # Workers send their last report after the master's stop; quitting flushes again.
-        if _recording is not None:
-            _recording.end()
+        if self.recording is not None:
+            self.recording.end()
 
-    def on_quitting(environment: Environment, **_kw: Any) -> None:
-        if _recording is not None:
-            _recording.stop()
-
-    env.events.test_start.add_listener(on_test_start)
-    env.events.spawning_complete.add_listener(on_spawning_complete)
-    env.events.worker_report.add_listener(on_worker_report)
-    env.events.test_stop.add_listener(on_test_stop)
-    env.events.quitting.add_listener(on_quitting)
+    def on_quitting(self, environment: Environment, **_kw: Any) -> None:
+        if self.recording is not None:
+            self.recording.stop()
 
 
-def _run_dir(env: Environment) -> tuple[RunDir, bool]:
-    """The conductor names the run directory (and owns its meta.json); a bare Locust (web UI)
-    makes one per test and writes plan.toml and meta.json itself."""
+class Recording:
+    """The master's (or local runner's) recording of one test: writer, steps, generator CSVs.
+
+    Workers' reports pass through ``gate`` (clocks.ClockGate), the one place where their times
+    are put on the master's clock; a local runner's rows are on it already.
+
+    A write that fails (a full disk) never stops the load: request rows are held and retried
+    (RequestWriter), and whatever could not be written is counted.  The counts go to
+    generator/recorder.json (RECORDER_FILE), which the conductor merges into meta.json; with no
+    conductor (web UI) they go straight to meta.json["lost"] and ["warnings"].
+    """
+
+    def __init__(self, env: Environment, run: RunDir, local_buffer: RowBuffer | None, owns_meta: bool,
+                 worker_clocks: clocks.WorkerClocks):
+        self.env, self.run, self.local_buffer = env, run, local_buffer
+        self.worker_clocks = worker_clocks
+        self.owns_meta = owns_meta  # no conductor (web UI / bare locust): meta.json is ours to finish
+        plan = state.plan()
+        self.schedule = StepSchedule(plan.load.steps, plan.load.ramp, plan.load.hold, on_change=self._write_steps)
+        self.writer = RequestWriter(run, self.schedule.step_starts)
+        self.gate = clocks.ClockGate(worker_clocks)
+        self.failures: dict[str, list] = {}  # what -> [count, last error] of writes other than parts
+        self.generator_rows_lost = 0
+        self.local_sampler = GeneratorSampler(lambda: env.runner.user_count) if local_buffer is not None else None
+        self._flusher = gevent.spawn(self._flush_loop)
+        self._sampler = gevent.spawn(self.local_sampler.run_forever) if self.local_sampler else None
+
+    def _failed(self, what: str, e: OSError) -> None:
+        entry = self.failures.setdefault(what, [0, ""])
+        entry[0] += 1
+        entry[1] = " ".join(str(e).split())
+        logger.error("kneeswarm: could not write %s: %s", what, e)
+
+    def _write_steps(self, log: list) -> None:
+        try:
+            self.run.write_steps(s.row() for s in log)
+        except OSError as e:  # the next change rewrites the whole file
+            self._failed("steps.csv", e)
+
+    def add_generator_rows(self, worker: str, rows: list) -> None:
+        if not rows:
+            return
+        path = self.run.generator_dir / f"{safe_name(worker)}.csv"
+        try:
+            new = not path.exists()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a", newline="") as f:
+                w = csv.writer(f)
+                if new:
+                    w.writerow(GENERATOR_COLUMNS)
+                w.writerows(rows)
+        except OSError as e:
+            self.generator_rows_lost += len(rows)
+            self._failed("generator samples", e)
+
+    def flush(self, final: bool = False) -> None:
+        if self.local_buffer is not None:
+            self.writer.add("local", self.local_buffer.take())
+            self.add_generator_rows("local", self.local_sampler.take())
+        for worker, rows, samples in self.gate.release(final):
+            self.writer.add(worker, rows)
+            self.add_generator_rows(worker, samples)
+        self.writer.flush()  # never raises: rows it cannot write are held, or counted lost
+
+    def _flush_loop(self) -> None:
+        while True:
+            gevent.sleep(FLUSH_INTERVAL)
+            self.flush()
+
+    def lost(self) -> dict[str, int]:
+        """What could not be written, for meta.json["lost"] (only what is not zero)."""
+        counts = {"request_rows": self.writer.rows_lost, "generator_rows": self.generator_rows_lost}
+        return {**{k: v for k, v in counts.items() if v}, **self.gate.lost()}
+
+    def warnings(self) -> list[str]:
+        """One line per kind of failed write, for meta.json["warnings"]."""
+        w, out = self.writer, []
+        if w.failed_writes:
+            out.append(f"requests/: {w.failed_writes} part writes failed ({w.last_error}); their rows were held "
+                       f"and retried")
+        if w.rows_lost:
+            out.append(f"requests/: {w.rows_lost} of {w.rows_received} request rows could not be written "
+                       f"and were dropped ({w.last_error})")
+        out += [f"{what}: {n} writes failed ({err})" for what, (n, err) in sorted(self.failures.items())]
+        return out + self.gate.warnings()
+
+    def write_outcome(self, final: bool) -> None:
+        """generator/clocks.json and generator/recorder.json (the conductor copies both to meta.json);
+        with no conductor, meta.json itself. A write that fails here is logged: nothing is left to hold it."""
+        summary = {
+            "request_rows": {"received": self.writer.rows_received, "written": self.writer.rows_written,
+                             "held": self.writer.rows_held, "lost": self.writer.rows_lost},
+            "lost": self.lost(), "warnings": self.warnings(), "final": final,
+        }
+        try:
+            offsets = self.worker_clocks.summary()
+            if offsets:
+                write_json(self.run.generator_dir / CLOCKS_FILE, offsets)
+            write_json(self.run.generator_dir / RECORDER_FILE, summary)
+            if self.owns_meta:
+                done = self.schedule.done and len(self.schedule.log) == len(self.schedule.steps)
+                self.run.update_meta(ended="completed" if done else "stopped", complete=done, finished=time.time(),
+                                     worker_clocks=offsets, lost=summary["lost"], warnings=summary["warnings"])
+        except OSError as e:
+            logger.error("kneeswarm: could not write the recording's outcome: %s (%s)", e, summary)
+
+    def end(self) -> None:
+        """The test stopped (shape finished, or Stop pressed): flush, and say how it ended."""
+        self.flush()
+        self.write_outcome(final=False)
+
+    def stop(self) -> None:
+        """The recording is over (Locust quits, or a new test starts): last flush, last step closed."""
+        for g in (self._flusher, self._sampler):
+            if g is not None:
+                g.kill(block=False)
+        self.flush(final=True)  # rows of a worker that never answered a clock ping go uncorrected
+        self.writer.abandon()  # rows whose last write failed: counted lost
+        self.write_outcome(final=True)
+        self.schedule.finish(time.time())  # a test cut short: its last step ends now in steps.csv
+        logger.info("kneeswarm: %d request rows in %s", self.writer.rows_written, self.run.path)
+
+
+def _run_dir(env: Environment, first: bool) -> tuple[RunDir, bool]:
+    """The conductor names the run directory of the first test (and owns its meta.json); a bare
+    Locust (web UI) makes one per test and writes plan.toml and meta.json itself."""
     opts = env.parsed_options
     given = getattr(opts, "kneeswarm_run_dir", "") if opts else ""
-    if given and _recording is None:
+    if given and first:
         run = RunDir(given)
         run.path.mkdir(parents=True, exist_ok=True)
         return run, False

@@ -1,14 +1,16 @@
 """The per-request recorder: every request becomes one row of the run directory's schema.
 
-Worker side (``RowBuffer``): a ``request`` event listener appends a tuple per request; the
-rows ride to the master on Locust's own worker->master report (``report_to_master``, every
-``locust.runners.WORKER_REPORT_INTERVAL`` seconds), so no shared disk is needed.
+Worker side (``RowBuffer``): a ``request`` event listener appends each request's values to
+one list per column; the columns ride to the master on Locust's own worker->master report
+(``report_to_master``, every ``locust.runners.WORKER_REPORT_INTERVAL`` seconds), so no shared
+disk is needed.
 
-Master side (``RequestWriter``): rows from every worker (or from this process in local
-mode) are stamped with the step they belong to and appended to requests/part-*.parquet
-every ``FLUSH_INTERVAL`` seconds, so a crash loses at most the last few seconds.
+Master side (``RequestWriter``): rows from every worker (already on the master's clock, see
+clocks.ClockGate) or from this process in local mode are stamped with the step they belong
+to and appended to requests/part-*.parquet every ``FLUSH_INTERVAL`` seconds, so a crash loses
+at most the last few seconds.
 
-The listener is the hot path: it does a tuple append and nothing else for a success.
+The listener is the hot path: ten list appends and nothing else for a success.
 """
 
 from __future__ import annotations
@@ -28,10 +30,14 @@ from locustfiles.protocols.base import BadPayload
 logger = logging.getLogger(__name__)
 
 FLUSH_INTERVAL = 2.0  # seconds between part files on the master
+MAX_HELD_ROWS = 200_000  # rows kept for a retry while parts cannot be written (~1 min at 3k req/s)
 REPORT_KEY = "kneeswarm_rows"  # key in the worker report (Locust reserves "stats" and "errors")
 GEN_KEY = "kneeswarm_gen"
+#: generator/<this>: what the master's recording received, wrote and lost, and its warnings
+#: (the conductor merges "lost" and "warnings" into meta.json)
+RECORDER_FILE = "recorder.json"
 
-# Column order of a row tuple as it travels (worker and step are added on the master).
+# The columns of a row as it travels, one list each (worker and step are added on the master).
 WIRE_COLUMNS = ("t_start", "latency_ms", "bytes", "ok", "status", "error", "name", "tokens_in", "tokens_out", "ttft_ms")
 
 
@@ -77,7 +83,6 @@ class RowBuffer:
 
     def __init__(self) -> None:
         self._reset()
-        self.count = 0
 
     def _reset(self) -> None:
         self._cols = empty_columns()
@@ -110,7 +115,6 @@ class RowBuffer:
         self._tin(tin)
         self._tout(tout)
         self._ttft(ttft)
-        self.count += 1
 
     def take(self) -> Columns:
         """The rows so far (and a fresh, empty buffer). No lock: greenlets do not preempt."""
@@ -120,31 +124,85 @@ class RowBuffer:
 
 
 class RequestWriter:
-    """Stamps rows with their step and writes them as parquet parts (master or local runner)."""
+    """Stamps rows with their step and writes them as parquet parts (master or local runner).
+
+    A part that cannot be written (a full disk) does not lose its rows: they are held and
+    retried with the next flush, up to MAX_HELD_ROWS; beyond that the oldest are dropped, and
+    every dropped row is counted (``rows_lost``, reported in meta.json["lost"]).
+    """
 
     def __init__(self, run: RunDir, step_starts: Callable[[], list[tuple[float, int]]]):
         self.run = run
         self._step_starts = step_starts  # [(t_ramp, users)] of the steps begun so far
-        self._pending: list[tuple[str, Columns, float]] = []
+        self._pending: list[tuple[str, Columns]] = []
+        self._held: dict[str, Any] | None = None  # stamped rows whose write failed, retried next flush
         self._seq = len(run.request_parts())
+        self.rows_received = 0
         self.rows_written = 0
+        self.rows_lost = 0
+        self.failed_writes = 0
+        self.last_error = ""
 
-    def add(self, worker: str, cols: Columns | None, clock_offset: float = 0.0) -> None:
-        """Queue a worker's rows; ``clock_offset`` (worker minus master, seconds) is taken off t_start."""
+    def add(self, worker: str, cols: Columns | None) -> None:
+        """Queue a worker's rows (their t_start on the master's clock)."""
         if cols and cols.get("t_start"):
-            self._pending.append((worker, cols, clock_offset))
+            self._pending.append((worker, cols))
+            self.rows_received += len(cols["t_start"])
 
     def flush(self) -> int:
+        """Write what was added (and what an earlier flush could not write) as one part; returns
+        the rows written. Never raises for a failed write: the rows are held or counted lost."""
         batches, self._pending = self._pending, []
-        if not batches:
+        rows = _concat(self._held, self._stamp(batches) if batches else None)
+        self._held = None
+        if rows is None:
             return 0
+        n = len(rows["t_start"])
+        try:
+            self.run.write_request_part(rows, self._seq)
+        except OSError as e:  # a full disk: keep the rows for the next flush
+            self.failed_writes += 1
+            self.last_error = _one_line(e)
+            self._hold(rows)
+            return 0
+        except Exception as e:  # noqa: BLE001 - rows pyarrow refuses: a retry would not help
+            self.last_error = _one_line(e)
+            self.rows_lost += n
+            logger.error("kneeswarm: %d request rows could not be written: %s", n, self.last_error)
+            return 0
+        self._seq += 1
+        self.rows_written += n
+        return n
+
+    def abandon(self) -> int:
+        """The recording is over: rows still held (their last write failed) are lost; returns them."""
+        n = len(self._held["t_start"]) if self._held else 0
+        self._held = None
+        self.rows_lost += n
+        return n
+
+    @property
+    def rows_held(self) -> int:
+        return len(self._held["t_start"]) if self._held else 0
+
+    def _hold(self, rows: dict[str, Any]) -> None:
+        n = len(rows["t_start"])
+        excess = max(0, n - MAX_HELD_ROWS)
+        if excess:  # the oldest go first; the newest are kept for the retry
+            rows = {c: v[excess:] for c, v in rows.items()}
+            self.rows_lost += excess
+        self._held = rows
+        logger.error("kneeswarm: could not write request rows (%s); %d held for the next flush, %d lost so far",
+                     self.last_error, n - excess, self.rows_lost)
+
+    def _stamp(self, batches: list[tuple[str, Columns]]) -> dict[str, Any]:
+        """One batch of columns, with each row's step, users and worker."""
         merged = empty_columns()
-        for _, cols, _ in batches:
+        for _, cols in batches:
             for c in WIRE_COLUMNS:
                 merged[c].extend(cols.get(c) or [None] * len(cols["t_start"]))
-        n = len(merged["t_start"])
-        sizes = [len(cols["t_start"]) for _, cols, _ in batches]
-        t_start = np.asarray(merged["t_start"], dtype=float) - np.repeat([off for _, _, off in batches], sizes)
+        sizes = [len(cols["t_start"]) for _, cols in batches]
+        t_start = np.asarray(merged["t_start"], dtype=float)
         starts = self._step_starts()
         t_ramps = np.array([t for t, _ in starts], dtype=float)
         step = np.searchsorted(t_ramps, t_start, side="right") - 1
@@ -153,11 +211,19 @@ class RequestWriter:
         out["t_start"] = t_start
         out["step"] = step.astype(np.int32)
         out["users"] = users[step]
-        out["worker"] = [w for (w, _, _), k in zip(batches, sizes) for _ in range(k)]
-        self.run.write_request_part(out, self._seq)
-        self._seq += 1
-        self.rows_written += n
-        return n
+        out["worker"] = [w for (w, _), k in zip(batches, sizes) for _ in range(k)]
+        return out
+
+
+def _concat(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Two column dicts (lists or numpy arrays) as one; either may be None."""
+    if a is None or b is None:
+        return a if b is None else b
+    return {c: np.concatenate([a[c], b[c]]) if isinstance(a[c], np.ndarray) else [*a[c], *b[c]] for c in a}
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 class GeneratorSampler:

@@ -1,6 +1,7 @@
-"""What every Locust process of a kneeswarm run knows: its plan and its place.
+"""What every Locust process of a kneeswarm run knows: its plan.
 
 Set once at ``init`` (and on workers again when the master sends the plan at test start).
+A worker's place is Locust's own ``runner.worker_index``.
 """
 
 from __future__ import annotations
@@ -8,7 +9,6 @@ from __future__ import annotations
 from kneeswarm.plan import Plan
 
 _plan: Plan = Plan()
-_worker_index = 0
 
 
 def plan() -> Plan:
@@ -19,11 +19,3 @@ def set_plan(p: Plan) -> None:
     global _plan
     _plan = p
 
-
-def worker_index() -> int:
-    return _worker_index
-
-
-def set_worker_index(i: int) -> None:
-    global _worker_index
-    _worker_index = i

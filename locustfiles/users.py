@@ -29,7 +29,7 @@ class InferenceUser(FastHttpUser):
 
     def on_start(self) -> None:
         plan = state.plan()
-        seed = next(_user_ids) + 100_000 * state.worker_index()
+        seed = next(_user_ids) + 100_000 * max(0, self.environment.runner.worker_index)  # Locust's index
         self.protocol = PROTOCOLS[plan.protocol](vars(plan.request), seed=seed)
 
     @task

@@ -64,3 +64,77 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str, period: float 
 
 def read_summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "report" / "summary.json").read_text())
+
+
+class SmallDisk:
+    """A real tmpfs of a few MiB that a test can fill to the last byte and free again."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.filler = path / ".filler"
+
+    def fill(self) -> int:
+        """Write the filler until the disk is full (ENOSPC); returns its size in bytes."""
+        import os
+
+        fd = os.open(self.filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        try:
+            for chunk in (1 << 16, 1 << 12, 1):  # the last page to the byte: no new file fits
+                try:
+                    for _ in range(1 << 20):
+                        os.write(fd, b"\0" * chunk)
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
+        return self.filler.stat().st_size
+
+    def free(self) -> None:
+        self.filler.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path) -> Iterator[SmallDisk]:
+    """tmp_path/disk as a 16 MiB tmpfs (needs root: `mount -t tmpfs`), unmounted at teardown."""
+    path = tmp_path / "disk"
+    path.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(path)], capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {res.stderr.strip()}")
+    try:
+        yield SmallDisk(path)
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def find_libfaketime() -> str | None:
+    """libfaketime's preload library wherever the distribution put it (any multiarch directory)."""
+    import glob
+
+    for pattern in ("/usr/lib/*/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1",
+                    "/usr/local/lib/faketime/libfaketime.so.1", "/usr/lib64/faketime/libfaketime.so.1"):
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    return None
+
+
+@pytest.fixture
+def shifted_clock() -> Callable[[float], list[str]]:
+    """A command prefix that runs a process with its wall clock shifted by SECONDS (libfaketime;
+    monotonic time untouched).  Skipped only where the faketime package is not installed; an
+    installed one that cannot be found or does not shift the clock fails the test."""
+    import shutil
+
+    if shutil.which("faketime") is None:
+        pytest.skip("faketime (the Debian package) is not installed")
+    lib = find_libfaketime()
+    assert lib, "faketime is installed but libfaketime.so.1 was not found"
+
+    def prefix(seconds: float) -> list[str]:
+        return ["env", f"LD_PRELOAD={lib}", f"FAKETIME={seconds:+g}s", "DONT_FAKE_MONOTONIC=1"]
+
+    out = subprocess.run([*prefix(2.5), sys.executable, "-c", "import time; print(time.time())"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and abs(float(out.stdout) - time.time() - 2.5) < 1.0, (lib, out.stdout, out.stderr)
+    return prefix

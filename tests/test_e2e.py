@@ -203,7 +203,8 @@ def test_target_that_hangs_gives_counted_timeouts(tmp_path, start_demo_target):
     plan.write_text("[request]\ntimeout = 0.5\n")
     res = run_cli("run", str(plan), "--target", target.url, "--steps", "1,2", "--hold", "3", "--ramp", "0.5",
                   "--settle", "0", "--workers", "1", "--pid", str(target.pid), "--out", str(tmp_path / "runs"), "-q")
-    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.returncode == 1, res.stderr[-2000:]  # the load completed, but no request succeeded
+    assert res.stderr.strip().splitlines()[-1].startswith("kneeswarm: error: no request succeeded (")
     run_dir = only_run_dir(tmp_path / "runs")
     rows = RunDir(run_dir).read_requests()
     assert len(rows) >= 6 and not rows["ok"].any()

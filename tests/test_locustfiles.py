@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from kneeswarm.rundir import REQUEST_COLUMNS, RunDir
@@ -110,3 +111,42 @@ def test_kserve_bodies_follow_the_plan_and_answers_are_checked():
     for bad in (b"<html>", b'{"outputs": []}', b"[]"):
         with pytest.raises(BadPayload):
             p.check_response(bad)
+
+
+def rows_with_ids(ids) -> dict:
+    """A worker's columns whose t_start is 1000 + the row's id (so the rows on disk can be named)."""
+    b = RowBuffer()
+    for i in ids:
+        b.on_request("POST", "infer", 1.0, 1, None, None, None, start_time=1000.0 + i)
+    return b.take()
+
+
+def test_rows_of_a_failed_write_are_held_retried_and_counted(small_disk, monkeypatch):
+    """A full disk (a real tmpfs): rows are held and written once there is room; beyond
+    MAX_HELD_ROWS the oldest are dropped, and every row is either on disk or counted lost."""
+    from locustfiles import recorder
+
+    monkeypatch.setattr(recorder, "MAX_HELD_ROWS", 500)
+    run = RunDir.create(small_disk.path, "full")
+    writer = RequestWriter(run, lambda: [(0.0, 1)])
+    writer.add("worker-0", rows_with_ids(range(0, 300)))
+    assert writer.flush() == 300
+    small_disk.fill()
+    writer.add("worker-0", rows_with_ids(range(300, 600)))
+    assert writer.flush() == 0 and writer.rows_held == 300 and writer.rows_lost == 0
+    writer.add("worker-0", rows_with_ids(range(600, 900)))
+    assert writer.flush() == 0 and writer.rows_held == 500 and writer.rows_lost == 100  # 300..399 dropped
+    assert writer.failed_writes == 2 and "No space left" in writer.last_error
+    small_disk.free()
+    writer.add("worker-0", rows_with_ids(range(900, 950)))
+    assert writer.flush() == 550
+    on_disk = run.read_requests()["t_start"].to_numpy()
+    expected = 1000.0 + np.r_[0:300, 400:950]
+    assert np.array_equal(np.sort(on_disk), expected)
+    assert writer.rows_received == len(on_disk) + writer.rows_lost == 950
+    small_disk.fill()  # full again at the very end: what is still held is lost, and counted
+    writer.add("worker-0", rows_with_ids(range(950, 960)))
+    assert writer.flush() == 0 and writer.abandon() == 10
+    assert writer.rows_lost == 110 and writer.rows_held == 0
+    small_disk.free()
+    assert len(run.read_requests()) == writer.rows_received - writer.rows_lost

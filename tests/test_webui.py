@@ -56,6 +56,7 @@ def test_web_ui_start_records_a_run(tmp_path, start_demo_target):
     meta = RunDir(run_dir).read_meta()
     assert (run_dir / "plan.toml").exists() and meta["launcher"] == "locust"
     assert meta["ended"] == "completed" and meta["complete"] is True
+    assert meta["lost"] == {} and meta["warnings"] == []  # written by the plugin itself: nothing lost
     res = run_cli("analyze", str(run_dir), timeout=120)
     assert res.returncode == 0, res.stderr
     s = read_summary(run_dir)
