@@ -256,7 +256,9 @@ def compare_runs(base_dir: str | Path, new_dir: str | Path, *, resamples: int = 
               "verdict": verdict, "reasons": reasons, "warnings": warnings}
     for which, s in (("base", summaries[0]), ("new", summaries[1])):
         if s.get("complete") is False:
-            warnings.append(f"the {which} run is incomplete ({s.get('ended') or 'no record of how it ended'})")
+            lost = ", ".join(f"{k}={v}" for k, v in sorted((s.get("lost") or {}).items()))
+            why = f"lost: {lost}" if lost else (s.get("ended") or "no record of how it ended")
+            warnings.append(f"the {which} run is incomplete ({why})")
     return result
 
 

@@ -185,12 +185,17 @@ def test_unmatched_and_invalid_steps(tmp_path, runs):
     assert main_compare([str(runs["base"]), str(short), "-q", "--out", str(tmp_path / "o")]) == 2
 
 
-def test_a_torn_part_is_a_warning_and_the_rest_is_compared(tmp_path, runs):
+def test_a_torn_part_of_unknown_range_is_a_warning_and_leaves_nothing_comparable(tmp_path, runs):
+    # A part whose footer is gone could have held rows of any step: the analysis marks every
+    # step not valid, so no step's QPS can be trusted for a comparison.
     torn = make_run(tmp_path, "torn", seed=2)
     (RunDir(torn).requests_dir / "part-000009.parquet").write_bytes(b"PAR1 not really")
     r = compare_runs(runs["base"], torn)
-    assert len(r["warnings"]) == 1 and "part-000009.parquet" in r["warnings"][0]
-    assert r["verdict"] == NO_CHANGE and all(s["qps"]["ci"] for s in r["steps"])
+    # the torn part itself, and the analysis calling the run incomplete because of it
+    assert len(r["warnings"]) == 2 and "part-000009.parquet" in r["warnings"][0]
+    assert "incomplete" in r["warnings"][1] and "request_parts=1" in r["warnings"][1]
+    assert r["verdict"] == NOT_COMPARABLE
+    assert all(s["verdict"] == NOT_COMPARED and s["new"]["valid"] is False for s in r["steps"])
 
 
 def test_findings_knee_and_peak_shift_from_summaries():
