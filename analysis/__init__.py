@@ -8,6 +8,8 @@ analysis.rebuild), reports what it has, and says what is missing or was lost (su
 * analysis.inputs      everything read from the run directory (analysis.rebuild: raw -> parsed)
 * analysis.windows     each step's steady window; means of samples over windows
 * analysis.loadstats   per-step request statistics (``step_stats``) and validity
+* analysis.trust       validity beyond a step's own rows: Little's law, clock-offset error bounds
+* analysis.findings    why the service stopped scaling (``explain``: findings, the USL fit)
 * analysis.serverstats per-step server metrics (``server_metrics``)
 * analysis.target      the server's own /metrics per step (``target_windows``)
 * analysis.knee        ``find_knee``, ``find_latency_knee``, ``find_peak``
@@ -26,6 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.findings import explain
 from analysis.hostfacts import host_facts
 from analysis.inputs import RunInputs, load_inputs
 from analysis.knee import find_knee, find_latency_knee, find_peak
@@ -33,8 +36,9 @@ from analysis.loadstats import data_loss_reasons, generator_cpu, ok_mask, step_s
 from analysis.problems import collect
 from analysis.report import render_html
 from analysis.serverstats import server_metrics
-from analysis.summary import build_summary, step_records, to_json, to_markdown
+from analysis.summary import build_summary, jsonable, step_records, to_json, to_markdown
 from analysis.target import PROMETHEUS_STREAM, target_series_used
+from analysis.trust import add_reasons, trust_reasons
 from kneeswarm.rundir import write_text
 
 logger = logging.getLogger(__name__)
@@ -59,6 +63,7 @@ def per_step(inputs: RunInputs) -> tuple[pd.DataFrame, list[dict[str, float]], l
     lost = data_loss_reasons(stats, inputs.requests, inputs.unreadable_parts, inputs.generator,
                              inputs.generator_unreadable)
     stats = validate_steps(stats, s.min_requests, gen, s.generator_cpu_max, lost)
+    stats = add_reasons(stats, trust_reasons(stats, inputs.think_ms, inputs.closed_loop, inputs.clock_bounds))
     for row in stats.loc[stats["foreign_rows"] > 0].to_dict("records"):
         inputs.warnings.add(f"step {row['index']:g}: {row['foreign_rows']:,} rows in its steady window were recorded "
                             "under another step and left out")
@@ -74,7 +79,7 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
     n_ok = int(ok_mask(inputs.requests).sum())
     if len(inputs.requests) and not n_ok:
         inputs.warnings.add(f"no request succeeded ({len(inputs.requests):,} requests, all failed): no step is valid")
-    return build_summary(
+    summary = build_summary(
         run_id=inputs.run_id,
         meta=inputs.meta,
         settings={"settle": s.settle, "min_requests": s.min_requests, "generator_cpu_max": s.generator_cpu_max},
@@ -90,6 +95,22 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
                         if (used := target_series_used(streams.get(PROMETHEUS_STREAM)))},
         problems=collect(inputs.meta, inputs.warnings.to_list(), inputs.lost),
     )
+    return add_explanations(summary, inputs.plan)
+
+
+def add_explanations(summary: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+    """``findings`` and ``usl`` (analysis.findings.explain, over the valid steps only); a rule that
+    failed becomes a warning.  Little's law is already in each step's reasons (analysis.trust).
+
+    Issue 7 §4 plugs in here next: ``sla`` and ``capacity`` (analysis/capacity.py) read the
+    summary with its findings and USL fit, and are added as two more top-level keys.
+    """
+    explained = explain(summary, plan)
+    summary["findings"] = jsonable(explained["findings"])
+    summary["usl"] = jsonable(explained["usl"])
+    summary["warnings"] = list(summary.get("warnings") or []) + [
+        f"findings: {line} (the other rules ran)" for line in explained["rule_errors"]]
+    return summary
 
 
 def analyze(run_dir: str | Path) -> dict[str, Any]:

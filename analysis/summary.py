@@ -24,6 +24,7 @@ import pandas as pd
 
 from analysis.hostfacts import host_lines, skipped_lines
 from analysis.problems import Problems, collect
+from analysis.serverstats import energy_per_request
 from analysis.target import TARGET_METRICS
 
 logger = logging.getLogger(__name__)
@@ -104,6 +105,9 @@ def step_records(stats: pd.DataFrame, server: list[dict[str, Any]] | None = None
         rec["t_end_recorded"] = row.get("t_end") is not None and math.isfinite(float(row.get("t_end")))
         rec["generator"] = {"cpu_pct": dict(gen_cpu[i])} if gen_cpu and gen_cpu[i] else {}
         rec["server"] = server[i] if server else {}
+        energy = energy_per_request(rec["server"], row.get("ok"), row.get("window_s"))
+        if energy is not None:
+            rec["energy_j_per_request"] = energy
         records.append(rec)
     return records
 
