@@ -23,7 +23,9 @@ from analysis.hostfacts import host_lines
 from analysis.loadstats import ok_mask
 from analysis.serverstats import ACTIVE_THREAD_CPU_PCT, active_threads
 from analysis.windows import completion_times
-from analysis.summary import VALID_HEADER, knee_lines, malformed_lines, n_users, status_line, table_rows, warning_lines
+from analysis.sections import findings_section, plan_lines, usl_lines, verdict
+from analysis.summary import (VALID_HEADER, knee_lines, malformed_lines, n_users, status_line, table_groups, table_rows,
+                              warning_lines)
 from analysis.target import PROMETHEUS_STREAM, TARGET_METRICS, target_timeline
 
 logger = logging.getLogger(__name__)
@@ -94,6 +96,7 @@ def _knee_figure(summary: dict[str, Any]) -> go.Figure:
     for key, dash in (("p50_ms", "dot"), ("p95_ms", "dash"), ("p99_ms", "solid")):
         fig.add_trace(go.Scatter(x=x, y=val(key), name=key.replace("_ms", "").upper() + " ms", mode="lines+markers",
                                  line=dict(dash=dash)), secondary_y=True)
+    _usl_trace(fig, summary)
     knee = summary.get("knee") or {}
     if knee.get("users"):
         fig.add_vline(x=float(np.log2(knee["users"])), line=dict(color=KNEE_COLOR, width=2, dash="dash"),
@@ -109,6 +112,19 @@ def _knee_figure(summary: dict[str, Any]) -> go.Figure:
     fig.update_yaxes(title_text="latency ms", rangemode="tozero", secondary_y=True)
     fig.update_layout(title="Throughput and latency against users", height=480, hovermode="x unified")
     return fig
+
+
+def _usl_trace(fig: go.Figure, summary: dict[str, Any]) -> None:
+    """The fitted USL curve over the measured points (analysis.usl.usl_curve, valid steps only)."""
+    usl = summary.get("usl") if isinstance(summary.get("usl"), dict) else {}
+    curve = usl.get("curve") if isinstance(usl.get("curve"), dict) else {}
+    users = np.asarray(curve.get("users") or [], dtype=float)
+    if not len(users):
+        return
+    name = "USL fit" + (f" (N* = {usl['n_star']:.1f})" if usl.get("n_star") else "")
+    fig.add_trace(go.Scatter(x=np.log2(users), y=np.asarray(curve.get("qps"), dtype=float), name=name,
+                             mode="lines", line=dict(color="gray", dash="dash", width=2), hoverinfo="skip"),
+                  secondary_y=False)
 
 
 Trace = tuple[str, Any, Any, bool]  # name, x, y, on the secondary axis
@@ -223,8 +239,8 @@ def _timeline_figure(summary: dict[str, Any], requests: pd.DataFrame, generator:
     return fig
 
 
-def _table_html(summary: dict[str, Any]) -> str:
-    header, rows = table_rows(summary)
+def _table_html(summary: dict[str, Any], header: list[str], rows: list[list[str]]) -> str:
+    """One steps table; the rows of steps that are not valid are greyed."""
     if not rows:
         return "<p><em>No steps recorded.</em></p>"
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
@@ -235,6 +251,40 @@ def _table_html(summary: dict[str, Any]) -> str:
         for step, r in zip(summary.get("steps", []), rows)
     )
     return f'<table class="steps"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _tables_html(summary: dict[str, Any]) -> str:
+    """The step tables in readable groups: load; what each server did; the target's /metrics."""
+    parts = ["<h2>Steps (steady windows; greyed: not valid)</h2>"]
+    for title, cols in table_groups(summary):
+        header, rows = table_rows(summary, srv=[]) if cols is None else table_rows(summary, cols, load=False)
+        parts.append(f"<h3>{_md_inline(title)}</h3>" + _table_html(summary, header, rows))
+        if not rows:
+            break
+    return "".join(parts)
+
+
+def _findings_html(summary: dict[str, Any]) -> str:
+    """Each finding as a card: severity and id, what was seen, the evidence, the advice."""
+    cards = []
+    for lines in findings_section(summary):
+        sev = lines[0].split(" ", 2)[1] if len(lines) > 1 else "none"
+        body = "".join(f"<div>{_md_inline(x)}</div>" for x in lines[1:])
+        cards.append(f"<div class='finding {html.escape(sev)}'><div>{_md_inline(lines[0])}</div>{body}</div>")
+    return "<h2>Findings</h2>" + "".join(cards)
+
+
+def _model_html(summary: dict[str, Any]) -> str:
+    """The USL reading, and the SLA/capacity plan when the summary has them."""
+    out = []
+    usl = usl_lines(summary)
+    if usl:
+        out.append("<h2>Scalability model (USL)</h2><ul>" + "".join(f"<li>{_md_inline(x)}</li>" for x in usl)
+                   + "</ul>")
+    for title, lines in plan_lines(summary):
+        out.append(f"<h2>{html.escape(title)}</h2><ul>" + "".join(f"<li>{_md_inline(x)}</li>" for x in lines)
+                   + "</ul>")
+    return "".join(out)
 
 
 def _md_inline(line: str) -> str:
@@ -271,6 +321,14 @@ tr.invalid{background:#fff3f3;color:#777}
 .warn{background:#fff4e5;border-left:4px solid #e65100;padding:.4em .8em}
 ul.hosts{font-size:14px}
 ul.hosts code{font-size:12px;word-break:break-all}
+.verdict{font-size:17px;margin:.8em 0}
+.finding{border-left:4px solid #999;background:#f7f7f7;padding:.4em .8em;margin:.5em 0;font-size:14px}
+.finding div{margin:.15em 0}
+.finding.critical{border-color:#b00020;background:#fdecee}
+.finding.warning{border-color:#e65100;background:#fff4e5}
+.finding.info{border-color:#1565c0;background:#eef4fc}
+.finding code{font-size:12px;white-space:normal}
+h3{margin:1.2em 0 .2em;font-size:15px}
 """
 
 
@@ -287,12 +345,15 @@ def render_html(summary: dict[str, Any], requests: pd.DataFrame, generator: dict
     if warnings:
         parts.append("<div class='warn warnings'><b>Warnings</b><ul>"
                      + "".join(f"<li>{html.escape(w)}</li>" for w in warnings) + "</ul></div>")
+    parts.append(f"<p class='verdict'>{_md_inline(verdict(summary))}</p>")
     parts.append("<ul>" + "".join(f"<li>{_md_inline(line)}</li>" for line in knee_lines(summary)) + "</ul>")
     for line in malformed_lines(summary):
         parts.append(f"<p class='warn'>{_md_inline(line)}</p>")
-    parts.append(_hosts_html(summary))
+    parts.append(_findings_html(summary))
+    parts.append(_model_html(summary))
     parts.append(_knee_figure(summary).to_html(full_html=False, include_plotlyjs=True))
-    parts.append("<h2>Steps (steady windows)</h2>" + _table_html(summary))
     parts.append(_timeline_figure(summary, requests, generator, hosts, t0).to_html(full_html=False, include_plotlyjs=False))
+    parts.append(_tables_html(summary))
+    parts.append(_hosts_html(summary))
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -163,3 +163,27 @@ def test_no_energy_without_power(tmp_path):
     s = analysis.analyze(make_run(tmp_path, closed_loop(k=64), users=(1, 2)).path)
     assert all("energy_j_per_request" not in st for st in s["steps"])
     json.dumps(s)  # still plain JSON
+
+
+def test_report_reads_top_down(tmp_path):
+    rd = make_run(tmp_path, retrograde(), users=(1, 2, 4, 8, 16, 32))
+    rd.update_meta(hosts_preflight={"server-1": {"hostname": "box", "cpu": {"logical_cpus": 16}}})
+    s = analysis.analyze(rd.path)
+    md = (rd.report_dir / "summary.md").read_text()
+    order = ["**Verdict:** throughput stopped scaling at 16 users", "### Findings", "**`retrograde`**",
+             "### Scalability model (USL)", "| users | requests | QPS |", "**Server `server-1`**", "### Hosts"]
+    assert [md.index(x) for x in order] == sorted(md.index(x) for x in order)
+    assert "**advice:**" in md and "evidence: `peak_users = 16" in md
+    html = (rd.report_dir / "index.html").read_text()
+    order = ["<b>Verdict:</b>", "<h2>Findings</h2>", "<h2>Scalability model (USL)</h2>", "USL fit",
+             "Timeline (steps shaded", "<h3>Load</h3>", "<h3>Server <code>server-1</code></h3>", "<h2>Hosts</h2>"]
+    assert [html.index(x) for x in order] == sorted(html.index(x) for x in order)
+    for severity in ("critical", "warning"):  # one card per finding
+        assert html.count(f"class='finding {severity}'") == sum(f["severity"] == severity for f in s["findings"]) > 0
+
+
+def test_plan_sections_shown_when_the_summary_has_them():
+    from analysis.summary import to_markdown
+    md = to_markdown({"run_id": "x", "steps": [], "sla": {"p99_ms": 200.0, "passed": True},
+                      "capacity": {"replicas": 13}})
+    assert "### SLA\n\n- p99_ms: `200`\n- passed: `True`" in md and "### Capacity\n\n- replicas: `13`" in md
