@@ -227,12 +227,17 @@ def _timeline_figure(summary: dict[str, Any], requests: pd.DataFrame, generator:
     fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.03,
                         subplot_titles=[title for title, _ in panels], specs=[[{"secondary_y": True}]] * len(panels))
     for i, (_, traces) in enumerate(panels, start=1):
+        # a secondary axis over a subplot with no primary trace breaks the whole figure in
+        # plotly.js 3 (every panel drawn empty): such a panel's traces go on its primary axis
+        alone = not any(not sec for *_, sec in traces)
         for name, x, y, sec in traces:
+            sec = sec and not alone
             fig.add_trace(go.Scatter(x=np.asarray(x, dtype=float), y=np.asarray(y, dtype=float), name=name,
                                      mode="lines", legendgroup=str(i), line=dict(width=1.5)),
                           row=i, col=1, secondary_y=sec)
     _step_bands(fig, summary, t0)
     fig.update_xaxes(title_text="seconds since run start", row=len(panels), col=1)
+    fig.update_yaxes(rangemode="tozero")  # every series here is a count, a rate or a percentage
     fig.update_layout(title=dict(text="Timeline (steps shaded; ✗ = step not valid)", y=0.995),
                       height=max(360, PLOT_HEIGHT_PER_ROW * len(panels) + 120), hovermode="x unified",
                       margin=dict(t=90))
@@ -243,8 +248,8 @@ def _table_html(summary: dict[str, Any], header: list[str], rows: list[list[str]
     """One steps table; the rows of steps that are not valid are greyed."""
     if not rows:
         return "<p><em>No steps recorded.</em></p>"
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     cell_class = ["" if h != VALID_HEADER else ' class="valid"' for h in header]
+    head = "".join(f"<th{k}>{html.escape(h)}</th>" for k, h in zip(cell_class, header))
     body = "".join(
         "<tr{}>{}</tr>".format("" if step.get("valid") else ' class="invalid"',
                                "".join(f"<td{k}>{html.escape(c)}</td>" for k, c in zip(cell_class, r)))
@@ -268,7 +273,7 @@ def _findings_html(summary: dict[str, Any]) -> str:
     """Each finding as a card: severity and id, what was seen, the evidence, the advice."""
     cards = []
     for lines in findings_section(summary):
-        sev = lines[0].split(" ", 2)[1] if len(lines) > 1 else "none"
+        sev = lines[0].split(" ", 1)[0].strip("*").lower() if len(lines) > 1 else "none"
         body = "".join(f"<div>{_md_inline(x)}</div>" for x in lines[1:])
         cards.append(f"<div class='finding {html.escape(sev)}'><div>{_md_inline(lines[0])}</div>{body}</div>")
     return "<h2>Findings</h2>" + "".join(cards)
@@ -316,7 +321,7 @@ body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
 .banner{background:#b00020;color:#fff;padding:.6em 1em;font-weight:bold;border-radius:4px}
 table.steps{border-collapse:collapse;font-size:13px;margin:1em 0}
 table.steps th,table.steps td{border:1px solid #ccc;padding:3px 8px;text-align:right}
-table.steps td.valid{text-align:left}
+table.steps td.valid,table.steps th.valid{text-align:left}
 tr.invalid{background:#fff3f3;color:#777}
 .warn{background:#fff4e5;border-left:4px solid #e65100;padding:.4em .8em}
 ul.hosts{font-size:14px}

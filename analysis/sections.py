@@ -14,7 +14,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 SEVERITY_ORDER = ("critical", "warning", "info")  # findings are listed in this order
-SEVERITY_MARK = {"critical": "🔴 critical", "warning": "🟠 warning", "info": "🔵 info"}
+SEVERITY_MARK = {"critical": "**CRITICAL**", "warning": "**WARNING**", "info": "**info**"}
 MAX_CAUSES = 3  # findings named in the verdict
 PLAN_KEYS = ("sla", "capacity")  # issue 7 §4: filled by analysis/capacity.py when it is wired
 
@@ -93,7 +93,7 @@ def finding_lines(f: dict[str, Any]) -> list[str]:
     """One finding: a head line, then its evidence and its advice (sub-items)."""
     users = [u for u in f.get("steps") or [] if _n(u) is not None]
     steps = ", ".join(f"{u:g}" for u in users)
-    head = f"{SEVERITY_MARK.get(f.get('severity'), f.get('severity'))} **`{f.get('id')}`**"
+    head = f"{SEVERITY_MARK.get(f.get('severity'), f.get('severity'))} `{f.get('id')}`"
     head += f" (at {steps} {'user' if users == [1] else 'users'})" if users else ""
     return [f"{head}: {f.get('text', '')}",
             f"evidence: `{_evidence(f.get('evidence') or {})}`",

@@ -170,7 +170,7 @@ def test_report_reads_top_down(tmp_path):
     rd.update_meta(hosts_preflight={"server-1": {"hostname": "box", "cpu": {"logical_cpus": 16}}})
     s = analysis.analyze(rd.path)
     md = (rd.report_dir / "summary.md").read_text()
-    order = ["**Verdict:** throughput stopped scaling at 16 users", "### Findings", "**`retrograde`**",
+    order = ["**Verdict:** throughput stopped scaling at 16 users", "### Findings", "**CRITICAL** `retrograde` (at 16, 32 users)",
              "### Scalability model (USL)", "| users | requests | QPS |", "**Server `server-1`**", "### Hosts"]
     assert [md.index(x) for x in order] == sorted(md.index(x) for x in order)
     assert "**advice:**" in md and "evidence: `peak_users = 16" in md
@@ -187,3 +187,22 @@ def test_plan_sections_shown_when_the_summary_has_them():
     md = to_markdown({"run_id": "x", "steps": [], "sla": {"p99_ms": 200.0, "passed": True},
                       "capacity": {"replicas": 13}})
     assert "### SLA\n\n- p99_ms: `200`\n- passed: `True`" in md and "### Capacity\n\n- replicas: `13`" in md
+
+
+def test_timeline_panel_with_only_secondary_traces_uses_its_primary_axis(tmp_path):
+    """plotly.js 3 draws every panel empty when a secondary axis overlays an axis without traces
+    (seen in headless Chromium: a GPU panel with power but no memory blanked the whole timeline)."""
+    from analysis.inputs import load_inputs
+    from analysis.report import _timeline_figure
+    rd = make_run(tmp_path, closed_loop(k=64), users=(1, 2))
+    secs = np.arange(T0, T0 + 2 * (RAMP + HOLD), 1.0)
+    write_csv(rd.host_dir("server-1") / "gpu.csv", ("t", "gpu", "sm_pct", "power_w"), [(t, 0, 50.0, 200.0) for t in secs])
+    inputs = load_inputs(rd.path)
+    fig = _timeline_figure(analysis.summarize(inputs), inputs.requests, inputs.generator, inputs.hosts, T0)
+    layout = fig.to_plotly_json()["layout"]
+    used = {t.yaxis or "y" for t in fig.data}
+    for axis in used:
+        spec = layout["yaxis" + axis[1:]]
+        if "overlaying" in spec:  # a secondary axis: its primary carries a trace too
+            assert spec["overlaying"] in used, (axis, spec)
+    assert any(t.name == "GPU 0 power W" for t in fig.data)
