@@ -7,7 +7,8 @@ analysis.rebuild), reports what it has, and says what is missing or was lost (su
 
 * analysis.inputs      everything read from the run directory (analysis.rebuild: raw -> parsed)
 * analysis.windows     each step's steady window; means of samples over windows
-* analysis.loadstats   per-step request statistics (``step_stats``) and validity
+* analysis.requestscan one pass over the request parts: per-step statistics, totals, timeline
+* analysis.loadstats   per-step request statistics of rows in memory (``step_stats``) and validity
 * analysis.trust       validity beyond a step's own rows: Little's law, clock-offset error bounds
 * analysis.findings    why the service stopped scaling (``explain``: findings, the USL fit)
 * analysis.serverstats per-step server metrics (``server_metrics``)
@@ -32,7 +33,7 @@ from analysis.findings import explain
 from analysis.hostfacts import host_facts
 from analysis.inputs import RunInputs, load_inputs
 from analysis.knee import find_knee, find_latency_knee, find_peak
-from analysis.loadstats import data_loss_reasons, generator_cpu, ok_mask, step_stats, validate_steps
+from analysis.loadstats import data_loss_reasons, generator_cpu, step_stats, validate_steps
 from analysis.problems import collect
 from analysis.report import render_html
 from analysis.serverstats import server_metrics
@@ -46,21 +47,13 @@ logger = logging.getLogger(__name__)
 __all__ = ["analyze", "summarize", "step_stats", "find_knee", "find_latency_knee", "find_peak", "to_markdown"]
 
 
-def run_start(inputs: RunInputs) -> float:
-    """The time origin of the timeline: the first step's ramp, else the first request, else 0."""
-    candidates = [inputs.steps["t_ramp"].min() if len(inputs.steps) else np.nan,
-                  inputs.requests["t_start"].min() if len(inputs.requests) else np.nan]
-    finite = [float(c) for c in candidates if c is not None and np.isfinite(c)]
-    return min(finite) if finite else 0.0
-
-
 def per_step(inputs: RunInputs) -> tuple[pd.DataFrame, list[dict[str, float]], list[dict[str, Any]]]:
     """(step statistics with ``valid`` and ``reasons``, generator CPU per step, server metrics per step)."""
     s = inputs.settings
-    stats = step_stats(inputs.requests, inputs.steps, s.settle)
+    stats = inputs.scan.stats
     t_lo, t_hi = stats["t_lo"].to_numpy(dtype=float), stats["t_hi"].to_numpy(dtype=float)
     gen = generator_cpu(inputs.generator, t_lo, t_hi)
-    lost = data_loss_reasons(stats, inputs.requests, inputs.unreadable_parts, inputs.generator,
+    lost = data_loss_reasons(stats, inputs.scan.workers, inputs.unreadable_parts, inputs.generator,
                              inputs.generator_unreadable)
     stats = validate_steps(stats, s.min_requests, gen, s.generator_cpu_max, lost)
     stats = add_reasons(stats, trust_reasons(stats, inputs.think_ms, inputs.closed_loop, inputs.clock_bounds))
@@ -76,9 +69,9 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
     stats, gen, server = per_step(inputs)
     good = stats.loc[stats["valid"].to_numpy(dtype=bool)]
     users, qps, p99 = good["users"].to_numpy(float), good["qps"].to_numpy(float), good["p99_ms"].to_numpy(float)
-    n_ok = int(ok_mask(inputs.requests).sum())
-    if len(inputs.requests) and not n_ok:
-        inputs.warnings.add(f"no request succeeded ({len(inputs.requests):,} requests, all failed): no step is valid")
+    n, n_ok = inputs.scan.requests, inputs.scan.ok
+    if n and not n_ok:
+        inputs.warnings.add(f"no request succeeded ({n:,} requests, all failed): no step is valid")
     summary = build_summary(
         run_id=inputs.run_id,
         meta=inputs.meta,
@@ -87,7 +80,7 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
         knee=find_knee(users, qps),
         latency_knee=find_latency_knee(users, p99),
         peak=find_peak(users, qps),
-        totals={"requests": len(inputs.requests), "errors": len(inputs.requests) - n_ok,
+        totals={"requests": n, "errors": n - n_ok,
                 "steps": len(stats), "valid_steps": int(stats["valid"].sum())},
         hosts=host_facts(inputs.meta, inputs.hosts, inputs.parse),
         workers=sorted(inputs.generator),
@@ -120,7 +113,8 @@ def analyze(run_dir: str | Path) -> dict[str, Any]:
     report = inputs.run_dir.report_dir
     write_text(report / "summary.json", to_json(summary))
     write_text(report / "summary.md", to_markdown(summary))
-    write_text(report / "index.html", render_html(summary, inputs.requests, inputs.generator, inputs.hosts,
-                                                  run_start(inputs)))
+    scan = inputs.scan
+    write_text(report / "index.html", render_html(summary, scan.timeline, inputs.generator, inputs.hosts, scan.t0,
+                                                  scan.bin_s))
     logger.info("%s: knee %s, peak %s; report in %s", inputs.run_id, summary["knee"], summary["peak"], report)
     return summary

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from analysis.rebuild import missing_lines, rebuild_parsed
+from analysis.requestscan import ScanResult, scan_parts
 from analysis.target import PROMETHEUS_STREAM, wanted_columns
 from kneeswarm.plan import AnalysisPlan, LoadPlan
 from analysis.trust import clock_error_bounds, is_closed_loop
@@ -52,7 +53,7 @@ class RunInputs:
     plan: dict[str, Any]
     settings: Settings
     steps: pd.DataFrame
-    requests: pd.DataFrame
+    scan: ScanResult  # the request rows, reduced in one pass: per-step statistics, totals, timeline
     generator: dict[str, pd.DataFrame] = field(default_factory=dict)
     hosts: dict[str, dict[str, pd.DataFrame]] = field(default_factory=dict)
     warnings: WarningLog = field(default_factory=WarningLog)  # what analysis itself found wrong
@@ -272,25 +273,27 @@ def load_inputs(run_dir: str | Path) -> RunInputs:
     meta = rd.read_meta()
     warnings = WarningLog()
     plan = read_plan(rd.plan_path, warnings)
-    requests = rd.read_request_rows()
+    settings = settings_from_plan(plan, warnings)
+    steps = read_steps(rd, warnings)
+    scan = scan_parts(rd, steps, settings.settle)
     inputs = RunInputs(
         run_dir=rd,
         run_id=str(meta.get("run_id") or rd.path.name),
         meta=meta,
         plan=plan,
-        settings=settings_from_plan(plan, warnings),
-        steps=read_steps(rd, warnings),
-        requests=requests.frame,
+        settings=settings,
+        steps=steps,
+        scan=scan,
         warnings=warnings,
-        unreadable_parts=requests.unreadable,
+        unreadable_parts=scan.unreadable,
         think_ms=think_time_ms(plan, warnings),
         closed_loop=is_closed_loop(plan),
         clock_bounds=clock_error_bounds(meta, read_worker_clocks(rd, warnings)),
     )
-    for part in requests.unreadable:
+    for part in scan.unreadable:
         warnings.add(part.line())
-    if requests.unreadable:
-        count_lost(inputs.lost, "request_parts", len(requests.unreadable))
+    if scan.unreadable:
+        count_lost(inputs.lost, "request_parts", len(scan.unreadable))
     for aside in rd.corrupt_meta_copies():
         warnings.add(f"{aside.name}: meta.json was unreadable once and was kept aside; what it held is "
                      "missing from this report")

@@ -22,7 +22,7 @@ from plotly.subplots import make_subplots
 from analysis.hostfacts import host_lines
 from analysis.loadstats import ok_mask
 from analysis.serverstats import ACTIVE_THREAD_CPU_PCT, active_threads
-from analysis.windows import completion_times
+from analysis.requestscan import BIN_S, Chunk, Timeline
 from analysis.sections import findings_section, plan_lines, usl_lines, verdict
 from analysis.summary import (VALID_HEADER, knee_lines, malformed_lines, n_users, status_line, table_groups, table_rows,
                               warning_lines)
@@ -30,7 +30,6 @@ from analysis.target import PROMETHEUS_STREAM, TARGET_METRICS, target_timeline
 
 logger = logging.getLogger(__name__)
 
-BIN_S = 1.0  # timeline resolution in seconds
 BAND_COLORS = ("rgba(99,110,250,0.08)", "rgba(239,85,59,0.08)")
 KNEE_COLOR = "firebrick"
 LATENCY_KNEE_COLOR = "darkorange"
@@ -45,23 +44,12 @@ TARGET_LABELS = {m.key: m.label for m in TARGET_METRICS}
 
 
 def per_second(requests: pd.DataFrame, t0: float, bin_s: float = BIN_S) -> pd.DataFrame:
-    """Per bin of completion time: t (s since t0), qps (ok/s), errors_s, p99_ms (ok rows)."""
-    if requests is None or not len(requests):
-        return pd.DataFrame(columns=["t", "qps", "errors_s", "p99_ms"])
-    done = completion_times(requests)
-    b = np.floor((done - t0) / bin_s).astype(np.int64)
-    ok = ok_mask(requests)
-    df = pd.DataFrame({"bin": b, "ok": ok, "lat": requests["latency_ms"].to_numpy(dtype=float)})
-    counts = df.groupby("bin")["ok"].agg(["sum", "size"])
-    p99 = df[df["ok"]].groupby("bin")["lat"].quantile(0.99)
-    full = np.arange(int(counts.index.min()), int(counts.index.max()) + 1)
-    counts = counts.reindex(full, fill_value=0)
-    return pd.DataFrame({
-        "t": full * bin_s,
-        "qps": counts["sum"].to_numpy() / bin_s,
-        "errors_s": (counts["size"] - counts["sum"]).to_numpy() / bin_s,
-        "p99_ms": p99.reindex(full).to_numpy(),
-    })
+    """Per bin of completion time: t (s since t0), qps (ok/s), errors_s, p99_ms (ok rows), from rows
+    in memory (a run directory's timeline comes from analysis.requestscan.scan_parts)."""
+    timeline = Timeline(t0, bin_s)
+    if requests is not None and len(requests):
+        timeline.add(Chunk.of(requests))
+    return timeline.frame()
 
 
 def _binned(df: pd.DataFrame, t0: float, cols: list[str], how: str = "mean", by: str | None = None,
@@ -131,46 +119,45 @@ Trace = tuple[str, Any, Any, bool]  # name, x, y, on the secondary axis
 Panel = tuple[str, list[Trace]]  # title, traces
 
 
-def _request_panels(requests: pd.DataFrame, t0: float) -> list[Panel]:
-    ps = per_second(requests, t0)
+def _request_panels(ps: pd.DataFrame) -> list[Panel]:
     if not len(ps):
         return []
     return [("QPS per second", [("QPS", ps["t"], ps["qps"], False), ("errors/s", ps["t"], ps["errors_s"], True)]),
             ("P99 per second (ms)", [("P99 ms", ps["t"], ps["p99_ms"], False)])]
 
 
-def _vmstat_panels(host: str, vm: pd.DataFrame | None, t0: float) -> list[Panel]:
+def _vmstat_panels(host: str, vm: pd.DataFrame | None, t0: float, bin_s: float = BIN_S) -> list[Panel]:
     if vm is None:
         return []
-    b = _binned(vm, t0, ["us", "sy", "wa", "cs", "r"])
+    b = _binned(vm, t0, ["us", "sy", "wa", "cs", "r"], bin_s=bin_s)
     cpu = [(f"{k} %", b["t"], b[k], False) for k in ("us", "sy", "wa") if k in b]
     sched = [(n, b["t"], b[k], sec) for k, n, sec in (("cs", "cs/s", False), ("r", "run queue", True)) if k in b]
     return [p for p in ((f"{host}: CPU % (vmstat)", cpu), (f"{host}: context switches/s, run queue", sched)) if p[1]]
 
 
-def _process_panels(host: str, pr: pd.DataFrame | None, th: pd.DataFrame | None, t0: float) -> list[Panel]:
+def _process_panels(host: str, pr: pd.DataFrame | None, th: pd.DataFrame | None, t0: float, bin_s: float = BIN_S) -> list[Panel]:
     out: list[Panel] = []
     if pr is not None:
-        b = _binned(pr, t0, ["cpu_pct", "rss_mb"], how="sum", by="pid")
+        b = _binned(pr, t0, ["cpu_pct", "rss_mb"], how="sum", by="pid", bin_s=bin_s)
         tr = [(n, b["t"], b[k], sec) for k, n, sec in (("cpu_pct", "process %CPU", False), ("rss_mb", "RSS MB", True))
               if k in b]
         if tr:
             out.append((f"{host}: monitored process", tr))
     per_t = active_threads(th)
     if per_t is not None:
-        b = _binned(per_t, t0, ["active_threads", "top_thread_cpu_pct"])
+        b = _binned(per_t, t0, ["active_threads", "top_thread_cpu_pct"], bin_s=bin_s)
         out.append((f"{host}: threads (active >= {ACTIVE_THREAD_CPU_PCT:g}% CPU; busiest thread %CPU)",
                     [("active threads", b["t"], b["active_threads"], False),
                      ("busiest thread %CPU", b["t"], b["top_thread_cpu_pct"], True)]))
     return out
 
 
-def _gpu_panels(host: str, gpu: pd.DataFrame | None, t0: float) -> list[Panel]:
+def _gpu_panels(host: str, gpu: pd.DataFrame | None, t0: float, bin_s: float = BIN_S) -> list[Panel]:
     if gpu is None or "gpu" not in gpu.columns or "sm_pct" not in gpu.columns:
         return []
     use, mem = [], []
     for g, gdf in gpu.groupby("gpu"):
-        b = _binned(gdf, t0, ["sm_pct", "mem_pct", "fb_used_mb", "power_w"])
+        b = _binned(gdf, t0, ["sm_pct", "mem_pct", "fb_used_mb", "power_w"], bin_s=bin_s)
         use.append((f"GPU {g} SM %", b["t"], b["sm_pct"], False))
         if "mem_pct" in b:
             use.append((f"GPU {g} mem %", b["t"], b["mem_pct"], False))
@@ -181,8 +168,8 @@ def _gpu_panels(host: str, gpu: pd.DataFrame | None, t0: float) -> list[Panel]:
     return [(f"{host}: GPU", use)] + ([(f"{host}: GPU memory used MB / power W", mem)] if mem else [])
 
 
-def _target_panels(host: str, prom: pd.DataFrame | None, t0: float) -> list[Panel]:
-    tl = target_timeline(prom, t0, BIN_S)
+def _target_panels(host: str, prom: pd.DataFrame | None, t0: float, bin_s: float = BIN_S) -> list[Panel]:
+    tl = target_timeline(prom, t0, bin_s)
     out: list[Panel] = []
     for keys in TARGET_PANELS:
         tr = [(TARGET_LABELS[k], tl["t"], tl[k], sec) for k, sec in keys if k in tl.columns]
@@ -191,35 +178,44 @@ def _target_panels(host: str, prom: pd.DataFrame | None, t0: float) -> list[Pane
     return out
 
 
-def _generator_panels(generator: dict[str, pd.DataFrame], t0: float) -> list[Panel]:
+def _generator_panels(generator: dict[str, pd.DataFrame], t0: float, bin_s: float = BIN_S) -> list[Panel]:
     tr = []
     for w, df in generator.items():
         if "cpu_pct" in df.columns:
-            b = _binned(df, t0, ["cpu_pct"])
+            b = _binned(df, t0, ["cpu_pct"], bin_s=bin_s)
             tr.append((f"{w} CPU %", b["t"], b["cpu_pct"], False))
     return [("load generator CPU % per worker", tr)] if tr else []
 
 
 def _step_bands(fig: go.Figure, summary: dict[str, Any], t0: float) -> None:
-    """Each step as a shaded band across all panels, labelled with its users (✗: not valid)."""
+    """Each step as a shaded band behind all panels, labelled with its users (✗: not valid).
+
+    One full-height shape per step (x on the shared time axis, y on the paper): plotly's
+    ``add_vrect(row="all")`` builds one shape per panel and took seconds per step on 20 panels.
+    """
+    shapes, labels = [], []
     for j, s in enumerate(summary.get("steps", [])):
         if s.get("t_ramp") is None or s.get("t_end") is None or not s["t_end"] > s["t_ramp"]:
             continue
         lo, hi = s["t_ramp"] - t0, s["t_end"] - t0
-        fig.add_vrect(x0=lo, x1=hi, fillcolor=BAND_COLORS[j % 2], line_width=0, layer="below", row="all", col=1)
-        fig.add_annotation(x=(lo + hi) / 2, y=1.0, xref="x", yref="paper", yanchor="bottom", showarrow=False,
-                           text=f"{s.get('users')}u" + ("" if s.get("valid") else " ✗"), font=dict(size=10))
+        shapes.append(dict(type="rect", xref="x", yref="paper", x0=lo, x1=hi, y0=0, y1=1,
+                           fillcolor=BAND_COLORS[j % 2], line_width=0, layer="below"))
+        labels.append(dict(x=(lo + hi) / 2, y=1.0, xref="x", yref="paper", yanchor="bottom", showarrow=False,
+                           text=f"{s.get('users')}u" + ("" if s.get("valid") else " ✗"), font=dict(size=10)))
+    fig.update_layout(shapes=[*fig.layout.shapes, *shapes], annotations=[*fig.layout.annotations, *labels])
 
 
-def _timeline_figure(summary: dict[str, Any], requests: pd.DataFrame, generator: dict[str, pd.DataFrame],
-                     hosts: dict[str, dict[str, pd.DataFrame]], t0: float) -> go.Figure:
-    panels = _request_panels(requests, t0)
+def _timeline_figure(summary: dict[str, Any], timeline: pd.DataFrame, generator: dict[str, pd.DataFrame],
+                     hosts: dict[str, dict[str, pd.DataFrame]], t0: float, bin_s: float = BIN_S) -> go.Figure:
+    """All panels on one time axis (seconds since ``t0``, ``bin_s`` bins); ``timeline``: the
+    requests per bin (analysis.requestscan.Timeline.frame)."""
+    panels = _request_panels(timeline)
     for host, streams in hosts.items():
-        panels += _vmstat_panels(host, streams.get("vmstat"), t0)
-        panels += _process_panels(host, streams.get("process"), streams.get("threads"), t0)
-        panels += _gpu_panels(host, streams.get("gpu"), t0)
-        panels += _target_panels(host, streams.get(PROMETHEUS_STREAM), t0)
-    panels += _generator_panels(generator, t0)
+        panels += _vmstat_panels(host, streams.get("vmstat"), t0, bin_s)
+        panels += _process_panels(host, streams.get("process"), streams.get("threads"), t0, bin_s)
+        panels += _gpu_panels(host, streams.get("gpu"), t0, bin_s)
+        panels += _target_panels(host, streams.get(PROMETHEUS_STREAM), t0, bin_s)
+    panels += _generator_panels(generator, t0, bin_s)
     if not panels:
         fig = go.Figure()
         fig.update_layout(title="Timeline: no samples recorded", height=200)
@@ -236,7 +232,8 @@ def _timeline_figure(summary: dict[str, Any], requests: pd.DataFrame, generator:
                                      mode="lines", legendgroup=str(i), line=dict(width=1.5)),
                           row=i, col=1, secondary_y=sec)
     _step_bands(fig, summary, t0)
-    fig.update_xaxes(title_text="seconds since run start", row=len(panels), col=1)
+    fig.update_xaxes(title_text="seconds since run start" + (f" ({bin_s:g}-s bins)" if bin_s != BIN_S else ""),
+                     row=len(panels), col=1)
     fig.update_yaxes(rangemode="tozero")  # every series here is a count, a rate or a percentage
     fig.update_layout(title=dict(text="Timeline (steps shaded; ✗ = step not valid)", y=0.995),
                       height=max(360, PLOT_HEIGHT_PER_ROW * len(panels) + 120), hovermode="x unified",
@@ -337,8 +334,9 @@ h3{margin:1.2em 0 .2em;font-size:15px}
 """
 
 
-def render_html(summary: dict[str, Any], requests: pd.DataFrame, generator: dict[str, pd.DataFrame],
-                hosts: dict[str, dict[str, pd.DataFrame]], t0: float) -> str:
+def render_html(summary: dict[str, Any], timeline: pd.DataFrame, generator: dict[str, pd.DataFrame],
+                hosts: dict[str, dict[str, pd.DataFrame]], t0: float, bin_s: float = BIN_S) -> str:
+    """index.html; ``timeline``: the requests per ``bin_s`` bin since ``t0`` (requestscan)."""
     title = f"kneeswarm {summary.get('run_id')}"
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{CSS}</style></head><body>",
@@ -357,7 +355,8 @@ def render_html(summary: dict[str, Any], requests: pd.DataFrame, generator: dict
     parts.append(_findings_html(summary))
     parts.append(_model_html(summary))
     parts.append(_knee_figure(summary).to_html(full_html=False, include_plotlyjs=True))
-    parts.append(_timeline_figure(summary, requests, generator, hosts, t0).to_html(full_html=False, include_plotlyjs=False))
+    parts.append(_timeline_figure(summary, timeline, generator, hosts, t0, bin_s).to_html(full_html=False,
+                                                                                          include_plotlyjs=False))
     parts.append(_tables_html(summary))
     parts.append(_hosts_html(summary))
     parts.append("</body></html>")

@@ -198,7 +198,7 @@ def test_timeline_panel_with_only_secondary_traces_uses_its_primary_axis(tmp_pat
     secs = np.arange(T0, T0 + 2 * (RAMP + HOLD), 1.0)
     write_csv(rd.host_dir("server-1") / "gpu.csv", ("t", "gpu", "sm_pct", "power_w"), [(t, 0, 50.0, 200.0) for t in secs])
     inputs = load_inputs(rd.path)
-    fig = _timeline_figure(analysis.summarize(inputs), inputs.requests, inputs.generator, inputs.hosts, T0)
+    fig = _timeline_figure(analysis.summarize(inputs), inputs.scan.timeline, inputs.generator, inputs.hosts, T0)
     layout = fig.to_plotly_json()["layout"]
     used = {t.yaxis or "y" for t in fig.data}
     for axis in used:
