@@ -26,6 +26,8 @@ from typing import Iterable
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from analysis.windows import good_latency, resolve_windows
@@ -52,22 +54,48 @@ class Chunk:
     ok: np.ndarray  # a success: marked ok with a finite latency >= 0
     err: np.ndarray  # object: the category of each failure (None for successes)
     step: np.ndarray  # float, NaN where the recorder did not stamp one
-    worker: np.ndarray  # object
+    wcode: np.ndarray  # int: index into ``wnames`` of each row's worker, -1 where none
+    wnames: list = field(default_factory=list)
 
     @classmethod
     def of(cls, df: pd.DataFrame) -> Chunk:
+        """From rows in a DataFrame (any of READ_COLUMNS may be missing)."""
         n = len(df)
         col = lambda c: df[c] if c in df.columns else pd.Series([None] * n, dtype=object)  # noqa: E731
         t = pd.to_numeric(col("t_start"), errors="coerce").to_numpy(dtype=float)
         lat = pd.to_numeric(col("latency_ms"), errors="coerce").to_numpy(dtype=float)
         marked = np.asarray(col("ok").to_numpy() == True, dtype=bool)  # noqa: E712 (None is not ok)
-        good = good_latency(pd.DataFrame({"latency_ms": lat}))
-        ok = marked & good
-        err = col("error").astype(object).to_numpy()
-        err = np.where(ok, None, np.where(pd.isna(err), OTHER_ERROR, err))
-        err[marked & ~good] = BAD_LATENCY_ERROR
         step = pd.to_numeric(col("step"), errors="coerce").to_numpy(dtype=float)
-        return cls(t, lat, ok, err.astype(object), step, col("worker").astype(object).to_numpy())
+        codes, names = pd.factorize(col("worker"), use_na_sentinel=True)
+        return cls._build(t, lat, marked, lambda failed: col("error").to_numpy()[failed], step, codes, list(names))
+
+    @classmethod
+    def of_table(cls, table: pa.Table) -> Chunk:
+        """From an Arrow table of a part, without Python objects for its successful rows."""
+        n = table.num_rows
+        col = lambda c: table.column(c) if c in table.column_names else pa.nulls(n)  # noqa: E731
+        num = lambda c: pc.cast(col(c), pa.float64()).to_numpy(zero_copy_only=False)  # noqa: E731 (null -> NaN)
+        marked = pc.fill_null(pc.cast(col("ok"), pa.bool_()), False).to_numpy(zero_copy_only=False)
+        worker = pc.dictionary_encode(pc.cast(col("worker"), pa.string())).combine_chunks()
+        codes = pc.fill_null(worker.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+        errors = lambda failed: np.asarray(pc.filter(col("error"), pa.array(failed)).to_pylist(), dtype=object)  # noqa: E731
+        return cls._build(num("t_start"), num("latency_ms"), marked, errors, num("step"), codes,
+                          worker.dictionary.to_pylist())
+
+    @classmethod
+    def _build(cls, t: np.ndarray, lat: np.ndarray, marked: np.ndarray, errors_of, step: np.ndarray,
+               codes: np.ndarray, names: list) -> Chunk:
+        """``errors_of(mask)``: the recorded error of the rows in ``mask``."""
+        with np.errstate(invalid="ignore"):
+            good = np.isfinite(lat) & (lat >= 0)
+        ok = marked & good
+        err = np.full(len(t), None, dtype=object)
+        failed = ~ok
+        if failed.any():
+            rec = np.asarray(errors_of(failed), dtype=object)
+            err[failed] = np.where(pd.isna(rec), OTHER_ERROR, rec)
+            err[marked & ~good] = BAD_LATENCY_ERROR
+        return cls(t, lat, ok, err, step, np.asarray(codes, dtype=np.int64), names)
 
     def done(self) -> np.ndarray:
         """Completion times: t_start + latency (t_start without a usable latency)."""
@@ -75,7 +103,12 @@ class Chunk:
             return self.t + np.where(np.isfinite(self.lat) & (self.lat >= 0), self.lat, 0.0) / 1000.0
 
     def take(self, mask: np.ndarray) -> Chunk:
-        return Chunk(self.t[mask], self.lat[mask], self.ok[mask], self.err[mask], self.step[mask], self.worker[mask])
+        return Chunk(self.t[mask], self.lat[mask], self.ok[mask], self.err[mask], self.step[mask], self.wcode[mask],
+                     self.wnames)
+
+    def workers(self) -> set[str]:
+        """The generator-CSV names (rundir.safe_name) of the workers of these rows."""
+        return {safe_name(str(self.wnames[i])) for i in np.unique(self.wcode) if i >= 0}
 
 
 # -- one step ---------------------------------------------------------------------------------
@@ -118,7 +151,7 @@ class StepAcc:
         self.n_ok += int(c.ok.sum())
         self.lat.append(c.lat[c.ok])
         self.errors.update(str(e) for e in c.err[~c.ok])
-        self.workers.update(safe_name(str(w)) for w in pd.unique(c.worker) if w is not None)
+        self.workers |= c.workers()
 
     def finish(self, window_s: float, last_done: float) -> dict:
         """The step's statistics over ``window_s`` seconds; frees the latencies."""
@@ -338,7 +371,7 @@ def scan_parts(rd: RunDir, steps: pd.DataFrame, settle: float) -> ScanResult:
             logger.warning("%s", bad.line())
             unreadable.append(bad)
             continue
-        scan.add(Chunk.of(table.to_pandas()))
+        scan.add(Chunk.of_table(table))
         scan.close(parts[i + 1].t_min if i + 1 < len(parts) else math.inf)
     unreadable.sort(key=lambda u: u.path.name)
     return scan.finish(unreadable)
