@@ -107,10 +107,15 @@ def _usl_trace(fig: go.Figure, summary: dict[str, Any]) -> None:
     usl = summary.get("usl") if isinstance(summary.get("usl"), dict) else {}
     curve = usl.get("curve") if isinstance(usl.get("curve"), dict) else {}
     users = np.asarray(curve.get("users") or [], dtype=float)
+    qps = np.asarray(curve.get("qps") or [], dtype=float)
+    measured = [s["users"] for s in summary.get("steps", []) if isinstance(s.get("users"), (int, float))]
+    if measured and len(users) == len(qps):  # over the measured points only, not extrapolated below them
+        keep = users >= min(measured)
+        users, qps = users[keep], qps[keep]
     if not len(users):
         return
     name = "USL fit" + (f" (N* = {usl['n_star']:.1f})" if usl.get("n_star") else "")
-    fig.add_trace(go.Scatter(x=np.log2(users), y=np.asarray(curve.get("qps"), dtype=float), name=name,
+    fig.add_trace(go.Scatter(x=np.log2(users), y=qps, name=name,
                              mode="lines", line=dict(color="gray", dash="dash", width=2), hoverinfo="skip"),
                   secondary_y=False)
 
@@ -211,10 +216,13 @@ def _timeline_figure(summary: dict[str, Any], timeline: pd.DataFrame, generator:
     requests per bin (analysis.requestscan.Timeline.frame)."""
     panels = _request_panels(timeline)
     for host, streams in hosts.items():
-        panels += _vmstat_panels(host, streams.get("vmstat"), t0, bin_s)
-        panels += _process_panels(host, streams.get("process"), streams.get("threads"), t0, bin_s)
-        panels += _gpu_panels(host, streams.get("gpu"), t0, bin_s)
-        panels += _target_panels(host, streams.get(PROMETHEUS_STREAM), t0, bin_s)
+        mine = _vmstat_panels(host, streams.get("vmstat"), t0, bin_s)
+        mine += _process_panels(host, streams.get("process"), streams.get("threads"), t0, bin_s)
+        mine += _gpu_panels(host, streams.get("gpu"), t0, bin_s)
+        mine += _target_panels(host, streams.get(PROMETHEUS_STREAM), t0, bin_s)
+        if len(hosts) > 1:  # one legend for all panels: say whose "us %" each line is
+            mine = [(title, [(f"{host}: {n}", x, y, sec) for n, x, y, sec in traces]) for title, traces in mine]
+        panels += mine
     panels += _generator_panels(generator, t0, bin_s)
     if not panels:
         fig = go.Figure()

@@ -48,8 +48,9 @@ def _main_cause(summary: dict[str, Any]) -> str:
     if not causes:
         return ""
     causes.sort(key=lambda f: SEVERITY_ORDER.index(f["severity"]))
-    names = ", ".join(f"`{f['id']}`" for f in causes[:MAX_CAUSES])
-    more = f" and {len(causes) - MAX_CAUSES} more" if len(causes) > MAX_CAUSES else ""
+    ids = list(dict.fromkeys(f["id"] for f in causes))  # one id once, even when several hosts show it
+    names = ", ".join(f"`{i}`" for i in ids[:MAX_CAUSES])
+    more = f" and {len(ids) - MAX_CAUSES} more" if len(ids) > MAX_CAUSES else ""
     return f" Findings: {names}{more} (below)."
 
 

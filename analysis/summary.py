@@ -8,8 +8,11 @@ each host's, and analysis's own; ``complete`` is false when anything was lost). 
 latency_knee, totals, ended, analysis settings, per-step window/rps/generator/server facts
 (``server[host]``: vmstat, process incl. ``sy_share``, threads, GPU means, and ``target``
 {key: value} from the server's /metrics), ``hosts`` {host: facts} (analysis.hostfacts),
-``target_series`` {host: {key: series used}} (analysis.target).  NaN and infinities are
-written as null.
+``target_series`` {host: {key: series used}} (analysis.target).  Issue 7: ``findings`` [{id,
+severity, steps, evidence, text, advice}] and ``usl`` {sigma, kappa, lambda, n_star, peak,
+peak_kind, r2, points, caution, curve {users, qps}, text} (analysis.findings.explain over the
+valid steps); per step ``energy_j_per_request`` where GPU power was recorded, and Little's-law /
+clock-offset reasons (analysis.trust).  NaN and infinities are written as null.
 """
 
 from __future__ import annotations

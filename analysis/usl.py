@@ -149,6 +149,11 @@ def _g(x: float) -> str:
     return "0" if abs(x) < NEGLIGIBLE else f"{x:.3g}"
 
 
+def _rate(x: float) -> str:
+    """A throughput for reading: 12,858 rather than 1.286e+04."""
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
+
+
 def describe(fit: dict[str, Any]) -> str | None:
     """One sentence reading σ as contention and κ as coherency cost, or None without a fit."""
     if fit.get("sigma") is None:
@@ -156,7 +161,7 @@ def describe(fit: dict[str, Any]) -> str | None:
     s = (f"contention σ = {_g(fit['sigma'])} (the serial share of the work), coherency κ = {_g(fit['kappa'])} "
          f"(the cost of keeping threads consistent), λ = {fit['lambda']:.3g}/s per user")
     if fit.get("peak_kind") == "max":
-        s += f"; predicted peak {fit['peak']:.4g}/s at N* = {fit['n_star']:.1f} users"
+        s += f"; predicted peak {_rate(fit['peak'])}/s at N* = {fit['n_star']:.1f} users"
     elif fit.get("peak_kind") == "asymptote":
-        s += f"; no retrograde region: throughput approaches {fit['peak']:.4g}/s"
+        s += f"; no retrograde region: throughput approaches {_rate(fit['peak'])}/s"
     return s

@@ -118,10 +118,10 @@ def pidstat_text(rng: np.random.Generator, pid: int) -> str:
         t = int(T0) + k
         cpu = rng.uniform(20.0, 90.0, THREADS)
         out.append(PIDSTAT_HEADER)
-        out.append(f"{t:>10}      0 {pid:>9}         - {cpu.sum() * 0.9:7.2f} {cpu.sum() * 0.1:7.2f}    0.00    0.00 "
+        out.append(f"{t:>10}      0 {pid:>9}         - {cpu.sum() * 0.95:7.2f} {cpu.sum() * 0.05:7.2f}    0.00    0.00 "
                    f"{cpu.sum():7.2f}     3      0.00      0.00 9876543 2345678   3.50      0.00      0.00  python")
         for j, c in enumerate(cpu):
-            out.append(f"{t:>10}      0         - {pid + j:>9} {c * 0.9:7.2f} {c * 0.1:7.2f}    0.00    1.00 {c:7.2f}"
+            out.append(f"{t:>10}      0         - {pid + j:>9} {c * 0.95:7.2f} {c * 0.05:7.2f}    0.00    1.00 {c:7.2f}"
                        f" {j % 64:5d}      0.00      0.00 9876543 2345678   3.50    120.00     30.00  |__python")
         out.append("")
     return "\n".join(out) + "\n"
