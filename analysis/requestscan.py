@@ -188,14 +188,25 @@ def window_stats(lat_ok: np.ndarray, n: int, errors: Counter, w: float) -> dict:
 
 # -- the timeline -----------------------------------------------------------------------------
 def group_quantile(groups: np.ndarray, values: np.ndarray, q: float) -> tuple[np.ndarray, np.ndarray]:
-    """(group, quantile q of its values) for each group; linear interpolation, as numpy's default."""
-    order = np.lexsort((values, groups))
+    """(group, quantile q of its values) for each group; numpy's default (linear) quantile.
+
+    Sorted by group only (an integer sort), then one ``np.quantile`` (a partition, not a sort)
+    per group: a timeline has a handful of groups per part.
+    """
+    order = np.argsort(groups, kind="stable")
     g, v = groups[order], values[order]
-    uniq, start, counts = np.unique(g, return_index=True, return_counts=True)
-    pos = start + (counts - 1) * q
-    lo = np.floor(pos).astype(np.int64)
-    hi = np.minimum(lo + 1, start + counts - 1)
-    return uniq, v[lo] + (v[hi] - v[lo]) * (pos - lo)
+    uniq, start = np.unique(g, return_index=True)
+    return uniq, np.array([np.quantile(seg, q) for seg in np.split(v, start[1:])], dtype=float)
+
+
+def _count(counter: Counter, bins: np.ndarray) -> None:
+    """Add the number of times each bin occurs to ``counter``."""
+    if not len(bins):
+        return
+    lo = int(bins.min())
+    n = np.bincount(bins - lo)
+    hit = np.flatnonzero(n)
+    counter.update(dict(zip((hit + lo).tolist(), n[hit].tolist())))
 
 
 class Timeline:
@@ -215,9 +226,8 @@ class Timeline:
         b = np.floor((c.done() - self.t0) / self.bin_s)
         keep = np.isfinite(b)
         b, ok = b[keep].astype(np.int64), c.ok[keep]
-        for counter, sel in ((self.ok, ok), (self.failed, ~ok)):
-            u, n = np.unique(b[sel], return_counts=True)
-            counter.update(dict(zip(u.tolist(), n.tolist())))
+        _count(self.ok, b[ok])
+        _count(self.failed, b[~ok])
         self._bins.append(b[ok])
         self._lat.append(c.lat[keep][ok])
 
