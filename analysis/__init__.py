@@ -26,7 +26,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from analysis.findings import explain

@@ -20,7 +20,6 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from analysis.hostfacts import host_lines
-from analysis.loadstats import ok_mask
 from analysis.serverstats import ACTIVE_THREAD_CPU_PCT, active_threads
 from analysis.requestscan import BIN_S, Chunk, Timeline
 from analysis.sections import findings_section, plan_lines, usl_lines, verdict

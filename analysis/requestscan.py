@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from analysis.windows import good_latency, resolve_windows
+from analysis.windows import resolve_windows
 from kneeswarm.rundir import REQUEST_SCHEMA, RunDir, UnreadablePart, footer_range, safe_name, unreadable_part
 
 logger = logging.getLogger(__name__)
