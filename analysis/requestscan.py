@@ -35,7 +35,7 @@ from kneeswarm.rundir import REQUEST_SCHEMA, RunDir, UnreadablePart, footer_rang
 
 logger = logging.getLogger(__name__)
 
-READ_COLUMNS = ("t_start", "latency_ms", "ok", "error", "step", "worker")
+READ_COLUMNS = ("t_start", "latency_ms", "ok", "error", "step", "worker", "tokens_out")
 PERCENTILES = {"p50_ms": 50.0, "p95_ms": 95.0, "p99_ms": 99.0, "p999_ms": 99.9}
 OTHER_ERROR = "other"  # a failure without a category
 BAD_LATENCY_ERROR = "bad_latency"  # a row marked ok whose latency is not a finite number >= 0
@@ -54,6 +54,7 @@ class Chunk:
     ok: np.ndarray  # a success: marked ok with a finite latency >= 0
     err: np.ndarray  # object: the category of each failure (None for successes)
     step: np.ndarray  # float, NaN where the recorder did not stamp one
+    tokens: np.ndarray  # float: output tokens, NaN where not recorded (not an LLM run)
     wcode: np.ndarray  # int: index into ``wnames`` of each row's worker, -1 where none
     wnames: list = field(default_factory=list)
 
@@ -66,8 +67,10 @@ class Chunk:
         lat = pd.to_numeric(col("latency_ms"), errors="coerce").to_numpy(dtype=float)
         marked = np.asarray(col("ok").to_numpy() == True, dtype=bool)  # noqa: E712 (None is not ok)
         step = pd.to_numeric(col("step"), errors="coerce").to_numpy(dtype=float)
+        tokens = pd.to_numeric(col("tokens_out"), errors="coerce").to_numpy(dtype=float)
         codes, names = pd.factorize(col("worker"), use_na_sentinel=True)
-        return cls._build(t, lat, marked, lambda failed: col("error").to_numpy()[failed], step, codes, list(names))
+        return cls._build(t, lat, marked, lambda failed: col("error").to_numpy()[failed], step, tokens, codes,
+                          list(names))
 
     @classmethod
     def of_table(cls, table: pa.Table) -> Chunk:
@@ -79,12 +82,12 @@ class Chunk:
         worker = pc.dictionary_encode(pc.cast(col("worker"), pa.string())).combine_chunks()
         codes = pc.fill_null(worker.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
         errors = lambda failed: np.asarray(pc.filter(col("error"), pa.array(failed)).to_pylist(), dtype=object)  # noqa: E731
-        return cls._build(num("t_start"), num("latency_ms"), marked, errors, num("step"), codes,
+        return cls._build(num("t_start"), num("latency_ms"), marked, errors, num("step"), num("tokens_out"), codes,
                           worker.dictionary.to_pylist())
 
     @classmethod
     def _build(cls, t: np.ndarray, lat: np.ndarray, marked: np.ndarray, errors_of, step: np.ndarray,
-               codes: np.ndarray, names: list) -> Chunk:
+               tokens: np.ndarray, codes: np.ndarray, names: list) -> Chunk:
         """``errors_of(mask)``: the recorded error of the rows in ``mask``."""
         with np.errstate(invalid="ignore"):
             good = np.isfinite(lat) & (lat >= 0)
@@ -95,7 +98,7 @@ class Chunk:
             rec = np.asarray(errors_of(failed), dtype=object)
             err[failed] = np.where(pd.isna(rec), OTHER_ERROR, rec)
             err[marked & ~good] = BAD_LATENCY_ERROR
-        return cls(t, lat, ok, err, step, np.asarray(codes, dtype=np.int64), names)
+        return cls(t, lat, ok, err, step, tokens, np.asarray(codes, dtype=np.int64), names)
 
     def done(self) -> np.ndarray:
         """Completion times: t_start + latency (t_start without a usable latency)."""
@@ -103,8 +106,8 @@ class Chunk:
             return self.t + np.where(np.isfinite(self.lat) & (self.lat >= 0), self.lat, 0.0) / 1000.0
 
     def take(self, mask: np.ndarray) -> Chunk:
-        return Chunk(self.t[mask], self.lat[mask], self.ok[mask], self.err[mask], self.step[mask], self.wcode[mask],
-                     self.wnames)
+        return Chunk(self.t[mask], self.lat[mask], self.ok[mask], self.err[mask], self.step[mask], self.tokens[mask],
+                     self.wcode[mask], self.wnames)
 
     def workers(self) -> set[str]:
         """The generator-CSV names (rundir.safe_name) of the workers of these rows."""
@@ -122,6 +125,7 @@ class StepAcc:
     n: int = 0
     n_ok: int = 0
     foreign: int = 0
+    tokens_out: float = math.nan  # output tokens of the successful rows (NaN: none recorded)
     lat: list[np.ndarray] = field(default_factory=list)
     errors: Counter = field(default_factory=Counter)
     workers: set[str] = field(default_factory=set)
@@ -149,6 +153,10 @@ class StepAcc:
     def add(self, c: Chunk) -> None:
         self.n += len(c.t)
         self.n_ok += int(c.ok.sum())
+        tokens = c.tokens[c.ok]
+        tokens = tokens[np.isfinite(tokens)]
+        if len(tokens):
+            self.tokens_out = float(tokens.sum()) + (0.0 if math.isnan(self.tokens_out) else self.tokens_out)
         self.lat.append(c.lat[c.ok])
         self.errors.update(str(e) for e in c.err[~c.ok])
         self.workers |= c.workers()
@@ -162,14 +170,14 @@ class StepAcc:
             self.result = empty_stats() | {"foreign_rows": self.foreign}
         else:
             self.result = window_stats(np.concatenate(self.lat), self.n, self.errors, window_s) | {
-                "foreign_rows": self.foreign}
+                "foreign_rows": self.foreign, "tokens_out": self.tokens_out}
         self.lat = []
         return self.result
 
 
 def empty_stats() -> dict:
     return dict(requests=0, ok=0, qps=np.nan, rps=np.nan, mean_ms=np.nan,
-                **{k: np.nan for k in PERCENTILES}, error_rate=np.nan, errors={}, foreign_rows=0)
+                **{k: np.nan for k in PERCENTILES}, error_rate=np.nan, errors={}, foreign_rows=0, tokens_out=np.nan)
 
 
 def window_stats(lat_ok: np.ndarray, n: int, errors: Counter, w: float) -> dict:

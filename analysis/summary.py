@@ -11,7 +11,8 @@ latency_knee, totals, ended, analysis settings, per-step window/rps/generator/se
 ``target_series`` {host: {key: series used}} (analysis.target).  Issue 7: ``findings`` [{id,
 severity, steps, evidence, text, advice}] and ``usl`` {sigma, kappa, lambda, n_star, peak,
 peak_kind, r2, points, caution, curve {users, qps}, text} (analysis.findings.explain over the
-valid steps); per step ``energy_j_per_request`` where GPU power was recorded, and Little's-law /
+valid steps); per step ``energy_j_per_request`` (and ``energy_j_per_token`` when output tokens were
+recorded) where GPU power was recorded, and Little's-law /
 clock-offset reasons (analysis.trust).  NaN and infinities are written as null.
 """
 
@@ -109,9 +110,10 @@ def step_records(stats: pd.DataFrame, server: list[dict[str, Any]] | None = None
         rec["t_end_recorded"] = row.get("t_end") is not None and math.isfinite(float(row.get("t_end")))
         rec["generator"] = {"cpu_pct": dict(gen_cpu[i])} if gen_cpu and gen_cpu[i] else {}
         rec["server"] = server[i] if server else {}
-        energy = energy_per_request(rec["server"], row.get("ok"), row.get("window_s"))
-        if energy is not None:
-            rec["energy_j_per_request"] = energy
+        for key, count in (("energy_j_per_request", row.get("ok")), ("energy_j_per_token", row.get("tokens_out"))):
+            energy = energy_per_request(rec["server"], count, row.get("window_s"))  # J per request (or token)
+            if energy is not None:
+                rec[key] = energy
         records.append(rec)
     return records
 
@@ -220,23 +222,22 @@ def server_columns(summary: dict[str, Any], prefix_hosts: bool | None = None) ->
 
 VALID_HEADER = "valid"  # the column saying "yes" or "no: <reasons>"
 LOAD_HEADER = ["users", "requests", "QPS", "P50 ms", "P95 ms", "P99 ms", "P999 ms", "errors %", VALID_HEADER]
-ENERGY_HEADER = "J/request"  # shown before VALID_HEADER when a step has energy_j_per_request
+# (header, step key) shown before VALID_HEADER when a step has them (GPU power recorded)
+ENERGY_COLUMNS = (("J/request", "energy_j_per_request"), ("J/token", "energy_j_per_token"))
 
 
 def load_header(summary: dict[str, Any]) -> list[str]:
-    """LOAD_HEADER, with the energy column when any step has one."""
-    if any(s.get("energy_j_per_request") is not None for s in summary.get("steps", [])):
-        return [*LOAD_HEADER[:-1], ENERGY_HEADER, VALID_HEADER]
-    return list(LOAD_HEADER)
+    """LOAD_HEADER, with the energy columns that any step has (before VALID_HEADER)."""
+    extra = [h for h, key in ENERGY_COLUMNS if any(s.get(key) is not None for s in summary.get("steps", []))]
+    return [*LOAD_HEADER[:-1], *extra, VALID_HEADER]
 
 
-def _load_cells(s: dict[str, Any], energy: bool) -> list[str]:
+def _load_cells(s: dict[str, Any], header: list[str]) -> list[str]:
     er = s.get("error_rate")
     valid = "yes" if s.get("valid") else "no: " + "; ".join(s.get("reasons") or [])
     cells = [f"{s.get('requests', 0):,}", _f(s.get("qps")), _f(s.get("p50_ms")), _f(s.get("p95_ms")),
              _f(s.get("p99_ms")), _f(s.get("p999_ms")), _f(None if er is None else 100 * er, "{:.2f}")]
-    if energy:
-        cells.append(_f(s.get("energy_j_per_request"), "{:,.3g}"))
+    cells += [_f(s.get(key), "{:,.3g}") for h, key in ENERGY_COLUMNS if h in header]
     return [*cells, valid]
 
 
@@ -251,7 +252,7 @@ def table_rows(summary: dict[str, Any], srv: list[tuple[str, str, str, str]] | N
     for s in summary.get("steps", []):
         row = [str(s.get("users"))]
         if load:
-            row += _load_cells(s, ENERGY_HEADER in lh)
+            row += _load_cells(s, lh)
         for host, _, key, fmt in srv:
             row.append(_f(server_value((s.get("server") or {}).get(host, {}), key), fmt))
         rows.append(row)

@@ -157,6 +157,24 @@ def test_energy_per_request_from_gpu_power(tmp_path):
         completed = int(steady_rows(rd, i)["ok"].sum())
         assert st["energy_j_per_request"] == pytest.approx(240.0 * (HOLD - SETTLE) / completed, rel=1e-9)
     assert "J/request" in (rd.report_dir / "summary.md").read_text()
+    assert all("energy_j_per_token" not in st for st in s["steps"])  # no tokens recorded: not an LLM run
+
+
+def test_energy_per_output_token_when_tokens_are_recorded(tmp_path):
+    import pyarrow.parquet as pq
+    rd = make_run(tmp_path, closed_loop(k=64), users=(1, 2))
+    for seq, part in enumerate(rd.request_parts()):  # the same rows, now with 40 output tokens each
+        df = pq.read_table(part).to_pandas()
+        cols = {c: [None if v is None or v != v else v for v in df[c].tolist()] for c in df.columns}
+        cols["tokens_out"] = [40] * len(df)
+        rd.write_request_part(cols, seq)
+    secs = np.arange(T0, T0 + 2 * (RAMP + HOLD), 1.0)
+    write_csv(rd.host_dir("server-1") / "gpu.csv", ("t", "gpu", "power_w"), [(t, 0, 300.0) for t in secs])
+    s = analysis.analyze(rd.path)
+    for i, st in enumerate(s["steps"]):
+        completed = int(steady_rows(rd, i)["ok"].sum())
+        assert st["energy_j_per_token"] == pytest.approx(300.0 * (HOLD - SETTLE) / (40 * completed), rel=1e-9)
+    assert "J/token" in (rd.report_dir / "summary.md").read_text()
 
 
 def test_no_energy_without_power(tmp_path):
