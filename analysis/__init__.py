@@ -7,7 +7,10 @@ analysis.rebuild), reports what it has, and says what is missing or was lost (su
 
 * analysis.inputs      everything read from the run directory (analysis.rebuild: raw -> parsed)
 * analysis.windows     each step's steady window; means of samples over windows
-* analysis.loadstats   per-step request statistics (``step_stats``) and validity
+* analysis.requestscan one pass over the request parts: per-step statistics, totals, timeline
+* analysis.loadstats   per-step request statistics of rows in memory (``step_stats``) and validity
+* analysis.trust       validity beyond a step's own rows: Little's law, clock-offset error bounds
+* analysis.findings    why the service stopped scaling (``explain``: findings, the USL fit)
 * analysis.serverstats per-step server metrics (``server_metrics``)
 * analysis.target      the server's own /metrics per step (``target_windows``)
 * analysis.knee        ``find_knee``, ``find_latency_knee``, ``find_peak``
@@ -23,18 +26,19 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
+from analysis.findings import explain
 from analysis.hostfacts import host_facts
 from analysis.inputs import RunInputs, load_inputs
 from analysis.knee import find_knee, find_latency_knee, find_peak
-from analysis.loadstats import data_loss_reasons, generator_cpu, ok_mask, step_stats, validate_steps
+from analysis.loadstats import data_loss_reasons, generator_cpu, step_stats, validate_steps
 from analysis.problems import collect
 from analysis.report import render_html
 from analysis.serverstats import server_metrics
-from analysis.summary import build_summary, step_records, to_json, to_markdown
+from analysis.summary import build_summary, jsonable, step_records, to_json, to_markdown
 from analysis.target import PROMETHEUS_STREAM, target_series_used
+from analysis.trust import add_reasons, trust_reasons
 from kneeswarm.rundir import write_text
 
 logger = logging.getLogger(__name__)
@@ -42,23 +46,16 @@ logger = logging.getLogger(__name__)
 __all__ = ["analyze", "summarize", "step_stats", "find_knee", "find_latency_knee", "find_peak", "to_markdown"]
 
 
-def run_start(inputs: RunInputs) -> float:
-    """The time origin of the timeline: the first step's ramp, else the first request, else 0."""
-    candidates = [inputs.steps["t_ramp"].min() if len(inputs.steps) else np.nan,
-                  inputs.requests["t_start"].min() if len(inputs.requests) else np.nan]
-    finite = [float(c) for c in candidates if c is not None and np.isfinite(c)]
-    return min(finite) if finite else 0.0
-
-
 def per_step(inputs: RunInputs) -> tuple[pd.DataFrame, list[dict[str, float]], list[dict[str, Any]]]:
     """(step statistics with ``valid`` and ``reasons``, generator CPU per step, server metrics per step)."""
     s = inputs.settings
-    stats = step_stats(inputs.requests, inputs.steps, s.settle)
+    stats = inputs.scan.stats
     t_lo, t_hi = stats["t_lo"].to_numpy(dtype=float), stats["t_hi"].to_numpy(dtype=float)
     gen = generator_cpu(inputs.generator, t_lo, t_hi)
-    lost = data_loss_reasons(stats, inputs.requests, inputs.unreadable_parts, inputs.generator,
+    lost = data_loss_reasons(stats, inputs.scan.workers, inputs.unreadable_parts, inputs.generator,
                              inputs.generator_unreadable)
     stats = validate_steps(stats, s.min_requests, gen, s.generator_cpu_max, lost)
+    stats = add_reasons(stats, trust_reasons(stats, inputs.think_ms, inputs.closed_loop, inputs.clock_bounds))
     for row in stats.loc[stats["foreign_rows"] > 0].to_dict("records"):
         inputs.warnings.add(f"step {row['index']:g}: {row['foreign_rows']:,} rows in its steady window were recorded "
                             "under another step and left out")
@@ -71,10 +68,10 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
     stats, gen, server = per_step(inputs)
     good = stats.loc[stats["valid"].to_numpy(dtype=bool)]
     users, qps, p99 = good["users"].to_numpy(float), good["qps"].to_numpy(float), good["p99_ms"].to_numpy(float)
-    n_ok = int(ok_mask(inputs.requests).sum())
-    if len(inputs.requests) and not n_ok:
-        inputs.warnings.add(f"no request succeeded ({len(inputs.requests):,} requests, all failed): no step is valid")
-    return build_summary(
+    n, n_ok = inputs.scan.requests, inputs.scan.ok
+    if n and not n_ok:
+        inputs.warnings.add(f"no request succeeded ({n:,} requests, all failed): no step is valid")
+    summary = build_summary(
         run_id=inputs.run_id,
         meta=inputs.meta,
         settings={"settle": s.settle, "min_requests": s.min_requests, "generator_cpu_max": s.generator_cpu_max},
@@ -82,7 +79,7 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
         knee=find_knee(users, qps),
         latency_knee=find_latency_knee(users, p99),
         peak=find_peak(users, qps),
-        totals={"requests": len(inputs.requests), "errors": len(inputs.requests) - n_ok,
+        totals={"requests": n, "errors": n - n_ok,
                 "steps": len(stats), "valid_steps": int(stats["valid"].sum())},
         hosts=host_facts(inputs.meta, inputs.hosts, inputs.parse),
         workers=sorted(inputs.generator),
@@ -90,6 +87,22 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
                         if (used := target_series_used(streams.get(PROMETHEUS_STREAM)))},
         problems=collect(inputs.meta, inputs.warnings.to_list(), inputs.lost),
     )
+    return add_explanations(summary, inputs.plan)
+
+
+def add_explanations(summary: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+    """``findings`` and ``usl`` (analysis.findings.explain, over the valid steps only); a rule that
+    failed becomes a warning.  Little's law is already in each step's reasons (analysis.trust).
+
+    Issue 7 §4 plugs in here next: ``sla`` and ``capacity`` (analysis/capacity.py) read the
+    summary with its findings and USL fit, and are added as two more top-level keys.
+    """
+    explained = explain(summary, plan)
+    summary["findings"] = jsonable(explained["findings"])
+    summary["usl"] = jsonable(explained["usl"])
+    summary["warnings"] = list(summary.get("warnings") or []) + [
+        f"findings: {line} (the other rules ran)" for line in explained["rule_errors"]]
+    return summary
 
 
 def analyze(run_dir: str | Path) -> dict[str, Any]:
@@ -99,7 +112,8 @@ def analyze(run_dir: str | Path) -> dict[str, Any]:
     report = inputs.run_dir.report_dir
     write_text(report / "summary.json", to_json(summary))
     write_text(report / "summary.md", to_markdown(summary))
-    write_text(report / "index.html", render_html(summary, inputs.requests, inputs.generator, inputs.hosts,
-                                                  run_start(inputs)))
+    scan = inputs.scan
+    write_text(report / "index.html", render_html(summary, scan.timeline, inputs.generator, inputs.hosts, scan.t0,
+                                                  scan.bin_s))
     logger.info("%s: knee %s, peak %s; report in %s", inputs.run_id, summary["knee"], summary["peak"], report)
     return summary

@@ -9,7 +9,9 @@ reach summary.json and the top of the report.
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -18,9 +20,11 @@ from typing import Any, Callable
 import pandas as pd
 
 from analysis.rebuild import missing_lines, rebuild_parsed
+from analysis.requestscan import ScanResult, scan_parts
 from analysis.target import PROMETHEUS_STREAM, wanted_columns
 from kneeswarm.plan import AnalysisPlan, LoadPlan
-from kneeswarm.rundir import STEP_COLUMNS, RunDir, UnreadablePart, WarningLog
+from analysis.trust import clock_error_bounds, is_closed_loop
+from kneeswarm.rundir import CLOCKS_FILE, STEP_COLUMNS, RunDir, UnreadablePart, WarningLog
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +53,7 @@ class RunInputs:
     plan: dict[str, Any]
     settings: Settings
     steps: pd.DataFrame
-    requests: pd.DataFrame
+    scan: ScanResult  # the request rows, reduced in one pass: per-step statistics, totals, timeline
     generator: dict[str, pd.DataFrame] = field(default_factory=dict)
     hosts: dict[str, dict[str, pd.DataFrame]] = field(default_factory=dict)
     warnings: WarningLog = field(default_factory=WarningLog)  # what analysis itself found wrong
@@ -57,6 +61,9 @@ class RunInputs:
     unreadable_parts: list[UnreadablePart] = field(default_factory=list)
     generator_unreadable: dict[str, str] = field(default_factory=dict)  # worker (CSV stem) -> why
     parse: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> parse stats of a rebuild
+    think_ms: float = 0.0  # the plan's [load] wait_ms: each user's think time between requests
+    closed_loop: bool = True  # false for [load] mode = "open" (no Little's-law check)
+    clock_bounds: dict[str, float] = field(default_factory=dict)  # analysis.trust.clock_error_bounds
 
 
 def count_lost(lost: dict[str, int], what: str, n: int = 1) -> None:
@@ -232,27 +239,61 @@ def read_steps(rd: RunDir, warnings: WarningLog | None = None) -> pd.DataFrame:
     return steps.reset_index(drop=True)
 
 
+def think_time_ms(plan: dict[str, Any], warnings: WarningLog | None = None) -> float:
+    """The plan's ``[load] wait_ms`` (0 when absent; a bad value is said and read as 0)."""
+    load = plan.get("load") if isinstance(plan.get("load"), dict) else {}
+    raw = load.get("wait_ms", 0.0)
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = math.nan
+    if math.isfinite(value) and value >= 0:
+        return value
+    if warnings is not None:
+        warnings.add(f"plan.toml: wait_ms={raw!r} is not a think time in ms; Little's law checked with 0")
+    return 0.0
+
+
+def read_worker_clocks(rd: RunDir, warnings: WarningLog | None = None) -> dict[str, Any]:
+    """generator/clocks.json ({worker: {offset_s, error_s, ...}}), {} when missing or unreadable."""
+    path = rd.generator_dir / CLOCKS_FILE
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (ValueError, OSError) as e:
+        if warnings is not None:
+            warnings.add(f"generator/{CLOCKS_FILE}: unreadable ({_one_line(e)}): workers' clock errors unknown")
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def load_inputs(run_dir: str | Path) -> RunInputs:
     rd = RunDir.open(run_dir)
     meta = rd.read_meta()
     warnings = WarningLog()
     plan = read_plan(rd.plan_path, warnings)
-    requests = rd.read_request_rows()
+    settings = settings_from_plan(plan, warnings)
+    steps = read_steps(rd, warnings)
+    scan = scan_parts(rd, steps, settings.settle)
     inputs = RunInputs(
         run_dir=rd,
         run_id=str(meta.get("run_id") or rd.path.name),
         meta=meta,
         plan=plan,
-        settings=settings_from_plan(plan, warnings),
-        steps=read_steps(rd, warnings),
-        requests=requests.frame,
+        settings=settings,
+        steps=steps,
+        scan=scan,
         warnings=warnings,
-        unreadable_parts=requests.unreadable,
+        unreadable_parts=scan.unreadable,
+        think_ms=think_time_ms(plan, warnings),
+        closed_loop=is_closed_loop(plan),
+        clock_bounds=clock_error_bounds(meta, read_worker_clocks(rd, warnings)),
     )
-    for part in requests.unreadable:
+    for part in scan.unreadable:
         warnings.add(part.line())
-    if requests.unreadable:
-        count_lost(inputs.lost, "request_parts", len(requests.unreadable))
+    if scan.unreadable:
+        count_lost(inputs.lost, "request_parts", len(scan.unreadable))
     for aside in rd.corrupt_meta_copies():
         warnings.add(f"{aside.name}: meta.json was unreadable once and was kept aside; what it held is "
                      "missing from this report")

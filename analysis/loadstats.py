@@ -28,26 +28,23 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from analysis.windows import completion_times, good_latency, resolve_windows, window_means
-from kneeswarm.rundir import UnreadablePart, safe_name
+from analysis.requestscan import BAD_LATENCY_ERROR, OTHER_ERROR, PERCENTILES, scan_frame
+from analysis.windows import completion_times, good_latency, window_means
+from kneeswarm.rundir import UnreadablePart
 
 logger = logging.getLogger(__name__)
 
-PERCENTILES = {"p50_ms": 50.0, "p95_ms": 95.0, "p99_ms": 99.0, "p999_ms": 99.9}
-OTHER_ERROR = "other"
-BAD_LATENCY_ERROR = "bad_latency"  # a row marked ok whose latency is not a finite number >= 0
 MAX_ERROR_RATE = 0.5  # a step where more than this share of the requests failed is not valid
 # a worker that sent requests in a step has a generator sample (one a second) within this many
 # seconds of its steady window, or its CPU during the step is unknown
 GENERATOR_SLACK_S = 2.0
 
 __all__ = ["completion_times", "ok_mask", "error_categories", "step_stats", "generator_cpu", "validate_steps",
-           "data_loss_reasons"]
+           "data_loss_reasons", "PERCENTILES", "OTHER_ERROR", "BAD_LATENCY_ERROR"]
 
 
 def marked_ok(requests: pd.DataFrame) -> np.ndarray:
@@ -76,58 +73,11 @@ def error_categories(requests: pd.DataFrame) -> pd.Series:
     return out
 
 
-def _empty_stats() -> dict[str, Any]:
-    return dict(requests=0, ok=0, qps=np.nan, rps=np.nan, mean_ms=np.nan,
-                **{k: np.nan for k in PERCENTILES}, error_rate=np.nan, errors={}, foreign_rows=0)
-
-
-def recorded_steps(requests: pd.DataFrame) -> np.ndarray:
-    """The ``step`` each row was stamped with by the recorder (NaN where not recorded)."""
-    if "step" not in requests.columns:
-        return np.full(len(requests), np.nan)
-    return pd.to_numeric(requests["step"], errors="coerce").to_numpy(dtype=float)
-
-
-def _window_stats(ok: np.ndarray, lat: np.ndarray, err: pd.Series, w: float) -> dict[str, Any]:
-    """The statistics of one step's rows (already selected) over a window of ``w`` seconds."""
-    lat_ok = lat[ok]
-    n, n_ok = len(ok), int(ok.sum())
-    stats = dict(requests=n, ok=n_ok, qps=n_ok / w, rps=n / w)
-    if lat_ok.size:
-        pct = np.percentile(lat_ok, list(PERCENTILES.values()))
-        stats |= dict(mean_ms=float(lat_ok.mean()), **{k: float(v) for k, v in zip(PERCENTILES, pct)})
-    else:
-        stats |= dict(mean_ms=np.nan, **{k: np.nan for k in PERCENTILES})
-    failed = err[~ok].astype(str)
-    stats["errors"] = {str(k): int(v) for k, v in failed.value_counts().sort_index().items()}
-    stats["error_rate"] = (n - n_ok) / n if n else np.nan
-    return stats
-
-
 def step_stats(requests: pd.DataFrame, steps: pd.DataFrame, settle: float) -> pd.DataFrame:
     """One row per step: window, requests, qps, rps, mean/p50/p95/p99/p999 ms, error_rate, errors,
-    foreign_rows (rows in the window stamped with another step, left out)."""
-    win = resolve_windows(steps, requests, settle)
-    if len(requests) and not requests["t_start"].is_monotonic_increasing:
-        requests = requests.sort_values("t_start", kind="stable").reset_index(drop=True)
-    t = requests["t_start"].to_numpy(dtype=float) if len(requests) else np.empty(0)
-    ok, err = ok_mask(requests), error_categories(requests)
-    lat = requests["latency_ms"].to_numpy(dtype=float) if len(requests) else np.empty(0)
-    step = recorded_steps(requests)
-
-    lo_idx = np.searchsorted(t, win["t_lo"].to_numpy(dtype=float), side="left")
-    hi_idx = np.searchsorted(t, win["t_hi"].to_numpy(dtype=float), side="left")
-    rows = []
-    for a, b, w, index in zip(lo_idx, hi_idx, win["window_s"].to_numpy(dtype=float), win["index"].to_numpy(float)):
-        if not (np.isfinite(w) and w > 0) or b <= a:
-            rows.append(_empty_stats())
-            continue
-        mine = np.isnan(step[a:b]) | (step[a:b] == index)  # unstamped rows: by the window alone
-        stats = _window_stats(ok[a:b][mine], lat[a:b][mine], err.iloc[a:b][mine], w) if mine.any() else _empty_stats()
-        stats["foreign_rows"] = int((~mine).sum())
-        rows.append(stats)
-    stats_df = pd.DataFrame(rows, index=win.index, columns=list(_empty_stats()))
-    return pd.concat([win, stats_df], axis=1)
+    foreign_rows (rows in the window stamped with another step, left out), from rows in memory.
+    A run directory is read part by part instead (analysis.requestscan.scan_parts)."""
+    return scan_frame(requests, steps, settle).stats
 
 
 def generator_cpu(generator: dict[str, pd.DataFrame], t_lo: np.ndarray, t_hi: np.ndarray) -> list[dict[str, float]]:
@@ -181,18 +131,6 @@ def validate_steps(stats: pd.DataFrame, min_requests: int, gen_cpu: list[dict[st
     return out
 
 
-def workers_per_window(requests: pd.DataFrame, t_lo: np.ndarray, t_hi: np.ndarray) -> list[set[str]]:
-    """Per window: the generator-CSV names (safe_name of ``worker``) that sent requests in it."""
-    if not len(requests) or "worker" not in requests.columns:
-        return [set() for _ in range(len(t_lo))]
-    t = requests["t_start"].to_numpy(dtype=float)
-    order = np.argsort(t, kind="stable")
-    t, workers = t[order], requests["worker"].to_numpy()[order]
-    a = np.searchsorted(t, t_lo, side="left")
-    b = np.searchsorted(t, t_hi, side="left")
-    return [{safe_name(str(w)) for w in pd.unique(workers[lo:hi]) if w is not None} for lo, hi in zip(a, b)]
-
-
 def _part_hits(part: UnreadablePart, stats: pd.DataFrame) -> np.ndarray:
     """Which steps an unreadable part may have held rows of (all when its range is unknown)."""
     if part.step_range is not None:
@@ -204,9 +142,10 @@ def _part_hits(part: UnreadablePart, stats: pd.DataFrame) -> np.ndarray:
     return np.ones(len(stats), dtype=bool)
 
 
-def data_loss_reasons(stats: pd.DataFrame, requests: pd.DataFrame, unreadable_parts: list[UnreadablePart],
+def data_loss_reasons(stats: pd.DataFrame, workers: list[set[str]], unreadable_parts: list[UnreadablePart],
                       generator: dict[str, pd.DataFrame], generator_unreadable: dict[str, str]) -> list[list[str]]:
-    """Per step: why data the step depends on is missing (it cannot claim to be clean)."""
+    """Per step: why data the step depends on is missing (it cannot claim to be clean).
+    ``workers``: per step, the generator-CSV names of the workers that sent rows in its window."""
     out: list[list[str]] = [[] for _ in range(len(stats))]
     for part in unreadable_parts:
         for i in np.flatnonzero(_part_hits(part, stats)):
@@ -218,7 +157,7 @@ def data_loss_reasons(stats: pd.DataFrame, requests: pd.DataFrame, unreadable_pa
                            "the load generator's CPU is unknown")
     t_lo, t_hi = stats["t_lo"].to_numpy(dtype=float), stats["t_hi"].to_numpy(dtype=float)
     near = generator_cpu(generator, t_lo - GENERATOR_SLACK_S, t_hi + GENERATOR_SLACK_S)
-    for i, (sent, cpu) in enumerate(zip(workers_per_window(requests, t_lo, t_hi), near)):
+    for i, (sent, cpu) in enumerate(zip(workers, near)):
         for worker in sorted((sent & set(generator)) - set(cpu)):
             out[i].append(f"generator metrics missing: worker {worker} sent requests but has no sample "
                           "in the steady window")

@@ -20,15 +20,15 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from analysis.hostfacts import host_lines
-from analysis.loadstats import ok_mask
 from analysis.serverstats import ACTIVE_THREAD_CPU_PCT, active_threads
-from analysis.windows import completion_times
-from analysis.summary import VALID_HEADER, knee_lines, malformed_lines, n_users, status_line, table_rows, warning_lines
+from analysis.requestscan import BIN_S, Chunk, Timeline
+from analysis.sections import findings_section, plan_lines, usl_lines, verdict
+from analysis.summary import (VALID_HEADER, knee_lines, malformed_lines, n_users, status_line, table_groups, table_rows,
+                              warning_lines)
 from analysis.target import PROMETHEUS_STREAM, TARGET_METRICS, target_timeline
 
 logger = logging.getLogger(__name__)
 
-BIN_S = 1.0  # timeline resolution in seconds
 BAND_COLORS = ("rgba(99,110,250,0.08)", "rgba(239,85,59,0.08)")
 KNEE_COLOR = "firebrick"
 LATENCY_KNEE_COLOR = "darkorange"
@@ -43,23 +43,12 @@ TARGET_LABELS = {m.key: m.label for m in TARGET_METRICS}
 
 
 def per_second(requests: pd.DataFrame, t0: float, bin_s: float = BIN_S) -> pd.DataFrame:
-    """Per bin of completion time: t (s since t0), qps (ok/s), errors_s, p99_ms (ok rows)."""
-    if requests is None or not len(requests):
-        return pd.DataFrame(columns=["t", "qps", "errors_s", "p99_ms"])
-    done = completion_times(requests)
-    b = np.floor((done - t0) / bin_s).astype(np.int64)
-    ok = ok_mask(requests)
-    df = pd.DataFrame({"bin": b, "ok": ok, "lat": requests["latency_ms"].to_numpy(dtype=float)})
-    counts = df.groupby("bin")["ok"].agg(["sum", "size"])
-    p99 = df[df["ok"]].groupby("bin")["lat"].quantile(0.99)
-    full = np.arange(int(counts.index.min()), int(counts.index.max()) + 1)
-    counts = counts.reindex(full, fill_value=0)
-    return pd.DataFrame({
-        "t": full * bin_s,
-        "qps": counts["sum"].to_numpy() / bin_s,
-        "errors_s": (counts["size"] - counts["sum"]).to_numpy() / bin_s,
-        "p99_ms": p99.reindex(full).to_numpy(),
-    })
+    """Per bin of completion time: t (s since t0), qps (ok/s), errors_s, p99_ms (ok rows), from rows
+    in memory (a run directory's timeline comes from analysis.requestscan.scan_parts)."""
+    timeline = Timeline(t0, bin_s)
+    if requests is not None and len(requests):
+        timeline.add(Chunk.of(requests))
+    return timeline.frame()
 
 
 def _binned(df: pd.DataFrame, t0: float, cols: list[str], how: str = "mean", by: str | None = None,
@@ -94,6 +83,7 @@ def _knee_figure(summary: dict[str, Any]) -> go.Figure:
     for key, dash in (("p50_ms", "dot"), ("p95_ms", "dash"), ("p99_ms", "solid")):
         fig.add_trace(go.Scatter(x=x, y=val(key), name=key.replace("_ms", "").upper() + " ms", mode="lines+markers",
                                  line=dict(dash=dash)), secondary_y=True)
+    _usl_trace(fig, summary)
     knee = summary.get("knee") or {}
     if knee.get("users"):
         fig.add_vline(x=float(np.log2(knee["users"])), line=dict(color=KNEE_COLOR, width=2, dash="dash"),
@@ -111,50 +101,67 @@ def _knee_figure(summary: dict[str, Any]) -> go.Figure:
     return fig
 
 
+def _usl_trace(fig: go.Figure, summary: dict[str, Any]) -> None:
+    """The fitted USL curve over the measured points (analysis.usl.usl_curve, valid steps only)."""
+    usl = summary.get("usl") if isinstance(summary.get("usl"), dict) else {}
+    curve = usl.get("curve") if isinstance(usl.get("curve"), dict) else {}
+    users = np.asarray(curve.get("users") or [], dtype=float)
+    qps = np.asarray(curve.get("qps") or [], dtype=float)
+    measured = [s["users"] for s in summary.get("steps", []) if isinstance(s.get("users"), (int, float))]
+    if measured and len(users) == len(qps):  # over the measured points only, not extrapolated below them
+        keep = users >= min(measured)
+        users, qps = users[keep], qps[keep]
+    if not len(users):
+        return
+    name = "USL fit" + (f" (N* = {usl['n_star']:.1f})" if usl.get("n_star") else "")
+    fig.add_trace(go.Scatter(x=np.log2(users), y=qps, name=name,
+                             mode="lines", line=dict(color="gray", dash="dash", width=2), hoverinfo="skip"),
+                  secondary_y=False)
+
+
 Trace = tuple[str, Any, Any, bool]  # name, x, y, on the secondary axis
 Panel = tuple[str, list[Trace]]  # title, traces
 
 
-def _request_panels(requests: pd.DataFrame, t0: float) -> list[Panel]:
-    ps = per_second(requests, t0)
+def _request_panels(ps: pd.DataFrame) -> list[Panel]:
     if not len(ps):
         return []
     return [("QPS per second", [("QPS", ps["t"], ps["qps"], False), ("errors/s", ps["t"], ps["errors_s"], True)]),
             ("P99 per second (ms)", [("P99 ms", ps["t"], ps["p99_ms"], False)])]
 
 
-def _vmstat_panels(host: str, vm: pd.DataFrame | None, t0: float) -> list[Panel]:
+def _vmstat_panels(host: str, vm: pd.DataFrame | None, t0: float, bin_s: float = BIN_S) -> list[Panel]:
     if vm is None:
         return []
-    b = _binned(vm, t0, ["us", "sy", "wa", "cs", "r"])
+    b = _binned(vm, t0, ["us", "sy", "wa", "cs", "r"], bin_s=bin_s)
     cpu = [(f"{k} %", b["t"], b[k], False) for k in ("us", "sy", "wa") if k in b]
     sched = [(n, b["t"], b[k], sec) for k, n, sec in (("cs", "cs/s", False), ("r", "run queue", True)) if k in b]
     return [p for p in ((f"{host}: CPU % (vmstat)", cpu), (f"{host}: context switches/s, run queue", sched)) if p[1]]
 
 
-def _process_panels(host: str, pr: pd.DataFrame | None, th: pd.DataFrame | None, t0: float) -> list[Panel]:
+def _process_panels(host: str, pr: pd.DataFrame | None, th: pd.DataFrame | None, t0: float, bin_s: float = BIN_S) -> list[Panel]:
     out: list[Panel] = []
     if pr is not None:
-        b = _binned(pr, t0, ["cpu_pct", "rss_mb"], how="sum", by="pid")
+        b = _binned(pr, t0, ["cpu_pct", "rss_mb"], how="sum", by="pid", bin_s=bin_s)
         tr = [(n, b["t"], b[k], sec) for k, n, sec in (("cpu_pct", "process %CPU", False), ("rss_mb", "RSS MB", True))
               if k in b]
         if tr:
             out.append((f"{host}: monitored process", tr))
     per_t = active_threads(th)
     if per_t is not None:
-        b = _binned(per_t, t0, ["active_threads", "top_thread_cpu_pct"])
+        b = _binned(per_t, t0, ["active_threads", "top_thread_cpu_pct"], bin_s=bin_s)
         out.append((f"{host}: threads (active >= {ACTIVE_THREAD_CPU_PCT:g}% CPU; busiest thread %CPU)",
                     [("active threads", b["t"], b["active_threads"], False),
                      ("busiest thread %CPU", b["t"], b["top_thread_cpu_pct"], True)]))
     return out
 
 
-def _gpu_panels(host: str, gpu: pd.DataFrame | None, t0: float) -> list[Panel]:
+def _gpu_panels(host: str, gpu: pd.DataFrame | None, t0: float, bin_s: float = BIN_S) -> list[Panel]:
     if gpu is None or "gpu" not in gpu.columns or "sm_pct" not in gpu.columns:
         return []
     use, mem = [], []
     for g, gdf in gpu.groupby("gpu"):
-        b = _binned(gdf, t0, ["sm_pct", "mem_pct", "fb_used_mb", "power_w"])
+        b = _binned(gdf, t0, ["sm_pct", "mem_pct", "fb_used_mb", "power_w"], bin_s=bin_s)
         use.append((f"GPU {g} SM %", b["t"], b["sm_pct"], False))
         if "mem_pct" in b:
             use.append((f"GPU {g} mem %", b["t"], b["mem_pct"], False))
@@ -165,8 +172,8 @@ def _gpu_panels(host: str, gpu: pd.DataFrame | None, t0: float) -> list[Panel]:
     return [(f"{host}: GPU", use)] + ([(f"{host}: GPU memory used MB / power W", mem)] if mem else [])
 
 
-def _target_panels(host: str, prom: pd.DataFrame | None, t0: float) -> list[Panel]:
-    tl = target_timeline(prom, t0, BIN_S)
+def _target_panels(host: str, prom: pd.DataFrame | None, t0: float, bin_s: float = BIN_S) -> list[Panel]:
+    tl = target_timeline(prom, t0, bin_s)
     out: list[Panel] = []
     for keys in TARGET_PANELS:
         tr = [(TARGET_LABELS[k], tl["t"], tl[k], sec) for k, sec in keys if k in tl.columns]
@@ -175,35 +182,47 @@ def _target_panels(host: str, prom: pd.DataFrame | None, t0: float) -> list[Pane
     return out
 
 
-def _generator_panels(generator: dict[str, pd.DataFrame], t0: float) -> list[Panel]:
+def _generator_panels(generator: dict[str, pd.DataFrame], t0: float, bin_s: float = BIN_S) -> list[Panel]:
     tr = []
     for w, df in generator.items():
         if "cpu_pct" in df.columns:
-            b = _binned(df, t0, ["cpu_pct"])
+            b = _binned(df, t0, ["cpu_pct"], bin_s=bin_s)
             tr.append((f"{w} CPU %", b["t"], b["cpu_pct"], False))
     return [("load generator CPU % per worker", tr)] if tr else []
 
 
 def _step_bands(fig: go.Figure, summary: dict[str, Any], t0: float) -> None:
-    """Each step as a shaded band across all panels, labelled with its users (✗: not valid)."""
+    """Each step as a shaded band behind all panels, labelled with its users (✗: not valid).
+
+    One full-height shape per step (x on the shared time axis, y on the paper): plotly's
+    ``add_vrect(row="all")`` builds one shape per panel and took seconds per step on 20 panels.
+    """
+    shapes, labels = [], []
     for j, s in enumerate(summary.get("steps", [])):
         if s.get("t_ramp") is None or s.get("t_end") is None or not s["t_end"] > s["t_ramp"]:
             continue
         lo, hi = s["t_ramp"] - t0, s["t_end"] - t0
-        fig.add_vrect(x0=lo, x1=hi, fillcolor=BAND_COLORS[j % 2], line_width=0, layer="below", row="all", col=1)
-        fig.add_annotation(x=(lo + hi) / 2, y=1.0, xref="x", yref="paper", yanchor="bottom", showarrow=False,
-                           text=f"{s.get('users')}u" + ("" if s.get("valid") else " ✗"), font=dict(size=10))
+        shapes.append(dict(type="rect", xref="x", yref="paper", x0=lo, x1=hi, y0=0, y1=1,
+                           fillcolor=BAND_COLORS[j % 2], line_width=0, layer="below"))
+        labels.append(dict(x=(lo + hi) / 2, y=1.0, xref="x", yref="paper", yanchor="bottom", showarrow=False,
+                           text=f"{s.get('users')}u" + ("" if s.get("valid") else " ✗"), font=dict(size=10)))
+    fig.update_layout(shapes=[*fig.layout.shapes, *shapes], annotations=[*fig.layout.annotations, *labels])
 
 
-def _timeline_figure(summary: dict[str, Any], requests: pd.DataFrame, generator: dict[str, pd.DataFrame],
-                     hosts: dict[str, dict[str, pd.DataFrame]], t0: float) -> go.Figure:
-    panels = _request_panels(requests, t0)
+def _timeline_figure(summary: dict[str, Any], timeline: pd.DataFrame, generator: dict[str, pd.DataFrame],
+                     hosts: dict[str, dict[str, pd.DataFrame]], t0: float, bin_s: float = BIN_S) -> go.Figure:
+    """All panels on one time axis (seconds since ``t0``, ``bin_s`` bins); ``timeline``: the
+    requests per bin (analysis.requestscan.Timeline.frame)."""
+    panels = _request_panels(timeline)
     for host, streams in hosts.items():
-        panels += _vmstat_panels(host, streams.get("vmstat"), t0)
-        panels += _process_panels(host, streams.get("process"), streams.get("threads"), t0)
-        panels += _gpu_panels(host, streams.get("gpu"), t0)
-        panels += _target_panels(host, streams.get(PROMETHEUS_STREAM), t0)
-    panels += _generator_panels(generator, t0)
+        mine = _vmstat_panels(host, streams.get("vmstat"), t0, bin_s)
+        mine += _process_panels(host, streams.get("process"), streams.get("threads"), t0, bin_s)
+        mine += _gpu_panels(host, streams.get("gpu"), t0, bin_s)
+        mine += _target_panels(host, streams.get(PROMETHEUS_STREAM), t0, bin_s)
+        if len(hosts) > 1:  # one legend for all panels: say whose "us %" each line is
+            mine = [(title, [(f"{host}: {n}", x, y, sec) for n, x, y, sec in traces]) for title, traces in mine]
+        panels += mine
+    panels += _generator_panels(generator, t0, bin_s)
     if not panels:
         fig = go.Figure()
         fig.update_layout(title="Timeline: no samples recorded", height=200)
@@ -211,30 +230,70 @@ def _timeline_figure(summary: dict[str, Any], requests: pd.DataFrame, generator:
     fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.03,
                         subplot_titles=[title for title, _ in panels], specs=[[{"secondary_y": True}]] * len(panels))
     for i, (_, traces) in enumerate(panels, start=1):
+        # a secondary axis over a subplot with no primary trace breaks the whole figure in
+        # plotly.js 3 (every panel drawn empty): such a panel's traces go on its primary axis
+        alone = not any(not sec for *_, sec in traces)
         for name, x, y, sec in traces:
+            sec = sec and not alone
             fig.add_trace(go.Scatter(x=np.asarray(x, dtype=float), y=np.asarray(y, dtype=float), name=name,
                                      mode="lines", legendgroup=str(i), line=dict(width=1.5)),
                           row=i, col=1, secondary_y=sec)
     _step_bands(fig, summary, t0)
-    fig.update_xaxes(title_text="seconds since run start", row=len(panels), col=1)
+    fig.update_xaxes(title_text="seconds since run start" + (f" ({bin_s:g}-s bins)" if bin_s != BIN_S else ""),
+                     row=len(panels), col=1)
+    fig.update_yaxes(rangemode="tozero")  # every series here is a count, a rate or a percentage
     fig.update_layout(title=dict(text="Timeline (steps shaded; ✗ = step not valid)", y=0.995),
                       height=max(360, PLOT_HEIGHT_PER_ROW * len(panels) + 120), hovermode="x unified",
                       margin=dict(t=90))
     return fig
 
 
-def _table_html(summary: dict[str, Any]) -> str:
-    header, rows = table_rows(summary)
+def _table_html(summary: dict[str, Any], header: list[str], rows: list[list[str]]) -> str:
+    """One steps table; the rows of steps that are not valid are greyed."""
     if not rows:
         return "<p><em>No steps recorded.</em></p>"
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     cell_class = ["" if h != VALID_HEADER else ' class="valid"' for h in header]
+    head = "".join(f"<th{k}>{html.escape(h)}</th>" for k, h in zip(cell_class, header))
     body = "".join(
         "<tr{}>{}</tr>".format("" if step.get("valid") else ' class="invalid"',
                                "".join(f"<td{k}>{html.escape(c)}</td>" for k, c in zip(cell_class, r)))
         for step, r in zip(summary.get("steps", []), rows)
     )
     return f'<table class="steps"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _tables_html(summary: dict[str, Any]) -> str:
+    """The step tables in readable groups: load; what each server did; the target's /metrics."""
+    parts = ["<h2>Steps (steady windows; greyed: not valid)</h2>"]
+    for title, cols in table_groups(summary):
+        header, rows = table_rows(summary, srv=[]) if cols is None else table_rows(summary, cols, load=False)
+        parts.append(f"<h3>{_md_inline(title)}</h3>" + _table_html(summary, header, rows))
+        if not rows:
+            break
+    return "".join(parts)
+
+
+def _findings_html(summary: dict[str, Any]) -> str:
+    """Each finding as a card: severity and id, what was seen, the evidence, the advice."""
+    cards = []
+    for lines in findings_section(summary):
+        sev = lines[0].split(" ", 1)[0].strip("*").lower() if len(lines) > 1 else "none"
+        body = "".join(f"<div>{_md_inline(x)}</div>" for x in lines[1:])
+        cards.append(f"<div class='finding {html.escape(sev)}'><div>{_md_inline(lines[0])}</div>{body}</div>")
+    return "<h2>Findings</h2>" + "".join(cards)
+
+
+def _model_html(summary: dict[str, Any]) -> str:
+    """The USL reading, and the SLA/capacity plan when the summary has them."""
+    out = []
+    usl = usl_lines(summary)
+    if usl:
+        out.append("<h2>Scalability model (USL)</h2><ul>" + "".join(f"<li>{_md_inline(x)}</li>" for x in usl)
+                   + "</ul>")
+    for title, lines in plan_lines(summary):
+        out.append(f"<h2>{html.escape(title)}</h2><ul>" + "".join(f"<li>{_md_inline(x)}</li>" for x in lines)
+                   + "</ul>")
+    return "".join(out)
 
 
 def _md_inline(line: str) -> str:
@@ -266,16 +325,25 @@ body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
 .banner{background:#b00020;color:#fff;padding:.6em 1em;font-weight:bold;border-radius:4px}
 table.steps{border-collapse:collapse;font-size:13px;margin:1em 0}
 table.steps th,table.steps td{border:1px solid #ccc;padding:3px 8px;text-align:right}
-table.steps td.valid{text-align:left}
+table.steps td.valid,table.steps th.valid{text-align:left}
 tr.invalid{background:#fff3f3;color:#777}
 .warn{background:#fff4e5;border-left:4px solid #e65100;padding:.4em .8em}
 ul.hosts{font-size:14px}
 ul.hosts code{font-size:12px;word-break:break-all}
+.verdict{font-size:17px;margin:.8em 0}
+.finding{border-left:4px solid #999;background:#f7f7f7;padding:.4em .8em;margin:.5em 0;font-size:14px}
+.finding div{margin:.15em 0}
+.finding.critical{border-color:#b00020;background:#fdecee}
+.finding.warning{border-color:#e65100;background:#fff4e5}
+.finding.info{border-color:#1565c0;background:#eef4fc}
+.finding code{font-size:12px;white-space:normal}
+h3{margin:1.2em 0 .2em;font-size:15px}
 """
 
 
-def render_html(summary: dict[str, Any], requests: pd.DataFrame, generator: dict[str, pd.DataFrame],
-                hosts: dict[str, dict[str, pd.DataFrame]], t0: float) -> str:
+def render_html(summary: dict[str, Any], timeline: pd.DataFrame, generator: dict[str, pd.DataFrame],
+                hosts: dict[str, dict[str, pd.DataFrame]], t0: float, bin_s: float = BIN_S) -> str:
+    """index.html; ``timeline``: the requests per ``bin_s`` bin since ``t0`` (requestscan)."""
     title = f"kneeswarm {summary.get('run_id')}"
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{CSS}</style></head><body>",
@@ -287,12 +355,16 @@ def render_html(summary: dict[str, Any], requests: pd.DataFrame, generator: dict
     if warnings:
         parts.append("<div class='warn warnings'><b>Warnings</b><ul>"
                      + "".join(f"<li>{html.escape(w)}</li>" for w in warnings) + "</ul></div>")
+    parts.append(f"<p class='verdict'>{_md_inline(verdict(summary))}</p>")
     parts.append("<ul>" + "".join(f"<li>{_md_inline(line)}</li>" for line in knee_lines(summary)) + "</ul>")
     for line in malformed_lines(summary):
         parts.append(f"<p class='warn'>{_md_inline(line)}</p>")
-    parts.append(_hosts_html(summary))
+    parts.append(_findings_html(summary))
+    parts.append(_model_html(summary))
     parts.append(_knee_figure(summary).to_html(full_html=False, include_plotlyjs=True))
-    parts.append("<h2>Steps (steady windows)</h2>" + _table_html(summary))
-    parts.append(_timeline_figure(summary, requests, generator, hosts, t0).to_html(full_html=False, include_plotlyjs=False))
+    parts.append(_timeline_figure(summary, timeline, generator, hosts, t0, bin_s).to_html(full_html=False,
+                                                                                          include_plotlyjs=False))
+    parts.append(_tables_html(summary))
+    parts.append(_hosts_html(summary))
     parts.append("</body></html>")
     return "\n".join(parts)

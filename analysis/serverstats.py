@@ -99,3 +99,18 @@ def server_metrics(hosts: dict[str, dict[str, pd.DataFrame]], t_lo: np.ndarray, 
             if merged:
                 out[i][host] = merged
     return out
+
+
+def energy_per_request(server: dict[str, Any], completed: Any, window_s: Any) -> float | None:
+    """Joules per completed request over a step: the GPUs' mean power (``power_w``, summed over
+    the hosts that recorded it) x the window / the completed requests (or, given the output tokens
+    of the completed requests, per token); None without power or completions.  Issue 7 §2: the
+    cost figure capacity planners ask for."""
+    power = [m["power_w"] for m in server.values() if isinstance(m, dict) and m.get("power_w") is not None]
+    try:
+        n, w = float(completed), float(window_s)
+    except (TypeError, ValueError):
+        return None
+    if not power or not (n > 0 and np.isfinite(w) and w > 0):
+        return None
+    return float(sum(power)) * w / n

@@ -8,8 +8,12 @@ each host's, and analysis's own; ``complete`` is false when anything was lost). 
 latency_knee, totals, ended, analysis settings, per-step window/rps/generator/server facts
 (``server[host]``: vmstat, process incl. ``sy_share``, threads, GPU means, and ``target``
 {key: value} from the server's /metrics), ``hosts`` {host: facts} (analysis.hostfacts),
-``target_series`` {host: {key: series used}} (analysis.target).  NaN and infinities are
-written as null.
+``target_series`` {host: {key: series used}} (analysis.target).  Issue 7: ``findings`` [{id,
+severity, steps, evidence, text, advice}] and ``usl`` {sigma, kappa, lambda, n_star, peak,
+peak_kind, r2, points, caution, curve {users, qps}, text} (analysis.findings.explain over the
+valid steps); per step ``energy_j_per_request`` (and ``energy_j_per_token`` when output tokens were
+recorded) where GPU power was recorded, and Little's-law /
+clock-offset reasons (analysis.trust).  NaN and infinities are written as null.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import pandas as pd
 
 from analysis.hostfacts import host_lines, skipped_lines
 from analysis.problems import Problems, collect
+from analysis.sections import findings_section, plan_lines, usl_lines, verdict
+from analysis.serverstats import energy_per_request
 from analysis.target import TARGET_METRICS
 
 logger = logging.getLogger(__name__)
@@ -104,6 +110,10 @@ def step_records(stats: pd.DataFrame, server: list[dict[str, Any]] | None = None
         rec["t_end_recorded"] = row.get("t_end") is not None and math.isfinite(float(row.get("t_end")))
         rec["generator"] = {"cpu_pct": dict(gen_cpu[i])} if gen_cpu and gen_cpu[i] else {}
         rec["server"] = server[i] if server else {}
+        for key, count in (("energy_j_per_request", row.get("ok")), ("energy_j_per_token", row.get("tokens_out"))):
+            energy = energy_per_request(rec["server"], count, row.get("window_s"))  # J per request (or token)
+            if energy is not None:
+                rec[key] = energy
         records.append(rec)
     return records
 
@@ -212,6 +222,23 @@ def server_columns(summary: dict[str, Any], prefix_hosts: bool | None = None) ->
 
 VALID_HEADER = "valid"  # the column saying "yes" or "no: <reasons>"
 LOAD_HEADER = ["users", "requests", "QPS", "P50 ms", "P95 ms", "P99 ms", "P999 ms", "errors %", VALID_HEADER]
+# (header, step key) shown before VALID_HEADER when a step has them (GPU power recorded)
+ENERGY_COLUMNS = (("J/request", "energy_j_per_request"), ("J/token", "energy_j_per_token"))
+
+
+def load_header(summary: dict[str, Any]) -> list[str]:
+    """LOAD_HEADER, with the energy columns that any step has (before VALID_HEADER)."""
+    extra = [h for h, key in ENERGY_COLUMNS if any(s.get(key) is not None for s in summary.get("steps", []))]
+    return [*LOAD_HEADER[:-1], *extra, VALID_HEADER]
+
+
+def _load_cells(s: dict[str, Any], header: list[str]) -> list[str]:
+    er = s.get("error_rate")
+    valid = "yes" if s.get("valid") else "no: " + "; ".join(s.get("reasons") or [])
+    cells = [f"{s.get('requests', 0):,}", _f(s.get("qps")), _f(s.get("p50_ms")), _f(s.get("p95_ms")),
+             _f(s.get("p99_ms")), _f(s.get("p999_ms")), _f(None if er is None else 100 * er, "{:.2f}")]
+    cells += [_f(s.get(key), "{:,.3g}") for h, key in ENERGY_COLUMNS if h in header]
+    return [*cells, valid]
 
 
 def table_rows(summary: dict[str, Any], srv: list[tuple[str, str, str, str]] | None = None,
@@ -219,20 +246,35 @@ def table_rows(summary: dict[str, Any], srv: list[tuple[str, str, str, str]] | N
     """Header and rows of the steps table (shared by Markdown and HTML): the load columns
     (unless ``load`` is false: then users only) and the server columns ``srv`` (default: all)."""
     srv = server_columns(summary) if srv is None else srv
-    header = [*(LOAD_HEADER if load else LOAD_HEADER[:1]), *[h for _, h, _, _ in srv]]
+    lh = load_header(summary)
+    header = [*(lh if load else lh[:1]), *[h for _, h, _, _ in srv]]
     rows = []
     for s in summary.get("steps", []):
         row = [str(s.get("users"))]
         if load:
-            er = s.get("error_rate")
-            valid = "yes" if s.get("valid") else "no: " + "; ".join(s.get("reasons") or [])
-            row += [f"{s.get('requests', 0):,}", _f(s.get("qps")), _f(s.get("p50_ms")),
-                    _f(s.get("p95_ms")), _f(s.get("p99_ms")), _f(s.get("p999_ms")),
-                    _f(None if er is None else 100 * er, "{:.2f}"), valid]
+            row += _load_cells(s, lh)
         for host, _, key, fmt in srv:
             row.append(_f(server_value((s.get("server") or {}).get(host, {}), key), fmt))
         rows.append(row)
     return header, rows
+
+
+def table_groups(summary: dict[str, Any]) -> list[tuple[str, list[tuple[str, str, str, str]] | None]]:
+    """The step table split for reading (issue 7 §6): (title, server columns) of the load table
+    (None: the load columns), one table per host of what the server was doing, and one per host
+    of the target's own /metrics."""
+    srv = server_columns(summary, prefix_hosts=False)
+    groups: list[tuple[str, list[tuple[str, str, str, str]] | None]] = [("Load", None)]
+    hosts = list(dict.fromkeys(h for h, _, _, _ in srv))
+    for host in hosts:
+        cols = [c for c in srv if c[0] == host and not c[2].startswith("target.")]
+        if cols:
+            groups.append((f"Server `{host}`", cols))
+    for host in hosts:
+        cols = [c for c in srv if c[0] == host and c[2].startswith("target.")]
+        if cols:
+            groups.append((f"Target metrics (`{host}`)", cols))
+    return groups
 
 
 def _md_escape(text: str) -> str:
@@ -247,16 +289,49 @@ def _md_table(header: list[str], rows: list[list[str]], numeric: int) -> list[st
             *("| " + " | ".join(esc(c) for c in r) + " |" for r in rows)]
 
 
+def _md_explained(summary: dict[str, Any]) -> list[str]:
+    """Findings, the scalability model, and the SLA/capacity plan when present."""
+    lines = ["### Findings", ""]
+    for f in findings_section(summary):
+        lines.append(f"- {f[0]}")
+        lines += [f"  - {x}" for x in f[1:]]
+    usl = usl_lines(summary)
+    if usl:
+        lines += ["", "### Scalability model (USL)", "", *(f"- {x}" for x in usl)]
+    for title, plan in plan_lines(summary):
+        lines += ["", f"### {title}", "", *(f"- {x}" for x in plan)]
+    return [*lines, ""]
+
+
+def _md_tables(summary: dict[str, Any]) -> list[str]:
+    header, rows = table_rows(summary, srv=[])
+    if not rows:
+        return ["_No steps recorded._", ""]
+    lines = ["### Steps (steady windows)", ""]
+    for title, cols in table_groups(summary):
+        if cols is None:
+            lines += _md_table(header, rows, numeric=header.index(VALID_HEADER))
+        else:
+            lines += ["", f"**{title}**", ""]
+            lines += _md_table(*table_rows(summary, cols, load=False), numeric=99)
+    return [*lines, ""]
+
+
 def to_markdown(summary: dict[str, Any]) -> str:
+    """summary.md, top-down: status, warnings, verdict and knee, findings, USL, the step tables
+    (load; server per host; target), host facts."""
     lines = [f"## kneeswarm run `{summary.get('run_id')}`: {status_line(summary)}", ""]
     warnings = warning_lines(summary)
     if warnings:
         lines += ["**Warnings:**", *(f"- {_md_escape(w)}" for w in warnings), ""]
+    lines += [verdict(summary), ""]
     lines += [f"- {line}" for line in knee_lines(summary)]
     tot = summary.get("totals") or {}
     lines.append(f"- **Requests:** {tot.get('requests', 0):,} ({tot.get('errors', 0):,} errors)")
     lines += [f"- {line}" for line in malformed_lines(summary)]
     lines.append("")
+    lines += _md_explained(summary)
+    lines += _md_tables(summary)
     hosts = summary.get("hosts") if isinstance(summary.get("hosts"), dict) else {}
     if any(hosts.values()):
         lines.append("### Hosts")
@@ -265,16 +340,4 @@ def to_markdown(summary: dict[str, Any]) -> str:
             lines.append(f"- {hl[0]}")
             lines += [f"  - {x}" for x in hl[1:]]
         lines.append("")
-    # Two kinds of table, so that a pull-request comment stays readable: the load, then what
-    # each server was doing at each step.
-    header, rows = table_rows(summary, srv=[])
-    if rows:
-        lines += _md_table(header, rows, numeric=LOAD_HEADER.index(VALID_HEADER))
-        srv = server_columns(summary, prefix_hosts=False)
-        for host in dict.fromkeys(h for h, _, _, _ in srv):
-            lines += ["", f"**Server `{host}`**", ""]
-            lines += _md_table(*table_rows(summary, [c for c in srv if c[0] == host], load=False), numeric=99)
-    else:
-        lines.append("_No steps recorded._")
-    lines.append("")
     return "\n".join(lines)

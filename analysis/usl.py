@@ -35,6 +35,7 @@ MIN_POINTS = 3  # three parameters need at least three points
 # data): its N* would be above a million users, outside anything a load test measures.
 KAPPA_ZERO = 1e-12
 MAX_EVALUATIONS = 20000
+NEGLIGIBLE = 1e-9  # describe() writes smaller σ or κ as 0
 CURVE_POINTS = 60  # points of the fitted curve handed to the report
 
 
@@ -143,14 +144,24 @@ def usl_curve(fit: dict[str, Any], n_max: float, points: int = CURVE_POINTS) -> 
     return {"users": [float(v) for v in grid], "qps": [float(v) for v in qps]}
 
 
+def _g(x: float) -> str:
+    """3 significant digits; a fitted value below NEGLIGIBLE reads as 0 (the solver's 1e-30 is no number to read)."""
+    return "0" if abs(x) < NEGLIGIBLE else f"{x:.3g}"
+
+
+def _rate(x: float) -> str:
+    """A throughput for reading: 12,858 rather than 1.286e+04."""
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
+
+
 def describe(fit: dict[str, Any]) -> str | None:
     """One sentence reading σ as contention and κ as coherency cost, or None without a fit."""
     if fit.get("sigma") is None:
         return None
-    s = (f"contention σ = {fit['sigma']:.3g} (the serial share of the work), coherency κ = {fit['kappa']:.3g} "
+    s = (f"contention σ = {_g(fit['sigma'])} (the serial share of the work), coherency κ = {_g(fit['kappa'])} "
          f"(the cost of keeping threads consistent), λ = {fit['lambda']:.3g}/s per user")
     if fit.get("peak_kind") == "max":
-        s += f"; predicted peak {fit['peak']:.4g}/s at N* = {fit['n_star']:.1f} users"
+        s += f"; predicted peak {_rate(fit['peak'])}/s at N* = {fit['n_star']:.1f} users"
     elif fit.get("peak_kind") == "asymptote":
-        s += f"; no retrograde region: throughput approaches {fit['peak']:.4g}/s"
+        s += f"; no retrograde region: throughput approaches {_rate(fit['peak'])}/s"
     return s

@@ -35,9 +35,9 @@ def completion_times(requests: pd.DataFrame) -> np.ndarray:
     return t + np.where(good_latency(requests), lat, 0.0) / 1000.0
 
 
-def resolve_windows(steps: pd.DataFrame, requests: pd.DataFrame, settle: float) -> pd.DataFrame:
+def resolve_windows(steps: pd.DataFrame, last_done: pd.DataFrame | float, settle: float) -> pd.DataFrame:
     """steps + ``t_end_used`` (t_end, else next t_ramp, else the last completion), ``t_lo``, ``t_hi``,
-    ``window_s``."""
+    ``window_s``.  ``last_done``: the last completion (epoch s, NaN if none), or the request rows."""
     out = steps.copy().reset_index(drop=True)
     for col in STEP_COLUMNS:
         if col not in out.columns:
@@ -47,7 +47,8 @@ def resolve_windows(steps: pd.DataFrame, requests: pd.DataFrame, settle: float) 
         out["index"] = np.arange(len(out))
     t_end = out["t_end"].to_numpy(dtype=float).copy()
     next_ramp = np.append(out["t_ramp"].to_numpy(dtype=float)[1:], np.nan)
-    last_done = float(np.nanmax(completion_times(requests))) if len(requests) else np.nan
+    if isinstance(last_done, pd.DataFrame):
+        last_done = float(np.nanmax(completion_times(last_done))) if len(last_done) else np.nan
     fill = np.where(np.isfinite(next_ramp), next_ramp, last_done)
     missing = ~np.isfinite(t_end)
     t_end[missing] = fill[missing]

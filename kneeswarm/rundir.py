@@ -137,7 +137,7 @@ class RequestRows:
     unreadable: list[UnreadablePart] = field(default_factory=list)
 
 
-def _footer_range(meta: pq.FileMetaData, column: str) -> tuple[float, float] | None:
+def footer_range(meta: pq.FileMetaData, column: str) -> tuple[float, float] | None:
     """(min, max) of a column over all row groups from the footer's statistics, else None."""
     if column not in meta.schema.names:
         return None
@@ -160,8 +160,8 @@ def unreadable_part(path: Path, error: Exception) -> UnreadablePart:
     except Exception:  # a torn footer: the part's rows and times are unknown
         return part
     part.rows = int(meta.num_rows)
-    t = _footer_range(meta, "t_start")
-    step = _footer_range(meta, "step")
+    t = footer_range(meta, "t_start")
+    step = footer_range(meta, "step")
     part.t_range = (float(t[0]), float(t[1])) if t else None
     part.step_range = (int(step[0]), int(step[1])) if step else None
     return part

@@ -133,7 +133,7 @@ def test_step_below_min_requests_is_invalid(tmp_path):
     assert s["steps"][1]["valid"] is True  # ~200 qps x 10 s
     assert s["totals"]["valid_steps"] == 4
     html = (rd.report_dir / "index.html").read_text()
-    assert html.count('<tr class="invalid">') == 1
+    assert html.count('<tr class="invalid">') == 2  # greyed in each table: load, server-1
     assert '<td class="valid">no: only ' in html and html.count('<td class="valid">yes</td>') == 4
 
 
@@ -312,10 +312,11 @@ def test_target_queue_0_then_12_and_counter_rising_5_per_s(tmp_path):
     assert used["requests_s"]["series"] == ['kneeswarm_target_requests_total{code="200"}',
                                             'kneeswarm_target_requests_total{code="503"}']
     md = (rd.report_dir / "summary.md").read_text()
-    assert "**Server `target`**" in md and "| queue |" in md and "| rejections/s |" in md
+    assert "**Target metrics (`target`)**" in md and "| queue |" in md and "| rejections/s |" in md
     assert "- **Malformed lines skipped:** target prometheus: 2 of 56 lines" in md
     assert "  - /metrics scraped from http://10.0.0.5:8000/metrics: 56 scrapes, 2 failed (last: timed out after 0.8s)" in md
-    assert md.splitlines()[-1].split(" | ")[-5:] == ["12.0", "2.0", "5.0", "2.0", "102.0 |"]
+    last_row = [line for line in md.splitlines() if line.startswith("| ")][-1]  # the target table's last step
+    assert last_row.split(" | ")[-5:] == ["12.0", "2.0", "5.0", "2.0", "102.0 |"]
     html = (rd.report_dir / "index.html").read_text().replace("\\u002f", "/")
     assert "target: target: queue / in flight / rejections/s" in html
     strict_json(rd.report_dir / "summary.json")

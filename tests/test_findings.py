@@ -297,6 +297,7 @@ def test_real_oversubscribed_onnx_target_is_diagnosed(start_demo_target, tmp_pat
     rq = only(result, "run_queue_over_cores")["evidence"]
     assert rq["r"] > rq["logical_cpus"]
     assert result["rule_errors"] == []
+    assert {f["id"] for f in summary["findings"]} == found  # summary.json carries the same findings
 
 
 @pytest.mark.slow
@@ -312,6 +313,8 @@ def test_real_knee_target_gets_no_cpu_finding(start_demo_target, tmp_path):
     assert len(summary["steps"]) == 4 and result["littles_law"] == [], result["littles_law"]
     for s in summary["steps"]:
         assert step_littles_law(s) is None
+        assert not any(r.startswith("Little's law") for r in s["reasons"])  # analysis.trust agrees
+    assert summary["usl"]["points"] == sum(s["valid"] for s in summary["steps"])
 
 
 def test_a_host_full_of_other_work_is_contention_not_the_service():

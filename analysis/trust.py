@@ -1,0 +1,104 @@
+"""Is each step's number trustworthy?  The checks that need more than the step's own rows (issue 7 §3).
+
+* **Little's law** (closed loop only): N users each either wait for a response or think, so
+  N ≈ X·(R + Z) within 10 % (analysis.findings.validity); a step that misses it did not hold the
+  load it claims.  Open-loop steps (``[load] mode = "open"``) have no fixed N and are not checked.
+* **Clock offsets**: every clock but the master's is corrected by a measured offset whose error
+  bound is known (meta.json ``hosts[label].clock.before/after.error``, ``worker_clocks[w].error_s``
+  and generator/clocks.json).  When a bound is above a tenth of a step's P50
+  (``CLOCK_ERROR_SHARE_OF_P50``), aligning that step's samples and requests is not trustworthy.
+
+A step that fails a check gets a reason in ``steps[].reasons`` and is not valid: it is left out
+of the knee and the USL fit.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.findings.validity import step_littles_law
+
+logger = logging.getLogger(__name__)
+
+CLOCK_ERROR_SHARE_OF_P50 = 0.10  # issue 7 §3: an offset error bound above P50 / 10 makes a step invalid
+OPEN_LOOP_MODES = ("open",)  # [load] mode values without a fixed number of users (issue 6 §3)
+
+
+def _num(x: Any) -> float | None:
+    if isinstance(x, bool):
+        return None
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _dict(x: Any) -> dict[str, Any]:
+    return x if isinstance(x, dict) else {}
+
+
+def clock_error_bounds(meta: dict[str, Any], worker_clocks: dict[str, Any] | None = None) -> dict[str, float]:
+    """{"host <label>" | "worker <name>": error bound in seconds} of every measured clock offset.
+
+    A host's bound is the larger of its before/after measurements; workers from meta.json
+    ``worker_clocks`` and from generator/clocks.json (``worker_clocks``), the larger where both say.
+    """
+    out: dict[str, float] = {}
+    for label, host in sorted(_dict(meta.get("hosts")).items(), key=lambda kv: str(kv[0])):
+        clock = _dict(_dict(host).get("clock"))
+        errs = [e for side in ("before", "after") if (e := _num(_dict(clock.get(side)).get("error"))) is not None]
+        if errs:
+            out[f"host {label}"] = max(errs)
+    for source in (_dict(meta.get("worker_clocks")), _dict(worker_clocks)):
+        for worker, clock in source.items():
+            e = _num(_dict(clock).get("error_s"))
+            if e is not None:
+                key = f"worker {worker}"
+                out[key] = max(e, out.get(key, e))
+    return out
+
+
+def clock_reason(p50_ms: Any, bounds: dict[str, float]) -> str | None:
+    """A reason when the largest clock error bound is above CLOCK_ERROR_SHARE_OF_P50 x the step's P50."""
+    p50 = _num(p50_ms)
+    if p50 is None or not bounds:
+        return None
+    source, err_s = max(bounds.items(), key=lambda kv: kv[1])
+    limit_ms = CLOCK_ERROR_SHARE_OF_P50 * p50
+    if err_s * 1000.0 <= limit_ms:
+        return None
+    return (f"clock offset error bound {err_s * 1000.0:,.2f} ms ({source}) > {CLOCK_ERROR_SHARE_OF_P50:.0%} of "
+            f"P50 {p50:,.2f} ms: samples and requests cannot be aligned that finely")
+
+
+def is_closed_loop(plan: dict[str, Any]) -> bool:
+    """True unless the plan's ``[load] mode`` says the load was open loop (arrival rates)."""
+    return str(_dict(plan.get("load")).get("mode", "closed")).lower() not in OPEN_LOOP_MODES
+
+
+def trust_reasons(stats: pd.DataFrame, think_ms: float, closed_loop: bool,
+                  bounds: dict[str, float]) -> list[list[str]]:
+    """Per step (rows of loadstats.step_stats): the Little's-law and clock reasons."""
+    out = []
+    for step in stats.to_dict("records"):
+        why = []
+        if closed_loop and (r := step_littles_law(step, think_ms)) is not None:
+            why.append(r)
+        if (r := clock_reason(step.get("p50_ms"), bounds)) is not None:
+            why.append(r)
+        out.append(why)
+    return out
+
+
+def add_reasons(stats: pd.DataFrame, extra: list[list[str]]) -> pd.DataFrame:
+    """``stats`` with ``extra`` reasons appended per step; a step with any reason is not valid."""
+    out = stats.copy()
+    out["reasons"] = [list(r) + list(e) for r, e in zip(out["reasons"], extra)]
+    out["valid"] = out["valid"].to_numpy(dtype=bool) & np.asarray([not e for e in extra], dtype=bool)
+    return out
