@@ -58,7 +58,8 @@ def make_run(root, name: str, seed: int, slow: float = 1.0, users=USERS, bad_ok_
     rd.write_request_part({k: v[half:] for k, v in cols.items()}, 1)
     rd.write_steps(steps)
     rd.update_meta(run_id=name, complete=True, ended="completed")
-    rd.plan_path.write_text("[load]\nsettle = 0.0\n")
+    # arrivals drawn independently of latency: an open loop (Little's law for closed loops does not apply)
+    rd.plan_path.write_text("[load]\nsettle = 0.0\nmode = \"open\"\n")
     return rd.path
 
 
