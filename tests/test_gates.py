@@ -306,3 +306,29 @@ def test_real_run_against_the_knee_target_fails_an_sla_below_its_service_time(tm
     assert tomllib.loads((run / "plan.toml").read_text())["sla"]["p99_ms"] == service_ms - 10
     again = kneeswarm("analyze", str(run), "--fail-on-sla")  # months later: the same SLA from plan.toml
     assert again.returncode == 3
+
+
+# -- the module's own edges ---------------------------------------------------------------------------
+def test_sla_that_is_not_a_table_is_a_problem_and_no_sla():
+    from analysis.gates import evaluate
+
+    summary = {"steps": [{"users": 1, "qps": 10.0, "p99_ms": 5.0, "mean_ms": 2.0, "error_rate": 0.0, "valid": True}]}
+    sla, capacity = evaluate(summary, {"sla": 5})
+    assert sla["set"] is False and sla["passed"] is None
+    assert sla["problems"] == ["plan.toml: [sla] is not a table (5); no SLA checked"]
+    assert capacity["max_stable_qps"]["value"] == 10.0
+
+
+def test_markdown_is_appended_once(tmp_path):
+    from analysis.gates import append_markdown, apply_gates
+
+    summary = {"warnings": [], "steps": [{"users": 1, "qps": 10.0, "p99_ms": 5.0, "mean_ms": 2.0,
+                                          "error_rate": 0.0, "valid": True}]}
+    apply_gates(summary, {"sla": {"p99_ms": 4.0}}, tmp_path)
+    md = tmp_path / "summary.md"
+    md.write_text("## run\n")
+    append_markdown(md, summary)
+    append_markdown(md, summary)
+    text = md.read_text()
+    assert text.count("### SLA\n") == 1 and text.count("### Capacity plan\n") == 1
+    assert "`p99_ms` ≤ 4: 5 at 1 users: **failed**" in text
