@@ -33,7 +33,7 @@ NO_SLA_TEXT = f"no SLA set: add an [sla] table to the plan ({', '.join(SLA_KEYS)
 
 
 def _table(plan: Any, name: str) -> dict[str, Any] | None:
-    """The plan's ``[name]`` table, or None when absent; a non-table is said in ``problems``."""
+    """The plan's ``[name]`` table, or None when absent or not a table."""
     value = plan.get(name) if isinstance(plan, dict) else None
     return value if isinstance(value, dict) else None
 

@@ -97,11 +97,11 @@ def _gate_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {"sla.p99_ms": args.sla_p99_ms, "sla.error_rate": args.sla_error_rate}
 
 
-def _require_sla(plan: Any, args: argparse.Namespace) -> None:
+def _require_sla(has_sla: bool, args: argparse.Namespace) -> None:
     """--fail-on-sla without an SLA is a mistake of the pipeline, said before any load is sent."""
     from kneeswarm.plan import PlanError
 
-    if args.fail_on_sla and not plan.sla.is_set():
+    if args.fail_on_sla and not has_sla:
         raise PlanError("--fail-on-sla needs an SLA: an [sla] table in the plan, or --sla-p99-ms / --sla-error-rate")
 
 
@@ -205,7 +205,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from kneeswarm.plan import load_plan
 
     plan = load_plan(args.plan, {**_overrides(args), **_gate_overrides(args)})
-    _require_sla(plan, args)
+    _require_sla(plan.sla.is_set(), args)
     plan.hosts = default_hosts(plan, args.pid, args.process)
     result = Conductor(plan, args.out, accept_new_host_keys=args.accept_new_host_keys, quiet=args.quiet).run()
     return sla_gate(_print_result(result, args.quiet), result.run, result.summary, args.fail_on_sla)
@@ -244,6 +244,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from kneeswarm.conductor import Conductor
     from kneeswarm.plan import HostPlan, load_plan
 
+    _require_sla(any(v is not None for v in _gate_overrides(args).values()), args)
     proc, url = start_target(DEMO_TARGET_ARGS)
     try:
         print(f"kneeswarm: demo target {url} (pid {proc.pid}), ONNX Runtime, {DEMO_TARGET_ARGS[-1]} request threads",
@@ -253,7 +254,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
             "load.ramp": DEMO_RAMP, "load.settle": DEMO_SETTLE, "metrics_url": f"{url}/metrics",
             **_gate_overrides(args),
         })
-        _require_sla(plan, args)
         plan.hosts = [HostPlan(name="local", pid=proc.pid)]
         result = Conductor(plan, args.out).run()
     finally:

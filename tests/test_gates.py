@@ -332,3 +332,9 @@ def test_markdown_is_appended_once(tmp_path):
     text = md.read_text()
     assert text.count("### SLA\n") == 1 and text.count("### Capacity plan\n") == 1
     assert "`p99_ms` ≤ 4: 5 at 1 users: **failed**" in text
+
+
+def test_demo_gate_without_an_sla_is_bad_input_before_the_target_starts(root):
+    res = kneeswarm("demo", "--fail-on-sla", "--out", str(root / "runs"), timeout=60)
+    assert res.returncode == 2 and "--fail-on-sla needs an SLA" in res.stderr
+    assert "demo target" not in res.stderr and not (root / "runs").exists()
