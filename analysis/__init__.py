@@ -110,10 +110,14 @@ def analyze(run_dir: str | Path) -> dict[str, Any]:
     inputs = load_inputs(run_dir)
     summary = summarize(inputs)
     report = inputs.run_dir.report_dir
+    from analysis.gates import append_markdown, apply_gates  # issue 7 §4: sla, capacity, report/junit.xml
+
+    summary = apply_gates(summary, inputs.plan, report)
     write_text(report / "summary.json", to_json(summary))
     write_text(report / "summary.md", to_markdown(summary))
     scan = inputs.scan
     write_text(report / "index.html", render_html(summary, scan.timeline, inputs.generator, inputs.hosts, scan.t0,
                                                   scan.bin_s))
     logger.info("%s: knee %s, peak %s; report in %s", inputs.run_id, summary["knee"], summary["peak"], report)
+    append_markdown(report / "summary.md", summary)  # until to_markdown renders analysis.gates.gate_sections
     return summary

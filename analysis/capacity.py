@@ -252,8 +252,8 @@ def pool_sizes(n: int | float | None) -> tuple[dict[str, Any], dict[str, Any]]:
     lo, hi = CORE_FRACTION
     mlo, mhi = MAX_FACTOR
     if n is None:
-        none = figure(None, "", "no recommended concurrency")
-        return none, dict(none)
+        return (figure(None, f"{lo:.0%}–{hi:.0%} of the recommended concurrency", "no recommended concurrency"),
+                figure(None, f"{mlo:g}–{mhi:g} × the recommended concurrency", "no recommended concurrency"))
     core = max(1, _round(CORE_MIDDLE * n))
     core_fig = figure(core, f"{lo:.0%}–{hi:.0%} of the recommended concurrency (middle: {CORE_MIDDLE:.0%})",
                       f"round({CORE_MIDDLE:.2f} × {n}) = {core}", recommended_users=n,

@@ -7,7 +7,7 @@ CI systems (GitLab, Jenkins, GitHub test reporters) list each one as passed or f
       <testsuite name="regression" ...>
         <testcase classname="kneeswarm.compare" name="8 users qps" time="0">...
 
-A limit of the SLA that no step carried (``skipped`` of ``sla_check``) is a ``<skipped>`` case; a
+A run planned without an SLA is one ``<skipped>`` case.  A limit of the SLA that no step carried (``skipped`` of ``sla_check``) is a ``<skipped>`` case; a
 step not valid in both runs is a skipped comparison.  ``time`` is 0: a check takes no time.
 """
 
@@ -45,8 +45,12 @@ def _finish(suite: ET.Element) -> ET.Element:
 
 
 def sla_suite(sla_result: dict[str, Any]) -> ET.Element:
-    """One test case per SLA check (and per limit skipped for want of data)."""
+    """One test case per SLA check (and per limit skipped for want of data); a run planned without
+    an SLA (``set`` false, analysis.gates) is one skipped case."""
     suite = ET.Element("testsuite", name="sla")
+    if sla_result.get("set") is False:
+        _case(suite, SLA_CLASS, "sla", skipped=sla_result.get("text") or "no SLA set")
+        return _finish(suite)
     for c in sla_result.get("checks", []):
         op = ">=" if c.get("bound") == "lower" else "<="
         name = f"{c['name']} {op} {_fmt(c['limit'])}"

@@ -4,10 +4,13 @@
     kneeswarm demo                      the bundled target, a default plan, a report in ~2 minutes
     kneeswarm target [flags]            the bundled demo inference server
     kneeswarm analyze RUN_DIR           (re)write the report of a run directory
+    kneeswarm compare BASE NEW          did NEW regress against BASE? (analysis.compare)
 
 Exit codes (of `run`, `demo` and `analyze`): 0 the load completed and the report is written;
 1 the load did not complete, no request succeeded, or the analysis failed (the reason on stderr,
-one line); 2 bad input (plan, flags, target, host, process); 130 interrupted.
+one line); 2 bad input (plan, flags, target, host, process); 3 with --fail-on-sla: the SLA failed
+(1 and 2 take precedence); 130 interrupted.  `compare`: 0, 4 a regression with
+--fail-on-regression, 2 bad input (not run directories, no step valid in both), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from kneeswarm.lifeline import die_with_parent
 logger = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_SLA_FAILED = 3  # analysis.capacity.EXIT_SLA_FAILED (a test checks they agree)
 DEMO_STEPS = [1, 2, 4, 8, 16]
 DEMO_TARGET_ARGS = ["--mode", "onnx", "--request-threads", "4"]
 DEMO_HOLD, DEMO_RAMP, DEMO_SETTLE = 16.0, 2.0, 2.0
@@ -72,7 +76,48 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("target", help="the bundled demo inference server (see `kneeswarm target --help`)", add_help=False)
     an = sub.add_parser("analyze", help="(re)write report/ of a run directory")
     an.add_argument("run_dir")
+    _add_gates(sub)
     return parser
+
+
+def _add_gates(sub: Any) -> None:
+    """--fail-on-sla on run, demo and analyze; --sla-* overrides on run and demo; `compare` (its
+    own parser: analysis.compare, dispatched in main)."""
+    for name in ("run", "demo", "analyze"):
+        sub.choices[name].add_argument("--fail-on-sla", action="store_true",
+                                       help=f"exit {EXIT_SLA_FAILED} when the plan's [sla] is not met")
+    for name in ("run", "demo"):
+        sub.choices[name].add_argument("--sla-p99-ms", type=float, help="[sla] p99_ms: the P99 limit, ms")
+        sub.choices[name].add_argument("--sla-error-rate", type=float, help="[sla] error_rate: the error limit, 0..1")
+    sub.add_parser("compare", help="compare two runs: per-step QPS/P99 changes, verdict (`kneeswarm compare --help`)",
+                   add_help=False)
+
+
+def _gate_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {"sla.p99_ms": args.sla_p99_ms, "sla.error_rate": args.sla_error_rate}
+
+
+def _require_sla(has_sla: bool, args: argparse.Namespace) -> None:
+    """--fail-on-sla without an SLA is a mistake of the pipeline, said before any load is sent."""
+    from kneeswarm.plan import PlanError
+
+    if args.fail_on_sla and not has_sla:
+        raise PlanError("--fail-on-sla needs an SLA: an [sla] table in the plan, or --sla-p99-ms / --sla-error-rate")
+
+
+def sla_gate(code: int, run: Any, summary: dict[str, Any] | None, fail_on_sla: bool) -> int:
+    """The exit code after the SLA gate: ``code`` when it is not 0 (interrupted, incomplete) or
+    without --fail-on-sla; 2 when the run has no SLA; 3 when the SLA failed (one line on stderr)."""
+    if code != EXIT_OK or not fail_on_sla:
+        return code
+    sla = (summary or {}).get("sla") or {}
+    if not sla.get("set"):
+        print(f"kneeswarm: error: --fail-on-sla, but {run.plan_path} has no [sla] table", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if sla.get("passed") is not True:
+        print(f"kneeswarm: SLA failed: {sla.get('text')} ({run.report_dir / 'junit.xml'})", file=sys.stderr)
+        return EXIT_SLA_FAILED
+    return code
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -159,10 +204,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from kneeswarm.conductor import Conductor, default_hosts
     from kneeswarm.plan import load_plan
 
-    plan = load_plan(args.plan, _overrides(args))
+    plan = load_plan(args.plan, {**_overrides(args), **_gate_overrides(args)})
+    _require_sla(plan.sla.is_set(), args)
     plan.hosts = default_hosts(plan, args.pid, args.process)
     result = Conductor(plan, args.out, accept_new_host_keys=args.accept_new_host_keys, quiet=args.quiet).run()
-    return _print_result(result, args.quiet)
+    return sla_gate(_print_result(result, args.quiet), result.run, result.summary, args.fail_on_sla)
 
 
 def start_target(argv: list[str], timeout: float = TARGET_START_TIMEOUT) -> tuple[subprocess.Popen, str]:
@@ -198,6 +244,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from kneeswarm.conductor import Conductor
     from kneeswarm.plan import HostPlan, load_plan
 
+    _require_sla(any(v is not None for v in _gate_overrides(args).values()), args)
     proc, url = start_target(DEMO_TARGET_ARGS)
     try:
         print(f"kneeswarm: demo target {url} (pid {proc.pid}), ONNX Runtime, {DEMO_TARGET_ARGS[-1]} request threads",
@@ -205,12 +252,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
         plan = load_plan(None, {
             "name": "demo", "target": url, "load.steps": args.steps, "load.hold": args.hold,
             "load.ramp": DEMO_RAMP, "load.settle": DEMO_SETTLE, "metrics_url": f"{url}/metrics",
+            **_gate_overrides(args),
         })
         plan.hosts = [HostPlan(name="local", pid=proc.pid)]
         result = Conductor(plan, args.out).run()
     finally:
         stop_target(proc)
-    return _print_result(result, False)
+    return sla_gate(_print_result(result, False), result.run, result.summary, args.fail_on_sla)
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
@@ -219,7 +267,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     run = RunDir.open(args.run_dir)
     summary, error = analyze_run(run)
-    return _report(run, summary, error, None, quiet=False)
+    return sla_gate(_report(run, summary, error, None, quiet=False), run, summary, args.fail_on_sla)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,6 +276,10 @@ def main(argv: list[str] | None = None) -> int:
         from kneeswarm.target.server import main as target_main
 
         return target_main(argv[1:])
+    if argv and argv[0] == "compare":  # analysis.compare has its own parser and exit codes
+        from analysis.compare import main_compare
+
+        return main_compare(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="kneeswarm: %(levelname)s %(name)s: %(message)s")

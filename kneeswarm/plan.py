@@ -85,6 +85,56 @@ class AnalysisPlan:
 
 
 @dataclass
+class SlaPlan:
+    """[sla]: upper limits a step must meet (analysis/capacity.py); unset keys are not checked."""
+
+    p99_ms: float | None = None  # P99 latency of the step's steady window, ms
+    error_rate: float | None = None  # failed share of the step's requests, 0..1
+    ttft_ms: float | None = None  # P99 time to first token (streaming runs; skipped where not measured)
+    itl_ms: float | None = None  # P99 inter-token latency (streaming runs; skipped where not measured)
+    min_qps: float | None = None  # the best step meeting the SLA must also deliver at least this QPS
+
+    def is_set(self) -> bool:
+        return any(getattr(self, f.name) is not None for f in dataclasses.fields(self))
+
+
+@dataclass
+class CapacityPlan:
+    """[capacity]: inputs of the capacity plan; unset keys take analysis/capacity.py's defaults."""
+
+    peak_qps: float | None = None  # the peak load to serve, requests/s (replicas are planned for it)
+    spare: int | None = None  # failover instances added to the replicas (default 2)
+    queue_tolerance_ms: float | None = None  # queueing time a request may spend (default 1000 ms)
+    headroom: float | None = None  # QPS share left unused at the recommended concurrency (default 0.30)
+    safe_fraction: float | None = None  # safe QPS per instance / max stable QPS (default 0.70)
+
+
+# (key, lowest, highest, whether the lowest is allowed) of the [sla] and [capacity] numbers
+_GATE_RANGES: dict[str, tuple[tuple[str, float, float, bool], ...]] = {
+    "sla": (("p99_ms", 0.0, float("inf"), False), ("error_rate", 0.0, 1.0, True),
+            ("ttft_ms", 0.0, float("inf"), False), ("itl_ms", 0.0, float("inf"), False),
+            ("min_qps", 0.0, float("inf"), True)),
+    "capacity": (("peak_qps", 0.0, float("inf"), False), ("spare", 0, float("inf"), True),
+                 ("queue_tolerance_ms", 0.0, float("inf"), True), ("headroom", 0.0, 1.0, True),
+                 ("safe_fraction", 0.0, 1.0, False)),
+}
+
+
+def _validate_gates(plan: Plan, source: str) -> None:
+    """[sla] and [capacity]: every number set must lie in its range (one line naming the key)."""
+    for table, ranges in _GATE_RANGES.items():
+        section = getattr(plan, table)
+        for key, lo, hi, lo_ok in ranges:
+            v = getattr(section, key)
+            if v is None:
+                continue
+            if v != v or v > hi or v < lo or (v == lo and not lo_ok):
+                low = f">= {lo:g}" if lo_ok else f"> {lo:g}"
+                bound = low if hi == float("inf") else f"{low} and <= {hi:g}"
+                raise PlanError(f"{source}: {table}.{key} must be {bound}, got {v!r}")
+
+
+@dataclass
 class Plan:
     name: str = "run"
     target: str = "http://127.0.0.1:8000"
@@ -94,6 +144,8 @@ class Plan:
     request: RequestPlan = field(default_factory=RequestPlan)
     monitor: MonitorPlan = field(default_factory=MonitorPlan)
     analysis: AnalysisPlan = field(default_factory=AnalysisPlan)
+    sla: SlaPlan = field(default_factory=SlaPlan)
+    capacity: CapacityPlan = field(default_factory=CapacityPlan)
     hosts: list[HostPlan] = field(default_factory=list)
 
     # -- derived -------------------------------------------------------------------------
@@ -109,6 +161,7 @@ class Plan:
 
     def validate(self, source: str = "plan") -> Plan:
         _validate(self, source)
+        _validate_gates(self, source)
         return self
 
 
@@ -126,6 +179,8 @@ _SECTIONS: dict[str, type] = {
     "request": RequestPlan,
     "monitor": MonitorPlan,
     "analysis": AnalysisPlan,
+    "sla": SlaPlan,
+    "capacity": CapacityPlan,
 }
 
 

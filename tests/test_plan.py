@@ -67,3 +67,58 @@ def test_secrets_are_named_not_stored():
     plan = plan_from_dict({"hosts": [{"ssh": "u@h", "passphrase_env": "KEY_PASS"}]})
     text = plan.to_toml()
     assert 'passphrase_env = "KEY_PASS"' in text
+
+
+# -- [sla] and [capacity] (issue 7 §4) ---------------------------------------------------------------
+GATES = ("[sla]\np99_ms = 250\nerror_rate = 0.01\nttft_ms = 400\nitl_ms = 40\nmin_qps = 50\n"
+         "[capacity]\npeak_qps = 1000\nspare = 2\nqueue_tolerance_ms = 500\nheadroom = 0.3\nsafe_fraction = 0.7\n")
+
+
+def test_sla_and_capacity_round_trip_through_the_resolved_plan(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text(GATES)
+    plan = load_plan(path)
+    assert plan.sla.is_set() and plan.sla.p99_ms == 250.0 and plan.capacity.spare == 2
+    written = tomllib.loads(plan.to_toml())
+    assert written["sla"] == {"p99_ms": 250.0, "error_rate": 0.01, "ttft_ms": 400.0, "itl_ms": 40.0, "min_qps": 50.0}
+    assert written["capacity"] == {"peak_qps": 1000.0, "spare": 2, "queue_tolerance_ms": 500.0, "headroom": 0.3,
+                                   "safe_fraction": 0.7}
+    assert plan_from_dict(written) == plan
+
+
+def test_absent_sla_is_not_set_and_writes_no_limits():
+    plan = load_plan(None)
+    assert not plan.sla.is_set()
+    written = tomllib.loads(plan.to_toml())
+    assert written.get("sla", {}) == {} and written.get("capacity", {}) == {}
+
+
+def test_sla_flags_override_the_file(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text(GATES)
+    assert load_plan(path, {"sla.p99_ms": 100.0, "sla.error_rate": None}).sla.p99_ms == 100.0
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[sla]\np95_ms = 1\n", "unknown key 'sla.p95_ms'"),
+    ("[sla]\np99_ms = 0\n", "sla.p99_ms must be > 0, got 0"),
+    ("[sla]\np99_ms = 'fast'\n", "sla.p99_ms must be float"),
+    ("[sla]\nerror_rate = 1.5\n", "sla.error_rate must be >= 0 and <= 1, got 1.5"),
+    ("[sla]\nttft_ms = -1\n", "sla.ttft_ms must be > 0"),
+    ("[sla]\nitl_ms = nan\n", "sla.itl_ms must be > 0"),
+    ("[sla]\nmin_qps = -3\n", "sla.min_qps must be >= 0"),
+    ("sla = 5\n", "[sla] must be a table"),
+    ("[capacity]\nreplicas = 3\n", "unknown key 'capacity.replicas'"),
+    ("[capacity]\npeak_qps = 0\n", "capacity.peak_qps must be > 0"),
+    ("[capacity]\nspare = 1.5\n", "capacity.spare must be int"),
+    ("[capacity]\nspare = -1\n", "capacity.spare must be >= 0"),
+    ("[capacity]\nheadroom = 1.2\n", "capacity.headroom must be >= 0 and <= 1"),
+    ("[capacity]\nsafe_fraction = 0\n", "capacity.safe_fraction must be > 0 and <= 1"),
+    ("[capacity]\nqueue_tolerance_ms = -5\n", "capacity.queue_tolerance_ms must be >= 0"),
+])
+def test_bad_sla_or_capacity_is_one_line_naming_the_key(tmp_path, text, message):
+    path = tmp_path / "p.toml"
+    path.write_text(text)
+    with pytest.raises(PlanError) as e:
+        load_plan(path)
+    assert message in str(e.value) and str(path) in str(e.value) and "\n" not in str(e.value)

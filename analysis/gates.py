@@ -1,0 +1,132 @@
+"""The SLA gate and the capacity plan of one analysis (issue 7 §4, §5): one entry point.
+
+``apply_gates(summary, plan, report_dir)`` reads the run's resolved plan (plan.toml as a dict,
+so that an analysis months later applies the SLA the run was planned with), adds to the summary
+
+* ``sla``: analysis.capacity.sla_check of the ``[sla]`` table plus ``set: true``; without an
+  ``[sla]`` table (or an empty one) ``{set: false, passed: null, text, checks: [] ...}``;
+* ``capacity``: analysis.capacity.capacity_plan over the steps meeting the SLA (all valid steps
+  when no SLA is set) with the ``[capacity]`` table's settings;
+
+adds the tables' problems (an unknown key, a value that is not a number) to ``warnings``, and
+writes report/junit.xml (one test case per SLA check).  ``gate_sections(summary)`` gives the
+Markdown lines of both as ``[(title, lines)]`` for summary.md and the report;
+``append_markdown(path, summary)`` appends them to a summary.md that does not have them yet.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from analysis.capacity import MIN_QPS_KEY, SLA_STEP_KEYS, capacity_lines, capacity_plan, sla_check
+from analysis.junit import junit_xml
+from kneeswarm.rundir import write_text
+
+logger = logging.getLogger(__name__)
+
+JUNIT_NAME = "junit.xml"
+SLA_TITLE, CAPACITY_TITLE = "SLA", "Capacity plan"
+SLA_KEYS = (*SLA_STEP_KEYS, MIN_QPS_KEY)
+NO_SLA_TEXT = f"no SLA set: add an [sla] table to the plan ({', '.join(SLA_KEYS)})"
+
+
+def _table(plan: Any, name: str) -> dict[str, Any] | None:
+    """The plan's ``[name]`` table, or None when absent or not a table."""
+    value = plan.get(name) if isinstance(plan, dict) else None
+    return value if isinstance(value, dict) else None
+
+
+def no_sla() -> dict[str, Any]:
+    """The ``sla`` of a run planned without an SLA: nothing checked, nothing failed."""
+    return {"set": False, "passed": None, "best": None, "limits": {}, "checks": [], "steps": [], "skipped": [],
+            "problems": [], "below_best_failed": [], "text": NO_SLA_TEXT}
+
+
+def evaluate(summary: dict[str, Any], plan: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(sla, capacity) of a summary under a plan dict; never raises on a malformed plan."""
+    sla_table = _table(plan, "sla")
+    problems = []
+    if isinstance(plan, dict) and "sla" in plan and sla_table is None:
+        problems.append(f"plan.toml: [sla] is not a table ({plan['sla']!r}); no SLA checked")
+    if sla_table:
+        sla = {"set": True, **sla_check(summary, sla_table)}
+        sla["problems"] = problems + sla["problems"]
+    else:
+        sla = no_sla()
+        sla["problems"] = problems
+    capacity = capacity_plan(summary, sla if sla["set"] else None, _table(plan, "capacity"))
+    return sla, capacity
+
+
+def apply_gates(summary: dict[str, Any], plan: Any, report_dir: str | Path) -> dict[str, Any]:
+    """Add ``sla`` and ``capacity`` to ``summary`` (and their problems to ``warnings``), write
+    ``report_dir``/junit.xml; returns the summary."""
+    sla, capacity = evaluate(summary, plan)
+    summary["sla"], summary["capacity"] = sla, capacity
+    warnings = list(summary.get("warnings") or [])
+    summary["warnings"] = warnings + [p for p in sla["problems"] + capacity["problems"] if p not in warnings]
+    write_text(Path(report_dir) / JUNIT_NAME, junit_xml(sla))
+    return summary
+
+
+# -- Markdown -------------------------------------------------------------------------------------
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "–"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _check_line(c: dict[str, Any]) -> str:
+    op = "≥" if c.get("bound") == "lower" else "≤"
+    where = f" at {c['users']} users" if c.get("users") is not None else " (no valid step)"
+    line = f"`{c['name']}` {op} {_fmt(c['limit'])}: {_fmt(c.get('value'))}{where}: "
+    if c.get("passed"):
+        return line + "passed"
+    alone = c.get("highest_users_alone")
+    return line + "**failed**" + (f" (met alone up to {alone} users)" if alone is not None else "")
+
+
+def sla_lines(sla: Any) -> list[str]:
+    """The SLA's verdict, one line per check, skipped limits and problems."""
+    if not isinstance(sla, dict):
+        return []
+    if not sla.get("set"):
+        return [f"No SLA set: add an `[sla]` table to the plan ({', '.join(SLA_KEYS)})",
+                *(f"problem: {p}" for p in sla.get("problems") or [])]
+    head = "**PASSED**" if sla.get("passed") else "**FAILED**"
+    lines = [f"{head}: {sla.get('text', '')}", *(_check_line(c) for c in sla.get("checks") or [])]
+    lines += [f"`{k}`: not checked, no step carries it" for k in sla.get("skipped") or []]
+    if sla.get("below_best_failed"):
+        lines.append(f"steps below the best one that failed it: {sla['below_best_failed']} users")
+    return lines + [f"problem: {p}" for p in sla.get("problems") or []]
+
+
+def gate_sections(summary: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """``[(title, lines)]`` of the SLA and the capacity plan (what summary.md and the report show);
+    lines use only ``**bold**`` and ``code``.  Empty when the summary has neither."""
+    out = []
+    if isinstance(summary.get("sla"), dict):
+        out.append((SLA_TITLE, sla_lines(summary["sla"])))
+    cap = summary.get("capacity")
+    if isinstance(cap, dict):
+        out.append((CAPACITY_TITLE, [*capacity_lines(cap), *(f"problem: {p}" for p in cap.get("problems") or [])]))
+    return out
+
+
+def gate_markdown(summary: dict[str, Any]) -> str:
+    parts = []
+    for title, lines in gate_sections(summary):
+        parts += [f"### {title}", "", *(f"- {x}" for x in lines), ""]
+    return "\n".join(parts)
+
+
+def append_markdown(path: str | Path, summary: dict[str, Any]) -> None:
+    """Append the SLA and capacity sections to summary.md unless it already has them (a
+    to_markdown that renders gate_sections itself)."""
+    path = Path(path)
+    text = path.read_text() if path.is_file() else ""
+    if f"### {CAPACITY_TITLE}\n" in text or not gate_sections(summary):
+        return
+    write_text(path, text.rstrip("\n") + "\n\n" + gate_markdown(summary))
