@@ -29,6 +29,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.findings import explain
+from analysis.gates import add_gates, write_junit
 from analysis.hostfacts import host_facts
 from analysis.inputs import RunInputs, load_inputs
 from analysis.knee import find_knee, find_latency_knee, find_peak
@@ -94,15 +95,15 @@ def add_explanations(summary: dict[str, Any], plan: dict[str, Any]) -> dict[str,
     """``findings`` and ``usl`` (analysis.findings.explain, over the valid steps only); a rule that
     failed becomes a warning.  Little's law is already in each step's reasons (analysis.trust).
 
-    Issue 7 §4 plugs in here next: ``sla`` and ``capacity`` (analysis/capacity.py) read the
-    summary with its findings and USL fit, and are added as two more top-level keys.
+    Then ``sla`` and ``capacity`` (analysis.gates: the plan's [sla] and [capacity] tables over
+    the summary with its findings and USL fit).
     """
     explained = explain(summary, plan)
     summary["findings"] = jsonable(explained["findings"])
     summary["usl"] = jsonable(explained["usl"])
     summary["warnings"] = list(summary.get("warnings") or []) + [
         f"findings: {line} (the other rules ran)" for line in explained["rule_errors"]]
-    return summary
+    return add_gates(summary, plan)
 
 
 def analyze(run_dir: str | Path) -> dict[str, Any]:
@@ -110,14 +111,11 @@ def analyze(run_dir: str | Path) -> dict[str, Any]:
     inputs = load_inputs(run_dir)
     summary = summarize(inputs)
     report = inputs.run_dir.report_dir
-    from analysis.gates import append_markdown, apply_gates  # issue 7 §4: sla, capacity, report/junit.xml
-
-    summary = apply_gates(summary, inputs.plan, report)
+    write_junit(summary, report)
     write_text(report / "summary.json", to_json(summary))
     write_text(report / "summary.md", to_markdown(summary))
     scan = inputs.scan
     write_text(report / "index.html", render_html(summary, scan.timeline, inputs.generator, inputs.hosts, scan.t0,
                                                   scan.bin_s))
     logger.info("%s: knee %s, peak %s; report in %s", inputs.run_id, summary["knee"], summary["peak"], report)
-    append_markdown(report / "summary.md", summary)  # until to_markdown renders analysis.gates.gate_sections
     return summary

@@ -1,6 +1,6 @@
 """The SLA gate and the capacity plan of one analysis (issue 7 §4, §5): one entry point.
 
-``apply_gates(summary, plan, report_dir)`` reads the run's resolved plan (plan.toml as a dict,
+``add_gates(summary, plan)`` reads the run's resolved plan (plan.toml as a dict,
 so that an analysis months later applies the SLA the run was planned with), adds to the summary
 
 * ``sla``: analysis.capacity.sla_check of the ``[sla]`` table plus ``set: true``; without an
@@ -8,10 +8,9 @@ so that an analysis months later applies the SLA the run was planned with), adds
 * ``capacity``: analysis.capacity.capacity_plan over the steps meeting the SLA (all valid steps
   when no SLA is set) with the ``[capacity]`` table's settings;
 
-adds the tables' problems (an unknown key, a value that is not a number) to ``warnings``, and
-writes report/junit.xml (one test case per SLA check).  ``gate_sections(summary)`` gives the
-Markdown lines of both as ``[(title, lines)]`` for summary.md and the report;
-``append_markdown(path, summary)`` appends them to a summary.md that does not have them yet.
+and adds the tables' problems (an unknown key, a value that is not a number) to ``warnings``;
+``write_junit`` writes report/junit.xml (one test case per SLA check).  ``gate_sections(summary)``
+gives the Markdown lines of both as ``[(title, lines)]`` for summary.md and the report.
 """
 
 from __future__ import annotations
@@ -60,15 +59,18 @@ def evaluate(summary: dict[str, Any], plan: Any) -> tuple[dict[str, Any], dict[s
     return sla, capacity
 
 
-def apply_gates(summary: dict[str, Any], plan: Any, report_dir: str | Path) -> dict[str, Any]:
-    """Add ``sla`` and ``capacity`` to ``summary`` (and their problems to ``warnings``), write
-    ``report_dir``/junit.xml; returns the summary."""
+def add_gates(summary: dict[str, Any], plan: Any) -> dict[str, Any]:
+    """Add ``sla`` and ``capacity`` to ``summary`` (and their problems to ``warnings``); no I/O."""
     sla, capacity = evaluate(summary, plan)
     summary["sla"], summary["capacity"] = sla, capacity
     warnings = list(summary.get("warnings") or [])
     summary["warnings"] = warnings + [p for p in sla["problems"] + capacity["problems"] if p not in warnings]
-    write_text(Path(report_dir) / JUNIT_NAME, junit_xml(sla))
     return summary
+
+
+def write_junit(summary: dict[str, Any], report_dir: str | Path) -> None:
+    """``report_dir``/junit.xml: one test case per SLA check (one skipped case without an SLA)."""
+    write_text(Path(report_dir) / JUNIT_NAME, junit_xml(summary.get("sla") or no_sla()))
 
 
 # -- Markdown -------------------------------------------------------------------------------------
@@ -80,7 +82,8 @@ def _fmt(v: Any) -> str:
 
 def _check_line(c: dict[str, Any]) -> str:
     op = "≥" if c.get("bound") == "lower" else "≤"
-    where = f" at {c['users']} users" if c.get("users") is not None else " (no valid step)"
+    users = c.get("users")
+    where = f" at {users} user{'' if users == 1 else 's'}" if users is not None else " (no valid step)"
     line = f"`{c['name']}` {op} {_fmt(c['limit'])}: {_fmt(c.get('value'))}{where}: "
     if c.get("passed"):
         return line + "passed"
@@ -113,20 +116,3 @@ def gate_sections(summary: dict[str, Any]) -> list[tuple[str, list[str]]]:
     if isinstance(cap, dict):
         out.append((CAPACITY_TITLE, [*capacity_lines(cap), *(f"problem: {p}" for p in cap.get("problems") or [])]))
     return out
-
-
-def gate_markdown(summary: dict[str, Any]) -> str:
-    parts = []
-    for title, lines in gate_sections(summary):
-        parts += [f"### {title}", "", *(f"- {x}" for x in lines), ""]
-    return "\n".join(parts)
-
-
-def append_markdown(path: str | Path, summary: dict[str, Any]) -> None:
-    """Append the SLA and capacity sections to summary.md unless it already has them (a
-    to_markdown that renders gate_sections itself)."""
-    path = Path(path)
-    text = path.read_text() if path.is_file() else ""
-    if f"### {CAPACITY_TITLE}\n" in text or not gate_sections(summary):
-        return
-    write_text(path, text.rstrip("\n") + "\n\n" + gate_markdown(summary))

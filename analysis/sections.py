@@ -11,12 +11,13 @@ import logging
 import math
 from typing import Any
 
+from analysis.gates import gate_sections
+
 logger = logging.getLogger(__name__)
 
 SEVERITY_ORDER = ("critical", "warning", "info")  # findings are listed in this order
 SEVERITY_MARK = {"critical": "**CRITICAL**", "warning": "**WARNING**", "info": "**info**"}
 MAX_CAUSES = 3  # findings named in the verdict
-PLAN_KEYS = ("sla", "capacity")  # issue 7 §4: filled by analysis/capacity.py when it is wired
 
 
 def _n(v: Any) -> float | None:
@@ -128,25 +129,5 @@ def usl_lines(summary: dict[str, Any]) -> list[str]:
 
 
 def plan_lines(summary: dict[str, Any]) -> list[tuple[str, list[str]]]:
-    """(title, lines) for the SLA and capacity plan when the summary has them (issue 7 §4).
-
-    Until analysis/capacity.py has its own wording, each top-level entry is shown as
-    ``key: value`` so that nothing it computes is hidden.
-    """
-    out = []
-    for key in PLAN_KEYS:
-        section = summary.get(key)
-        if isinstance(section, dict) and section:
-            out.append((key.upper() if key == "sla" else key.capitalize(),
-                        [f"{k}: `{_plain(v)}`" for k, v in section.items()]))
-    return out
-
-
-def _plain(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
-    if isinstance(v, dict):
-        return ", ".join(f"{k}={_plain(x)}" for k, x in v.items())
-    if isinstance(v, list):
-        return ", ".join(_plain(x) for x in v)
-    return str(v).replace("`", "'")
+    """(title, lines) of the SLA and the capacity plan when the summary has them (analysis.gates)."""
+    return gate_sections(summary)

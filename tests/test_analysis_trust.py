@@ -201,10 +201,14 @@ def test_report_reads_top_down(tmp_path):
 
 
 def test_plan_sections_shown_when_the_summary_has_them():
+    from analysis.gates import add_gates
     from analysis.summary import to_markdown
-    md = to_markdown({"run_id": "x", "steps": [], "sla": {"p99_ms": 200.0, "passed": True},
-                      "capacity": {"replicas": 13}})
-    assert "### SLA\n\n- p99_ms: `200`\n- passed: `True`" in md and "### Capacity\n\n- replicas: `13`" in md
+    summary = add_gates({"run_id": "x", "steps": [{"users": 1, "qps": 10.0, "p99_ms": 300.0, "mean_ms": 100.0,
+                                                   "error_rate": 0.0, "valid": True}]},
+                        {"sla": {"p99_ms": 200.0}, "capacity": {"peak_qps": 100.0}})
+    md = to_markdown(summary)
+    assert "### SLA\n\n- **FAILED**" in md and "`p99_ms` ≤ 200: 300 at 1 user: **failed**" in md
+    assert "### Capacity plan\n" in md
 
 
 def test_timeline_panel_with_only_secondary_traces_uses_its_primary_axis(tmp_path):

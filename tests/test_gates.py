@@ -82,8 +82,16 @@ def build_run(root: Path, name: str, plan: dict | None, error_share: dict | None
     rd.write_request_part(cols, 0)
     rd.write_steps(steps)
     rd.update_meta(run_id=name, complete=complete, ended="completed" if complete else "load_failed")
-    rd.plan_path.write_text(plan_from_dict(plan or {"load": {"settle": 0.0}}).to_toml())
+    rd.plan_path.write_text(open_loop(plan_from_dict(plan or {"load": {"settle": 0.0}}).to_toml()))
     return rd.path
+
+
+def open_loop(plan_toml: str) -> str:
+    """The rows above arrive at RATE·u whatever their latency: an open loop, which the plan must
+    say, or the analysis rightly finds Little's law broken for a closed loop and no step valid."""
+    if 'mode = "closed"' in plan_toml:
+        return plan_toml.replace('mode = "closed"', 'mode = "open"', 1)
+    return plan_toml.replace("[load]\n", '[load]\nmode = "open"\n', 1)
 
 
 def truth(run: Path) -> dict[int, dict[str, float]]:
@@ -319,19 +327,21 @@ def test_sla_that_is_not_a_table_is_a_problem_and_no_sla():
     assert capacity["max_stable_qps"]["value"] == 10.0
 
 
-def test_markdown_is_appended_once(tmp_path):
-    from analysis.gates import append_markdown, apply_gates
+def test_gate_sections_and_junit_of_a_failed_check(tmp_path):
+    import xml.etree.ElementTree as ET
+
+    from analysis.gates import add_gates, write_junit
+    from analysis.sections import plan_lines
 
     summary = {"warnings": [], "steps": [{"users": 1, "qps": 10.0, "p99_ms": 5.0, "mean_ms": 2.0,
                                           "error_rate": 0.0, "valid": True}]}
-    apply_gates(summary, {"sla": {"p99_ms": 4.0}}, tmp_path)
-    md = tmp_path / "summary.md"
-    md.write_text("## run\n")
-    append_markdown(md, summary)
-    append_markdown(md, summary)
-    text = md.read_text()
-    assert text.count("### SLA\n") == 1 and text.count("### Capacity plan\n") == 1
-    assert "`p99_ms` ≤ 4: 5 at 1 users: **failed**" in text
+    add_gates(summary, {"sla": {"p99_ms": 4.0}})
+    sections = dict(plan_lines(summary))  # what summary.md and index.html render
+    assert set(sections) == {"SLA", "Capacity plan"}
+    assert "`p99_ms` ≤ 4: 5 at 1 user: **failed**" in sections["SLA"]
+    write_junit(summary, tmp_path)
+    (case,) = ET.parse(tmp_path / "junit.xml").getroot().iter("testcase")
+    assert case.find("failure") is not None
 
 
 def test_demo_gate_without_an_sla_is_bad_input_before_the_target_starts(root):
