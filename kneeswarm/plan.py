@@ -19,7 +19,11 @@ import tomli_w
 
 logger = logging.getLogger(__name__)
 
-PROTOCOLS = ("kserve",)
+#: Protocol names; the registry in locustfiles/protocols must list the same (a test checks it).
+PROTOCOLS = ("kserve", "openai", "torchserve", "tfserving", "http")
+OPENAI_ENDPOINTS = ("chat", "completions")
+TENSOR_DATATYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+                    "FP16", "FP32", "FP64", "BYTES")
 DEFAULT_STEPS = (1, 2, 4, 8, 16, 32)
 
 
@@ -45,6 +49,28 @@ class RequestPlan:
     data: str = "random"  # "random" (seeded per user) or "fixed"
     timeout: float = 10.0  # seconds before a request counts as a timeout error
     seed: int = 0
+    # -- credentials (every protocol) ----------------------------------------------------
+    api_key_env: str | None = None  # NAME of the env var whose value goes in "Authorization: Bearer"
+    # -- tensor protocols (kserve, torchserve, tfserving) --------------------------------
+    version: str | None = None  # model version in the path (kserve, tfserving, torchserve)
+    batch: int = 1  # items per request: replaces the first dimension of every input's shape
+    input_name: str = "input"  # name of the single input (kserve) when `inputs` is not given
+    inputs: list[dict] | None = None  # kserve, several inputs: [[request.inputs]] name, shape, datatype
+    # -- openai ------------------------------------------------------------------------
+    endpoint: str = "chat"  # "chat" (/v1/chat/completions) or "completions" (/v1/completions)
+    stream: bool = True  # SSE streaming (TTFT, ITL measured)
+    max_tokens: int = 64  # max output tokens per request
+    prompt: str | None = None  # fixed prompt text; default: a synthetic one of prompt_tokens words
+    prompt_tokens: int = 32  # synthetic prompt length (words; ~tokens, see protocols/openai.py)
+    include_usage: bool = True  # stream_options.include_usage: the server's own token counts
+    ignore_eos: bool = False  # vLLM/SGLang extension: always produce max_tokens
+    min_tokens: int | None = None  # vLLM extension: at least this many output tokens
+    # -- http (generic JSON) ---------------------------------------------------------------
+    path: str | None = None  # request path (http); overrides the protocol's path elsewhere
+    method: str = "POST"
+    body: str | None = None  # JSON template: {{prompt}} {{data}} {{model}} {{user}} placeholders
+    health_path: str | None = None  # overrides the protocol's health path
+    success_path: str | None = None  # dotted JSON path that must be present in a 2xx answer (http)
 
 
 @dataclass
@@ -148,12 +174,15 @@ def _check_type(source: str, where: str, value: Any, hint: Any) -> Any:
         ok = isinstance(value, bool)
     elif base == "list[str]":
         ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+    elif base == "list[dict]":
+        ok = isinstance(value, list) and all(isinstance(v, dict) for v in value)
     elif base == "list[int]":
         ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
     else:  # pragma: no cover - a new field type must be added above
         raise AssertionError(f"unhandled plan field type {hint}")
     if not ok:
-        kind = {"list[int]": "a list of integers", "list[str]": "a list of strings", "bool": "true or false"}.get(base, base)
+        kind = {"list[int]": "a list of integers", "list[str]": "a list of strings", "bool": "true or false",
+                "list[dict]": "an array of tables"}.get(base, base)
         raise PlanError(f"{source}: {where} must be {kind}, got {value!r}")
     return value
 
@@ -206,6 +235,7 @@ def _validate(plan: Plan, source: str) -> None:
         raise PlanError(f"{source}: request.shape must be positive dimensions, got {plan.request.shape}")
     if plan.request.timeout <= 0:
         raise PlanError(f"{source}: request.timeout must be > 0 seconds")
+    _validate_request(plan, source)
     if plan.monitor.interval < 1:
         raise PlanError(f"{source}: monitor.interval must be >= 1 second, got {plan.monitor.interval}")
     labels = [h.label for h in plan.hosts]
@@ -214,6 +244,39 @@ def _validate(plan: Plan, source: str) -> None:
     for i, h in enumerate(plan.hosts):
         if sum(x is not None for x in (h.pid, h.process, h.port)) > 1:
             raise PlanError(f"{source}: hosts[{i}] ({h.label}): give one of pid, process or port, not several")
+
+
+def _validate_request(plan: Plan, source: str) -> None:
+    """The [request] keys that depend on the protocol."""
+    r = plan.request
+    if r.batch < 1:
+        raise PlanError(f"{source}: request.batch must be >= 1, got {r.batch}")
+    if r.endpoint not in OPENAI_ENDPOINTS:
+        raise PlanError(f"{source}: request.endpoint must be one of {', '.join(OPENAI_ENDPOINTS)}, got {r.endpoint!r}")
+    if r.max_tokens < 1 or r.prompt_tokens < 1:
+        raise PlanError(f"{source}: request.max_tokens and request.prompt_tokens must be >= 1")
+    if r.api_key_env is not None and not r.api_key_env.replace("_", "").isalnum():
+        raise PlanError(f"{source}: request.api_key_env must name an environment variable, got {r.api_key_env!r}")
+    for key in ("path", "health_path"):
+        value = getattr(r, key)
+        if value is not None and not value.startswith("/"):
+            raise PlanError(f"{source}: request.{key} must start with '/', got {value!r}")
+    if plan.protocol == "http" and not r.path:
+        raise PlanError(f"{source}: protocol 'http' needs request.path (and usually request.body)")
+    for i, spec in enumerate(r.inputs or []):
+        where = f"{source}: request.inputs[{i}]"
+        unknown = set(spec) - {"name", "shape", "datatype"}
+        if unknown:
+            raise PlanError(f"{where}: unknown key {sorted(unknown)[0]!r} (known: datatype, name, shape)")
+        if not isinstance(spec.get("name"), str) or not spec["name"]:
+            raise PlanError(f"{where}: needs a name")
+        shape = spec.get("shape")
+        if not isinstance(shape, list) or not shape or not all(isinstance(d, int) and d >= 1 for d in shape):
+            raise PlanError(f"{where} ({spec['name']}): shape must be positive dimensions, got {shape!r}")
+        if str(spec.get("datatype", "FP32")).upper() not in TENSOR_DATATYPES:
+            raise PlanError(f"{where} ({spec['name']}): datatype {spec.get('datatype')!r} is not a KServe v2 datatype")
+    if str(r.datatype).upper() not in TENSOR_DATATYPES:
+        raise PlanError(f"{source}: request.datatype {r.datatype!r} is not a KServe v2 datatype")
 
 
 def plan_from_dict(data: dict[str, Any], source: str = "plan") -> Plan:

@@ -1,22 +1,42 @@
 """The inference user: a closed-loop FastHttpUser that sends one protocol's requests.
 
 The protocol (protocols/) builds bodies and judges answers; the recorder (recorder.py)
-turns every request into a row.  This class only joins the two.
+turns every request into a row.  This class only joins the two, and times streamed answers.
+
+What a request hands the recorder, in the request event's context:
+- ``context["kneeswarm"] = (tokens_in, tokens_out, ttft_ms)`` when any is known (the recorder
+  writes them to the row's columns);
+- ``context["kneeswarm_stream"] = StreamInfo(...)`` for a streamed answer: every inter-token
+  gap (ms), whether tokens out were counted from chunks (no ``usage`` from the server), and the
+  server's and the client's counts side by side.  The recorder does not store it yet.
+
+A streamed answer is timed here, not by Locust: with ``stream=True`` Locust's response time
+covers the headers only, so the user sets ``response_time`` to the end of the stream itself.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import time
+from typing import Any, NamedTuple
 
 from locust import FastHttpUser, task
 
-from locustfiles.protocols import PROTOCOLS, BadPayload
+from locustfiles.protocols import BadPayload, PreparedRequest, for_plan
 from locustfiles import state
 
 logger = logging.getLogger(__name__)
 
 _user_ids = itertools.count()
+SEP = b"\n"  # SSE lines end with \n (or \r\n: the decoder strips the \r)
+
+
+class StreamInfo(NamedTuple):
+    itl_ms: list[float]  # every gap between text chunks, in arrival order
+    tokens_counted: bool  # True: tokens_out is the number of text chunks (no usage from the server)
+    usage_out: int | None  # the server's completion_tokens, when sent
+    chunks: int  # text chunks the client saw
 
 
 class InferenceUser(FastHttpUser):
@@ -28,21 +48,96 @@ class InferenceUser(FastHttpUser):
         return state.plan().load.wait_ms / 1000.0
 
     def on_start(self) -> None:
-        plan = state.plan()
         seed = next(_user_ids) + 100_000 * state.worker_index()
-        self.protocol = PROTOCOLS[plan.protocol](vars(plan.request), seed=seed)
+        self.protocol = for_plan(state.plan(), seed=seed)
 
     @task
     def infer(self) -> None:
         req = self.protocol.next_request()
+        if req.stream:
+            self._streamed(req)
+            return
         with self.client.request(
             req.method, req.path, data=req.body, headers=req.headers, catch_response=True, name="infer"
         ) as resp:
             if resp.status_code and 200 <= resp.status_code < 300:
                 try:
-                    self.protocol.check_response(resp.content)
+                    tokens = self.protocol.check_response(resp.content)
                 except BadPayload as e:
                     resp.failure(e)
+                    return
+                if tokens is not None or req.tokens_in is not None:
+                    tin, tout = tokens if tokens is not None else (None, None)
+                    resp.request_meta["context"]["kneeswarm"] = (tin if tin is not None else req.tokens_in, tout, None)
             elif resp.status_code:
                 resp.failure(f"HTTP {resp.status_code}")
             # status 0: a network error; Locust already carries the exception
+
+    def _streamed(self, req: PreparedRequest) -> None:
+        t0 = time.perf_counter()
+        with self.client.request(
+            req.method, req.path, data=req.body, headers=req.headers, catch_response=True, name="infer",
+            stream=True,
+        ) as resp:
+            status = resp.status_code
+            if not status:
+                return  # a network error before the headers; Locust carries the exception
+            if not 200 <= status < 300:
+                _ = resp.content  # read the error body so the connection can be reused
+                resp.failure(f"HTTP {status}")
+                return
+            stream = self.protocol.new_stream(t0)
+            nbytes, error = read_stream(resp, stream)
+            end = time.perf_counter()
+            meta = resp.request_meta
+            meta["response_time"] = (end - t0) * 1000.0
+            meta["response_length"] = nbytes
+            if error is None:
+                try:
+                    stream.check_complete()
+                except BadPayload as e:
+                    error = e
+            meta["context"]["kneeswarm"] = (stream.usage_in if stream.usage_in is not None else req.tokens_in,
+                                            stream.tokens_out, stream.ttft_ms)
+            meta["context"]["kneeswarm_stream"] = StreamInfo(stream.itl_ms, stream.tokens_counted,
+                                                             stream.usage_out, stream.chunks)
+            if error is not None:
+                resp.failure(error)
+            else:
+                resp.success()
+
+
+def read_stream(resp: Any, stream: Any) -> tuple[int, BaseException | None]:
+    """Feed ``stream`` every SSE event of ``resp`` as it arrives: (bytes read, error or None).
+
+    geventhttpclient's ``readline`` returns each line as soon as it is complete (Locust's
+    ``iter_content`` waits for whole 1 KiB blocks, which would smear the token times), b"" at
+    the end of the message, and raises when the connection ends early: that error is returned
+    (a stream cut off mid-way is then judged truncated by ``check_complete`` unless the error
+    is a reset or a timeout, which keep their own category).
+    """
+    from locustfiles.protocols.sse import SSEDecoder
+
+    raw = resp._response
+    decoder = SSEDecoder()
+    nbytes = 0
+    clock = time.perf_counter
+    try:
+        while True:
+            line = raw.readline(SEP)
+            if not line:
+                break
+            nbytes += len(line)
+            data = decoder.line(line)
+            if data is not None:
+                stream.event(data, clock())
+        tail = decoder.end()
+        if tail is not None:
+            stream.event(tail, clock())
+    except BadPayload as e:
+        return nbytes, e
+    except Exception as e:  # noqa: BLE001 - the connection's own error, categorized by the recorder
+        if type(e).__name__ == "HTTPParseError" or "incomplete" in str(e).lower():
+            return nbytes, None  # the server closed mid-stream: check_complete says truncated
+        return nbytes, e
+    return nbytes, None
