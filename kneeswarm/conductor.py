@@ -95,7 +95,8 @@ def check_target(plan: Plan, timeout: float | None = None) -> None:
     while time.monotonic() < deadline:
         try:
             r = requests.get(url, timeout=min(2.0, timeout), headers=protocol.headers)
-            if 200 <= r.status_code < 300:
+            # 404: up, but the health path is the model's own (TF Serving): the preflight says why
+            if 200 <= r.status_code < 300 or r.status_code == 404:
                 try:  # the plan's model must be served (one line, exit 2, no run directory)
                     return protocol.preflight(plan.target, timeout=min(HEALTH_TIMEOUT, timeout))
                 except PreflightError as e:
