@@ -65,6 +65,8 @@ class RequestPlan:
     include_usage: bool = True  # stream_options.include_usage: the server's own token counts
     ignore_eos: bool = False  # vLLM/SGLang extension: always produce max_tokens
     min_tokens: int | None = None  # vLLM extension: at least this many output tokens
+    dataset: str | None = None  # JSONL of {"prompt"} or {"messages"} (+ "max_tokens") records
+    lengths: dict | None = None  # [request.lengths] input/output = {dist, mean, stdev, min, max}
     # -- http (generic JSON) ---------------------------------------------------------------
     path: str | None = None  # request path (http); overrides the protocol's path elsewhere
     method: str = "POST"
@@ -174,6 +176,8 @@ def _check_type(source: str, where: str, value: Any, hint: Any) -> Any:
         ok = isinstance(value, bool)
     elif base == "list[str]":
         ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+    elif base == "dict":
+        ok = isinstance(value, dict)
     elif base == "list[dict]":
         ok = isinstance(value, list) and all(isinstance(v, dict) for v in value)
     elif base == "list[int]":
@@ -182,7 +186,7 @@ def _check_type(source: str, where: str, value: Any, hint: Any) -> Any:
         raise AssertionError(f"unhandled plan field type {hint}")
     if not ok:
         kind = {"list[int]": "a list of integers", "list[str]": "a list of strings", "bool": "true or false",
-                "list[dict]": "an array of tables"}.get(base, base)
+                "list[dict]": "an array of tables", "dict": "a table"}.get(base, base)
         raise PlanError(f"{source}: {where} must be {kind}, got {value!r}")
     return value
 
@@ -275,6 +279,10 @@ def _validate_request(plan: Plan, source: str) -> None:
             raise PlanError(f"{where} ({spec['name']}): shape must be positive dimensions, got {shape!r}")
         if str(spec.get("datatype", "FP32")).upper() not in TENSOR_DATATYPES:
             raise PlanError(f"{where} ({spec['name']}): datatype {spec.get('datatype')!r} is not a KServe v2 datatype")
+    if r.dataset and r.lengths:
+        raise PlanError(f"{source}: give request.dataset or request.lengths, not both")
+    if r.lengths is not None and (set(r.lengths) - {"input", "output"} or not r.lengths):
+        raise PlanError(f"{source}: request.lengths takes an input and/or an output table")
     if str(r.datatype).upper() not in TENSOR_DATATYPES:
         raise PlanError(f"{source}: request.datatype {r.datatype!r} is not a KServe v2 datatype")
 

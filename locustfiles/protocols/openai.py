@@ -15,6 +15,10 @@ and Ollama (its /v1 compatibility layer); the differences that matter:
 Prompt length: without a tokenizer here, tokens are approximated by whitespace-separated words
 (a synthetic prompt of ``prompt_tokens`` words); where the server reports ``usage`` its
 ``prompt_tokens`` replaces the approximation in the row.
+
+Workloads (workload.py): ``dataset`` (JSONL prompts or chats, each user starting at its own
+place in the file) or ``[request.lengths]`` (input and output lengths drawn per request from a
+distribution; LENGTH_VARIANTS bodies pre-built per user).
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ import random
 
 from locustfiles.protocols.base import BadPayload, PreflightError, PreparedRequest, Protocol, Tokens
 from locustfiles.protocols.sse import ChatStream
+from locustfiles.protocols.workload import LengthDist, load_dataset, words
 
 BODY_VARIANTS = 16  # distinct prompts pre-built per user
+LENGTH_VARIANTS = 256  # bodies pre-built per user from [request.lengths] draws
 WORDS = ("the", "model", "server", "token", "stream", "latency", "queue", "batch", "answer", "load",
          "knee", "swarm", "engine", "request", "user", "step")
 
@@ -42,9 +48,25 @@ class OpenAI(Protocol):
         default = "/v1/chat/completions" if self.chat else "/v1/completions"
         self.path = request_cfg.get("path") or default
         rng = random.Random(f"{request_cfg.get('seed', 0)}:{seed}")
-        fixed = request_cfg.get("data", "random") == "fixed" or request_cfg.get("prompt")
-        self._requests = [self._build(self._prompt(rng), self.stream) for _ in range(1 if fixed else BODY_VARIANTS)]
+        self._dataset: list[dict] | None = None
         self._i = 0
+        if request_cfg.get("dataset"):
+            self._dataset = load_dataset(str(request_cfg["dataset"]))
+            self._i = rng.randrange(len(self._dataset))  # each user starts at its own place
+            self._requests = []
+        elif request_cfg.get("lengths"):
+            self._requests = self._from_lengths(request_cfg["lengths"], rng)
+        else:
+            fixed = request_cfg.get("data", "random") == "fixed" or request_cfg.get("prompt")
+            self._requests = [self._build(self._prompt(rng), self.stream) for _ in range(1 if fixed else BODY_VARIANTS)]
+
+    def _from_lengths(self, table: dict, rng: random.Random) -> list[PreparedRequest]:
+        inp = LengthDist.from_table(table.get("input", {"mean": self.cfg.get("prompt_tokens", 32)}),
+                                    "request.lengths.input")
+        out = LengthDist.from_table(table.get("output", {"mean": self.cfg.get("max_tokens", 64)}),
+                                    "request.lengths.output")
+        return [self._build(" ".join(rng.choice(WORDS) for _ in range(inp.sample(rng))), self.stream,
+                            max_tokens=out.sample(rng)) for _ in range(LENGTH_VARIANTS)]
 
     def _prompt(self, rng: random.Random) -> str:
         if self.cfg.get("prompt"):
@@ -52,12 +74,13 @@ class OpenAI(Protocol):
         n = int(self.cfg.get("prompt_tokens", 32))
         return " ".join(rng.choice(WORDS) for _ in range(n))
 
-    def _build(self, prompt: str, stream: bool, max_tokens: int | None = None) -> PreparedRequest:
+    def _build(self, prompt: str, stream: bool, max_tokens: int | None = None,
+               messages: list[dict] | None = None) -> PreparedRequest:
         body: dict = {"model": self.model}
         if self.chat:
-            body["messages"] = [{"role": "user", "content": prompt}]
+            body["messages"] = messages or [{"role": "user", "content": prompt}]
         else:
-            body["prompt"] = prompt
+            body["prompt"] = prompt if messages is None else "\n".join(m["content"] for m in messages)
         body["max_tokens"] = max_tokens or int(self.cfg.get("max_tokens", 64))
         body["stream"] = stream
         if stream and self.cfg.get("include_usage", True):
@@ -67,10 +90,14 @@ class OpenAI(Protocol):
         if self.cfg.get("min_tokens") is not None:
             body["min_tokens"] = int(self.cfg["min_tokens"])
         data = json.dumps(body, separators=(",", ":")).encode()
-        return PreparedRequest("POST", self.path, data, self.headers, tokens_in=len(prompt.split()), stream=stream)
+        tokens_in = len(prompt.split()) if messages is None else words({"messages": messages})
+        return PreparedRequest("POST", self.path, data, self.headers, tokens_in=tokens_in, stream=stream)
 
     def next_request(self) -> PreparedRequest:
         self._i += 1
+        if self._dataset is not None:  # built per request: an LLM request's ~10 us, no per-user copy
+            r = self._dataset[self._i % len(self._dataset)]
+            return self._build(r.get("prompt", ""), self.stream, r.get("max_tokens"), r.get("messages"))
         return self._requests[self._i % len(self._requests)]
 
     def new_stream(self, t0: float) -> ChatStream:
