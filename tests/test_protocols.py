@@ -206,3 +206,20 @@ def test_the_sse_parser_survives_any_input(lines):
         assert stream.done or stream.finished
     except StreamTruncated:
         assert not (stream.done or stream.finished)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.none(), st.text(max_size=6)), st.sampled_from([None, "stop", "length"]),
+                          st.booleans(), st.booleans()), max_size=12))
+def test_the_byte_search_fast_path_agrees_with_full_parsing(chunks):
+    """Compact chunks (the fast path) and the same chunks with spaces (always parsed) agree."""
+    compact, spaced = ChatStream(0.0), ChatStream(0.0, chat=True)
+    for i, (text, finish, role_only, chat_usage) in enumerate(chunks):
+        delta = {"role": "assistant", "content": ""} if role_only else ({} if text is None else {"content": text})
+        doc = {"id": "x", "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        if chat_usage:
+            doc["usage"] = {"prompt_tokens": 3, "completion_tokens": i}
+        compact.event(json.dumps(doc, separators=(",", ":")).encode(), float(i))
+        spaced.event(json.dumps(doc).encode(), float(i))
+    for attr in ("chunks", "finished", "usage_in", "usage_out", "itl_ms", "first"):
+        assert getattr(compact, attr) == getattr(spaced, attr), attr

@@ -56,7 +56,7 @@ class ChatStream:
     """One streamed OpenAI answer: feed events with their arrival time, then ``result``."""
 
     __slots__ = ("t0", "text_key", "first", "last", "itl_ms", "chunks", "done", "finished",
-                 "usage_in", "usage_out", "events")
+                 "usage_in", "usage_out", "events", "_mark")
 
     def __init__(self, t0: float, chat: bool = True):
         self.t0 = t0  # perf_counter() just before the request was sent
@@ -70,6 +70,7 @@ class ChatStream:
         self.usage_in: int | None = None
         self.usage_out: int | None = None
         self.events = 0
+        self._mark = b'"content":"' if chat else b'"text":"'
 
     def event(self, data: bytes, now: float) -> None:
         """One event's data, arrived at ``now`` (perf_counter seconds); BadPayload if it is not a chunk."""
@@ -77,6 +78,17 @@ class ChatStream:
         if data == DONE:
             self.done = True
             return
+        # The hot path: a compact one-choice chunk that is not the last (finish_reason null, no
+        # usage, no error) is judged by byte search, ~1 us where json.loads costs ~5 us; any other
+        # chunk is parsed in full below.  (An escaped quote cannot fake the marker: inside a JSON
+        # string it would read \".)
+        if (data[:1] == b"{" and data[-1:] == b"}" and b'"finish_reason":null' in data and b'"usage":{' not in data
+                and b'"error"' not in data and b'"index":1' not in data):
+            i = data.find(self._mark)
+            if i >= 0:
+                if data[i + len(self._mark):i + len(self._mark) + 1] != b'"':
+                    self._token(now)
+                return
         try:
             doc = json.loads(data)
         except (ValueError, UnicodeDecodeError):
