@@ -86,6 +86,9 @@ class InferenceUser(FastHttpUser):
                 _ = resp.content  # read the error body so the connection can be reused
                 resp.failure(f"HTTP {status}")
                 return
+            if not (resp.headers.get("content-type") or "").startswith("text/event-stream"):
+                self._whole_instead(req, resp, t0)  # a server that ignores "stream": true
+                return
             stream = self.protocol.new_stream(t0)
             nbytes, error = read_stream(resp, stream)
             end = time.perf_counter()
@@ -105,6 +108,24 @@ class InferenceUser(FastHttpUser):
                 resp.failure(error)
             else:
                 resp.success()
+
+
+    def _whole_instead(self, req: PreparedRequest, resp: Any, t0: float) -> None:
+        """A streamed request answered in one piece: judged as a whole answer, no TTFT."""
+        try:
+            body = resp.content or b""
+            tokens = self.protocol.check_response(body)
+        except BadPayload as e:
+            resp.failure(e)
+            return
+        except Exception as e:  # noqa: BLE001 - the connection broke while reading the body
+            resp.failure(e)
+            return
+        resp.request_meta["response_time"] = (time.perf_counter() - t0) * 1000.0
+        resp.request_meta["response_length"] = len(body)
+        tin, tout = tokens if tokens is not None else (None, None)
+        resp.request_meta["context"]["kneeswarm"] = (tin if tin is not None else req.tokens_in, tout, None)
+        resp.success()
 
 
 def read_stream(resp: Any, stream: Any) -> tuple[int, BaseException | None]:

@@ -84,3 +84,37 @@ def test_tokens_are_counted_and_flagged_when_the_server_sends_no_usage(tmp_path,
     assert len(rows) >= 4 and rows["ok"].all()
     assert set(rows["tokens_out"]) == {5} and set(rows["tokens_in"]) == {7}
     assert all(probe["counted"]) and set(probe["usage_out"]) == {None}
+
+
+def test_a_server_that_ignores_stream_true_is_judged_as_a_whole_answer(tmp_path):
+    """Some servers answer a streamed request in one JSON piece: counted ok, tokens from usage, no TTFT."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    answer = json.dumps({"choices": [{"message": {"role": "assistant", "content": "a b c"}, "finish_reason": "stop"}],
+                         "usage": {"prompt_tokens": 9, "completion_tokens": 3}}).encode()
+
+    class Whole(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):  # noqa: N802 - http.server's naming
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Whole)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        run_dir, probe, _ = run_probe(tmp_path, f"http://127.0.0.1:{server.server_port}", "", 1, hold=1.5)
+    finally:
+        server.shutdown()
+    rows = RunDir(run_dir).read_requests()
+    assert len(rows) >= 5 and rows["ok"].all()
+    assert set(rows["tokens_out"]) == {3} and set(rows["tokens_in"]) == {9} and rows["ttft_ms"].isna().all()
+    assert probe["chunks"] == []  # no stream was read
