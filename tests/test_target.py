@@ -247,6 +247,10 @@ def test_micro_batching_batches_and_keeps_answers(tmp_path):
     runs, rows = m["kneeswarm_target_batch_size_count"], m["kneeswarm_target_batch_size_sum"]
     assert rows == result.statuses[200] + 2
     assert rows / runs > 1.5  # requests really were run together
+    # Triton's names tell the same: items inferred vs model executions.
+    assert m['nv_inference_count{model="demo",version="1"}'] == rows
+    assert m['nv_inference_exec_count{model="demo",version="1"}'] == runs
+    assert m['nv_inference_request_success{model="demo",version="1"}'] == result.statuses[200] + 2
 
 
 # -- knee mode and the bounded queue ------------------------------------------------------------
@@ -345,7 +349,8 @@ def test_help_documents_the_knobs():
     assert proc.returncode == 0
     for flag in ("--mode", "--port", "--request-threads", "--queue-size", "--intra-op-threads",
                  "--inter-op-threads", "--batch-max", "--batch-wait-ms", "--slots", "--service-ms",
-                 "--work", "--model-name"):
+                 "--work", "--model-name", "--ttft-ms", "--itl-ms", "--output-tokens", "--api-key-env",
+                 "--fail-rate", "--reset-rate", "--truncate-rate", "--stall-ms", "--stall-every"):
         assert flag in proc.stdout
 
 

@@ -34,6 +34,7 @@ from kneeswarm.target.metrics import TargetMetrics
 logger = logging.getLogger(__name__)
 
 OPEN_PATHS = ("/v2/health/", "/health", "/ping", "/metrics")  # never need the API key
+ARRIVED = "kneeswarm.arrived"  # scope key: perf_counter() when the request reached the application
 TRUNCATE_AFTER = 3  # body writes (SSE chunks) sent before a truncated stream is cut
 
 
@@ -65,6 +66,7 @@ class Gate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        scope[ARRIVED] = time.perf_counter()  # the earliest the application can see a request
         if self.expected is not None and not scope["path"].startswith(OPEN_PATHS):
             given = dict(scope["headers"]).get(b"authorization")
             ok = given == self.expected

@@ -49,6 +49,13 @@ The OpenAI-compatible endpoints also export the names vLLM v1 uses (from vLLM's 
 ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds``,
 ``vllm:e2e_request_latency_seconds`` (histograms, seconds, measured inside the server).
 
+The KServe v2 endpoint also exports Triton's names (from Triton's documentation, "Metrics"),
+labelled ``{model, version}``: ``nv_inference_request_success``, ``nv_inference_request_failure``
+(with ``reason``), ``nv_inference_count`` (items), ``nv_inference_exec_count`` (model runs: fewer
+than items when requests are batched), and the cumulative microsecond counters
+``nv_inference_request_duration_us``, ``nv_inference_queue_duration_us``,
+``nv_inference_compute_infer_duration_us`` (the last two cover every protocol's engine work).
+
 ``*_created`` samples are not exported.
 """
 
@@ -56,6 +63,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -134,6 +142,7 @@ class TargetMetrics:
         ).set(queue_capacity)
         self._received_metrics(r)
         self._llm_metrics(r)
+        self._triton_metrics(r, str(info.get("model", "demo")))
         labels = {k: str(v) for k, v in info.items()}
         Gauge(f"{PREFIX}_info", "Target configuration", list(labels), registry=r).labels(
             **labels
@@ -163,6 +172,21 @@ class TargetMetrics:
                              buckets=LATENCY_BUCKETS, registry=r)
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Generation time in the server",
                              buckets=LATENCY_BUCKETS, registry=r)
+
+    def _triton_metrics(self, r: CollectorRegistry, model: str) -> None:
+        labels = {"model": model, "version": "1"}
+
+        def counter(name: str, doc: str) -> Any:
+            return Counter(name, doc, list(labels), registry=r).labels(**labels)
+
+        self.nv_success = counter("nv_inference_request_success", "Successful inference requests (KServe v2)")
+        self.nv_failure = Counter("nv_inference_request_failure", "Failed inference requests (KServe v2)",
+                                  ["model", "reason", "version"], registry=r)
+        self.nv_count = counter("nv_inference_count", "Inferences performed: items of successful requests")
+        self.nv_exec = counter("nv_inference_exec_count", "Model executions (batches run)")
+        self.nv_request_us = counter("nv_inference_request_duration_us", "Cumulative request time, us")
+        self.nv_queue_us = counter("nv_inference_queue_duration_us", "Cumulative queue time, us")
+        self.nv_compute_us = counter("nv_inference_compute_infer_duration_us", "Cumulative compute time, us")
 
     def record_received(self, protocol: str, model: str, items: int,
                         inputs: list[tuple[str, str, str]] = ()) -> None:  # type: ignore[assignment]

@@ -268,6 +268,7 @@ def build_app(
                 tensor = KNEE_OUTPUT
         except BadRequest as exc:
             served.labels(code="400").inc()
+            metrics.nv_failure.labels(model=name, reason="REJECTED", version=MODEL_VERSION).inc()
             return _error(400, str(exc))
         except Rejected as exc:
             metrics.rejected.inc()
@@ -277,6 +278,10 @@ def build_app(
             logger.exception("infer failed")
             served.labels(code="500").inc()
             return _error(500, f"inference failed: {exc}")
+        m = metrics
+        m.nv_success.inc()
+        m.nv_count.inc(received_inputs(inputs)[0])
+        m.nv_request_us.inc((time.perf_counter() - started) * 1e6)
         request_id = body.get("id")
         response = JSONResponse(
             {
