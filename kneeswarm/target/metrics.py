@@ -176,12 +176,14 @@ class TargetMetrics:
     def _triton_metrics(self, r: CollectorRegistry, model: str) -> None:
         labels = {"model": model, "version": "1"}
 
+        # Triton (prometheus-cpp) exports these counters without the "_total" that prometheus_client
+        # adds to every Counter: gauges that only grow keep Triton's exact sample names.
         def counter(name: str, doc: str) -> Any:
-            return Counter(name, doc, list(labels), registry=r).labels(**labels)
+            return Gauge(name, doc, list(labels), registry=r).labels(**labels)
 
         self.nv_success = counter("nv_inference_request_success", "Successful inference requests (KServe v2)")
-        self.nv_failure = Counter("nv_inference_request_failure", "Failed inference requests (KServe v2)",
-                                  ["model", "reason", "version"], registry=r)
+        self.nv_failure = Gauge("nv_inference_request_failure", "Failed inference requests (KServe v2)",
+                                ["model", "reason", "version"], registry=r)
         self.nv_count = counter("nv_inference_count", "Inferences performed: items of successful requests")
         self.nv_exec = counter("nv_inference_exec_count", "Model executions (batches run)")
         self.nv_request_us = counter("nv_inference_request_duration_us", "Cumulative request time, us")
