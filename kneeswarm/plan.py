@@ -39,6 +39,13 @@ class LoadPlan:
     settle: float = 2.0  # seconds after the ramp excluded from the step's statistics
     workers: int = 0  # Locust worker processes; 0 = number of cores
     wait_ms: float = 0.0  # think time between a user's requests (closed loop)
+    # -- open loop: arrivals on a schedule, latency from the intended send time ----------------
+    mode: str = "closed"  # "closed" (steps are users) or "open" (steps are arrival rates)
+    rates: list[float] | None = None  # open loop: requests/s per step, strictly increasing
+    arrival: str = "poisson"  # open loop: "poisson" or "constant" inter-arrival times
+    source_rate: float = 1.0  # open loop: requests/s of one arrival source (a Locust user)
+    max_inflight: int = 1000  # open loop: in-flight cap per load-generator process (arrivals
+    #                           beyond it are recorded as `dropped` failures)
 
 
 @dataclass
@@ -180,12 +187,15 @@ def _check_type(source: str, where: str, value: Any, hint: Any) -> Any:
         ok = isinstance(value, dict)
     elif base == "list[dict]":
         ok = isinstance(value, list) and all(isinstance(v, dict) for v in value)
+    elif base == "list[float]":
+        ok = isinstance(value, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        value = [float(v) for v in value] if ok else value
     elif base == "list[int]":
         ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
     else:  # pragma: no cover - a new field type must be added above
         raise AssertionError(f"unhandled plan field type {hint}")
     if not ok:
-        kind = {"list[int]": "a list of integers", "list[str]": "a list of strings", "bool": "true or false",
+        kind = {"list[int]": "a list of integers", "list[float]": "a list of numbers", "list[str]": "a list of strings", "bool": "true or false",
                 "list[dict]": "an array of tables", "dict": "a table"}.get(base, base)
         raise PlanError(f"{source}: {where} must be {kind}, got {value!r}")
     return value
@@ -211,7 +221,30 @@ def _fill(source: str, cls: type, table: dict[str, Any], prefix: str) -> Any:
     return cls(**kwargs)
 
 
+def _open_loop(plan: Plan, source: str) -> None:
+    """Open loop: each step's rate becomes a number of arrival sources of source_rate req/s each
+    (Locust users; Locust splits them over the workers, so the rate is split, not multiplied)."""
+    load = plan.load
+    if load.mode not in ("closed", "open"):
+        raise PlanError(f"{source}: load.mode must be 'closed' or 'open', got {load.mode!r}")
+    if load.mode == "closed":
+        return
+    if load.arrival not in ("poisson", "constant"):
+        raise PlanError(f"{source}: load.arrival must be 'poisson' or 'constant', got {load.arrival!r}")
+    if load.source_rate <= 0 or load.max_inflight < 1:
+        raise PlanError(f"{source}: load.source_rate must be > 0 and load.max_inflight >= 1")
+    rates = load.rates or []
+    if not rates or any(r <= 0 for r in rates) or any(b <= a for a, b in zip(rates, rates[1:])):
+        raise PlanError(f"{source}: open loop needs load.rates: positive requests/s, strictly increasing, got {rates}")
+    sources = [r / load.source_rate for r in rates]
+    if any(abs(n - round(n)) > 1e-6 for n in sources):
+        raise PlanError(f"{source}: every load.rates entry must be a multiple of load.source_rate "
+                        f"({load.source_rate:g} req/s), got {rates}")
+    load.steps = [int(round(n)) for n in sources]
+
+
 def _validate(plan: Plan, source: str) -> None:
+    _open_loop(plan, source)
     steps = plan.load.steps
     if not steps:
         raise PlanError(f"{source}: load.steps is empty; give at least one user count, e.g. [1, 2, 4, 8]")

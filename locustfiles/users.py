@@ -12,15 +12,25 @@ What a request hands the recorder, in the request event's context:
 
 A streamed answer is timed here, not by Locust: with ``stream=True`` Locust's response time
 covers the headers only, so the user sets ``response_time`` to the end of the stream itself.
+
+Open loop (``[load] mode = "open"``): each user is an arrival source of ``source_rate`` req/s
+(Poisson or constant inter-arrival times) that sends every request in a greenlet of its own at
+its intended time and never waits for answers; a request's latency (and TTFT) is measured from
+its intended send time, and its row's t_start is that time, so a stalled server cannot hide
+behind a slowed generator (coordinated omission).  At most ``max_inflight`` requests per process
+are in flight; an arrival beyond that is a ``dropped`` failure row.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import random
 import time
 from typing import Any, NamedTuple
 
+import gevent
+from gevent.pool import Group
 from locust import FastHttpUser, task
 
 from locustfiles.protocols import BadPayload, PreparedRequest, for_plan
@@ -30,6 +40,15 @@ logger = logging.getLogger(__name__)
 
 _user_ids = itertools.count()
 SEP = b"\n"  # SSE lines end with \n (or \r\n: the decoder strips the \r)
+
+
+class ArrivalDropped(Exception):
+    """Open loop: an arrival found max_inflight requests in flight and was not sent."""
+
+    category = "dropped"
+
+
+_inflight = 0  # open-loop requests in flight in this process
 
 
 class StreamInfo(NamedTuple):
@@ -49,17 +68,61 @@ class InferenceUser(FastHttpUser):
 
     def on_start(self) -> None:
         seed = next(_user_ids) + 100_000 * state.worker_index()
-        self.protocol = for_plan(state.plan(), seed=seed)
+        plan = state.plan()
+        self.protocol = for_plan(plan, seed=seed)
+        self._open = plan.load.mode == "open"
+        self._rng = random.Random(seed)
+        self._group = Group()
+
+    def on_stop(self) -> None:
+        self._group.kill(block=False)  # open loop: requests still in flight end with the user
 
     @task
     def infer(self) -> None:
-        req = self.protocol.next_request()
+        if self._open:
+            self._arrivals()
+            return
+        self._send(self.protocol.next_request(), None)
+
+    def _arrivals(self) -> None:
+        """Open loop: this user's arrival process, for as long as the user lives."""
+        load = state.plan().load
+        rate, poisson, cap = load.source_rate, load.arrival == "poisson", load.max_inflight
+        gap = (lambda: self._rng.expovariate(rate)) if poisson else (lambda: 1.0 / rate)
+        intended = time.time() + (gap() if poisson else self._rng.uniform(0.0, 1.0 / rate))
+        while True:
+            delay = intended - time.time()
+            if delay > 0:
+                gevent.sleep(delay)
+            if _inflight >= cap:
+                self.environment.events.request.fire(
+                    request_type="POST", name="infer", response_time=0.0, response_length=0, response=None,
+                    context={}, exception=ArrivalDropped(f"{cap} requests in flight (load.max_inflight)"),
+                    start_time=intended)
+            else:
+                self._group.spawn(self._send_open, intended)
+            intended += gap()
+
+    def _send_open(self, intended: float) -> None:
+        global _inflight
+        _inflight += 1
+        try:
+            self._send(self.protocol.next_request(), intended)
+        finally:
+            _inflight -= 1
+
+    def _send(self, req: PreparedRequest, intended: float | None) -> None:
+        """One request; with ``intended`` (open loop, epoch seconds) timed from that instant."""
+        late = max(0.0, time.time() - intended) if intended is not None else 0.0
         if req.stream:
-            self._streamed(req)
+            self._streamed(req, late, intended)
             return
         with self.client.request(
             req.method, req.path, data=req.body, headers=req.headers, catch_response=True, name="infer"
         ) as resp:
+            if intended is not None:
+                resp.request_meta["start_time"] = intended
+                resp.request_meta["response_time"] = resp.request_meta.get("response_time", 0.0) + late * 1000.0
             if resp.status_code and 200 <= resp.status_code < 300:
                 try:
                     tokens = self.protocol.check_response(resp.content)
@@ -73,12 +136,15 @@ class InferenceUser(FastHttpUser):
                 resp.failure(f"HTTP {resp.status_code}")
             # status 0: a network error; Locust already carries the exception
 
-    def _streamed(self, req: PreparedRequest) -> None:
-        t0 = time.perf_counter()
+    def _streamed(self, req: PreparedRequest, late: float = 0.0, intended: float | None = None) -> None:
+        t0 = time.perf_counter() - late  # open loop: the clock starts at the intended send time
         with self.client.request(
             req.method, req.path, data=req.body, headers=req.headers, catch_response=True, name="infer",
             stream=True,
         ) as resp:
+            if intended is not None:
+                resp.request_meta["start_time"] = intended
+                resp.request_meta["response_time"] = resp.request_meta.get("response_time", 0.0) + late * 1000.0
             status = resp.status_code
             if not status:
                 return  # a network error before the headers; Locust carries the exception
