@@ -73,3 +73,30 @@ def test_bad_open_loop_plans_are_one_line(load, message):
 def test_open_loop_rates_become_arrival_sources():
     plan = plan_from_dict({"load": {"mode": "open", "rates": [5, 10, 40], "source_rate": 2.5}})
     assert plan.load.steps == [2, 4, 16]
+
+
+@pytest.mark.slow
+def test_with_two_workers_the_rate_is_split_not_multiplied(tmp_path):
+    """Through the conductor (master + 2 workers): each step's measured arrival rate is the plan's."""
+    from conftest import read_summary, run_cli
+    from kneeswarm.cli import start_target, stop_target
+
+    proc, url = start_target(["--mode", "knee", "--slots", "64", "--service-ms", "5"])
+    try:
+        plan = tmp_path / "plan.toml"
+        plan.write_text(f'target = "{url}"\n[load]\nmode = "open"\nrates = [20, 60]\narrival = "constant"\nworkers = 2\n'
+                        "ramp = 0.5\nhold = 5.0\nsettle = 1.0\n")
+        res = run_cli("run", str(plan), "--out", str(tmp_path / "runs"), "-q")
+    finally:
+        stop_target(proc)
+    assert res.returncode == 0, res.stderr[-2000:]
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    run = RunDir(run_dir)
+    rows, steps = run.read_requests(), run.read_steps()
+    assert set(rows["worker"]) == {"worker-0", "worker-1"}
+    for rate, (_, step) in zip((20, 60), steps.iterrows()):
+        window = rows[(rows.t_start >= step.t_steady + 1.0) & (rows.t_start < step.t_end)]
+        measured = len(window) / (step.t_end - step.t_steady - 1.0)
+        print(f"planned {rate} req/s, measured {measured:.1f} req/s over 2 workers")
+        assert measured == pytest.approx(rate, rel=0.15)  # constant arrivals: only the window edges vary
+    assert read_summary(run_dir)["complete"] is True
