@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -24,6 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from generator import REPO, free_port, locust_run, pin  # noqa: E402  (bench/ is not a package)
+
+logger = logging.getLogger(__name__)
 
 CHUNK = ('{"id":"c","object":"chat.completion.chunk","created":1,"model":"demo","choices":[{"index":0,'
          '"delta":{"content":"tok "},"logprobs":null,"finish_reason":%s}]}')

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -35,6 +36,8 @@ from starlette.routing import Route
 
 from kneeswarm.target.gate import ARRIVED
 from kneeswarm.target.metrics import TargetMetrics
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 16
 # asyncio's epoll wait rounds its timeout up to whole milliseconds, so a sleep ends 0-1 ms after

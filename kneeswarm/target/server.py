@@ -372,6 +372,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+# One flat list of flags, grouped as --help shows them: splitting it would only scatter them.
 def build_parser(prog: str = "kneeswarm target") -> argparse.ArgumentParser:
     p = _Parser(
         prog=prog,

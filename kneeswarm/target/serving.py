@@ -17,6 +17,7 @@ JSON is accepted and each request holds one slot.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,8 @@ from starlette.routing import Route
 
 from kneeswarm.target.engine import Rejected
 from kneeswarm.target.metrics import TargetMetrics
+
+logger = logging.getLogger(__name__)
 
 MAX_ROWS = 1024
 ROW_KEYS = ("data", "instances", "inputs", "body")
@@ -53,6 +56,7 @@ def rows_of(doc: Any, input_dim: int | None) -> tuple[np.ndarray | None, int]:
     return np.ascontiguousarray(x), x.shape[0]
 
 
+# One function: the handlers share the engine, the metrics and the model name (closures).
 def serving_routes(model_name: str, engine: Any, is_onnx: bool, input_dim: int, metrics: TargetMetrics,
                    ready: Any) -> list[Route]:
     """TorchServe and TF Serving routes around ``engine``; ``ready()`` says whether the server is ready."""

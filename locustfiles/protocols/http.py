@@ -18,12 +18,15 @@ not null.  Preflight: the health path answers 2xx, then one real request succeed
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 
 from locustfiles.protocols.base import BadPayload, PreflightError, PreparedRequest, Protocol, ProtocolError, Tokens, json_path
 from locustfiles.protocols.openai import WORDS
 from locustfiles.protocols.tensors import batched, nested, values
+
+logger = logging.getLogger(__name__)
 
 BODY_VARIANTS = 16
 DEFAULT_BODY = '{"data": {{data}}}'

@@ -14,11 +14,14 @@ the protocol allows (Triton and KServe accept it).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 
 from locustfiles.protocols.base import BadPayload, PreflightError, PreparedRequest, Protocol, Tokens
 from locustfiles.protocols.tensors import batched, values
+
+logger = logging.getLogger(__name__)
 
 BODY_VARIANTS = 16  # distinct random bodies pre-built per user (keeps the generator's CPU low)
 INPUT_NAME = "input"

@@ -20,9 +20,12 @@ llama.cpp; SGLang's ``--stream-interval`` > 1 puts several in one) and flagged a
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from locustfiles.protocols.base import BadPayload, StreamTruncated
+
+logger = logging.getLogger(__name__)
 
 DONE = b"[DONE]"
 

@@ -7,9 +7,12 @@ integers, BYTES short strings, BOOL booleans, floats values in [-1, 1] rounded t
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 INT_TYPES = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"})
 

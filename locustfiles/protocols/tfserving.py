@@ -10,11 +10,14 @@ AVAILABLE, or a 404, stops the run before any load.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 
 from locustfiles.protocols.base import BadPayload, PreflightError, PreparedRequest, Protocol, Tokens
 from locustfiles.protocols.tensors import nested, values
+
+logger = logging.getLogger(__name__)
 
 BODY_VARIANTS = 16
 

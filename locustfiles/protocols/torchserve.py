@@ -14,11 +14,14 @@ port and often not reachable from the load machine).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 
 from locustfiles.protocols.base import BadPayload, PreflightError, PreparedRequest, Protocol, Tokens
 from locustfiles.protocols.tensors import batched, nested, values
+
+logger = logging.getLogger(__name__)
 
 BODY_VARIANTS = 16
 

@@ -16,6 +16,7 @@ Token counts here are word counts: without a tokenizer, one synthetic word stand
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from locustfiles.protocols.base import ProtocolError
+
+logger = logging.getLogger(__name__)
 
 DISTRIBUTIONS = ("fixed", "uniform", "normal", "lognormal")
 MAX_LENGTH = 100_000
