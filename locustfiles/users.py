@@ -108,6 +108,11 @@ class InferenceUser(FastHttpUser):
         _inflight += 1
         try:
             self._send(self.protocol.next_request(), intended)
+        except Exception as e:  # noqa: BLE001 - outside Locust's task loop: counted here, never lost
+            logger.warning("kneeswarm: open-loop request failed outside the HTTP client: %r", e)
+            self.environment.events.request.fire(
+                request_type="POST", name="infer", response_time=(time.time() - intended) * 1000.0,
+                response_length=0, response=None, context={}, exception=e, start_time=intended)
         finally:
             _inflight -= 1
 
