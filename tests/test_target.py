@@ -426,6 +426,8 @@ def test_torchserve_and_tfserving_answer_with_the_same_model(llm_target):
     assert ts.json()["predictions"][1] == pytest.approx(expected, rel=1e-4, abs=1e-5)
     assert tf.json()["predictions"][0] == pytest.approx(expected, rel=1e-4, abs=1e-5)
     assert requests.get(f"{url}/ping", timeout=5).json() == {"status": "Healthy"}
+    ts_served = metrics(url)['ts_inference_requests_total{model_name="demo",model_version="default"}']
+    assert ts_served >= 1 and metrics(url)['ts_inference_latency_microseconds{model_name="demo",model_version="default"}'] > 0
     status = requests.get(f"{url}/v1/models/demo", timeout=5).json()["model_version_status"][0]
     assert status["state"] == "AVAILABLE"
     assert requests.post(f"{url}/predictions/nope", json={"data": [ROW]}, timeout=5).status_code == 404

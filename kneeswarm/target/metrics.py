@@ -56,6 +56,11 @@ than items when requests are batched), and the cumulative microsecond counters
 ``nv_inference_request_duration_us``, ``nv_inference_queue_duration_us``,
 ``nv_inference_compute_infer_duration_us`` (the last two cover every protocol's engine work).
 
+The TorchServe endpoint exports TorchServe's frontend names (from TorchServe's metrics API
+documentation), labelled ``{model_name, model_version}``: ``ts_inference_requests_total`` and
+``ts_inference_latency_microseconds`` (cumulative; ``ts_queue_latency_microseconds`` is not
+imitated: the engine's queue is shared by every protocol, see ``nv_inference_queue_duration_us``).
+
 ``*_created`` samples are not exported.
 """
 
@@ -143,6 +148,7 @@ class TargetMetrics:
         self._received_metrics(r)
         self._llm_metrics(r)
         self._triton_metrics(r, str(info.get("model", "demo")))
+        self._torchserve_metrics(r, str(info.get("model", "demo")))
         labels = {k: str(v) for k, v in info.items()}
         Gauge(f"{PREFIX}_info", "Target configuration", list(labels), registry=r).labels(
             **labels
@@ -189,6 +195,14 @@ class TargetMetrics:
         self.nv_request_us = counter("nv_inference_request_duration_us", "Cumulative request time, us")
         self.nv_queue_us = counter("nv_inference_queue_duration_us", "Cumulative queue time, us")
         self.nv_compute_us = counter("nv_inference_compute_infer_duration_us", "Cumulative compute time, us")
+
+    def _torchserve_metrics(self, r: CollectorRegistry, model: str) -> None:
+        labels = {"model_name": model, "model_version": "default"}
+        self.ts_requests = Counter("ts_inference_requests", "Total number of inference requests (TorchServe)",
+                                   list(labels), registry=r).labels(**labels)
+        # TorchServe exports its cumulative microsecond counters without "_total": growing gauges here.
+        self.ts_latency_us = Gauge("ts_inference_latency_microseconds", "Cumulative inference duration in microseconds",
+                                   list(labels), registry=r).labels(**labels)
 
     def record_received(self, protocol: str, model: str, items: int,
                         inputs: list[tuple[str, str, str]] = ()) -> None:  # type: ignore[assignment]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 import numpy as np
@@ -74,6 +75,7 @@ def serving_routes(model_name: str, engine: Any, is_onnx: bool, input_dim: int, 
         if model != model_name:
             served.labels(code="404").inc()
             return not_found(model)
+        started = time.perf_counter()
         try:
             out = await engine.infer(x) if is_onnx else await engine.infer()
         except Rejected as e:
@@ -81,6 +83,9 @@ def serving_routes(model_name: str, engine: Any, is_onnx: bool, input_dim: int, 
             served.labels(code="503").inc()
             return JSONResponse({"error": str(e)}, status_code=503)
         served.labels(code="200").inc()
+        if protocol == "torchserve":
+            metrics.ts_requests.inc()
+            metrics.ts_latency_us.inc((time.perf_counter() - started) * 1e6)
         predictions = out.tolist() if out is not None else [[0.0]] * items
         return JSONResponse({"predictions": predictions})
 
