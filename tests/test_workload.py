@@ -71,6 +71,7 @@ def test_length_distributions_have_the_planned_mean_and_stdev(dist):
 @settings(max_examples=300, deadline=None)
 @example(dist="lognormal", mean=1e-300, stdev=1e300, lo=1, hi=10, seed=0)
 @example(dist="normal", mean=1e300, stdev=1e300, lo=1, hi=10, seed=0)
+@example(dist="lognormal", mean=1.1041820044770857e-215, stdev=1.0, lo=1, hi=1, seed=0)
 @given(dist=st.sampled_from(["fixed", "uniform", "normal", "lognormal"]),
        mean=st.one_of(st.floats(min_value=-10, max_value=1e6), st.floats(allow_nan=True)),
        stdev=st.one_of(st.floats(min_value=-10, max_value=1e6), st.floats(allow_nan=True)),

@@ -71,11 +71,19 @@ class LengthDist:
         elif self.dist == "normal":
             x = rng.gauss(self.mean, self.stdev)
         else:
-            sigma2 = math.log1p((self.stdev / self.mean) ** 2)
-            x = rng.lognormvariate(math.log(self.mean) - sigma2 / 2, math.sqrt(sigma2))
+            x = self._lognormal(rng)
         if not math.isfinite(x):  # extreme tables (stdev >> mean) can overflow: the nearest bound
             x = self.max if x > 0 else self.min
         return int(min(max(round(x), self.min), self.max))
+
+
+    def _lognormal(self, rng: random.Random) -> float:
+        """A lognormal draw whose own mean and stdev are the table's (the mean where that overflows)."""
+        try:
+            sigma2 = math.log1p((self.stdev / self.mean) ** 2)
+            return rng.lognormvariate(math.log(self.mean) - sigma2 / 2, math.sqrt(sigma2))
+        except (OverflowError, ValueError):  # stdev/mean beyond float range: no shape left to draw
+            return self.mean
 
 
 def load_dataset(path: str) -> list[dict]:
