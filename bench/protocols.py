@@ -112,7 +112,8 @@ def serve(port: int, tokens: int) -> None:
     StreamServer(("127.0.0.1", port), handle).serve_forever()
 
 
-def bench_case(case: str, url: str, tmp: Path, a: argparse.Namespace) -> tuple[float, float]:
+def bench_case(case: str, url: str, tmp: Path, a: argparse.Namespace) -> tuple[float, float, float]:
+    """Medians over the rounds: bare req/s, kneeswarm req/s, and the ratio of requests per CPU-second."""
     plan_lines, make = PLANS[case]
     bare_file = tmp / f"bare-{case}.py"
     bare_file.write_text(BARE.format(make=make))
@@ -120,13 +121,16 @@ def bench_case(case: str, url: str, tmp: Path, a: argparse.Namespace) -> tuple[f
     head, _, request = plan_lines.partition("\n[request]")
     plan.write_text(f'name = "bench"\ntarget = "{url}"\n{head}\n[load]\nsteps = [{a.users}]\nramp = 0.0\n'
                     f"hold = {a.seconds}\nsettle = 0.0\n" + (f"[request]{request}\n" if request else ""))
-    bare, ks = [], []
+    bare, ks, per_cpu = [], [], []
     for _ in range(a.rounds):
-        bare.append(locust_run(["-f", str(bare_file), "--host", url, "-u", str(a.users), "-r", str(a.users),
-                                "-t", f"{int(a.seconds)}s"], a.seconds)[0])
-        ks.append(locust_run(["-f", str(REPO / "locustfiles" / "swarm.py"), "--host", url, "--kneeswarm-plan",
-                              str(plan), "--kneeswarm-out", str(tmp / "runs")], a.seconds)[0])
-    return statistics.median(bare), statistics.median(ks)
+        b = locust_run(["-f", str(bare_file), "--host", url, "-u", str(a.users), "-r", str(a.users),
+                        "-t", f"{int(a.seconds)}s"], a.seconds)
+        k = locust_run(["-f", str(REPO / "locustfiles" / "swarm.py"), "--host", url, "--kneeswarm-plan",
+                        str(plan), "--kneeswarm-out", str(tmp / "runs")], a.seconds)
+        bare.append(b[0])
+        ks.append(k[0])
+        per_cpu.append(k[1] / b[1])
+    return statistics.median(bare), statistics.median(ks), statistics.median(per_cpu)
 
 
 def main() -> None:
@@ -150,9 +154,9 @@ def main() -> None:
         time.sleep(1.0)
         url = f"http://127.0.0.1:{port}"
         for case in a.only.split(","):
-            bare, ks = bench_case(case, url, tmp, a)
+            bare, ks, per_cpu = bench_case(case, url, tmp, a)
             print(f"{case:14s} bare FastHttpUser {bare:7.0f} req/s   kneeswarm {ks:7.0f} req/s   "
-                  f"ratio {ks / bare:.3f} (target >= 0.95)", flush=True)
+                  f"ratio {ks / bare:.3f} (target >= 0.95); per CPU-second {per_cpu:.3f}", flush=True)
         print(f"{os.cpu_count()} cores, {a.users} users, {a.seconds:g}s x {a.rounds} rounds, "
               f"{a.tokens} chunks per streamed answer")
     finally:

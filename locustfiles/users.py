@@ -39,7 +39,6 @@ from locustfiles import state
 logger = logging.getLogger(__name__)
 
 _user_ids = itertools.count()
-SEP = b"\n"  # SSE lines end with \n (or \r\n: the decoder strips the \r)
 
 
 class ArrivalDropped(Exception):
@@ -203,43 +202,33 @@ def read_stream(resp: Any, stream: Any) -> tuple[int, BaseException | None]:
     """Feed ``stream`` every SSE event of ``resp`` as it arrives: (bytes read, error or None).
 
     Reads the way geventhttpclient's own ``readline`` does (its body buffer, its socket, its
-    parser), but takes every complete line of each arrival at once: events that arrived in one
-    read share its arrival time, and the per-line cost of ``readline`` (a third of the
-    generator's time on a fast stream, bench/protocols.py) is gone.  Locust's ``iter_content``
+    parser), but hands the stream every complete event of each arrival at once
+    (``ChatStream.block``): events that arrived in one read share its arrival time, and the
+    per-line calls (most of the generator's cost on a fast stream, bench/protocols.py) are gone.  Locust's ``iter_content``
     would wait for whole 1 KiB blocks and smear the token times.  A connection that ends early
     raises in the parser: that error is returned (a stream cut off mid-way is then judged
     truncated by ``check_complete``; a reset or a timeout keeps its own category).
     """
-    from locustfiles.protocols.sse import SSEDecoder
+    from locustfiles.protocols.sse import Arrivals
 
     raw = resp._response
     buf = raw._body_buffer  # filled by raw.feed(); what came with the headers is already there
-    decoder, pending, nbytes = SSEDecoder(), b"", 0
+    arrivals, nbytes = Arrivals(stream), 0
     clock = time.perf_counter
     now = clock()
     try:
         while True:
             if buf:
-                data = pending + bytes(buf)
+                chunk = bytes(buf)
                 del buf[:]
-                nbytes += len(data) - len(pending)
-                *lines, pending = data.split(SEP)
-                for line in lines:
-                    event = decoder.line(line)
-                    if event is not None:
-                        stream.event(event, now)
+                nbytes += len(chunk)
+                arrivals.feed(chunk, now)
             if raw.message_complete or raw._sock is None:
                 break
             chunk = raw._sock.recv(raw.block_size)
             now = clock()
             raw.feed(chunk)  # b"" (closed early): the parser raises "Incomplete response"
-        if pending:  # a last line without its newline
-            event = decoder.line(pending)
-            if event is not None:
-                stream.event(event, now)
-        tail = decoder.end()
-        if tail is not None:
-            stream.event(tail, now)
+        arrivals.close(now)
     except BadPayload as e:
         raw.release()
         return nbytes, e

@@ -223,3 +223,53 @@ def test_the_byte_search_fast_path_agrees_with_full_parsing(chunks):
         spaced.event(json.dumps(doc).encode(), float(i))
     for attr in ("chunks", "finished", "usage_in", "usage_out", "itl_ms", "first"):
         assert getattr(compact, attr) == getattr(spaced, attr), attr
+
+
+EVENT_LINES = st.sampled_from([
+    b'data: {"id":"x","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}',
+    b'data: {"id":"x","choices":[{"index":0,"delta":{"content":"tok"},"logprobs":null,"finish_reason":null}]}',
+    b'data: {"id":"x","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":null}]}',
+    b'data: {"id":"x","choices":[{"index":0,"delta":{"content":"end"},"logprobs":null,"finish_reason":"stop"}]}',
+    b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":4,"completion_tokens":2}}',
+    b'data: {"choices": [{"delta": {"content": "spaced"}, "finish_reason": null}]}',
+    b"data: [DONE]", b": keep-alive", b"event: message", b"data:", b'data: {"error": {"message": "x"}}',
+    b'data: {"id":"x","choices":[{"index":0,"delta":{"content":"a\\"b"},"logprobs":null,"finish_reason":null}]}',
+])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.lists(EVENT_LINES, min_size=1, max_size=3), max_size=10), st.lists(st.integers(0, 4000), max_size=6),
+       st.booleans(), st.booleans())
+def test_reading_per_arrival_equals_reading_line_by_line(events, cuts, crlf, final_blank):
+    """However the body is cut into arrivals, Arrivals judges it as the SSE decoder line by line would."""
+    from locustfiles.protocols.sse import Arrivals
+
+    nl = b"\r\n" if crlf else b"\n"
+    body = b"".join(nl.join(lines) + nl + nl for lines in events)
+    if not final_blank and body:
+        body = body[: -len(nl)]
+    reference, by_arrival = ChatStream(0.0), ChatStream(0.0)
+    ref_error = arr_error = None
+    try:
+        decoder = SSEDecoder()
+        for line in body.split(b"\n"):
+            data = decoder.line(line)
+            if data is not None:
+                reference.event(data, 0.0)
+        tail = decoder.end()
+        if tail is not None:
+            reference.event(tail, 0.0)
+    except BadPayload as e:
+        ref_error = type(e)
+    try:
+        arrivals, last = Arrivals(by_arrival), 0
+        for cut in sorted(c % (len(body) + 1) for c in cuts) + [len(body)]:
+            arrivals.feed(body[last:cut], 0.0)
+            last = cut
+        arrivals.close(0.0)
+    except BadPayload as e:
+        arr_error = type(e)
+    assert ref_error == arr_error
+    if ref_error is None:
+        for attr in ("chunks", "done", "finished", "usage_in", "usage_out", "itl_ms", "first"):
+            assert getattr(by_arrival, attr) == getattr(reference, attr), attr
