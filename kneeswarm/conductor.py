@@ -50,7 +50,6 @@ from locustfiles.recorder import RECORDER_FILE
 logger = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT = 10.0  # seconds the target has to pass its health check before the run
-HEALTH_PATHS = {"kserve": "/v2/health/ready"}
 WORKER_WAIT = 60.0  # seconds for all workers to connect
 FETCH_PERIOD = 5.0  # seconds between incremental fetches from the host agents
 RUN_MARGIN = 120.0  # seconds beyond the planned duration before the master is killed
@@ -86,15 +85,25 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def check_target(plan: Plan, timeout: float | None = None) -> None:
     """Wait until the target's health check answers 2xx, or raise ConductorError."""
+    from locustfiles.protocols import PreflightError, ProtocolError, for_plan
+
     timeout = HEALTH_TIMEOUT if timeout is None else timeout
-    url = plan.target.rstrip("/") + HEALTH_PATHS.get(plan.protocol, "/")
+    try:
+        protocol = for_plan(plan)
+    except ProtocolError as e:
+        raise ConductorError(str(e)) from None
+    url = plan.target.rstrip("/") + protocol.health_path
     deadline = time.monotonic() + timeout
     problem = "no answer"
     while time.monotonic() < deadline:
         try:
-            r = requests.get(url, timeout=min(2.0, timeout))
-            if 200 <= r.status_code < 300:
-                return
+            r = requests.get(url, timeout=min(2.0, timeout), headers=protocol.headers)
+            # 404: up, but the health path is the model's own (TF Serving): the preflight says why
+            if 200 <= r.status_code < 300 or r.status_code == 404:
+                try:  # the plan's model must be served (one line, exit 2, no run directory)
+                    return protocol.preflight(plan.target, timeout=min(HEALTH_TIMEOUT, timeout))
+                except PreflightError as e:
+                    raise ConductorError(str(e)) from None
             problem = f"HTTP {r.status_code}"
         except requests.RequestException as e:
             problem = _short_reason(e)

@@ -19,7 +19,11 @@ import tomli_w
 
 logger = logging.getLogger(__name__)
 
-PROTOCOLS = ("kserve",)
+#: Protocol names; the registry in locustfiles/protocols must list the same (a test checks it).
+PROTOCOLS = ("kserve", "openai", "torchserve", "tfserving", "http")
+OPENAI_ENDPOINTS = ("chat", "completions")
+TENSOR_DATATYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+                    "FP16", "FP32", "FP64", "BYTES")
 DEFAULT_STEPS = (1, 2, 4, 8, 16, 32)
 
 
@@ -35,6 +39,13 @@ class LoadPlan:
     settle: float = 2.0  # seconds after the ramp excluded from the step's statistics
     workers: int = 0  # Locust worker processes; 0 = number of cores
     wait_ms: float = 0.0  # think time between a user's requests (closed loop)
+    # -- open loop: arrivals on a schedule, latency from the intended send time ----------------
+    mode: str = "closed"  # "closed" (steps are users) or "open" (steps are arrival rates)
+    rates: list[float] | None = None  # open loop: requests/s per step, strictly increasing
+    arrival: str = "poisson"  # open loop: "poisson" or "constant" inter-arrival times
+    source_rate: float = 1.0  # open loop: requests/s of one arrival source (a Locust user)
+    max_inflight: int = 1000  # open loop: in-flight cap per load-generator process (arrivals
+    #                           beyond it are recorded as `dropped` failures)
 
 
 @dataclass
@@ -45,6 +56,30 @@ class RequestPlan:
     data: str = "random"  # "random" (seeded per user) or "fixed"
     timeout: float = 10.0  # seconds before a request counts as a timeout error
     seed: int = 0
+    # -- credentials (every protocol) ----------------------------------------------------
+    api_key_env: str | None = None  # NAME of the env var whose value goes in "Authorization: Bearer"
+    # -- tensor protocols (kserve, torchserve, tfserving) --------------------------------
+    version: str | None = None  # model version in the path (kserve, tfserving, torchserve)
+    batch: int = 1  # items per request: replaces the first dimension of every input's shape
+    input_name: str = "input"  # name of the single input (kserve) when `inputs` is not given
+    inputs: list[dict] | None = None  # kserve, several inputs: [[request.inputs]] name, shape, datatype
+    # -- openai ------------------------------------------------------------------------
+    endpoint: str = "chat"  # "chat" (/v1/chat/completions) or "completions" (/v1/completions)
+    stream: bool = True  # SSE streaming (TTFT, ITL measured)
+    max_tokens: int = 64  # max output tokens per request
+    prompt: str | None = None  # fixed prompt text; default: a synthetic one of prompt_tokens words
+    prompt_tokens: int = 32  # synthetic prompt length (words; ~tokens, see protocols/openai.py)
+    include_usage: bool = True  # stream_options.include_usage: the server's own token counts
+    ignore_eos: bool = False  # vLLM/SGLang extension: always produce max_tokens
+    min_tokens: int | None = None  # vLLM extension: at least this many output tokens
+    dataset: str | None = None  # JSONL of {"prompt"} or {"messages"} (+ "max_tokens") records
+    lengths: dict | None = None  # [request.lengths] input/output = {dist, mean, stdev, min, max}
+    # -- http (generic JSON) ---------------------------------------------------------------
+    path: str | None = None  # request path (http); overrides the protocol's path elsewhere
+    method: str = "POST"
+    body: str | None = None  # JSON template: {{prompt}} {{data}} {{model}} {{user}} placeholders
+    health_path: str | None = None  # overrides the protocol's health path
+    success_path: str | None = None  # dotted JSON path that must be present in a 2xx answer (http)
 
 
 @dataclass
@@ -203,12 +238,20 @@ def _check_type(source: str, where: str, value: Any, hint: Any) -> Any:
         ok = isinstance(value, bool)
     elif base == "list[str]":
         ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+    elif base == "dict":
+        ok = isinstance(value, dict)
+    elif base == "list[dict]":
+        ok = isinstance(value, list) and all(isinstance(v, dict) for v in value)
+    elif base == "list[float]":
+        ok = isinstance(value, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        value = [float(v) for v in value] if ok else value
     elif base == "list[int]":
         ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
     else:  # pragma: no cover - a new field type must be added above
         raise AssertionError(f"unhandled plan field type {hint}")
     if not ok:
-        kind = {"list[int]": "a list of integers", "list[str]": "a list of strings", "bool": "true or false"}.get(base, base)
+        kind = {"list[int]": "a list of integers", "list[float]": "a list of numbers", "list[str]": "a list of strings", "bool": "true or false",
+                "list[dict]": "an array of tables", "dict": "a table"}.get(base, base)
         raise PlanError(f"{source}: {where} must be {kind}, got {value!r}")
     return value
 
@@ -233,7 +276,30 @@ def _fill(source: str, cls: type, table: dict[str, Any], prefix: str) -> Any:
     return cls(**kwargs)
 
 
+def _open_loop(plan: Plan, source: str) -> None:
+    """Open loop: each step's rate becomes a number of arrival sources of source_rate req/s each
+    (Locust users; Locust splits them over the workers, so the rate is split, not multiplied)."""
+    load = plan.load
+    if load.mode not in ("closed", "open"):
+        raise PlanError(f"{source}: load.mode must be 'closed' or 'open', got {load.mode!r}")
+    if load.mode == "closed":
+        return
+    if load.arrival not in ("poisson", "constant"):
+        raise PlanError(f"{source}: load.arrival must be 'poisson' or 'constant', got {load.arrival!r}")
+    if load.source_rate <= 0 or load.max_inflight < 1:
+        raise PlanError(f"{source}: load.source_rate must be > 0 and load.max_inflight >= 1")
+    rates = load.rates or []
+    if not rates or any(r <= 0 for r in rates) or any(b <= a for a, b in zip(rates, rates[1:])):
+        raise PlanError(f"{source}: open loop needs load.rates: positive requests/s, strictly increasing, got {rates}")
+    sources = [r / load.source_rate for r in rates]
+    if any(abs(n - round(n)) > 1e-6 for n in sources):
+        raise PlanError(f"{source}: every load.rates entry must be a multiple of load.source_rate "
+                        f"({load.source_rate:g} req/s), got {rates}")
+    load.steps = [int(round(n)) for n in sources]
+
+
 def _validate(plan: Plan, source: str) -> None:
+    _open_loop(plan, source)
     steps = plan.load.steps
     if not steps:
         raise PlanError(f"{source}: load.steps is empty; give at least one user count, e.g. [1, 2, 4, 8]")
@@ -261,6 +327,7 @@ def _validate(plan: Plan, source: str) -> None:
         raise PlanError(f"{source}: request.shape must be positive dimensions, got {plan.request.shape}")
     if plan.request.timeout <= 0:
         raise PlanError(f"{source}: request.timeout must be > 0 seconds")
+    _validate_request(plan, source)
     if plan.monitor.interval < 1:
         raise PlanError(f"{source}: monitor.interval must be >= 1 second, got {plan.monitor.interval}")
     labels = [h.label for h in plan.hosts]
@@ -269,6 +336,43 @@ def _validate(plan: Plan, source: str) -> None:
     for i, h in enumerate(plan.hosts):
         if sum(x is not None for x in (h.pid, h.process, h.port)) > 1:
             raise PlanError(f"{source}: hosts[{i}] ({h.label}): give one of pid, process or port, not several")
+
+
+def _validate_request(plan: Plan, source: str) -> None:
+    """The [request] keys that depend on the protocol."""
+    r = plan.request
+    if r.batch < 1:
+        raise PlanError(f"{source}: request.batch must be >= 1, got {r.batch}")
+    if r.endpoint not in OPENAI_ENDPOINTS:
+        raise PlanError(f"{source}: request.endpoint must be one of {', '.join(OPENAI_ENDPOINTS)}, got {r.endpoint!r}")
+    if r.max_tokens < 1 or r.prompt_tokens < 1:
+        raise PlanError(f"{source}: request.max_tokens and request.prompt_tokens must be >= 1")
+    if r.api_key_env is not None and not r.api_key_env.replace("_", "").isalnum():
+        raise PlanError(f"{source}: request.api_key_env must name an environment variable, got {r.api_key_env!r}")
+    for key in ("path", "health_path"):
+        value = getattr(r, key)
+        if value is not None and not value.startswith("/"):
+            raise PlanError(f"{source}: request.{key} must start with '/', got {value!r}")
+    if plan.protocol == "http" and not r.path:
+        raise PlanError(f"{source}: protocol 'http' needs request.path (and usually request.body)")
+    for i, spec in enumerate(r.inputs or []):
+        where = f"{source}: request.inputs[{i}]"
+        unknown = set(spec) - {"name", "shape", "datatype"}
+        if unknown:
+            raise PlanError(f"{where}: unknown key {sorted(unknown)[0]!r} (known: datatype, name, shape)")
+        if not isinstance(spec.get("name"), str) or not spec["name"]:
+            raise PlanError(f"{where}: needs a name")
+        shape = spec.get("shape")
+        if not isinstance(shape, list) or not shape or not all(isinstance(d, int) and d >= 1 for d in shape):
+            raise PlanError(f"{where} ({spec['name']}): shape must be positive dimensions, got {shape!r}")
+        if str(spec.get("datatype", "FP32")).upper() not in TENSOR_DATATYPES:
+            raise PlanError(f"{where} ({spec['name']}): datatype {spec.get('datatype')!r} is not a KServe v2 datatype")
+    if r.dataset and r.lengths:
+        raise PlanError(f"{source}: give request.dataset or request.lengths, not both")
+    if r.lengths is not None and (set(r.lengths) - {"input", "output"} or not r.lengths):
+        raise PlanError(f"{source}: request.lengths takes an input and/or an output table")
+    if str(r.datatype).upper() not in TENSOR_DATATYPES:
+        raise PlanError(f"{source}: request.datatype {r.datatype!r} is not a KServe v2 datatype")
 
 
 def plan_from_dict(data: dict[str, Any], source: str = "plan") -> Plan:

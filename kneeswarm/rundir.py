@@ -58,12 +58,14 @@ REQUEST_COLUMNS = tuple(REQUEST_SCHEMA.names)
 
 ERROR_CATEGORIES = (
     "http_4xx",
+    "http_429",  # pushback: the server's bounded queue said no (a saturation signal, not a bug)
     "http_5xx",
     "timeout",
     "conn_refused",
     "conn_reset",
     "bad_payload",
     "stream_truncated",
+    "dropped",  # open loop: an arrival beyond the in-flight cap, never sent
     "other",
     "bad_latency",  # given by analysis to a row marked ok whose latency is not a finite number >= 0
 )

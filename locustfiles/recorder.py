@@ -45,6 +45,11 @@ def categorize(status: int, exception: BaseException | None) -> str | None:
     """Map a failed request to an error category of the run-directory contract."""
     if exception is None and (status < 400):
         return None
+    category = getattr(exception, "category", None)  # BadPayload, StreamTruncated name their own
+    if isinstance(category, str):
+        return category
+    if status == 429:
+        return "http_429"  # pushback: a saturation signal, kept apart from other 4xx
     if 400 <= status < 500:
         return "http_4xx"
     if status >= 500:

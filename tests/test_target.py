@@ -247,6 +247,10 @@ def test_micro_batching_batches_and_keeps_answers(tmp_path):
     runs, rows = m["kneeswarm_target_batch_size_count"], m["kneeswarm_target_batch_size_sum"]
     assert rows == result.statuses[200] + 2
     assert rows / runs > 1.5  # requests really were run together
+    # Triton's names tell the same: items inferred vs model executions.
+    assert m['nv_inference_count{model="demo",version="1"}'] == rows
+    assert m['nv_inference_exec_count{model="demo",version="1"}'] == runs
+    assert m['nv_inference_request_success{model="demo",version="1"}'] == result.statuses[200] + 2
 
 
 # -- knee mode and the bounded queue ------------------------------------------------------------
@@ -345,7 +349,8 @@ def test_help_documents_the_knobs():
     assert proc.returncode == 0
     for flag in ("--mode", "--port", "--request-threads", "--queue-size", "--intra-op-threads",
                  "--inter-op-threads", "--batch-max", "--batch-wait-ms", "--slots", "--service-ms",
-                 "--work", "--model-name"):
+                 "--work", "--model-name", "--ttft-ms", "--itl-ms", "--output-tokens", "--api-key-env",
+                 "--fail-rate", "--reset-rate", "--truncate-rate", "--stall-ms", "--stall-every"):
         assert flag in proc.stdout
 
 
@@ -356,3 +361,121 @@ def test_main_is_importable_without_onnx_side_effects():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["True", "False"]
+
+
+# -- the other protocols, the API key and injected faults -----------------------------------------
+ROW = [round(((i * 13) % 17) / 17.0, 3) for i in range(64)]
+
+
+@pytest.fixture(scope="module")
+def llm_target(tmp_path_factory) -> Iterator[Target]:
+    with running_target(tmp_path_factory.mktemp("llm"), "--work", "1", "--hidden", "64", "--tokens", "1",
+                        "--output-tokens", "3", "--itl-ms", "1") as target:
+        yield target
+
+
+def sse_events(text: str) -> list[str]:
+    return [line[len("data: "):] for line in text.split("\n") if line.startswith("data: ")]
+
+
+def test_openai_stream_follows_vllm_chunks_and_counts_tokens(llm_target):
+    url = llm_target.url
+    before = metrics(url)
+    body = {"model": "demo", "messages": [{"role": "user", "content": "one two three four"}], "max_tokens": 5,
+            "stream": True, "stream_options": {"include_usage": True}}
+    r = requests.post(f"{url}/v1/chat/completions", json=body, timeout=REQUEST_TIMEOUT_S)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(r.text)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    texts = [c["choices"][0]["delta"]["content"] for c in chunks[1:-1]]
+    assert len(texts) == 3 and all(texts)  # --output-tokens 3 ends the generation before max_tokens
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {
+        "prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}
+    after = metrics(url)
+    assert after["vllm:prompt_tokens_total"] - before.get("vllm:prompt_tokens_total", 0) == 4
+    assert after["vllm:generation_tokens_total"] - before.get("vllm:generation_tokens_total", 0) == 3
+
+
+def test_openai_whole_answers_pin_length_and_refuse_unknown_models(llm_target):
+    url = llm_target.url
+    r = requests.post(f"{url}/v1/completions", json={"model": "demo", "prompt": "a b", "max_tokens": 6,
+                                                      "ignore_eos": True}, timeout=REQUEST_TIMEOUT_S).json()
+    assert r["usage"]["completion_tokens"] == 6 and len(r["choices"][0]["text"].split()) == 6
+    assert r["choices"][0]["finish_reason"] == "length"
+    r = requests.post(f"{url}/v1/completions", json={"model": "demo", "prompt": "a", "max_tokens": 6,
+                                                      "min_tokens": 5}, timeout=REQUEST_TIMEOUT_S).json()
+    assert r["usage"]["completion_tokens"] == 5
+    assert requests.get(f"{url}/v1/models", timeout=5).json()["data"][0]["id"] == "demo"
+    missing = requests.post(f"{url}/v1/chat/completions", json={"model": "x", "messages": [{"content": "a"}]},
+                            timeout=5)
+    assert missing.status_code == 404 and "x" in missing.json()["message"]
+    for bad in ({"model": "demo"}, {"model": "demo", "messages": [{"content": "a"}], "max_tokens": 0}):
+        assert requests.post(f"{url}/v1/chat/completions", json=bad, timeout=5).status_code == 400
+
+
+def test_torchserve_and_tfserving_answer_with_the_same_model(llm_target):
+    url = llm_target.url
+    ts = requests.post(f"{url}/predictions/demo", json={"data": [ROW, ROW]}, timeout=REQUEST_TIMEOUT_S)
+    tf = requests.post(f"{url}/v1/models/demo:predict", json={"instances": [ROW]}, timeout=REQUEST_TIMEOUT_S)
+    kserve = requests.post(f"{url}/v2/models/demo/infer", json=infer_body(ROW), timeout=REQUEST_TIMEOUT_S)
+    assert ts.status_code == tf.status_code == kserve.status_code == 200
+    expected = kserve.json()["outputs"][0]["data"]
+    assert ts.json()["predictions"][1] == pytest.approx(expected, rel=1e-4, abs=1e-5)
+    assert tf.json()["predictions"][0] == pytest.approx(expected, rel=1e-4, abs=1e-5)
+    assert requests.get(f"{url}/ping", timeout=5).json() == {"status": "Healthy"}
+    ts_served = metrics(url)['ts_inference_requests_total{model_name="demo",model_version="default"}']
+    assert ts_served >= 1 and metrics(url)['ts_inference_latency_microseconds{model_name="demo",model_version="default"}'] > 0
+    status = requests.get(f"{url}/v1/models/demo", timeout=5).json()["model_version_status"][0]
+    assert status["state"] == "AVAILABLE"
+    assert requests.post(f"{url}/predictions/nope", json={"data": [ROW]}, timeout=5).status_code == 404
+    assert requests.post(f"{url}/v1/models/nope:predict", json={"instances": [ROW]}, timeout=5).status_code == 404
+    assert requests.get(f"{url}/v1/models/nope", timeout=5).status_code == 404
+    assert requests.post(f"{url}/predictions/demo", json={"data": [[1, 2]]}, timeout=5).status_code == 400
+
+
+def test_api_key_is_required_except_for_health_and_metrics(tmp_path, monkeypatch):
+    monkeypatch.setenv("KS_TARGET_KEY", "k-123")
+    with running_target(tmp_path, "--mode", "knee", "--service-ms", "1", "--api-key-env", "KS_TARGET_KEY") as t:
+        url = f"{t.url}/v2/models/demo/infer"
+        assert requests.post(url, json=infer_body(), timeout=5).status_code == 401
+        assert requests.post(url, json=infer_body(), headers={"Authorization": "Bearer nope"}, timeout=5).status_code == 401
+        assert requests.post(url, json=infer_body(), headers={"Authorization": "Bearer k-123"}, timeout=5).status_code == 200
+        assert requests.get(f"{t.url}/v2/health/ready", timeout=5).status_code == 200
+        m = metrics(t.url)
+    assert m['kneeswarm_target_auth_total{result="rejected"}'] == 2 and m['kneeswarm_target_auth_total{result="ok"}'] == 1
+
+
+def test_faults_fail_reset_and_stall_are_counted(tmp_path):
+    with running_target(tmp_path, "--mode", "knee", "--service-ms", "1", "--fail-rate", "0.3",
+                        "--reset-rate", "0.3", "--fault-seed", "3") as t:
+        seen: Counter = Counter()
+        for _ in range(60):
+            try:
+                r = requests.post(f"{t.url}/v2/models/demo/infer", json=infer_body(), timeout=5)
+                seen[r.status_code] += 1
+            except requests.ConnectionError:
+                seen["reset"] += 1
+        m = metrics(t.url)
+    assert seen["reset"] == m['kneeswarm_target_faults_total{kind="reset"}'] > 0
+    assert seen[500] == m['kneeswarm_target_faults_total{kind="fail"}'] > 0
+    assert seen[200] + seen[500] + seen["reset"] == 60
+    with running_target(tmp_path, "--mode", "knee", "--service-ms", "1", "--stall-ms", "300",
+                        "--stall-every", "0.6") as t:
+        times: list[float] = []
+        end = time.perf_counter() + 1.5  # covers two or three stall windows
+        while time.perf_counter() < end:
+            started = time.perf_counter()
+            requests.post(f"{t.url}/v2/models/demo/infer", json=infer_body(), timeout=5)
+            times.append(time.perf_counter() - started)
+        m = metrics(t.url)
+    stalled = sum(1 for x in times if x > 0.05)
+    assert stalled == m['kneeswarm_target_faults_total{kind="stall"}'] >= 2
+
+
+@pytest.mark.parametrize("args", [["--fail-rate", "1.5"], ["--itl-ms", "-1"], ["--output-tokens", "x"]])
+def test_bad_fault_and_llm_arguments_exit_2(args):
+    proc = subprocess.run([sys.executable, "-m", "kneeswarm.target", *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1

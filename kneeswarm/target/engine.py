@@ -155,7 +155,9 @@ class OnnxEngine:
         with self._count_lock:
             self._queued -= 1
             self._inflight += 1
-        self._metrics.queue_wait.observe(time.monotonic() - job.enqueued)
+        waited = time.monotonic() - job.enqueued
+        self._metrics.queue_wait.observe(waited)
+        self._metrics.nv_queue_us.inc(waited * 1e6)
         return job
 
     def _run(self, batch: list[_Job]) -> None:
@@ -163,7 +165,10 @@ class OnnxEngine:
             x = batch[0].x if len(batch) == 1 else np.concatenate([j.x for j in batch])
             started = time.perf_counter()
             out = self._session.run([OUTPUT_NAME], {INPUT_NAME: x})[0]
-            self._metrics.inference_duration.observe(time.perf_counter() - started)
+            ran = time.perf_counter() - started
+            self._metrics.inference_duration.observe(ran)
+            self._metrics.nv_compute_us.inc(ran * 1e6)
+            self._metrics.nv_exec.inc()
             self._metrics.batch_size.observe(x.shape[0])
             offset = 0
             results = []
@@ -223,6 +228,8 @@ class KneeEngine:
         start = max(arrived, freed_at)
         end = start + self._service_s
         self._metrics.queue_wait.observe(start - arrived)
+        self._metrics.nv_queue_us.inc((start - arrived) * 1e6)
+        self._metrics.nv_exec.inc()
         self._inflight += 1
         try:
             await asyncio.sleep(max(0.0, end - loop.time()))

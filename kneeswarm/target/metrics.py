@@ -28,6 +28,39 @@ served as Prometheus text at ``GET /metrics``. Names:
 ``kneeswarm_target_info{mode,model,...}``            gauge fixed at 1 whose labels carry the
                                                       configuration.
 
+What the target received and did on purpose (the ground truth of kneeswarm's own tests):
+
+``kneeswarm_target_received_total{protocol,model}``  counter: inference requests accepted for
+                                                      parsing, by protocol and requested model.
+``kneeswarm_target_received_items_total{protocol}``  counter: items (batch rows) they carried.
+``kneeswarm_target_received_inputs_total{protocol,input,datatype,shape}``  counter: each named
+                                                      input tensor seen (shape as "4x64").
+``kneeswarm_target_auth_total{result}``               counter: requests checked against
+                                                      --api-key-env: "ok" or "rejected" (401).
+``kneeswarm_target_faults_total{kind}``               counter: faults injected: "fail" (500),
+                                                      "reset" (TCP RST, no answer), "truncate"
+                                                      (stream cut without [DONE]), "stall"
+                                                      (requests held by a stall window).
+
+The OpenAI-compatible endpoints also export the names vLLM v1 uses (from vLLM's documentation,
+"Production Metrics"), so that a scrape of the demo reads like a scrape of vLLM:
+``vllm:num_requests_running``, ``vllm:num_requests_waiting`` (gauges), ``vllm:prompt_tokens_total``,
+``vllm:generation_tokens_total``, ``vllm:request_success_total{finished_reason}`` (counters),
+``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds``,
+``vllm:e2e_request_latency_seconds`` (histograms, seconds, measured inside the server).
+
+The KServe v2 endpoint also exports Triton's names (from Triton's documentation, "Metrics"),
+labelled ``{model, version}``: ``nv_inference_request_success``, ``nv_inference_request_failure``
+(with ``reason``), ``nv_inference_count`` (items), ``nv_inference_exec_count`` (model runs: fewer
+than items when requests are batched), and the cumulative microsecond counters
+``nv_inference_request_duration_us``, ``nv_inference_queue_duration_us``,
+``nv_inference_compute_infer_duration_us`` (the last two cover every protocol's engine work).
+
+The TorchServe endpoint exports TorchServe's frontend names (from TorchServe's metrics API
+documentation), labelled ``{model_name, model_version}``: ``ts_inference_requests_total`` and
+``ts_inference_latency_microseconds`` (cumulative; ``ts_queue_latency_microseconds`` is not
+imitated: the engine's queue is shared by every protocol, see ``nv_inference_queue_duration_us``).
+
 ``*_created`` samples are not exported.
 """
 
@@ -35,6 +68,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -54,6 +88,7 @@ LATENCY_BUCKETS = (
     0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0,
 )  # fmt: skip
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
+FAULT_KINDS = ("fail", "reset", "truncate", "stall")
 
 __all__ = ["PROMETHEUS_CONTENT_TYPE", "TargetMetrics"]
 
@@ -110,10 +145,72 @@ class TargetMetrics:
         Gauge(
             f"{PREFIX}_queue_capacity", "Configured queue bound, 0 = unbounded", registry=r
         ).set(queue_capacity)
+        self._received_metrics(r)
+        self._llm_metrics(r)
+        self._triton_metrics(r, str(info.get("model", "demo")))
+        self._torchserve_metrics(r, str(info.get("model", "demo")))
         labels = {k: str(v) for k, v in info.items()}
         Gauge(f"{PREFIX}_info", "Target configuration", list(labels), registry=r).labels(
             **labels
         ).set(1)
+
+    def _received_metrics(self, r: CollectorRegistry) -> None:
+        self.received = Counter(f"{PREFIX}_received", "Inference requests received, by protocol and model",
+                                ["protocol", "model"], registry=r)
+        self.received_items = Counter(f"{PREFIX}_received_items", "Items (batch rows) received",
+                                      ["protocol"], registry=r)
+        self.received_inputs = Counter(f"{PREFIX}_received_inputs", "Named input tensors received",
+                                       ["protocol", "input", "datatype", "shape"], registry=r)
+        self.auth = Counter(f"{PREFIX}_auth", "Requests checked against the API key", ["result"], registry=r)
+        self.faults = Counter(f"{PREFIX}_faults", "Faults injected on purpose", ["kind"], registry=r)
+        for kind in FAULT_KINDS:
+            self.faults.labels(kind=kind)
+
+    def _llm_metrics(self, r: CollectorRegistry) -> None:
+        self.llm_running = Gauge("vllm:num_requests_running", "Requests generating tokens now", registry=r)
+        self.llm_waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to start", registry=r)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens received", registry=r)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated", registry=r)
+        self.llm_success = Counter("vllm:request_success", "Finished generations", ["finished_reason"], registry=r)
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token in the server",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Gap between tokens in the server",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Generation time in the server",
+                             buckets=LATENCY_BUCKETS, registry=r)
+
+    def _triton_metrics(self, r: CollectorRegistry, model: str) -> None:
+        labels = {"model": model, "version": "1"}
+
+        # Triton (prometheus-cpp) exports these counters without the "_total" that prometheus_client
+        # adds to every Counter: gauges that only grow keep Triton's exact sample names.
+        def counter(name: str, doc: str) -> Any:
+            return Gauge(name, doc, list(labels), registry=r).labels(**labels)
+
+        self.nv_success = counter("nv_inference_request_success", "Successful inference requests (KServe v2)")
+        self.nv_failure = Gauge("nv_inference_request_failure", "Failed inference requests (KServe v2)",
+                                ["model", "reason", "version"], registry=r)
+        self.nv_count = counter("nv_inference_count", "Inferences performed: items of successful requests")
+        self.nv_exec = counter("nv_inference_exec_count", "Model executions (batches run)")
+        self.nv_request_us = counter("nv_inference_request_duration_us", "Cumulative request time, us")
+        self.nv_queue_us = counter("nv_inference_queue_duration_us", "Cumulative queue time, us")
+        self.nv_compute_us = counter("nv_inference_compute_infer_duration_us", "Cumulative compute time, us")
+
+    def _torchserve_metrics(self, r: CollectorRegistry, model: str) -> None:
+        labels = {"model_name": model, "model_version": "default"}
+        self.ts_requests = Counter("ts_inference_requests", "Total number of inference requests (TorchServe)",
+                                   list(labels), registry=r).labels(**labels)
+        # TorchServe exports its cumulative microsecond counters without "_total": growing gauges here.
+        self.ts_latency_us = Gauge("ts_inference_latency_microseconds", "Cumulative inference duration in microseconds",
+                                   list(labels), registry=r).labels(**labels)
+
+    def record_received(self, protocol: str, model: str, items: int,
+                        inputs: list[tuple[str, str, str]] = ()) -> None:  # type: ignore[assignment]
+        """Count one inference request as received: protocol, model, items, (input, datatype, shape)."""
+        self.received.labels(protocol=protocol, model=model).inc()
+        self.received_items.labels(protocol=protocol).inc(items)
+        for name, datatype, shape in inputs:
+            self.received_inputs.labels(protocol=protocol, input=name, datatype=datatype, shape=shape).inc()
 
     def track_queue_length(self, fn: Callable[[], float]) -> None:
         """Read the queue length from ``fn`` at every scrape (exact, nothing to keep in step)."""

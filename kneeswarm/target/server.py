@@ -1,4 +1,4 @@
-"""The bundled demo inference server: a KServe v2 HTTP target to find the knee of.
+"""The bundled demo inference server: KServe v2, OpenAI, TorchServe and TF Serving on one port.
 
 It stands apart from the rest of kneeswarm (imports none of it) and is used exactly as a real
 inference server would be. Starlette serves the protocol, uvicorn the HTTP; run it with
@@ -26,6 +26,11 @@ Endpoints (KServe v2 / Open Inference Protocol over HTTP, JSON tensors)
     POST /v2/models/{name}[/versions/{v}]/infer
          {"inputs": [{"name": "input", "shape": [B, 64], "datatype": "FP32", "data": [...]}]}
          -> {"model_name", "model_version", "id", "outputs": [{"name": "output", "shape", ...}]}
+    OpenAI-compatible (llm.py): GET /health, GET /v1/models, POST /v1/chat/completions and
+         /v1/completions, streamed (SSE) or not; one engine step per token, first token after
+         --ttft-ms, then one every --itl-ms; --output-tokens cuts generation short.
+    TorchServe and TF Serving (serving.py): GET /ping, POST /predictions/{name}[/{version}],
+         GET /v1/models/{name}, POST /v1/models/{name}:predict.
     GET  /metrics                             Prometheus text; names documented in metrics.py:
          kneeswarm_target_requests_total{code}, kneeswarm_target_rejected_total,
          kneeswarm_target_inflight, kneeswarm_target_queue_length,
@@ -35,6 +40,12 @@ Endpoints (KServe v2 / Open Inference Protocol over HTTP, JSON tensors)
 
 Errors are JSON ``{"error": "..."}``: 404 for an unknown model or path, 400 for a malformed body,
 a wrong input name, shape or datatype, 503 when the bounded queue is full.
+
+Around everything (gate.py): ``--api-key-env NAME`` requires ``Authorization: Bearer $NAME``
+(401 otherwise), and fault injection on inference requests, counted on /metrics
+(``kneeswarm_target_faults_total{kind}``): ``--fail-rate``, ``--reset-rate``,
+``--truncate-rate``, ``--stall-ms``/``--stall-every``.  What arrived is counted too
+(``kneeswarm_target_received_*``: protocol, model, items, input shapes; prompt tokens).
 """
 
 from __future__ import annotations
@@ -62,7 +73,10 @@ from starlette.routing import Route
 
 from kneeswarm.target import model as model_mod
 from kneeswarm.target.engine import KneeEngine, OnnxEngine, Rejected
+from kneeswarm.target.gate import FaultPlan, Gate
+from kneeswarm.target.llm import LLMConfig, TokenChain, llm_routes
 from kneeswarm.target.metrics import PROMETHEUS_CONTENT_TYPE, TargetMetrics
+from kneeswarm.target.serving import serving_routes
 
 logger = logging.getLogger(__name__)
 
@@ -169,13 +183,27 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
+def received_inputs(inputs: list[Any]) -> tuple[int, list[tuple[str, str, str]]]:
+    """(items: the first input's first dimension, [(name, datatype, "AxB")]) of a KServe request."""
+    seen = []
+    for t in inputs:
+        if isinstance(t, dict):
+            shape = t.get("shape") if isinstance(t.get("shape"), list) else []
+            seen.append((str(t.get("name")), str(t.get("datatype")), "x".join(str(d) for d in shape)))
+    first = inputs[0].get("shape") if inputs and isinstance(inputs[0], dict) else None
+    items = first[0] if isinstance(first, list) and first and isinstance(first[0], int) else 1
+    return items, seen
+
+
+# One function: the routes share the engine, the ready flag and the metrics (closures).
 def build_app(
     info: ModelInfo,
     engine: OnnxEngine | KneeEngine,
     metrics: TargetMetrics,
     on_started: Callable[[], None] | None = None,
+    llm: LLMConfig | None = None,
 ) -> Starlette:
-    """The Starlette application serving ``engine`` under the KServe v2 protocol."""
+    """The Starlette application serving ``engine`` under KServe v2, OpenAI, TorchServe and TF Serving."""
     ready = False
     is_onnx = isinstance(engine, OnnxEngine)
     served = metrics.requests
@@ -220,11 +248,12 @@ def build_app(
     async def infer(request: Request) -> Response:
         started = time.perf_counter()
         name = request.path_params["name"]
-        if not known(name):
-            served.labels(code="404").inc()
-            return _error(404, f"unknown model {name!r}: this server serves {info.name!r}")
         try:
             body, inputs = parse_inputs(await request.body())
+            metrics.record_received("kserve", name, *received_inputs(inputs))
+            if not known(name):
+                served.labels(code="404").inc()
+                return _error(404, f"unknown model {name!r}: this server serves {info.name!r}")
             if is_onnx:
                 x = parse_tensor(inputs, info.input_dim)
                 output = await engine.infer(x)  # type: ignore[call-arg]
@@ -239,6 +268,7 @@ def build_app(
                 tensor = KNEE_OUTPUT
         except BadRequest as exc:
             served.labels(code="400").inc()
+            metrics.nv_failure.labels(model=name, reason="REJECTED", version=MODEL_VERSION).inc()
             return _error(400, str(exc))
         except Rejected as exc:
             metrics.rejected.inc()
@@ -248,6 +278,10 @@ def build_app(
             logger.exception("infer failed")
             served.labels(code="500").inc()
             return _error(500, f"inference failed: {exc}")
+        m = metrics
+        m.nv_success.inc()
+        m.nv_count.inc(received_inputs(inputs)[0])
+        m.nv_request_us.inc((time.perf_counter() - started) * 1e6)
         request_id = body.get("id")
         response = JSONResponse(
             {
@@ -279,6 +313,9 @@ def build_app(
         Route("/v2/models/{name}/infer", infer, methods=["POST"]),
         Route("/v2/models/{name}/versions/{version}/infer", infer, methods=["POST"]),
         Route("/metrics", prometheus),
+        *llm_routes(info.name, TokenChain(engine if is_onnx else None, info.input_dim), metrics,
+                    llm or LLMConfig(), lambda: ready),
+        *serving_routes(info.name, engine, is_onnx, info.input_dim, metrics, lambda: ready),
     ]
     return Starlette(
         routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
@@ -320,6 +357,14 @@ _positive_float = _non_negative(zero_ok=False)
 _non_negative_float = _non_negative(zero_ok=True)
 
 
+def _rate(text: str) -> float:
+    """An argparse type: a probability in [0, 1]."""
+    value = _non_negative_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"{value} must be between 0 and 1")
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line (and exit 2, as argparse's do)."""
 
@@ -327,12 +372,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+# One flat list of flags, grouped as --help shows them: splitting it would only scatter them.
 def build_parser(prog: str = "kneeswarm target") -> argparse.ArgumentParser:
     p = _Parser(
         prog=prog,
         description=(
-            "Bundled demo inference server (KServe v2 over HTTP, Prometheus /metrics) to find the "
-            "knee of. Prints 'kneeswarm target listening on URL mode=MODE pid=PID' as its first "
+            "Bundled demo inference server (KServe v2, OpenAI-compatible with streaming, TorchServe, "
+            "TF Serving over HTTP, Prometheus /metrics) to find the knee of. Prints 'kneeswarm target listening on URL mode=MODE pid=PID' as its first "
             "stdout line; stops cleanly on SIGTERM or SIGINT."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -379,6 +425,30 @@ def build_parser(prog: str = "kneeswarm target") -> argparse.ArgumentParser:
                       help="output width: responses carry shape [B, output-dim]")
     onnx.add_argument("--seed", type=int, default=model_mod.DEFAULT_SEED,
                       help="seed of the weights")
+
+    llm = p.add_argument_group("OpenAI-compatible endpoints (/v1/chat/completions, /v1/completions)")
+    llm.add_argument("--ttft-ms", type=_non_negative_float, default=0.0,
+                     help="the first text token leaves this long after the request arrived")
+    llm.add_argument("--itl-ms", type=_non_negative_float, default=0.0,
+                     help="each later token leaves this long after the one before")
+    llm.add_argument("--output-tokens", type=_int_at_least(0), default=0,
+                     help="tokens generated before the end of sequence (0 = always max_tokens; "
+                          "ignore_eos in the request overrides it)")
+
+    gate = p.add_argument_group("credentials and fault injection (inference requests)")
+    gate.add_argument("--api-key-env", metavar="NAME",
+                      help="require 'Authorization: Bearer $NAME' on every request but health and "
+                           "metrics (401 otherwise)")
+    gate.add_argument("--fail-rate", type=_rate, default=0.0, help="share of requests answered 500")
+    gate.add_argument("--reset-rate", type=_rate, default=0.0,
+                      help="share of requests whose connection is reset (TCP RST, no answer)")
+    gate.add_argument("--truncate-rate", type=_rate, default=0.0,
+                      help="share of streamed answers cut off mid-stream (no [DONE])")
+    gate.add_argument("--stall-ms", type=_non_negative_float, default=0.0,
+                      help="length of each stall window: requests arriving in it wait for its end")
+    gate.add_argument("--stall-every", type=_non_negative_float, default=0.0,
+                      help="seconds between the starts of stall windows (0 = no stalls)")
+    gate.add_argument("--fault-seed", type=int, default=0, help="seed of the fault draws")
 
     knee = p.add_argument_group("knee mode")
     knee.add_argument("--slots", type=_int_at_least(1), default=DEFAULT_SLOTS,
@@ -493,7 +563,16 @@ def main(argv: list[str] | None = None) -> int:
         print(LISTENING_LINE.format(url=url, mode=args.mode, pid=os.getpid()), flush=True)
         logger.info("serving model %r in %s mode at %s", info.name, args.mode, url)
 
-    app = build_app(info, engine, metrics, on_started=announce)
+    llm = LLMConfig(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, output_tokens=args.output_tokens)
+    faults = FaultPlan(fail_rate=args.fail_rate, reset_rate=args.reset_rate, truncate_rate=args.truncate_rate,
+                       stall_ms=args.stall_ms, stall_every=args.stall_every, seed=args.fault_seed)
+    try:
+        app = Gate(build_app(info, engine, metrics, on_started=announce, llm=llm), metrics, faults,
+                   api_key_env=args.api_key_env)
+    except ValueError as exc:
+        sock.close()
+        print(f"kneeswarm target: {exc}", file=sys.stderr)
+        return 2
     config = uvicorn.Config(
         app,
         log_level=args.log_level,

@@ -1,14 +1,34 @@
-"""Inference protocols: how to build a request body and judge a response.
+"""Inference protocols: how to build a request body, judge a response, check a model is served.
 
-A protocol knows nothing about Locust or recording; the user class in users.py drives it.
-Adding a protocol is one module here plus one line in PROTOCOLS.
+A protocol knows nothing about Locust or recording; the user class in users.py drives it and
+the conductor calls its ``preflight``.  Adding a protocol is one module here plus one line in
+PROTOCOLS (and its name in kneeswarm.plan.PROTOCOLS, which the plan validates against; a test
+keeps the two equal).
 """
 
 from __future__ import annotations
 
-from locustfiles.protocols.base import BadPayload, Protocol, PreparedRequest
+from locustfiles.protocols.base import (BadPayload, PreflightError, PreparedRequest, Protocol, ProtocolError,
+                                        StreamTruncated, Tokens)
+from locustfiles.protocols.http import GenericHTTP
 from locustfiles.protocols.kserve import KServeV2
+from locustfiles.protocols.openai import OpenAI
+from locustfiles.protocols.tfserving import TFServing
+from locustfiles.protocols.torchserve import TorchServe
 
-PROTOCOLS: dict[str, type[Protocol]] = {"kserve": KServeV2}
+PROTOCOLS: dict[str, type[Protocol]] = {
+    "kserve": KServeV2,
+    "openai": OpenAI,
+    "torchserve": TorchServe,
+    "tfserving": TFServing,
+    "http": GenericHTTP,
+}
 
-__all__ = ["BadPayload", "Protocol", "PreparedRequest", "PROTOCOLS", "KServeV2"]
+
+def for_plan(plan: object, seed: int = 0) -> Protocol:
+    """The plan's protocol for one user (ProtocolError when the plan cannot be turned into requests)."""
+    return PROTOCOLS[plan.protocol](vars(plan.request), seed=seed)  # type: ignore[attr-defined]
+
+
+__all__ = ["BadPayload", "PreflightError", "PreparedRequest", "Protocol", "ProtocolError", "StreamTruncated",
+           "Tokens", "PROTOCOLS", "for_plan", "GenericHTTP", "KServeV2", "OpenAI", "TFServing", "TorchServe"]

@@ -1,22 +1,69 @@
-"""The protocol interface shared by every inference protocol."""
+"""The protocol interface shared by every inference protocol.
+
+A protocol owns four things for one kind of server: how a request is built
+(``next_request``), how an answer is judged (``check_response``, or ``new_stream`` for a
+streamed answer), where the server says it is healthy (``health_path``), and how to check
+before any load that the plan's model is really served (``preflight``).  It knows nothing
+about Locust or recording: the user class in users.py drives it, the conductor calls
+``preflight``.
+
+Credentials: ``api_key_env = "NAME"`` in the plan puts ``Authorization: Bearer <$NAME>`` on
+every request (and on the preflight's).  The value lives only in ``self.headers``; every
+message a protocol makes goes through ``redact`` first, so it never reaches an error, a log
+line or the run directory.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
+
+logger = logging.getLogger(__name__)
+
+PREFLIGHT_TIMEOUT = 10.0  # seconds for each preflight HTTP request
+MAX_DETAIL = 160  # characters of a server's error text quoted in a one-line message
+REDACTED = "***"
 
 
 class BadPayload(Exception):
     """The server answered 2xx but the body is not a valid inference response."""
 
+    category = "bad_payload"
 
-@dataclass(frozen=True)
+
+class StreamTruncated(BadPayload):
+    """A streamed answer ended without its end marker ([DONE]) or a finish_reason."""
+
+    category = "stream_truncated"
+
+
+class ProtocolError(ValueError):
+    """The plan cannot be turned into requests (e.g. the API key's variable is unset); one line."""
+
+
+class PreflightError(RuntimeError):
+    """The target does not serve what the plan asks for; str() is one line for the user."""
+
+
+class Tokens(NamedTuple):
+    """Token counts a protocol read from an answer (None where unknown)."""
+
+    tokens_in: int | None
+    tokens_out: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class PreparedRequest:
     method: str
     path: str
     body: bytes
     headers: dict[str, str] = field(default_factory=dict)
     tokens_in: int | None = None
+    stream: bool = False  # the answer is read as it arrives (Protocol.new_stream)
+    items: int = 1  # inputs carried (the batch)
 
 
 class Protocol:
@@ -32,10 +79,92 @@ class Protocol:
     def __init__(self, request_cfg: dict[str, Any], seed: int = 0):
         self.cfg = request_cfg
         self.seed = seed
+        self._secret: str | None = None
+        self.headers = {"Content-Type": "application/json", **self._auth_header()}
+        if request_cfg.get("health_path"):
+            self.health_path = request_cfg["health_path"]
 
+    # -- credentials ---------------------------------------------------------------------
+    def _auth_header(self) -> dict[str, str]:
+        name = self.cfg.get("api_key_env")
+        if not name:
+            return {}
+        value = os.environ.get(name)
+        if not value:
+            raise ProtocolError(f"request.api_key_env: environment variable {name} is not set (or empty)")
+        self._secret = value
+        return {"Authorization": f"Bearer {value}"}
+
+    def redact(self, text: str) -> str:
+        """``text`` without the API key's value (for every message that leaves the protocol)."""
+        return text.replace(self._secret, REDACTED) if self._secret else text
+
+    # -- requests and answers ------------------------------------------------------------
     def next_request(self) -> PreparedRequest:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def check_response(self, body: bytes) -> int | None:
-        """Raise BadPayload if ``body`` is not a valid answer; return tokens_out when known."""
+    def check_response(self, body: bytes) -> Tokens | None:
+        """Raise BadPayload if ``body`` is not a valid answer; return token counts when known."""
         raise NotImplementedError  # pragma: no cover - interface
+
+    def new_stream(self) -> Any:
+        """Per-request state of a streamed answer (protocols whose requests have stream=True)."""
+        raise NotImplementedError(f"protocol {self.name} does not stream")  # pragma: no cover
+
+    # -- before the load -----------------------------------------------------------------
+    def preflight(self, base_url: str, timeout: float = PREFLIGHT_TIMEOUT) -> None:
+        """Raise PreflightError (one line) unless the plan's model answers; default: one real request."""
+        self.probe(base_url, timeout)
+
+    def probe(self, base_url: str, timeout: float = PREFLIGHT_TIMEOUT) -> None:
+        """Send one request as the load will, and judge it as the load would."""
+        req = self.next_request()
+        r = self._http(req.method, base_url, req.path, timeout, data=req.body)
+        if not 200 <= r.status_code < 300:
+            raise PreflightError(self._refusal(base_url, f"{req.method} {req.path}", r))
+        try:
+            if not req.stream:
+                self.check_response(r.content)
+        except BadPayload as e:
+            raise PreflightError(self.redact(f"{base_url}: {req.method} {req.path} answered 2xx but {e}")) from None
+
+    def _http(self, method: str, base_url: str, path: str, timeout: float, **kw: Any) -> Any:
+        import requests  # here: the request hot path never needs it
+
+        try:
+            return requests.request(method, base_url.rstrip("/") + path, headers=self.headers,
+                                    timeout=timeout, **kw)
+        except requests.RequestException as e:
+            raise PreflightError(self.redact(f"{base_url}: {method} {path} failed ({type(e).__name__})")) from None
+
+    def _refusal(self, base_url: str, what: str, r: Any) -> str:
+        """One line: what was asked, the status, and the server's own error text."""
+        return self.redact(f"{base_url}: {what} -> HTTP {r.status_code}{detail(r.content)}")
+
+
+def detail(body: bytes) -> str:
+    """A server's error text for a one-line message: the JSON error/message field, or the start of the body."""
+    text = ""
+    try:
+        doc = json.loads(body)
+        if isinstance(doc, dict):
+            err = doc.get("error", doc.get("message", doc.get("detail")))
+            if isinstance(err, dict):
+                err = err.get("message", err)
+            text = str(err) if err is not None else ""
+    except (ValueError, TypeError):
+        text = body[:MAX_DETAIL].decode("utf-8", "replace") if body else ""
+    text = " ".join(text.split())[:MAX_DETAIL]
+    return f" ({text})" if text else ""
+
+
+def json_path(doc: Any, dotted: str) -> Any:
+    """``doc`` followed along ``a.b.0.c`` (integers index lists); KeyError when absent."""
+    for part in dotted.split("."):
+        if isinstance(doc, list) and part.lstrip("-").isdigit():
+            doc = doc[int(part)]
+        elif isinstance(doc, dict) and part in doc:
+            doc = doc[part]
+        else:
+            raise KeyError(part)
+    return doc

@@ -1,0 +1,230 @@
+"""The demo target's OpenAI-compatible endpoints: /v1/models, /v1/chat/completions, /v1/completions.
+
+Every token is one real step of the target's engine (onnx mode: one ONNX Runtime run of the
+demo model through the same request pool as KServe inference; the next token's input is made
+from the previous token, so the steps form a chain), and is released on a known schedule: the
+first text token ``--ttft-ms`` D after the request arrived, each later one ``--itl-ms`` G after
+the one before (token k at arrival + D + k*G; a step that computes longer than its slot is
+released late, as a saturated server's would be).  Tests compare what the client measures
+with D and G.
+
+Output length: ``max_tokens`` (default 16, as vLLM), cut to ``--output-tokens`` N when N > 0
+(the model "meets its end of sequence"), unless the request says ``ignore_eos``;
+``min_tokens`` raises it (vLLM's extension).  Prompt tokens are counted as whitespace-separated
+words, the same approximation the kneeswarm client uses without a tokenizer.
+
+Streams follow vLLM: a first chunk with only ``role``, one chunk per token, ``finish_reason`` on
+the last token's chunk, an extra ``usage`` chunk (``choices: []``) when the request asks
+``stream_options.include_usage``, then ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from kneeswarm.target.gate import ARRIVED
+from kneeswarm.target.metrics import TargetMetrics
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOKENS = 16
+# asyncio's epoll wait rounds its timeout up to whole milliseconds, so a sleep ends 0-1 ms after
+# it was due (plus scheduling); aiming this much early centres each release on its due time.
+TIMER_SLACK_S = 0.0005
+VOCAB = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
+         "lambda", "mu", "nu", "xi", "omicron", "pi")
+
+
+class BadLLMRequest(ValueError):
+    """A completion request this server cannot serve: 400."""
+
+
+@dataclass(frozen=True)
+class LLMConfig:
+    ttft_ms: float = 0.0
+    itl_ms: float = 0.0
+    output_tokens: int = 0  # 0: produce max_tokens
+
+
+@dataclass
+class Completion:
+    model: str
+    chat: bool
+    prompt_tokens: int
+    n: int  # tokens to generate
+    finish: str  # "length" or "stop"
+    stream: bool
+    usage: bool
+
+
+def parse_completion(doc: Any, chat: bool, cfg: LLMConfig) -> Completion:
+    """The request's model, prompt length and output length, or BadLLMRequest."""
+    if not isinstance(doc, dict):
+        raise BadLLMRequest("body must be a JSON object")
+    if chat:
+        messages = doc.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise BadLLMRequest("'messages' must be a non-empty list of objects")
+        prompt = " ".join(str(m.get("content") or "") for m in messages)
+    else:
+        prompt = doc.get("prompt")
+        if not isinstance(prompt, str):
+            raise BadLLMRequest("'prompt' must be a string")
+    max_tokens = doc.get("max_tokens", doc.get("max_completion_tokens", DEFAULT_MAX_TOKENS))
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise BadLLMRequest(f"'max_tokens' must be a positive integer, got {max_tokens!r}")
+    n = max_tokens
+    if cfg.output_tokens and not doc.get("ignore_eos"):
+        n = min(n, cfg.output_tokens)
+    min_tokens = doc.get("min_tokens")
+    if isinstance(min_tokens, int) and not isinstance(min_tokens, bool):
+        n = min(max_tokens, max(n, min_tokens))
+    options = doc.get("stream_options") or {}
+    return Completion(model=str(doc.get("model", "")), chat=chat, prompt_tokens=len(prompt.split()), n=n,
+                      finish="length" if n == max_tokens else "stop", stream=bool(doc.get("stream")),
+                      usage=bool(isinstance(options, dict) and options.get("include_usage")))
+
+
+class TokenChain:
+    """One token per engine step: the next input is made from the previous token."""
+
+    def __init__(self, engine: Any, input_dim: int):
+        self.engine = engine  # OnnxEngine (real compute) or None (knee mode: schedule only)
+        self.input_dim = input_dim
+
+    async def step(self, prev: int) -> int:
+        if self.engine is None:
+            return (prev * 7 + 3) % len(VOCAB)
+        x = np.zeros((1, self.input_dim), dtype=np.float32)
+        x[0, prev % self.input_dim] = 1.0
+        x[0, (prev * 7 + 3) % self.input_dim] = -1.0
+        out = await self.engine.infer(x)
+        return int(np.argmax(out[0])) + prev + 1
+
+
+def llm_routes(model_name: str, chain: TokenChain, metrics: TargetMetrics, cfg: LLMConfig,
+               ready: Any) -> list[Route]:
+    """The OpenAI-compatible routes; ``ready()`` says whether the server is ready."""
+
+    async def health(request: Request) -> Response:
+        return Response(status_code=200 if ready() else 503)
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": model_name, "object": "model", "created": 0, "owned_by": "kneeswarm"}]})
+
+    def handler(chat: bool) -> Any:
+        async def complete(request: Request) -> Response:
+            try:
+                c = parse_completion(json.loads(await request.body()), chat, cfg)
+            except (ValueError, BadLLMRequest) as e:
+                metrics.requests.labels(code="400").inc()
+                return _error(400, f"bad request: {e}", "BadRequestError")
+            metrics.record_received("openai", c.model, 1)
+            if c.model != model_name:
+                metrics.requests.labels(code="404").inc()
+                return _error(404, f"The model `{c.model}` does not exist.", "NotFoundError")
+            metrics.prompt_tokens.inc(c.prompt_tokens)
+            gen = Generation(c, chain, metrics, cfg, request.scope.get(ARRIVED))
+            if c.stream:
+                return StreamingResponse(gen.sse(), media_type="text/event-stream")
+            return JSONResponse(await gen.whole())
+
+        return complete
+
+    return [
+        Route("/health", health),
+        Route("/v1/models", models),
+        Route("/v1/chat/completions", handler(True), methods=["POST"]),
+        Route("/v1/completions", handler(False), methods=["POST"]),
+    ]
+
+
+def _error(status: int, message: str, kind: str) -> JSONResponse:
+    return JSONResponse({"object": "error", "message": message, "type": kind, "code": status}, status_code=status)
+
+
+class Generation:
+    """One request's tokens, released on the D + k*G schedule."""
+
+    def __init__(self, c: Completion, chain: TokenChain, metrics: TargetMetrics, cfg: LLMConfig,
+                 arrived: float | None = None):
+        self.c, self.chain, self.metrics, self.cfg = c, chain, metrics, cfg
+        self.id = f"cmpl-{uuid.uuid4().hex[:16]}"
+        self.created = int(time.time())
+        self.arrived = arrived if arrived is not None else time.perf_counter()  # the schedule's origin
+
+    async def tokens(self) -> AsyncIterator[str]:
+        m, prev, last = self.metrics, self.c.prompt_tokens, 0.0
+        m.llm_running.inc()
+        try:
+            for k in range(self.c.n):
+                prev = await self.chain.step(prev)
+                due = self.arrived + (self.cfg.ttft_ms + k * self.cfg.itl_ms) / 1000.0
+                delay = due - time.perf_counter() - TIMER_SLACK_S
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                now = time.perf_counter()
+                if k == 0:
+                    m.ttft.observe(now - self.arrived)
+                else:
+                    m.itl.observe(now - last)
+                last = now
+                m.generation_tokens.inc()
+                yield VOCAB[prev % len(VOCAB)] + " "
+            m.llm_success.labels(finished_reason=self.c.finish).inc()
+            m.e2e.observe(time.perf_counter() - self.arrived)
+            m.requests.labels(code="200").inc()
+        finally:
+            m.llm_running.dec()
+
+    def _chunk(self, text: str | None, finish: str | None, role: bool = False) -> bytes:
+        c = self.c
+        if c.chat:
+            delta: dict = {"role": "assistant", "content": ""} if role else {"content": text}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            obj = "text_completion"
+        doc = {"id": self.id, "object": obj, "created": self.created, "model": c.model, "choices": [choice]}
+        return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
+
+    def _usage(self) -> dict:
+        return {"prompt_tokens": self.c.prompt_tokens, "completion_tokens": self.c.n,
+                "total_tokens": self.c.prompt_tokens + self.c.n}
+
+    async def sse(self) -> AsyncIterator[bytes]:
+        if self.c.chat:
+            yield self._chunk(None, None, role=True)
+        k = 0
+        async for text in self.tokens():
+            k += 1
+            yield self._chunk(text, self.c.finish if k == self.c.n else None)
+        if self.c.usage:
+            doc = {"id": self.id, "object": "chat.completion.chunk" if self.c.chat else "text_completion",
+                   "created": self.created, "model": self.c.model, "choices": [], "usage": self._usage()}
+            yield b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+    async def whole(self) -> dict:
+        text = "".join([t async for t in self.tokens()])
+        if self.c.chat:
+            choice: dict = {"index": 0, "message": {"role": "assistant", "content": text},
+                            "logprobs": None, "finish_reason": self.c.finish}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": self.c.finish}
+        return {"id": self.id, "object": "chat.completion" if self.c.chat else "text_completion",
+                "created": self.created, "model": self.c.model, "choices": [choice], "usage": self._usage()}

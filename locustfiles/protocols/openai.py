@@ -1,0 +1,145 @@
+"""OpenAI-compatible LLM servers: /v1/chat/completions and /v1/completions, streamed or not.
+
+Works against the conventions of vLLM, SGLang, TGI (its /v1 Messages API), llama.cpp's server
+and Ollama (its /v1 compatibility layer); the differences that matter:
+- ``stream_options: {"include_usage": true}``: vLLM, SGLang and OpenAI send one extra last
+  chunk with ``usage`` (``choices: []``); llama.cpp puts usage (and its own ``timings``) on its
+  last chunk; TGI and older Ollama ignore the option: tokens are then counted from chunks and
+  the row says so (see sse.py).
+- ``ignore_eos`` and ``min_tokens`` (pin the output length) are vLLM/SGLang sampling extensions;
+  they are sent only when the plan sets them, since strict servers reject unknown fields.
+- Health: vLLM, SGLang and TGI serve ``GET /health``; llama.cpp ``/health``; Ollama ``/``.
+  ``health_path`` in the plan overrides it.  Preflight: ``GET /v1/models`` must list the model
+  (every one of them serves it); a server without it gets one one-token request instead.
+
+Prompt length: without a tokenizer here, tokens are approximated by whitespace-separated words
+(a synthetic prompt of ``prompt_tokens`` words); where the server reports ``usage`` its
+``prompt_tokens`` replaces the approximation in the row.
+
+Workloads (workload.py): ``dataset`` (JSONL prompts or chats, each user starting at its own
+place in the file) or ``[request.lengths]`` (input and output lengths drawn per request from a
+distribution; LENGTH_VARIANTS bodies pre-built per user).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+
+from locustfiles.protocols.base import BadPayload, PreflightError, PreparedRequest, Protocol, Tokens
+from locustfiles.protocols.sse import ChatStream
+from locustfiles.protocols.workload import LengthDist, load_dataset, words
+
+logger = logging.getLogger(__name__)
+
+BODY_VARIANTS = 16  # distinct prompts pre-built per user
+LENGTH_VARIANTS = 256  # bodies pre-built per user from [request.lengths] draws
+WORDS = ("the", "model", "server", "token", "stream", "latency", "queue", "batch", "answer", "load",
+         "knee", "swarm", "engine", "request", "user", "step")
+
+
+class OpenAI(Protocol):
+    name = "openai"
+    health_path = "/health"
+
+    def __init__(self, request_cfg: dict, seed: int = 0):
+        super().__init__(request_cfg, seed)
+        self.model = request_cfg.get("model", "demo")
+        self.chat = request_cfg.get("endpoint", "chat") == "chat"
+        self.stream = bool(request_cfg.get("stream", True))
+        default = "/v1/chat/completions" if self.chat else "/v1/completions"
+        self.path = request_cfg.get("path") or default
+        rng = random.Random(f"{request_cfg.get('seed', 0)}:{seed}")
+        self._dataset: list[dict] | None = None
+        self._i = 0
+        if request_cfg.get("dataset"):
+            self._dataset = load_dataset(str(request_cfg["dataset"]))
+            self._i = rng.randrange(len(self._dataset))  # each user starts at its own place
+            self._requests = []
+        elif request_cfg.get("lengths"):
+            self._requests = self._from_lengths(request_cfg["lengths"], rng)
+        else:
+            fixed = request_cfg.get("data", "random") == "fixed" or request_cfg.get("prompt")
+            self._requests = [self._build(self._prompt(rng), self.stream) for _ in range(1 if fixed else BODY_VARIANTS)]
+
+    def _from_lengths(self, table: dict, rng: random.Random) -> list[PreparedRequest]:
+        inp = LengthDist.from_table(table.get("input", {"mean": self.cfg.get("prompt_tokens", 32)}),
+                                    "request.lengths.input")
+        out = LengthDist.from_table(table.get("output", {"mean": self.cfg.get("max_tokens", 64)}),
+                                    "request.lengths.output")
+        return [self._build(" ".join(rng.choice(WORDS) for _ in range(inp.sample(rng))), self.stream,
+                            max_tokens=out.sample(rng)) for _ in range(LENGTH_VARIANTS)]
+
+    def _prompt(self, rng: random.Random) -> str:
+        if self.cfg.get("prompt"):
+            return str(self.cfg["prompt"])
+        n = int(self.cfg.get("prompt_tokens", 32))
+        return " ".join(rng.choice(WORDS) for _ in range(n))
+
+    def _build(self, prompt: str, stream: bool, max_tokens: int | None = None,
+               messages: list[dict] | None = None) -> PreparedRequest:
+        body: dict = {"model": self.model}
+        if self.chat:
+            body["messages"] = messages or [{"role": "user", "content": prompt}]
+        else:
+            body["prompt"] = prompt if messages is None else "\n".join(m["content"] for m in messages)
+        body["max_tokens"] = max_tokens or int(self.cfg.get("max_tokens", 64))
+        body["stream"] = stream
+        if stream and self.cfg.get("include_usage", True):
+            body["stream_options"] = {"include_usage": True}
+        if self.cfg.get("ignore_eos"):
+            body["ignore_eos"] = True
+        if self.cfg.get("min_tokens") is not None:
+            body["min_tokens"] = int(self.cfg["min_tokens"])
+        data = json.dumps(body, separators=(",", ":")).encode()
+        tokens_in = len(prompt.split()) if messages is None else words({"messages": messages})
+        return PreparedRequest("POST", self.path, data, self.headers, tokens_in=tokens_in, stream=stream)
+
+    def next_request(self) -> PreparedRequest:
+        self._i += 1
+        if self._dataset is not None:  # built per request: an LLM request's ~10 us, no per-user copy
+            r = self._dataset[self._i % len(self._dataset)]
+            return self._build(r.get("prompt", ""), self.stream, r.get("max_tokens"), r.get("messages"))
+        return self._requests[self._i % len(self._requests)]
+
+    def new_stream(self, t0: float) -> ChatStream:
+        return ChatStream(t0, self.chat)
+
+    def check_response(self, body: bytes) -> Tokens | None:
+        """A whole (not streamed) answer: choices with text, and usage when the server sends it."""
+        try:
+            doc = json.loads(body)
+        except (ValueError, TypeError) as e:
+            raise BadPayload(f"response is not JSON: {e}") from None
+        choices = doc.get("choices") if isinstance(doc, dict) else None
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise BadPayload("response has no 'choices'")
+        first = choices[0]
+        text = (first.get("message") or {}).get("content") if self.chat else first.get("text")
+        if not isinstance(text, str):
+            raise BadPayload("response's first choice has no text")
+        usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else {}
+        tin, tout = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        return Tokens(tin if isinstance(tin, int) else None, tout if isinstance(tout, int) else None)
+
+    def preflight(self, base_url: str, timeout: float = 10.0) -> None:
+        r = self._http("GET", base_url, "/v1/models", timeout)
+        if 200 <= r.status_code < 300:
+            try:
+                ids = [m.get("id") for m in r.json().get("data", []) if isinstance(m, dict)]
+            except (ValueError, AttributeError):
+                ids = None
+            if ids is not None:
+                if self.model not in ids:
+                    served = ", ".join(repr(i) for i in ids[:8]) or "none"
+                    raise PreflightError(self.redact(
+                        f"model {self.model!r} is not served by {base_url} (GET /v1/models lists {served})"))
+                return
+        elif r.status_code in (401, 403):
+            raise PreflightError(self._refusal(base_url, "GET /v1/models", r) + " (check request.api_key_env)")
+        # No usable model list: one one-token request must succeed instead.
+        req = self._build("hi", stream=False, max_tokens=1)
+        r = self._http("POST", base_url, req.path, timeout, data=req.body)
+        if not 200 <= r.status_code < 300:
+            raise PreflightError(self._refusal(base_url, f"POST {req.path} (one token)", r))

@@ -1,0 +1,69 @@
+"""TorchServe inference API: POST /predictions/{model}[/{version}], health GET /ping.
+
+TorchServe hands the body to the model's handler, so its shape is the handler's business; this
+module sends JSON ``{"data": <nested list of shape [batch, ...]>}``, which the stock handlers'
+``preprocess`` reads from the ``data`` (or ``body``) field.  ``request.body`` with the http
+protocol covers any other handler.  TorchServe batches on the server (``batch_size`` in the
+model's config), so one request carries one item unless the handler takes a list.
+
+Preflight: ``/ping`` must say Healthy, then one real prediction: an unknown model is TorchServe's
+404 ``ModelNotFoundException`` (its management API, ``GET :8081/models/{m}``, is on another
+port and often not reachable from the load machine).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+
+from locustfiles.protocols.base import BadPayload, PreflightError, PreparedRequest, Protocol, Tokens
+from locustfiles.protocols.tensors import batched, nested, values
+
+logger = logging.getLogger(__name__)
+
+BODY_VARIANTS = 16
+
+
+class TorchServe(Protocol):
+    name = "torchserve"
+    health_path = "/ping"
+
+    def __init__(self, request_cfg: dict, seed: int = 0):
+        super().__init__(request_cfg, seed)
+        model, version = request_cfg.get("model", "demo"), request_cfg.get("version")
+        self.path = request_cfg.get("path") or f"/predictions/{model}" + (f"/{version}" if version else "")
+        self.batch = int(request_cfg.get("batch", 1) or 1)
+        shape = batched(list(request_cfg.get("shape", [1, 64])), self.batch)
+        dtype = str(request_cfg.get("datatype", "FP32"))
+        rng = random.Random(f"{request_cfg.get('seed', 0)}:{seed}")
+        fixed = request_cfg.get("data", "random") == "fixed"
+        self._requests = [
+            PreparedRequest("POST", self.path, json.dumps(
+                {"data": nested(values(rng, dtype, math.prod(shape), fixed), shape)}, separators=(",", ":")
+            ).encode(), self.headers, items=self.batch)
+            for _ in range(1 if fixed else BODY_VARIANTS)
+        ]
+        self._i = 0
+
+    def next_request(self) -> PreparedRequest:
+        self._i += 1
+        return self._requests[self._i % len(self._requests)]
+
+    def check_response(self, body: bytes) -> Tokens | None:
+        # A handler may answer anything; an empty 2xx body is the one sure sign of trouble.
+        if not body or not body.strip():
+            raise BadPayload("empty response")
+        return None
+
+    def preflight(self, base_url: str, timeout: float = 10.0) -> None:
+        r = self._http("GET", base_url, self.health_path, timeout)
+        if not 200 <= r.status_code < 300:
+            raise PreflightError(self._refusal(base_url, f"GET {self.health_path}", r))
+        try:
+            self.probe(base_url, timeout)
+        except PreflightError as e:
+            if "HTTP 404" in str(e):
+                raise PreflightError(f"model {self.cfg.get('model', 'demo')!r} is not served: {e}") from None
+            raise
