@@ -107,6 +107,14 @@ def build_mlp(spec: ModelSpec) -> bytes:
     nodes.append(helper.make_node("ReduceMean", ["tokens_seq"], ["pooled"], axes=[1], keepdims=0))
     dense("head", "pooled", spec.hidden, spec.output_dim, relu=False, out=OUTPUT_NAME)
 
+    return _serialise(nodes, initializers, spec)
+
+
+def _serialise(nodes: list, initializers: list, spec: ModelSpec) -> bytes:
+    """The graph of ``nodes`` as a checked ONNX model, serialised."""
+    import onnx
+    from onnx import TensorProto, helper
+
     graph = helper.make_graph(
         nodes,
         "kneeswarm_demo_mlp",
