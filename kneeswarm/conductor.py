@@ -1,5 +1,9 @@
 """The conductor: one `kneeswarm run`, from preflight to report (floor 4).
 
+The conductor starts processes (target check, Locust master and workers, signals); what happens
+during the test (host agents, the target's metrics, the report) is kneeswarm/lifecycle.py, the
+same code a Locust master started from the web UI or plain `locust --headless` uses.
+
     preflight   the target answers its health check; every monitored host and process is there
     start       run directory (plan.toml, meta.json), host agents, the target's /metrics scraper
                 (plan.metrics_url, 1 Hz, from this machine), Locust master + N workers
@@ -40,11 +44,11 @@ from typing import Any
 
 import requests
 
-from collectors.prometheus import PrometheusScraper, write_prometheus_csv
+from kneeswarm.lifecycle import Lifecycle, analyze_run  # noqa: F401  (analyze_run: cli imports it from here)
 from kneeswarm.lifeline import die_with_parent
 from kneeswarm.plan import HostPlan, Plan
 from kneeswarm.progress import Progress
-from kneeswarm.rundir import CLOCKS_FILE, TARGET_HOST, RunDir, WarningLog, safe_name
+from kneeswarm.rundir import CLOCKS_FILE, RunDir, WarningLog
 from locustfiles.recorder import RECORDER_FILE
 
 logger = logging.getLogger(__name__)
@@ -55,7 +59,6 @@ WORKER_WAIT = 60.0  # seconds for all workers to connect
 FETCH_PERIOD = 5.0  # seconds between incremental fetches from the host agents
 RUN_MARGIN = 120.0  # seconds beyond the planned duration before the master is killed
 STOP_GRACE = 20.0  # seconds the master has to quit after SIGTERM
-METRICS_INTERVAL = 1.0  # seconds between scrapes of plan.metrics_url
 #: Prefix of each worker's command line, e.g. ["taskset", "-c", "1"] to pin the load generator
 #: (tests use it to run a worker under a shifted clock).
 WORKER_WRAPPER: list[str] = []
@@ -148,19 +151,6 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def analyze_run(run: RunDir) -> tuple[dict[str, Any] | None, str | None]:
-    """(summary, None), or (None, one line saying why) when the analysis raised; never raises.
-    The recorded data stays either way: `kneeswarm analyze` can be re-run on it."""
-    import analysis
-
-    try:
-        return analysis.analyze(run.path), None
-    except Exception as e:  # noqa: BLE001 - any failure of the analysis is reported, not raised
-        logger.debug("analysis of %s failed", run.path, exc_info=True)
-        text = " ".join(str(e).split()) or "no message"
-        return None, f"{type(e).__name__}: {text}"
-
-
 class Conductor:
     def __init__(self, plan: Plan, out: str | Path = "runs", accept_new_host_keys: bool = False,
                  quiet: bool = False):
@@ -174,22 +164,12 @@ class Conductor:
         self._procs: list[subprocess.Popen] = []
         self._interrupts = 0
         self.warnings = WarningLog()
-        self.scraper: PrometheusScraper | None = None
+        self.life: Lifecycle | None = None
 
     def _warn(self, text: str) -> None:
         """A problem that does not end the run: logged, and kept for meta.json["warnings"]."""
         logger.warning("%s", text)
         self.warnings.add(text)
-
-    def _all_warnings(self, agents: Any) -> list[str]:
-        out = WarningLog()
-        for w in self.warnings:
-            out.add(w)
-        for a in agents:
-            for w in a.warnings:
-                out.add(f"{a.label}: {w}")
-        out.dropped += self.warnings.dropped
-        return out.to_list()
 
     def _recorder_outcome(self, run: RunDir) -> dict[str, int]:
         """The master's generator/recorder.json: its warnings join ours; returns meta.json's
@@ -209,7 +189,7 @@ class Conductor:
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> RunResult:
-        from agents import AgentError, HostAgents
+        from agents import AgentError
 
         check_target(self.plan)
         run = RunDir.create(self.out, self.plan.name)
@@ -222,28 +202,26 @@ class Conductor:
                 launcher="kneeswarm run", target=self.plan.target, protocol=self.plan.protocol,
                 load_host=socket.gethostname(), workers=self.workers, versions=versions(),
             )
-            agents = HostAgents.open(self.plan, run, accept_new_host_keys=self.accept_new_host_keys)
+            life = Lifecycle(self.plan, run, accept_new_host_keys=self.accept_new_host_keys)
+            run.update_meta(hosts_preflight=life.open())
+            life.start()
+        except AgentError as e:
+            shutil.rmtree(run.path, ignore_errors=True)  # nothing recorded yet: leave no half-run
+            raise ConductorError(str(e)) from None
         except BaseException:
             shutil.rmtree(run.path, ignore_errors=True)
             raise
-        with agents:
-            try:
-                run.update_meta(hosts_preflight=agents.preflight_all())
-                agents.start_all()
-            except AgentError as e:
-                agents.close_all()
-                shutil.rmtree(run.path, ignore_errors=True)  # nothing recorded yet: leave no half-run
-                raise ConductorError(str(e)) from None
-            # From here on the run is recorded: nothing below may end it early.
-            self._start_metrics(run, agents)
-            try:
-                ended = self._load(run, agents)
-            finally:
-                target_metrics = self._stop_metrics(run)
-                hosts = self._finish_agents(agents)
-                lost = self._recorder_outcome(run)
-                self._record_meta(run, hosts=hosts, target_metrics=target_metrics, lost=lost,
-                                  warnings=self._all_warnings(agents))
+        # From here on the run is recorded: nothing below may end it early.
+        self.life = life
+        try:
+            ended = self._load(run, life)
+        finally:
+            done = life.finish()
+            for w in life.all_warnings():
+                self.warnings.add(w)
+            lost = self._recorder_outcome(run)
+            self._record_meta(run, hosts=done["hosts"], target_metrics=done["target_metrics"], lost=lost,
+                              warnings=self.warnings.to_list())
         finished = time.time()
         self._record_meta(run, ended=ended, complete=ended == "completed", finished=finished,
                           worker_clocks=_read_json(run.generator_dir / CLOCKS_FILE))
@@ -262,62 +240,9 @@ class Conductor:
         except OSError as e:
             print(f"kneeswarm: could not write {run.meta_path}: {e}", file=sys.stderr, flush=True)
 
-    def _finish_agents(self, agents: Any) -> dict[str, Any]:
-        """Stop, final fetch, parse: never raises (a failure becomes a warning)."""
-        try:
-            return agents.finish_all()
-        except Exception as e:  # noqa: BLE001 - the recorded data must still be reported
-            self._warn(f"stopping the host agents failed: {e}")
-            try:
-                return agents.meta()
-            except Exception as e2:  # noqa: BLE001
-                self._warn(f"host agents' meta unavailable: {e2}")
-                return {}
-
-    def _fetch(self, agents: Any) -> None:
-        """An incremental fetch of every host agent; a failure is a warning, the next one retries."""
-        try:
-            agents.fetch_all()
-        except Exception as e:  # noqa: BLE001 - an agent must never end the run after start
-            self._warn(f"incremental fetch failed: {e}")
-
-    # -- the target's metrics (load side) ------------------------------------------------
     def metrics_host(self) -> str:
-        """hosts/<name>/ for the target's metrics: TARGET_HOST unless a monitored host is called that."""
-        taken = {safe_name(h.label) for h in self.plan.hosts}
-        name = TARGET_HOST
-        while name in taken:
-            name += "-metrics"
-        return name
-
-    def _start_metrics(self, run: RunDir, agents: Any) -> None:
-        if not self.plan.metrics_url:
-            return
-        host = self.metrics_host()
-        if host != TARGET_HOST:
-            self._warn(f"a monitored host is called {TARGET_HOST!r}: the target's metrics go to hosts/{host}/")
-        self.scraper = PrometheusScraper(self.plan.metrics_url, run.raw_dir(host) / "prometheus.jsonl",
-                                         interval=METRICS_INTERVAL)
-        self.scraper.start()
-
-    def _stop_metrics(self, run: RunDir) -> dict[str, Any] | None:
-        """Stop the scraper and write hosts/target/prometheus.csv; never raises."""
-        if self.scraper is None:
-            return None
-        stats = self.scraper.stop()
-        host = self.metrics_host()
-        out: dict[str, Any] = {**stats, "host": host, "clock": "master"}
-        try:
-            out["parse"] = write_prometheus_csv(run.raw_dir(host) / "prometheus.jsonl",
-                                                run.host_dir(host) / "prometheus.csv")
-        except Exception as e:  # noqa: BLE001 - a bad scrape must not end the run; the raw file stays
-            self._warn(f"metrics {self.plan.metrics_url}: parse failed: {e}")
-        if stats["failed"]:
-            self._warn(f"metrics {self.plan.metrics_url}: {stats['failed']} of {stats['scrapes']} scrapes failed "
-                       f"(last: {stats['last_error']})")
-        if stats["scrapes"] and not stats["ok"]:
-            self._warn(f"metrics {self.plan.metrics_url}: no scrape succeeded")
-        return out
+        """hosts/<name>/ for the target's metrics (see Lifecycle.metrics_host)."""
+        return Lifecycle(self.plan, RunDir(self.out)).metrics_host()
 
     # -- Locust processes ----------------------------------------------------------------
     def _locust(self, args: list[str], log: Path, wrapper: list[str] | None = None) -> subprocess.Popen:
@@ -334,7 +259,7 @@ class Conductor:
         self._procs.append(p)
         return p
 
-    def _load(self, run: RunDir, agents: Any) -> str:
+    def _load(self, run: RunDir, life: Lifecycle) -> str:
         port = free_port()
         logs = run.path / "logs"
         master = self._locust(
@@ -372,7 +297,7 @@ class Conductor:
                     ended = "load_failed"
                     break
                 if time.monotonic() - last_fetch > FETCH_PERIOD:
-                    self._fetch(agents)
+                    life.fetch()
                     last_fetch = time.monotonic()
                 if progress is not None:
                     progress.poll()

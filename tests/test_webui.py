@@ -63,3 +63,99 @@ def test_web_ui_start_records_a_run(tmp_path, start_demo_target):
     assert s["complete"] is True
     assert [st["users"] for st in s["steps"]] == [1, 2]
     assert all(st["requests"] > 0 for st in s["steps"])
+
+
+def _start_ui(tmp_path, plan, out, port, *extra):
+    return subprocess.Popen(
+        [sys.executable, "-m", "locust", "-f", str(REPO / "locustfiles" / "swarm.py"), "--web-port", str(port),
+         "--kneeswarm-plan", str(plan), "--kneeswarm-out", str(out), *extra],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=(tmp_path / "ui.log").open("w"), text=True,
+    )
+
+
+def test_web_ui_in_chromium_plan_knee_tab_agents_and_report(tmp_path, start_demo_target):
+    """Chromium: the plan in the form, Start, the Knee tabs fill, the report link at the stop; the
+    run directory has the monitored host's parsed CSVs and a report that opens with no console error."""
+    import shutil
+
+    playwright = pytest.importorskip("playwright.sync_api")
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("Debian's chromium is not installed (make test installs it)")
+    target = start_demo_target("--mode", "knee", "--slots", "2", "--service-ms", "20")
+    plan = tmp_path / "plan.toml"
+    plan.write_text(f'name = "ui"\ntarget = "{target.url}"\nmetrics_url = "{target.url}/metrics"\n'
+                    '[load]\nsteps = [1, 2]\nramp = 0.5\nhold = 4.0\nsettle = 0.5\n'
+                    f'[[hosts]]\nname = "server"\npid = {target.pid}\n')
+    port, out = free_port(), tmp_path / "runs"
+    ui = _start_ui(tmp_path, plan, out, port)
+    base = f"http://127.0.0.1:{port}"
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    try:
+        wait_for(lambda: _up(base), 60, "the web UI")
+        with playwright.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(base + "/")
+            steps_field = page.locator("[name=kneeswarmSteps]")
+            steps_field.wait_for(timeout=30_000)
+            assert steps_field.input_value() == "1,2"  # the plan file's steps, in the form
+            assert page.locator("[name=kneeswarmHold]").input_value() == "4.0"
+            assert not page.locator("[name=userCount]").is_visible()  # the step plan drives the load
+            assert page.locator("#kneeswarm-plan-note").is_visible()
+            page.screenshot(path=str(shots / "1-form.png"))
+            steps_field.fill("1,2,3")  # edited in the form: the run uses it
+            page.get_by_role("button", name="Start").click()
+            wait_for(lambda: requests.get(base + "/stats/requests", timeout=5).json()["state"] == "running", 120,
+                     "the load to start (after the host agents)")
+            page.goto(base + "/?tab=knee")
+            page.locator("td", has_text="steady").first.wait_for(timeout=60_000)
+            page.screenshot(path=str(shots / "2-knee.png"))
+            page.goto(base + "/?tab=knee-servers")
+            page.locator("td", has_text="server").first.wait_for(timeout=60_000)
+            page.screenshot(path=str(shots / "3-servers.png"))
+            link = page.locator("#kneeswarm-report-link")
+            link.wait_for(timeout=120_000)
+            page.screenshot(path=str(shots / "4-report-link.png"))
+            href = link.get_attribute("href")
+            report = browser.new_page()
+            errors = []
+            report.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            report.on("pageerror", lambda e: errors.append(str(e)))
+            r = report.goto(base + href)
+            assert r.status == 200
+            report.wait_for_load_state("networkidle")
+            report.screenshot(path=str(shots / "5-report.png"), full_page=False)
+            assert errors == []
+            browser.close()
+    finally:
+        ui.terminate()
+        ui.wait(timeout=60)
+        print(f"screenshots: {shots}")
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    run = RunDir(run_dir)
+    assert len(run.read_steps()) == 3  # the form's 1,2,3, not the file's 1,2
+    assert (run_dir / "hosts" / "server" / "vmstat.csv").is_file()
+    assert (run_dir / "hosts" / "server" / "process.csv").is_file()
+    assert (run_dir / "hosts" / "target" / "prometheus.csv").is_file()
+    assert (run_dir / "report" / "index.html").is_file()
+    meta = run.read_meta()
+    assert "server" in meta["hosts"] and meta["ended"] == "completed"
+    s = read_summary(run_dir)
+    assert [st["users"] for st in s["steps"]] == [1, 2, 3]
+
+
+def _up(base: str) -> bool:
+    try:
+        return requests.get(base + "/", timeout=1).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def test_web_ui_refuses_a_public_address_without_login(tmp_path):
+    plan = tmp_path / "plan.toml"
+    plan.write_text('name = "ui"\n')
+    ui = _start_ui(tmp_path, plan, tmp_path / "runs", free_port(), "--web-host", "0.0.0.0")
+    assert ui.wait(timeout=60) == 2
+    assert "--web-login" in (tmp_path / "ui.log").read_text()
