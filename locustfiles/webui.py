@@ -174,6 +174,8 @@ class KneeTab:
         app.after_request(self.extend)
         app.add_url_rule("/kneeswarm/live.json", "kneeswarm_live", web_ui.auth_required_if_enabled(self.live_json))
         app.add_url_rule("/kneeswarm/knee.js", "kneeswarm_js", lambda: Response(KNEE_JS, mimetype="text/javascript"))
+        app.add_url_rule("/favicon.ico", "kneeswarm_favicon",  # a report page's browser asks for it
+                         lambda: Response(status=302, headers={"Location": "/assets/favicon-light.png"}))
         app.add_url_rule("/kneeswarm/runs/<run_id>/<path:name>", "kneeswarm_run_file",
                          web_ui.auth_required_if_enabled(self.run_file))
 

@@ -123,6 +123,7 @@ def test_web_ui_in_chromium_plan_knee_tab_agents_and_report(tmp_path, start_demo
             errors = []
             report.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             report.on("pageerror", lambda e: errors.append(str(e)))
+            report.on("response", lambda r: errors.append(f"{r.status} {r.url}") if r.status >= 400 else None)
             r = report.goto(base + href)
             assert r.status == 200
             report.wait_for_load_state("networkidle")
