@@ -4,6 +4,7 @@
     kneeswarm demo                      the bundled target, a default plan, a report in ~2 minutes
     kneeswarm target [flags]            the bundled demo inference server
     kneeswarm analyze RUN_DIR           (re)write the report of a run directory
+    kneeswarm worker --master HOST[:PORT] [--processes N]   a worker for a master on another machine
 
 Exit codes (of `run`, `demo` and `analyze`): 0 the load completed and the report is written;
 1 the load did not complete, no request succeeded, or the analysis failed (the reason on stderr,
@@ -48,7 +49,15 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hold", type=float, help="seconds each step is held after its ramp")
     p.add_argument("--ramp", type=float, help="seconds to ramp from one step to the next")
     p.add_argument("--settle", type=float, help="seconds after each ramp left out of the step's statistics")
-    p.add_argument("--workers", type=int, help="Locust worker processes (default: number of cores)")
+    p.add_argument("--workers", type=int, help="Locust worker processes on this machine (default: number of cores)")
+    p.add_argument("--expect-workers", type=int, metavar="N",
+                   help="workers the master waits for in all, those started elsewhere with `kneeswarm worker` included")
+    p.add_argument("--expect-workers-wait", type=float, metavar="SECONDS",
+                   help="how long the master waits for them (default 60)")
+    p.add_argument("--master-bind-host", default="127.0.0.1", metavar="ADDR",
+                   help="address the master's port listens on (default 127.0.0.1; that channel is unauthenticated: "
+                        "use a private network or an SSH tunnel)")
+    p.add_argument("--master-port", type=int, metavar="PORT", help="the master's port (default: a free one)")
     who = p.add_mutually_exclusive_group()
     who.add_argument("--pid", type=int, help="PID of the server process to monitor on this machine")
     who.add_argument("--process", help="regex on the command line of the server process to monitor")
@@ -70,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--hold", type=float, default=DEMO_HOLD, help=f"seconds per step (default {DEMO_HOLD:g})")
     demo.add_argument("--steps", type=_steps, default=DEMO_STEPS, help="user counts (default 1,2,4,8,16)")
     sub.add_parser("target", help="the bundled demo inference server (see `kneeswarm target --help`)", add_help=False)
+    wk = sub.add_parser("worker", help="a Locust worker for a master on another machine (kneeswarm's locustfile)")
+    wk.add_argument("--master", required=True, metavar="HOST[:PORT]", help="the master (`kneeswarm run --expect-workers`)")
+    wk.add_argument("--processes", type=int, metavar="N", help="worker processes to fork (Locust's --processes)")
     an = sub.add_parser("analyze", help="(re)write report/ of a run directory")
     an.add_argument("run_dir")
     return parser
@@ -155,14 +167,49 @@ def _print_result(result: Any, quiet: bool) -> int:
     return _report(result.run, result.summary, result.analysis_error, result.ended, quiet)
 
 
+def _distribution(args: argparse.Namespace) -> Any:
+    from kneeswarm.conductor import WORKER_WAIT, Distribution
+
+    local = args.workers if args.workers is not None and (args.workers > 0 or args.expect_workers) else None
+    return Distribution(local_workers=local, expect_workers=args.expect_workers, bind_host=args.master_bind_host,
+                        port=args.master_port, wait=args.expect_workers_wait or WORKER_WAIT)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from kneeswarm.conductor import Conductor, default_hosts
     from kneeswarm.plan import load_plan
 
     plan = load_plan(args.plan, _overrides(args))
     plan.hosts = default_hosts(plan, args.pid, args.process)
-    result = Conductor(plan, args.out, accept_new_host_keys=args.accept_new_host_keys, quiet=args.quiet).run()
+    result = Conductor(plan, args.out, accept_new_host_keys=args.accept_new_host_keys, quiet=args.quiet,
+                       dist=_distribution(args)).run()
     return _print_result(result, args.quiet)
+
+
+def worker_argv(master: str, processes: int | None) -> list[str]:
+    """The Locust worker command line of `kneeswarm worker --master HOST[:PORT]`; ValueError on a bad port."""
+    from kneeswarm.conductor import SWARM
+
+    host, _, port = master.rpartition(":") if ":" in master else (master, "", "5557")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--master {master!r}: the port must be a number from 1 to 65535")
+    argv = [sys.executable, "-m", "locust", "-f", str(SWARM), "--worker", "--master-host", host or master,
+            "--master-port", port]
+    return argv + (["--processes", str(processes)] if processes else [])
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Becomes the Locust worker (exec): signals and the exit code are Locust's own."""
+    import os
+
+    try:
+        argv = worker_argv(args.master, args.processes)
+    except ValueError as e:
+        print(f"kneeswarm: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    sys.stdout.flush()
+    os.execv(argv[0], argv)
+    return EXIT_FAILED  # not reached
 
 
 def start_target(argv: list[str], timeout: float = TARGET_START_TIMEOUT) -> tuple[subprocess.Popen, str]:
@@ -236,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     from kneeswarm.plan import PlanError
     from kneeswarm.rundir import RunDirError
 
-    commands = {"run": cmd_run, "demo": cmd_demo, "analyze": cmd_analyze}
+    commands = {"run": cmd_run, "demo": cmd_demo, "analyze": cmd_analyze, "worker": cmd_worker}
     try:
         return commands[args.command](args)
     except (PlanError, ConductorError, AgentError, RunDirError) as e:

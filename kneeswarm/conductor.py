@@ -65,6 +65,18 @@ WORKER_WRAPPER: list[str] = []
 SWARM = Path(__file__).resolve().parent.parent / "locustfiles" / "swarm.py"
 
 
+@dataclass
+class Distribution:
+    """Where the workers come from: local processes, and workers started elsewhere
+    (`kneeswarm worker --master HOST:PORT` on other machines) that the master waits for."""
+
+    local_workers: int | None = None  # None: plan.load.workers, or the number of cores
+    expect_workers: int | None = None  # workers the master waits for in all; None: the local ones
+    bind_host: str = "127.0.0.1"  # the master's port listens here (no authentication on it)
+    port: int | None = None  # None: a free port
+    wait: float = WORKER_WAIT  # seconds the master waits for them
+
+
 class ConductorError(RuntimeError):
     """A run that cannot start; str() is one line naming the input and the problem."""
 
@@ -132,6 +144,21 @@ def default_hosts(plan: Plan, pid: int | None, process: str | None) -> list[Host
     return [HostPlan(name="local")]  # the load machine itself: vmstat only
 
 
+def workers_connected(master_log: Path) -> int | None:
+    """How many workers the master said were connected while it waited for them (its last
+    "Waiting for workers to be ready, X of N connected" line), or None if it never waited."""
+    import re
+
+    try:
+        text = master_log.read_text(errors="replace")
+    except OSError:
+        return None
+    found = re.findall(r"Waiting for workers to be ready, (\d+) of \d+ connected", text)
+    if "Gave up waiting for workers" in text:
+        return int(found[-1]) if found else 0
+    return None
+
+
 def versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -153,14 +180,19 @@ def _read_json(path: Path) -> Any:
 
 class Conductor:
     def __init__(self, plan: Plan, out: str | Path = "runs", accept_new_host_keys: bool = False,
-                 quiet: bool = False):
+                 quiet: bool = False, dist: Distribution | None = None):
         if not plan.hosts:
             plan.hosts = default_hosts(plan, None, None)
         self.plan = plan
         self.out = Path(out)
         self.accept_new_host_keys = accept_new_host_keys
         self.quiet = quiet
-        self.workers = plan.load.workers or os.cpu_count() or 1
+        self.dist = dist or Distribution()
+        local = self.dist.local_workers
+        self.workers = (plan.load.workers or os.cpu_count() or 1) if local is None else local
+        self.expect_workers = self.workers if self.dist.expect_workers is None else self.dist.expect_workers
+        if self.expect_workers < 1:
+            raise ConductorError("no workers: --workers 0 needs --expect-workers N (workers started elsewhere)")
         self._procs: list[subprocess.Popen] = []
         self._interrupts = 0
         self.warnings = WarningLog()
@@ -183,6 +215,8 @@ class Conductor:
             lost[what] = lost.get(what, 0) + int(n)
         for w in rec.get("warnings") or []:
             self._warn(f"load generator: {w}")
+        if rec.get("workers_lost"):
+            self._record_meta(run, workers_lost=rec["workers_lost"])
         if not rec.get("final"):
             self._warn(f"the load generator did not finish its {RECORDER_FILE}: its last rows may be missing, uncounted")
         return lost
@@ -259,23 +293,31 @@ class Conductor:
         self._procs.append(p)
         return p
 
-    def _load(self, run: RunDir, life: Lifecycle) -> str:
-        port = free_port()
-        logs = run.path / "logs"
+    def _start_master(self, run: RunDir) -> tuple[subprocess.Popen, int]:
+        d = self.dist
+        port = d.port or free_port(d.bind_host if d.bind_host not in ("*", "0.0.0.0", "") else "127.0.0.1")
+        told = [] if d.bind_host in ("127.0.0.1", "localhost", "::1") else ["--kneeswarm-insecure-web"]
         master = self._locust(
-            ["--master", "--headless", "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port),
-             "--expect-workers", str(self.workers), "--expect-workers-max-wait", str(int(WORKER_WAIT)),
-             "--host", self.plan.target, "--kneeswarm-plan", str(run.plan_path),
+            ["--master", "--headless", "--master-bind-host", d.bind_host, "--master-bind-port", str(port),
+             "--expect-workers", str(self.expect_workers), "--expect-workers-max-wait", str(int(d.wait)),
+             "--host", self.plan.target, "--kneeswarm-plan", str(run.plan_path), *told,
              "--kneeswarm-run-dir", str(run.path), "--only-summary", "--loglevel", "INFO"],
-            logs / "master.log",
+            run.path / "logs" / "master.log",
         )
+        return master, port
+
+    def _load(self, run: RunDir, life: Lifecycle) -> str:
+        master, port = self._start_master(run)
+        logs = run.path / "logs"
         for i in range(self.workers):
             self._locust(["--worker", "--master-host", "127.0.0.1", "--master-port", str(port)], logs / f"worker-{i}.log",
                          wrapper=WORKER_WRAPPER)
-        self._say(f"load: {self.workers} workers, steps {self.plan.load.steps}, "
+        remote = self.expect_workers - self.workers
+        elsewhere = f" (+{remote} expected on {self.dist.bind_host}:{port})" if remote > 0 else ""
+        self._say(f"load: {self.workers} local workers{elsewhere}, steps {self.plan.load.steps}, "
                   f"~{self.plan.step_durations():.0f}s; recording to {run.path}")
 
-        deadline = time.monotonic() + WORKER_WAIT + self.plan.step_durations() * 2 + RUN_MARGIN
+        deadline = time.monotonic() + self.dist.wait + self.plan.step_durations() * 2 + RUN_MARGIN
         ended = "completed"
         progress = None if self.quiet else Progress(run, self.plan)
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -310,6 +352,12 @@ class Conductor:
             progress.finish()
         if ended == "completed" and not self._all_steps_ran(run):
             ended = "load_failed"
+            came = workers_connected(logs / "master.log")
+            if came is not None and came < self.expect_workers:
+                self._warn(f"only {came} of {self.expect_workers} workers connected within {self.dist.wait:.0f}s; "
+                           f"no load was sent")
+                print(f"kneeswarm: error: only {came} of {self.expect_workers} workers connected within "
+                      f"{self.dist.wait:.0f}s", file=sys.stderr, flush=True)
             logger.error("the load stopped before all steps ran; see %s", logs / "master.log")
         return ended
 

@@ -25,7 +25,7 @@ from typing import Any
 import gevent
 from locust import events
 from locust.env import Environment
-from locust.runners import MasterRunner, WorkerRunner
+from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 
 from kneeswarm.plan import PlanError, load_plan, plan_from_dict
 from kneeswarm.rundir import CLOCKS_FILE, GENERATOR_COLUMNS, RunDir, safe_name, write_json
@@ -45,6 +45,7 @@ LIVE_PERIOD = 2.0  # seconds between live views asked of the lifecycle process
 FETCH_PERIOD = 5.0  # seconds between incremental fetches of the host agents (no conductor)
 #: seconds after a web UI Stop before the recording closes (workers' last reports arrive)
 REPORT_WAIT = 4.0
+WORKER_WATCH_PERIOD = 1.0  # seconds between looks at the master's list of workers
 
 
 _plan_loaded = False  # the form shows the loaded plan's values once there is one
@@ -180,6 +181,8 @@ class MasterListeners:
         if self.is_master:
             runner.register_message(clocks.PONG, self.on_pong)
             gevent.spawn(self.ping_loop)
+            self.known_workers: dict[str, str] = {}  # client id -> worker name, of every worker seen
+            gevent.spawn(self.watch_workers)
         env.events.test_start.add_listener(self.on_test_start)
         env.events.spawning_complete.add_listener(self.on_spawning_complete)
         env.events.worker_report.add_listener(self.on_worker_report)
@@ -202,7 +205,12 @@ class MasterListeners:
         self.recording = Recording(self.env, run, self.local_buffer, owns_meta, self.worker_clocks)
         if owns_meta:  # no conductor: this process drives the test's host agents and report
             accept = bool(getattr(self.env.parsed_options, "kneeswarm_accept_new_host_keys", False))
-            self.test = TestHosts(self.recording, state.plan(), accept)
+            from kneeswarm.conductor import default_hosts
+
+            plan = state.plan()
+            if not plan.hosts:  # as `kneeswarm run` does: the process on the target's port, if local
+                plan.hosts = default_hosts(plan, None, None)
+            self.test = TestHosts(self.recording, plan, accept)
         return self.recording.schedule
 
     def live_view(self) -> dict[str, Any]:
@@ -227,6 +235,21 @@ class MasterListeners:
             if self.runner.clients.all:
                 self.ping_round()
             gevent.sleep(clocks.ROUND_PERIOD if self.worker_clocks.summary() else 1.0)
+
+    def watch_workers(self) -> None:
+        """A worker that goes missing (killed, network gone) during a test: the run goes on with
+        the others, and the step it was lost in is flagged in meta.json's warnings."""
+        while True:
+            gevent.sleep(WORKER_WATCH_PERIOD)
+            present = {c.id for c in self.runner.clients.all if c.state != STATE_MISSING}
+            for cid in present:
+                if cid not in self.known_workers:
+                    self.known_workers[cid] = worker_name(self.runner, cid)
+            for cid, name in list(self.known_workers.items()):
+                if cid not in present:
+                    del self.known_workers[cid]
+                    if self.recording is not None and not self.recording.stopped:
+                        self.recording.worker_lost(name, time.time())
 
     def on_pong(self, environment: Environment, msg: Any, **_kw: Any) -> None:
         self.worker_clocks.answered(worker_name(self.runner, msg.node_id), msg.data or {})
@@ -378,6 +401,7 @@ class Recording:
         self.gate = clocks.ClockGate(worker_clocks)
         self.failures: dict[str, list] = {}  # what -> [count, last error] of writes other than parts
         self.notes: list[str] = []  # other one-line problems of this test, for meta.json["warnings"]
+        self.lost_workers: list[dict[str, Any]] = []  # workers that went missing: {worker, t, step}
         self.stopped = False
         self.generator_rows_lost = 0
         self.local_sampler = GeneratorSampler(lambda: env.runner.user_count) if local_buffer is not None else None
@@ -389,6 +413,16 @@ class Recording:
         entry[0] += 1
         entry[1] = " ".join(str(e).split())
         logger.error("kneeswarm: could not write %s: %s", what, e)
+
+    def worker_lost(self, worker: str, t: float) -> None:
+        """A worker went missing at ``t``: flag the step (meta.json warnings, and "workers_lost")."""
+        step = self.schedule.log[-1] if self.schedule.log else None
+        where = f"step {step.index} ({step.users} users)" if step else "before the first step"
+        when = time.strftime("%H:%M:%S", time.gmtime(t)) + f"Z (t={t:.1f})"
+        self.notes.append(f"{worker} lost at {when} during {where}: the run went on with the other workers; "
+                          f"its rows up to its last report are kept")
+        self.lost_workers.append({"worker": worker, "t": round(t, 3), "step": step.index if step else None})
+        logger.warning("kneeswarm: %s", self.notes[-1])
 
     def _write_steps(self, log: list) -> None:
         try:
@@ -450,6 +484,7 @@ class Recording:
             "request_rows": {"received": self.writer.rows_received, "written": self.writer.rows_written,
                              "held": self.writer.rows_held, "lost": self.writer.rows_lost},
             "lost": self.lost(), "warnings": self.warnings(), "final": final,
+            "workers_lost": self.lost_workers,
         }
         try:
             offsets = self.worker_clocks.summary()
@@ -459,7 +494,8 @@ class Recording:
             if self.owns_meta:
                 done = self.schedule.done and len(self.schedule.log) == len(self.schedule.steps)
                 self.run.update_meta(ended="completed" if done else "stopped", complete=done, finished=time.time(),
-                                     worker_clocks=offsets, lost=summary["lost"], warnings=summary["warnings"])
+                                     worker_clocks=offsets, lost=summary["lost"], warnings=summary["warnings"],
+                                     workers_lost=self.lost_workers)
         except OSError as e:
             logger.error("kneeswarm: could not write the recording's outcome: %s (%s)", e, summary)
 

@@ -40,29 +40,32 @@ def test_web_ui_start_records_a_run(tmp_path, start_demo_target):
                 return False
 
         wait_for(up, 60, "the web UI")
-        r = requests.post(base + "/swarm", data={"user_count": 1, "spawn_rate": 1, "host": target.url}, timeout=10)
-        assert r.status_code == 200, r.text
+        def finished(n: int) -> bool:
+            runs = sorted(out.glob("*/report/index.html")) if out.exists() else []
+            return len(runs) >= n
 
-        def finished() -> bool:
-            runs = list(out.glob("*/steps.csv")) if out.exists() else []
-            return bool(runs) and RunDir(runs[0].parent).read_steps()["t_end"].notna().sum() == 2
-
-        wait_for(finished, 60, "both steps to finish")
+        for n in (1, 2):  # a second Start in the same session: a second run directory, its own agents
+            r = requests.post(base + "/swarm", data={"user_count": 1, "spawn_rate": 1, "host": target.url}, timeout=10)
+            assert r.status_code == 200 and r.json()["success"], r.text
+            wait_for(lambda: finished(n), 90, f"run {n}'s report")
         assert requests.get(base + "/stats/requests", timeout=5).json()["state"] in ("stopped", "stopping", "cleanup")
     finally:
         ui.terminate()
         ui.wait(timeout=30)
-    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
-    meta = RunDir(run_dir).read_meta()
-    assert (run_dir / "plan.toml").exists() and meta["launcher"] == "locust"
-    assert meta["ended"] == "completed" and meta["complete"] is True
-    assert meta["lost"] == {} and meta["warnings"] == []  # written by the plugin itself: nothing lost
-    res = run_cli("analyze", str(run_dir), timeout=120)
-    assert res.returncode == 0, res.stderr
-    s = read_summary(run_dir)
-    assert s["complete"] is True
-    assert [st["users"] for st in s["steps"]] == [1, 2]
-    assert all(st["requests"] > 0 for st in s["steps"])
+    runs = sorted(p for p in out.iterdir() if p.is_dir())
+    assert len(runs) == 2
+    for run_dir in runs:
+        meta = RunDir(run_dir).read_meta()
+        assert (run_dir / "plan.toml").exists() and meta["launcher"] == "locust"
+        assert meta["ended"] == "completed" and meta["complete"] is True
+        assert meta["lost"] == {}
+        assert list(meta["hosts"]) == ["local"]  # the target's process, found by its port
+        assert (run_dir / "hosts" / "local" / "vmstat.csv").is_file()
+        s = read_summary(run_dir)
+        assert s["complete"] is True
+        assert [st["users"] for st in s["steps"]] == [1, 2]
+        assert all(st["requests"] > 0 for st in s["steps"])
+    assert runs[0].name != runs[1].name
 
 
 def _start_ui(tmp_path, plan, out, port, *extra):
@@ -160,3 +163,28 @@ def test_web_ui_refuses_a_public_address_without_login(tmp_path):
     ui = _start_ui(tmp_path, plan, tmp_path / "runs", free_port(), "--web-host", "0.0.0.0")
     assert ui.wait(timeout=60) == 2
     assert "--web-login" in (tmp_path / "ui.log").read_text()
+
+
+def test_plain_locust_headless_is_a_full_run(tmp_path, start_demo_target):
+    """`locust -f locustfiles/swarm.py --headless`, no conductor: the same host agents, target
+    metrics and report as `kneeswarm run`."""
+    target = start_demo_target("--mode", "knee", "--slots", "2", "--service-ms", "20")
+    plan = tmp_path / "plan.toml"
+    plan.write_text(f'name = "plain"\ntarget = "{target.url}"\nmetrics_url = "{target.url}/metrics"\n'
+                    '[load]\nsteps = [1, 2]\nramp = 0.5\nhold = 3.0\nsettle = 0.5\n'
+                    f'[[hosts]]\nname = "server"\npid = {target.pid}\n')
+    out = tmp_path / "runs"
+    res = subprocess.run(
+        [sys.executable, "-m", "locust", "-f", str(REPO / "locustfiles" / "swarm.py"), "--headless",
+         "--kneeswarm-plan", str(plan), "--kneeswarm-out", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=180,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    meta = RunDir(run_dir).read_meta()
+    assert meta["ended"] == "completed" and list(meta["hosts"]) == ["server"]
+    assert meta["hosts"]["server"].get("parsed_verified") is True
+    assert (run_dir / "hosts" / "server" / "vmstat.csv").is_file()
+    assert (run_dir / "hosts" / "target" / "prometheus.csv").is_file()
+    assert (run_dir / "report" / "index.html").is_file()
+    assert [st["users"] for st in read_summary(run_dir)["steps"]] == [1, 2]
