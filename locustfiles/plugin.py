@@ -25,7 +25,7 @@ from typing import Any
 import gevent
 from locust import events
 from locust.env import Environment
-from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
+from locust.runners import STATE_MISSING, STATE_RUNNING, STATE_SPAWNING, MasterRunner, WorkerRunner
 
 from kneeswarm.plan import PlanError, load_plan, plan_from_dict
 from kneeswarm.rundir import CLOCKS_FILE, GENERATOR_COLUMNS, RunDir, safe_name, write_json
@@ -245,10 +245,11 @@ class MasterListeners:
             for cid in present:
                 if cid not in self.known_workers:
                     self.known_workers[cid] = worker_name(self.runner, cid)
+            loading = self.runner.state in (STATE_SPAWNING, STATE_RUNNING)  # a quit after the test is no loss
             for cid, name in list(self.known_workers.items()):
                 if cid not in present:
                     del self.known_workers[cid]
-                    if self.recording is not None and not self.recording.stopped:
+                    if loading and self.recording is not None and not self.recording.stopped:
                         self.recording.worker_lost(name, time.time())
 
     def on_pong(self, environment: Environment, msg: Any, **_kw: Any) -> None:

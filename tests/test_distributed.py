@@ -41,7 +41,7 @@ def test_run_names_how_many_workers_came(tmp_path, start_demo_target):
     target = start_demo_target("--mode", "knee", "--slots", "2", "--service-ms", "20")
     port = free_port()
     log = (tmp_path / "worker.log").open("w")
-    run = _cli("run", "--target", target.url, "--steps", "1", "--hold", "2", "--ramp", "0.5", "--workers", "0",
+    run = _cli("run", "--target", target.url, "--steps", "1", "--hold", "2", "--ramp", "0.5", "--settle", "0.5", "--workers", "0",
                "--expect-workers", "2", "--expect-workers-wait", "6", "--master-port", str(port), "--out",
                str(tmp_path / "runs"), "-q", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     time.sleep(2)
@@ -58,7 +58,7 @@ def test_a_worker_killed_mid_step_the_run_goes_on(tmp_path, start_demo_target):
     target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
     port, out = free_port(), tmp_path / "runs"
     logs = [(tmp_path / f"worker-{i}.log").open("w") for i in range(2)]
-    run = _cli("run", "--target", target.url, "--steps", "2,4,4", "--hold", "8", "--ramp", "0.5", "--settle", "0.5",
+    run = _cli("run", "--target", target.url, "--steps", "2,4,6", "--hold", "8", "--ramp", "0.5", "--settle", "0.5",
                "--workers", "0", "--expect-workers", "2", "--master-port", str(port), "--out", str(out), "-q",
                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     workers = [_worker(port, logs[i]) for i in range(2)]
@@ -67,7 +67,8 @@ def test_a_worker_killed_mid_step_the_run_goes_on(tmp_path, start_demo_target):
             steps = list(out.glob("*/steps.csv"))
             return bool(steps) and len(RunDir(steps[0].parent).read_steps()) >= 2
 
-        wait_for(step_1_running, 120, "step 1")
+        wait_for(lambda: step_1_running() or run.poll() is not None, 120, "step 1")
+        assert run.poll() is None, run.communicate()[1]
         time.sleep(3)
         t_kill = time.time()
         os.killpg(workers[1].pid, signal.SIGKILL)
