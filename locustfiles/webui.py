@@ -142,6 +142,8 @@ def _login(web_ui: Any) -> None:
         def __init__(self, uid: str):
             self.id = uid
 
+    if not web_ui.app.secret_key:  # Flask's session (the login) needs one; new at every start
+        web_ui.app.secret_key = os.urandom(32)
     web_ui.login_manager.user_loader(lambda uid: User(uid) if uid == os.environ.get(USER_ENV) else None)
     web_ui.auth_args = {"username_password_callback": "/kneeswarm/login"}
 

@@ -188,3 +188,41 @@ def test_plain_locust_headless_is_a_full_run(tmp_path, start_demo_target):
     assert (run_dir / "hosts" / "target" / "prometheus.csv").is_file()
     assert (run_dir / "report" / "index.html").is_file()
     assert [st["users"] for st in read_summary(run_dir)["steps"]] == [1, 2]
+
+
+def test_web_login_from_environment_variables(tmp_path):
+    """A non-loopback web UI (127.0.0.2 stands for one here) with --web-login: nothing without the
+    credentials of KNEESWARM_WEB_USER / KNEESWARM_WEB_PASSWORD, everything with them."""
+    import os
+
+    plan = tmp_path / "plan.toml"
+    plan.write_text('name = "ui"\n')
+    port = free_port()
+    env = {**os.environ, "KNEESWARM_WEB_USER": "alice", "KNEESWARM_WEB_PASSWORD": "s3cret"}
+    ui = subprocess.Popen(
+        [sys.executable, "-m", "locust", "-f", str(REPO / "locustfiles" / "swarm.py"), "--web-port", str(port),
+         "--web-host", "127.0.0.2", "--web-login", "--kneeswarm-plan", str(plan), "--kneeswarm-out", str(tmp_path / "runs")],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=(tmp_path / "ui.log").open("w"), env=env,
+    )
+    base = f"http://127.0.0.2:{port}"
+    try:
+        s = requests.Session()
+        s.trust_env = False  # 127.0.0.2 is not in a proxy's no_proxy list
+
+        def up() -> bool:
+            try:
+                return s.get(base + "/login", timeout=1).status_code == 200
+            except requests.RequestException:
+                return False
+
+        wait_for(up, 60, "the login page")
+        anon = s.get(base + "/kneeswarm/live.json", timeout=5, allow_redirects=False)
+        assert anon.status_code in (302, 401)
+        bad = s.post(base + "/kneeswarm/login", data={"username": "alice", "password": "wrong"}, timeout=5)
+        assert s.get(base + "/kneeswarm/live.json", timeout=5, allow_redirects=False).status_code in (302, 401), bad.url
+        s.post(base + "/kneeswarm/login", data={"username": "alice", "password": "s3cret"}, timeout=5)
+        assert s.get(base + "/kneeswarm/live.json", timeout=5).json()["steps"] == []
+        assert s.get(base + "/", timeout=5).status_code == 200
+    finally:
+        ui.terminate()
+        ui.wait(timeout=30)
