@@ -92,6 +92,7 @@ def test_master_two_workers_and_target_on_four_hosts(hosts, tmp_path):
     assert set(by_worker.index) == {"worker-0", "worker-1"}  # both workers, each on its own host, sent load
     assert int(by_worker.sum()) == len(rows)
     s = read_summary(run_dir)
+    assert s["workers"] == ["worker-0", "worker-1"]  # the report lists both
     assert sum(st["requests"] for st in s["steps"]) <= len(rows)
     gen = sorted(p.name for p in (run_dir / "generator").glob("worker-*.csv"))
     assert gen == ["worker-0.csv", "worker-1.csv"]  # their CPU/RSS/users samples came home too
