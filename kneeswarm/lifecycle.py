@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -290,23 +291,31 @@ class Child:
         raise RuntimeError(f"unknown command {op!r}")
 
 
+def _terminated(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def child_main() -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="kneeswarm lifecycle: %(levelname)s %(message)s")
+    signal.signal(signal.SIGTERM, _terminated)  # the master died (PR_SET_PDEATHSIG): still clean up
     child = Child()
     out = sys.stdout
     sys.stdout = sys.stderr  # only answers go to the pipe
-    for line in sys.stdin:
-        msg = json.loads(line)
-        if msg.get("op") == "quit":
-            break
-        try:
-            answer = {"ok": True, **child.handle(msg)}
-        except Exception as e:  # noqa: BLE001 - every failure is an answer; the master decides
-            answer = {"ok": False, "error": " ".join(str(e).split()) or type(e).__name__}
-        out.write(json.dumps(answer, default=str) + "\n")
-        out.flush()
-    if child.life is not None:  # stdin closed (the master is gone) or quit: leave nothing running
-        child.life.finish()
+    try:
+        for line in sys.stdin:
+            msg = json.loads(line)
+            if msg.get("op") == "quit":
+                break
+            try:
+                answer = {"ok": True, **child.handle(msg)}
+            except Exception as e:  # noqa: BLE001 - every failure is an answer; the master decides
+                answer = {"ok": False, "error": " ".join(str(e).split()) or type(e).__name__}
+            out.write(json.dumps(answer, default=str) + "\n")
+            out.flush()
+    finally:
+        if child.life is not None:  # stdin closed (the master is gone), quit, or SIGTERM: leave nothing running
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            child.life.finish()
     return 0
 
 
