@@ -58,6 +58,12 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="address the master's port listens on (default 127.0.0.1; that channel is unauthenticated: "
                         "use a private network or an SSH tunnel)")
     p.add_argument("--master-port", type=int, metavar="PORT", help="the master's port (default: a free one)")
+    p.add_argument("--worker-hosts", metavar="USER@HOST[:SSHPORT][/N],...",
+                   help="start N worker processes (default 1) on each load machine over SSH; they reach the master "
+                        "on --master-bind-host")
+    p.add_argument("--worker-command", default="kneeswarm", help="kneeswarm on the worker hosts (default: kneeswarm)")
+    p.add_argument("--worker-key-file", help="SSH key for --worker-hosts (default: ssh-agent / ~/.ssh)")
+    p.add_argument("--worker-known-hosts", help="known_hosts for --worker-hosts (default ~/.ssh/known_hosts)")
     who = p.add_mutually_exclusive_group()
     who.add_argument("--pid", type=int, help="PID of the server process to monitor on this machine")
     who.add_argument("--process", help="regex on the command line of the server process to monitor")
@@ -80,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=_steps, default=DEMO_STEPS, help="user counts (default 1,2,4,8,16)")
     sub.add_parser("target", help="the bundled demo inference server (see `kneeswarm target --help`)", add_help=False)
     wk = sub.add_parser("worker", help="a Locust worker for a master on another machine (kneeswarm's locustfile)")
-    wk.add_argument("--master", required=True, metavar="HOST[:PORT]", help="the master (`kneeswarm run --expect-workers`)")
+    wk.add_argument("--master", metavar="HOST[:PORT]", help="the master (`kneeswarm run --expect-workers`)")
+    wk.add_argument("--versions", action="store_true", help="print this machine's kneeswarm and Locust versions (JSON)")
     wk.add_argument("--processes", type=int, metavar="N", help="worker processes to fork (Locust's --processes)")
     an = sub.add_parser("analyze", help="(re)write report/ of a run directory")
     an.add_argument("run_dir")
@@ -168,11 +175,24 @@ def _print_result(result: Any, quiet: bool) -> int:
 
 
 def _distribution(args: argparse.Namespace) -> Any:
-    from kneeswarm.conductor import WORKER_WAIT, Distribution
+    from kneeswarm.conductor import WORKER_WAIT, ConductorError, Distribution
 
-    local = args.workers if args.workers is not None and (args.workers > 0 or args.expect_workers) else None
+    remote = None
+    if args.worker_hosts:
+        from kneeswarm.remote_workers import RemoteWorkers, WorkerHostsError, parse_worker_hosts
+
+        try:
+            hosts = parse_worker_hosts(args.worker_hosts)
+        except WorkerHostsError as e:
+            raise ConductorError(str(e)) from None
+        remote = RemoteWorkers(hosts, args.worker_command, args.worker_key_file, args.worker_known_hosts,
+                               args.accept_new_host_keys)
+    elsewhere = args.expect_workers or remote is not None
+    local = args.workers if args.workers is not None and (args.workers > 0 or elsewhere) else None
+    if local is None and remote is not None:
+        local = 0  # the load machines are the workers
     return Distribution(local_workers=local, expect_workers=args.expect_workers, bind_host=args.master_bind_host,
-                        port=args.master_port, wait=args.expect_workers_wait or WORKER_WAIT)
+                        port=args.master_port, wait=args.expect_workers_wait or WORKER_WAIT, remote=remote)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -200,8 +220,18 @@ def worker_argv(master: str, processes: int | None) -> list[str]:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """Becomes the Locust worker (exec): signals and the exit code are Locust's own."""
+    import json
     import os
 
+    if args.versions:
+        from kneeswarm.conductor import versions
+
+        v = versions()
+        print(json.dumps({k: v.get(k) for k in ("kneeswarm", "locust")}))
+        return EXIT_OK
+    if not args.master:
+        print("kneeswarm: error: worker: --master HOST[:PORT] is required", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         argv = worker_argv(args.master, args.processes)
     except ValueError as e:

@@ -75,6 +75,7 @@ class Distribution:
     bind_host: str = "127.0.0.1"  # the master's port listens here (no authentication on it)
     port: int | None = None  # None: a free port
     wait: float = WORKER_WAIT  # seconds the master waits for them
+    remote: Any = None  # RemoteWorkers started over SSH (kneeswarm/remote_workers.py), or None
 
 
 class ConductorError(RuntimeError):
@@ -190,7 +191,8 @@ class Conductor:
         self.dist = dist or Distribution()
         local = self.dist.local_workers
         self.workers = (plan.load.workers or os.cpu_count() or 1) if local is None else local
-        self.expect_workers = self.workers if self.dist.expect_workers is None else self.dist.expect_workers
+        remote = self.dist.remote.processes if self.dist.remote is not None else 0
+        self.expect_workers = self.workers + remote if self.dist.expect_workers is None else self.dist.expect_workers
         if self.expect_workers < 1:
             raise ConductorError("no workers: --workers 0 needs --expect-workers N (workers started elsewhere)")
         self._procs: list[subprocess.Popen] = []
@@ -226,6 +228,7 @@ class Conductor:
         from agents import AgentError
 
         check_target(self.plan)
+        self._open_remote_workers()
         run = RunDir.create(self.out, self.plan.name)
         try:
             run.plan_path.write_text(self.plan.to_toml())
@@ -241,15 +244,18 @@ class Conductor:
             life.start()
         except AgentError as e:
             shutil.rmtree(run.path, ignore_errors=True)  # nothing recorded yet: leave no half-run
+            self._stop_remote_workers()
             raise ConductorError(str(e)) from None
         except BaseException:
             shutil.rmtree(run.path, ignore_errors=True)
+            self._stop_remote_workers()
             raise
         # From here on the run is recorded: nothing below may end it early.
         self.life = life
         try:
             ended = self._load(run, life)
         finally:
+            self._stop_remote_workers()
             done = life.finish()
             for w in life.all_warnings():
                 self.warnings.add(w)
@@ -293,6 +299,24 @@ class Conductor:
         self._procs.append(p)
         return p
 
+    def _open_remote_workers(self) -> None:
+        """Connect to the --worker-hosts and check their versions; ConductorError (one line) if not."""
+        if self.dist.remote is None:
+            return
+        from kneeswarm.remote_workers import WorkerHostsError
+
+        try:
+            self.dist.remote.open(versions())
+        except WorkerHostsError as e:
+            raise ConductorError(str(e)) from None
+
+    def _stop_remote_workers(self) -> None:
+        remote = self.dist.remote
+        if remote is not None and remote.transports:
+            remote.stop()
+            for w in remote.warnings:
+                self._warn(w)
+
     def _start_master(self, run: RunDir) -> tuple[subprocess.Popen, int]:
         d = self.dist
         port = d.port or free_port(d.bind_host if d.bind_host not in ("*", "0.0.0.0", "") else "127.0.0.1")
@@ -308,6 +332,8 @@ class Conductor:
 
     def _load(self, run: RunDir, life: Lifecycle) -> str:
         master, port = self._start_master(run)
+        if self.dist.remote is not None:
+            self.dist.remote.start(self.dist.bind_host, port, run.path.name)
         logs = run.path / "logs"
         for i in range(self.workers):
             self._locust(["--worker", "--master-host", "127.0.0.1", "--master-port", str(port)], logs / f"worker-{i}.log",
