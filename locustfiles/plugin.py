@@ -366,10 +366,23 @@ class TestHosts:
         self._reported({"error": error, "report": str(report) if report.is_file() else None})
 
     def _reported(self, answer: dict[str, Any]) -> None:
+        """The report's link, and each step's final figures and validity from its summary."""
+        summary = answer.get("summary") or {}
+        final = {i: st for i, st in enumerate(summary.get("steps") or [])}
+        for row in self.live.get("steps", []):
+            st = final.get(row.get("step"))
+            if st:
+                row.update(qps=_round(st.get("qps")), p50_ms=_round(st.get("p50_ms")), p99_ms=_round(st.get("p99_ms")),
+                           requests=st.get("requests", row.get("requests")),
+                           valid="yes" if st.get("valid") else "no: " + "; ".join(st.get("reasons") or []))
         if answer.get("report"):
             self.report = {"report_url": f"/kneeswarm/runs/{self.run.path.name}/report/index.html"}
         else:
             self.report = {"report_error": answer.get("error") or "no report written"}
+
+
+def _round(x: Any) -> float | None:
+    return round(float(x), 1) if isinstance(x, (int, float)) else None
 
 
 def _live_here(run: RunDir) -> dict[str, Any]:

@@ -120,7 +120,14 @@ def test_web_ui_in_chromium_plan_knee_tab_agents_and_report(tmp_path, start_demo
             page.screenshot(path=str(shots / "3-servers.png"))
             link = page.locator("#kneeswarm-report-link")
             link.wait_for(timeout=120_000)
+            page.goto(base + "/?tab=knee")
+            page.locator("td", has_text="done").nth(2).wait_for(timeout=30_000)  # all three steps
             page.screenshot(path=str(shots / "4-report-link.png"))
+            live = requests.get(base + "/kneeswarm/live.json", timeout=5).json()
+            assert [r["users"] for r in live["steps"]] == [1, 2, 3]
+            assert all(r["valid"] == "yes" or r["valid"].startswith("no: ") for r in live["steps"])  # the summary's verdict
+            (server,) = [h for h in live["hosts"] if h["host"] == "server"]
+            assert 0 <= server["cpu_us"] <= 100 and server["cs_s"] > 0 and server["busiest_thread"]
             href = link.get_attribute("href")
             report = browser.new_page()
             errors = []
