@@ -29,6 +29,7 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/generator.py
+	$(PY) bench/distributed.py
 
 # Install the Debian packages the tests need, only when a tool is missing.
 debs:
