@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -310,7 +311,7 @@ def child_main() -> int:
                 answer = {"ok": True, **child.handle(msg)}
             except Exception as e:  # noqa: BLE001 - every failure is an answer; the master decides
                 answer = {"ok": False, "error": " ".join(str(e).split()) or type(e).__name__}
-            out.write(json.dumps(answer, default=str) + "\n")
+            out.write(json.dumps({**answer, "id": msg.get("id")}, default=str) + "\n")
             out.flush()
     finally:
         if child.life is not None:  # stdin closed (the master is gone), quit, or SIGTERM: leave nothing running
@@ -332,18 +333,26 @@ class LifecycleProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "kneeswarm.lifecycle"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=None, preexec_fn=die_with_parent())
         self.lock = threading.Lock()
+        self.seq = 0
 
     def call(self, op: str, **args: Any) -> dict[str, Any]:
+        """Send one command, return its answer; LifecycleError if it failed or did not come in time.
+        Answers carry their command's id: one left unread by a caller that was interrupted (a killed
+        greenlet) is skipped, never taken for another command's."""
         with self.lock:
             if self.proc.poll() is not None:
                 raise LifecycleError(f"{op}: the lifecycle process has exited ({self.proc.returncode})")
-            self.proc.stdin.write((json.dumps({"op": op, **args}) + "\n").encode())
+            self.seq += 1
+            self.proc.stdin.write((json.dumps({"op": op, "id": self.seq, **args}) + "\n").encode())
             self.proc.stdin.flush()
-            ready, _, _ = select.select([self.proc.stdout], [], [], ANSWER_TIMEOUT.get(op, 60.0))
-            line = self.proc.stdout.readline() if ready else b""
-        if not line:
-            raise LifecycleError(f"{op}: no answer from the lifecycle process")
-        answer = json.loads(line)
+            deadline = time.monotonic() + ANSWER_TIMEOUT.get(op, 60.0)
+            answer: dict[str, Any] = {}
+            while answer.get("id") != self.seq:
+                ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+                line = self.proc.stdout.readline() if ready else b""
+                if not line:
+                    raise LifecycleError(f"{op}: no answer from the lifecycle process")
+                answer = json.loads(line)
         if not answer.get("ok"):
             raise LifecycleError(answer.get("error") or f"{op} failed")
         return answer

@@ -336,6 +336,7 @@ class TestHosts:
         self.finished = True
         if self._later is not None and gevent.getcurrent() is not self._later:
             self._later.kill(block=False)
+        self._poller.join(timeout=LIVE_PERIOD)  # it sees `finished` after its sleep (or its call)
         self._poller.kill(block=False)
         self.recording.stop()
         if self.child is not None:
