@@ -4,8 +4,10 @@ PYTHON ?= python3
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-stamp
 # Debian packages the tests run for real: pidstat (sysstat), vmstat (procps), a real sshd
-# (openssh-server), clock-shifted agents (faketime), network namespaces (iproute2).
-DEBS    = sysstat procps openssh-server faketime iproute2
+# (openssh-server), clock-shifted agents (faketime), network namespaces (iproute2), the web UI
+# in a headless browser (chromium, driven by playwright with its executable path: never
+# `playwright install`).
+DEBS    = sysstat procps openssh-server faketime iproute2 chromium
 PYTEST_ARGS ?=
 
 .PHONY: demo test test-fast bench debs clean
@@ -13,7 +15,7 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[demo,test]'
 	touch $@
 
 demo: $(STAMP)
@@ -27,6 +29,7 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/generator.py
+	$(PY) bench/distributed.py
 
 # Install the Debian packages the tests need, only when a tool is missing.
 debs:
@@ -36,6 +39,7 @@ debs:
 	test -x /usr/sbin/sshd             || missing="$$missing openssh-server"; \
 	command -v faketime >/dev/null 2>&1 || missing="$$missing faketime"; \
 	command -v ip >/dev/null 2>&1      || missing="$$missing iproute2"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \

@@ -5,6 +5,7 @@
     kneeswarm target [flags]            the bundled demo inference server
     kneeswarm analyze RUN_DIR           (re)write the report of a run directory
     kneeswarm compare BASE NEW          did NEW regress against BASE? (analysis.compare)
+    kneeswarm worker --master HOST[:PORT] [--processes N]   a worker for a master on another machine
 
 Exit codes (of `run`, `demo` and `analyze`): 0 the load completed and the report is written;
 1 the load did not complete, no request succeeded, or the analysis failed (the reason on stderr,
@@ -52,7 +53,21 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hold", type=float, help="seconds each step is held after its ramp")
     p.add_argument("--ramp", type=float, help="seconds to ramp from one step to the next")
     p.add_argument("--settle", type=float, help="seconds after each ramp left out of the step's statistics")
-    p.add_argument("--workers", type=int, help="Locust worker processes (default: number of cores)")
+    p.add_argument("--workers", type=int, help="Locust worker processes on this machine (default: number of cores)")
+    p.add_argument("--expect-workers", type=int, metavar="N",
+                   help="workers the master waits for in all, those started elsewhere with `kneeswarm worker` included")
+    p.add_argument("--expect-workers-wait", type=float, metavar="SECONDS",
+                   help="how long the master waits for them (default 60)")
+    p.add_argument("--master-bind-host", default="127.0.0.1", metavar="ADDR",
+                   help="address the master's port listens on (default 127.0.0.1; that channel is unauthenticated: "
+                        "use a private network or an SSH tunnel)")
+    p.add_argument("--master-port", type=int, metavar="PORT", help="the master's port (default: a free one)")
+    p.add_argument("--worker-hosts", metavar="USER@HOST[:SSHPORT][/N],...",
+                   help="start N worker processes (default 1) on each load machine over SSH; they reach the master "
+                        "on --master-bind-host")
+    p.add_argument("--worker-command", default="kneeswarm", help="kneeswarm on the worker hosts (default: kneeswarm)")
+    p.add_argument("--worker-key-file", help="SSH key for --worker-hosts (default: ssh-agent / ~/.ssh)")
+    p.add_argument("--worker-known-hosts", help="known_hosts for --worker-hosts (default ~/.ssh/known_hosts)")
     who = p.add_mutually_exclusive_group()
     who.add_argument("--pid", type=int, help="PID of the server process to monitor on this machine")
     who.add_argument("--process", help="regex on the command line of the server process to monitor")
@@ -74,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--hold", type=float, default=DEMO_HOLD, help=f"seconds per step (default {DEMO_HOLD:g})")
     demo.add_argument("--steps", type=_steps, default=DEMO_STEPS, help="user counts (default 1,2,4,8,16)")
     sub.add_parser("target", help="the bundled demo inference server (see `kneeswarm target --help`)", add_help=False)
+    wk = sub.add_parser("worker", help="a Locust worker for a master on another machine (kneeswarm's locustfile)")
+    wk.add_argument("--master", metavar="HOST[:PORT]", help="the master (`kneeswarm run --expect-workers`)")
+    wk.add_argument("--versions", action="store_true", help="print this machine's kneeswarm and Locust versions (JSON)")
+    wk.add_argument("--processes", type=int, metavar="N", help="worker processes to fork (Locust's --processes)")
     an = sub.add_parser("analyze", help="(re)write report/ of a run directory")
     an.add_argument("run_dir")
     _add_gates(sub)
@@ -200,6 +219,27 @@ def _print_result(result: Any, quiet: bool) -> int:
     return _report(result.run, result.summary, result.analysis_error, result.ended, quiet)
 
 
+def _distribution(args: argparse.Namespace) -> Any:
+    from kneeswarm.conductor import WORKER_WAIT, ConductorError, Distribution
+
+    remote = None
+    if args.worker_hosts:
+        from kneeswarm.remote_workers import RemoteWorkers, WorkerHostsError, parse_worker_hosts
+
+        try:
+            hosts = parse_worker_hosts(args.worker_hosts)
+        except WorkerHostsError as e:
+            raise ConductorError(str(e)) from None
+        remote = RemoteWorkers(hosts, args.worker_command, args.worker_key_file, args.worker_known_hosts,
+                               args.accept_new_host_keys)
+    elsewhere = args.expect_workers or remote is not None
+    local = args.workers if args.workers is not None and (args.workers > 0 or elsewhere) else None
+    if local is None and remote is not None:
+        local = 0  # the load machines are the workers
+    return Distribution(local_workers=local, expect_workers=args.expect_workers, bind_host=args.master_bind_host,
+                        port=args.master_port, wait=args.expect_workers_wait or WORKER_WAIT, remote=remote)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from kneeswarm.conductor import Conductor, default_hosts
     from kneeswarm.plan import load_plan
@@ -207,8 +247,45 @@ def cmd_run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan, {**_overrides(args), **_gate_overrides(args)})
     _require_sla(plan.sla.is_set(), args)
     plan.hosts = default_hosts(plan, args.pid, args.process)
-    result = Conductor(plan, args.out, accept_new_host_keys=args.accept_new_host_keys, quiet=args.quiet).run()
+    result = Conductor(plan, args.out, accept_new_host_keys=args.accept_new_host_keys, quiet=args.quiet,
+                       dist=_distribution(args)).run()
     return sla_gate(_print_result(result, args.quiet), result.run, result.summary, args.fail_on_sla)
+
+
+def worker_argv(master: str, processes: int | None) -> list[str]:
+    """The Locust worker command line of `kneeswarm worker --master HOST[:PORT]`; ValueError on a bad port."""
+    from kneeswarm.conductor import SWARM
+
+    host, _, port = master.rpartition(":") if ":" in master else (master, "", "5557")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--master {master!r}: the port must be a number from 1 to 65535")
+    argv = [sys.executable, "-m", "locust", "-f", str(SWARM), "--worker", "--master-host", host or master,
+            "--master-port", port]
+    return argv + (["--processes", str(processes)] if processes else [])
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Becomes the Locust worker (exec): signals and the exit code are Locust's own."""
+    import json
+    import os
+
+    if args.versions:
+        from kneeswarm.conductor import versions
+
+        v = versions()
+        print(json.dumps({k: v.get(k) for k in ("kneeswarm", "locust")}))
+        return EXIT_OK
+    if not args.master:
+        print("kneeswarm: error: worker: --master HOST[:PORT] is required", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        argv = worker_argv(args.master, args.processes)
+    except ValueError as e:
+        print(f"kneeswarm: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    sys.stdout.flush()
+    os.execv(argv[0], argv)
+    return EXIT_FAILED  # not reached
 
 
 def start_target(argv: list[str], timeout: float = TARGET_START_TIMEOUT) -> tuple[subprocess.Popen, str]:
@@ -288,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     from kneeswarm.plan import PlanError
     from kneeswarm.rundir import RunDirError
 
-    commands = {"run": cmd_run, "demo": cmd_demo, "analyze": cmd_analyze}
+    commands = {"run": cmd_run, "demo": cmd_demo, "analyze": cmd_analyze, "worker": cmd_worker}
     try:
         return commands[args.command](args)
     except (PlanError, ConductorError, AgentError, RunDirError) as e:

@@ -1,5 +1,9 @@
 """The conductor: one `kneeswarm run`, from preflight to report (floor 4).
 
+The conductor starts processes (target check, Locust master and workers, signals); what happens
+during the test (host agents, the target's metrics, the report) is kneeswarm/lifecycle.py, the
+same code a Locust master started from the web UI or plain `locust --headless` uses.
+
     preflight   the target answers its health check; every monitored host and process is there
     start       run directory (plan.toml, meta.json), host agents, the target's /metrics scraper
                 (plan.metrics_url, 1 Hz, from this machine), Locust master + N workers
@@ -40,11 +44,11 @@ from typing import Any
 
 import requests
 
-from collectors.prometheus import PrometheusScraper, write_prometheus_csv
+from kneeswarm.lifecycle import Lifecycle, analyze_run  # noqa: F401  (analyze_run: cli imports it from here)
 from kneeswarm.lifeline import die_with_parent
 from kneeswarm.plan import HostPlan, Plan
 from kneeswarm.progress import Progress
-from kneeswarm.rundir import CLOCKS_FILE, TARGET_HOST, RunDir, WarningLog, safe_name
+from kneeswarm.rundir import CLOCKS_FILE, RunDir, WarningLog
 from locustfiles.recorder import RECORDER_FILE
 
 logger = logging.getLogger(__name__)
@@ -54,11 +58,23 @@ WORKER_WAIT = 60.0  # seconds for all workers to connect
 FETCH_PERIOD = 5.0  # seconds between incremental fetches from the host agents
 RUN_MARGIN = 120.0  # seconds beyond the planned duration before the master is killed
 STOP_GRACE = 20.0  # seconds the master has to quit after SIGTERM
-METRICS_INTERVAL = 1.0  # seconds between scrapes of plan.metrics_url
 #: Prefix of each worker's command line, e.g. ["taskset", "-c", "1"] to pin the load generator
 #: (tests use it to run a worker under a shifted clock).
 WORKER_WRAPPER: list[str] = []
 SWARM = Path(__file__).resolve().parent.parent / "locustfiles" / "swarm.py"
+
+
+@dataclass
+class Distribution:
+    """Where the workers come from: local processes, and workers started elsewhere
+    (`kneeswarm worker --master HOST:PORT` on other machines) that the master waits for."""
+
+    local_workers: int | None = None  # None: plan.load.workers, or the number of cores
+    expect_workers: int | None = None  # workers the master waits for in all; None: the local ones
+    bind_host: str = "127.0.0.1"  # the master's port listens here (no authentication on it)
+    port: int | None = None  # None: a free port
+    wait: float = WORKER_WAIT  # seconds the master waits for them
+    remote: Any = None  # RemoteWorkers started over SSH (kneeswarm/remote_workers.py), or None
 
 
 class ConductorError(RuntimeError):
@@ -138,6 +154,21 @@ def default_hosts(plan: Plan, pid: int | None, process: str | None) -> list[Host
     return [HostPlan(name="local")]  # the load machine itself: vmstat only
 
 
+def workers_connected(master_log: Path) -> int | None:
+    """How many workers the master said were connected while it waited for them (its last
+    "Waiting for workers to be ready, X of N connected" line), or None if it never waited."""
+    import re
+
+    try:
+        text = master_log.read_text(errors="replace")
+    except OSError:
+        return None
+    found = re.findall(r"Waiting for workers to be ready, (\d+) of \d+ connected", text)
+    if "Gave up waiting for workers" in text:
+        return int(found[-1]) if found else 0
+    return None
+
+
 def versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -157,48 +188,31 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def analyze_run(run: RunDir) -> tuple[dict[str, Any] | None, str | None]:
-    """(summary, None), or (None, one line saying why) when the analysis raised; never raises.
-    The recorded data stays either way: `kneeswarm analyze` can be re-run on it."""
-    import analysis
-
-    try:
-        return analysis.analyze(run.path), None
-    except Exception as e:  # noqa: BLE001 - any failure of the analysis is reported, not raised
-        logger.debug("analysis of %s failed", run.path, exc_info=True)
-        text = " ".join(str(e).split()) or "no message"
-        return None, f"{type(e).__name__}: {text}"
-
-
 class Conductor:
     def __init__(self, plan: Plan, out: str | Path = "runs", accept_new_host_keys: bool = False,
-                 quiet: bool = False):
+                 quiet: bool = False, dist: Distribution | None = None):
         if not plan.hosts:
             plan.hosts = default_hosts(plan, None, None)
         self.plan = plan
         self.out = Path(out)
         self.accept_new_host_keys = accept_new_host_keys
         self.quiet = quiet
-        self.workers = plan.load.workers or os.cpu_count() or 1
+        self.dist = dist or Distribution()
+        local = self.dist.local_workers
+        self.workers = (plan.load.workers or os.cpu_count() or 1) if local is None else local
+        remote = self.dist.remote.processes if self.dist.remote is not None else 0
+        self.expect_workers = self.workers + remote if self.dist.expect_workers is None else self.dist.expect_workers
+        if self.expect_workers < 1:
+            raise ConductorError("no workers: --workers 0 needs --expect-workers N (workers started elsewhere)")
         self._procs: list[subprocess.Popen] = []
         self._interrupts = 0
         self.warnings = WarningLog()
-        self.scraper: PrometheusScraper | None = None
+        self.life: Lifecycle | None = None
 
     def _warn(self, text: str) -> None:
         """A problem that does not end the run: logged, and kept for meta.json["warnings"]."""
         logger.warning("%s", text)
         self.warnings.add(text)
-
-    def _all_warnings(self, agents: Any) -> list[str]:
-        out = WarningLog()
-        for w in self.warnings:
-            out.add(w)
-        for a in agents:
-            for w in a.warnings:
-                out.add(f"{a.label}: {w}")
-        out.dropped += self.warnings.dropped
-        return out.to_list()
 
     def _recorder_outcome(self, run: RunDir) -> dict[str, int]:
         """The master's generator/recorder.json: its warnings join ours; returns meta.json's
@@ -212,15 +226,18 @@ class Conductor:
             lost[what] = lost.get(what, 0) + int(n)
         for w in rec.get("warnings") or []:
             self._warn(f"load generator: {w}")
+        if rec.get("workers_lost"):
+            self._record_meta(run, workers_lost=rec["workers_lost"])
         if not rec.get("final"):
             self._warn(f"the load generator did not finish its {RECORDER_FILE}: its last rows may be missing, uncounted")
         return lost
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> RunResult:
-        from agents import AgentError, HostAgents
+        from agents import AgentError
 
         check_target(self.plan)
+        self._open_remote_workers()
         run = RunDir.create(self.out, self.plan.name)
         try:
             run.plan_path.write_text(self.plan.to_toml())
@@ -231,28 +248,29 @@ class Conductor:
                 launcher="kneeswarm run", target=self.plan.target, protocol=self.plan.protocol,
                 load_host=socket.gethostname(), workers=self.workers, versions=versions(),
             )
-            agents = HostAgents.open(self.plan, run, accept_new_host_keys=self.accept_new_host_keys)
+            life = Lifecycle(self.plan, run, accept_new_host_keys=self.accept_new_host_keys)
+            run.update_meta(hosts_preflight=life.open())
+            life.start()
+        except AgentError as e:
+            shutil.rmtree(run.path, ignore_errors=True)  # nothing recorded yet: leave no half-run
+            self._stop_remote_workers()
+            raise ConductorError(str(e)) from None
         except BaseException:
             shutil.rmtree(run.path, ignore_errors=True)
+            self._stop_remote_workers()
             raise
-        with agents:
-            try:
-                run.update_meta(hosts_preflight=agents.preflight_all())
-                agents.start_all()
-            except AgentError as e:
-                agents.close_all()
-                shutil.rmtree(run.path, ignore_errors=True)  # nothing recorded yet: leave no half-run
-                raise ConductorError(str(e)) from None
-            # From here on the run is recorded: nothing below may end it early.
-            self._start_metrics(run, agents)
-            try:
-                ended = self._load(run, agents)
-            finally:
-                target_metrics = self._stop_metrics(run)
-                hosts = self._finish_agents(agents)
-                lost = self._recorder_outcome(run)
-                self._record_meta(run, hosts=hosts, target_metrics=target_metrics, lost=lost,
-                                  warnings=self._all_warnings(agents))
+        # From here on the run is recorded: nothing below may end it early.
+        self.life = life
+        try:
+            ended = self._load(run, life)
+        finally:
+            self._stop_remote_workers()
+            done = life.finish()
+            for w in life.all_warnings():
+                self.warnings.add(w)
+            lost = self._recorder_outcome(run)
+            self._record_meta(run, hosts=done["hosts"], target_metrics=done["target_metrics"], lost=lost,
+                              warnings=self.warnings.to_list())
         finished = time.time()
         self._record_meta(run, ended=ended, complete=ended == "completed", finished=finished,
                           worker_clocks=_read_json(run.generator_dir / CLOCKS_FILE))
@@ -271,62 +289,9 @@ class Conductor:
         except OSError as e:
             print(f"kneeswarm: could not write {run.meta_path}: {e}", file=sys.stderr, flush=True)
 
-    def _finish_agents(self, agents: Any) -> dict[str, Any]:
-        """Stop, final fetch, parse: never raises (a failure becomes a warning)."""
-        try:
-            return agents.finish_all()
-        except Exception as e:  # noqa: BLE001 - the recorded data must still be reported
-            self._warn(f"stopping the host agents failed: {e}")
-            try:
-                return agents.meta()
-            except Exception as e2:  # noqa: BLE001
-                self._warn(f"host agents' meta unavailable: {e2}")
-                return {}
-
-    def _fetch(self, agents: Any) -> None:
-        """An incremental fetch of every host agent; a failure is a warning, the next one retries."""
-        try:
-            agents.fetch_all()
-        except Exception as e:  # noqa: BLE001 - an agent must never end the run after start
-            self._warn(f"incremental fetch failed: {e}")
-
-    # -- the target's metrics (load side) ------------------------------------------------
     def metrics_host(self) -> str:
-        """hosts/<name>/ for the target's metrics: TARGET_HOST unless a monitored host is called that."""
-        taken = {safe_name(h.label) for h in self.plan.hosts}
-        name = TARGET_HOST
-        while name in taken:
-            name += "-metrics"
-        return name
-
-    def _start_metrics(self, run: RunDir, agents: Any) -> None:
-        if not self.plan.metrics_url:
-            return
-        host = self.metrics_host()
-        if host != TARGET_HOST:
-            self._warn(f"a monitored host is called {TARGET_HOST!r}: the target's metrics go to hosts/{host}/")
-        self.scraper = PrometheusScraper(self.plan.metrics_url, run.raw_dir(host) / "prometheus.jsonl",
-                                         interval=METRICS_INTERVAL)
-        self.scraper.start()
-
-    def _stop_metrics(self, run: RunDir) -> dict[str, Any] | None:
-        """Stop the scraper and write hosts/target/prometheus.csv; never raises."""
-        if self.scraper is None:
-            return None
-        stats = self.scraper.stop()
-        host = self.metrics_host()
-        out: dict[str, Any] = {**stats, "host": host, "clock": "master"}
-        try:
-            out["parse"] = write_prometheus_csv(run.raw_dir(host) / "prometheus.jsonl",
-                                                run.host_dir(host) / "prometheus.csv")
-        except Exception as e:  # noqa: BLE001 - a bad scrape must not end the run; the raw file stays
-            self._warn(f"metrics {self.plan.metrics_url}: parse failed: {e}")
-        if stats["failed"]:
-            self._warn(f"metrics {self.plan.metrics_url}: {stats['failed']} of {stats['scrapes']} scrapes failed "
-                       f"(last: {stats['last_error']})")
-        if stats["scrapes"] and not stats["ok"]:
-            self._warn(f"metrics {self.plan.metrics_url}: no scrape succeeded")
-        return out
+        """hosts/<name>/ for the target's metrics (see Lifecycle.metrics_host)."""
+        return Lifecycle(self.plan, RunDir(self.out)).metrics_host()
 
     # -- Locust processes ----------------------------------------------------------------
     def _locust(self, args: list[str], log: Path, wrapper: list[str] | None = None) -> subprocess.Popen:
@@ -343,23 +308,51 @@ class Conductor:
         self._procs.append(p)
         return p
 
-    def _load(self, run: RunDir, agents: Any) -> str:
-        port = free_port()
-        logs = run.path / "logs"
+    def _open_remote_workers(self) -> None:
+        """Connect to the --worker-hosts and check their versions; ConductorError (one line) if not."""
+        if self.dist.remote is None:
+            return
+        from kneeswarm.remote_workers import WorkerHostsError
+
+        try:
+            self.dist.remote.open(versions())
+        except WorkerHostsError as e:
+            raise ConductorError(str(e)) from None
+
+    def _stop_remote_workers(self) -> None:
+        remote = self.dist.remote
+        if remote is not None and remote.transports:
+            remote.stop()
+            for w in remote.warnings:
+                self._warn(w)
+
+    def _start_master(self, run: RunDir) -> tuple[subprocess.Popen, int]:
+        d = self.dist
+        port = d.port or free_port(d.bind_host if d.bind_host not in ("*", "0.0.0.0", "") else "127.0.0.1")
+        told = [] if d.bind_host in ("127.0.0.1", "localhost", "::1") else ["--kneeswarm-insecure-web"]
         master = self._locust(
-            ["--master", "--headless", "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port),
-             "--expect-workers", str(self.workers), "--expect-workers-max-wait", str(int(WORKER_WAIT)),
-             "--host", self.plan.target, "--kneeswarm-plan", str(run.plan_path),
+            ["--master", "--headless", "--master-bind-host", d.bind_host, "--master-bind-port", str(port),
+             "--expect-workers", str(self.expect_workers), "--expect-workers-max-wait", str(int(d.wait)),
+             "--host", self.plan.target, "--kneeswarm-plan", str(run.plan_path), *told,
              "--kneeswarm-run-dir", str(run.path), "--only-summary", "--loglevel", "INFO"],
-            logs / "master.log",
+            run.path / "logs" / "master.log",
         )
+        return master, port
+
+    def _load(self, run: RunDir, life: Lifecycle) -> str:
+        master, port = self._start_master(run)
+        if self.dist.remote is not None:
+            self.dist.remote.start(self.dist.bind_host, port, run.path.name)
+        logs = run.path / "logs"
         for i in range(self.workers):
             self._locust(["--worker", "--master-host", "127.0.0.1", "--master-port", str(port)], logs / f"worker-{i}.log",
                          wrapper=WORKER_WRAPPER)
-        self._say(f"load: {self.workers} workers, steps {self.plan.load.steps}, "
+        remote = self.expect_workers - self.workers
+        elsewhere = f" (+{remote} expected on {self.dist.bind_host}:{port})" if remote > 0 else ""
+        self._say(f"load: {self.workers} local workers{elsewhere}, steps {self.plan.load.steps}, "
                   f"~{self.plan.step_durations():.0f}s; recording to {run.path}")
 
-        deadline = time.monotonic() + WORKER_WAIT + self.plan.step_durations() * 2 + RUN_MARGIN
+        deadline = time.monotonic() + self.dist.wait + self.plan.step_durations() * 2 + RUN_MARGIN
         ended = "completed"
         progress = None if self.quiet else Progress(run, self.plan)
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -381,7 +374,7 @@ class Conductor:
                     ended = "load_failed"
                     break
                 if time.monotonic() - last_fetch > FETCH_PERIOD:
-                    self._fetch(agents)
+                    life.fetch()
                     last_fetch = time.monotonic()
                 if progress is not None:
                     progress.poll()
@@ -394,6 +387,12 @@ class Conductor:
             progress.finish()
         if ended == "completed" and not self._all_steps_ran(run):
             ended = "load_failed"
+            came = workers_connected(logs / "master.log")
+            if came is not None and came < self.expect_workers:
+                self._warn(f"only {came} of {self.expect_workers} workers connected within {self.dist.wait:.0f}s; "
+                           f"no load was sent")
+                print(f"kneeswarm: error: only {came} of {self.expect_workers} workers connected within "
+                      f"{self.dist.wait:.0f}s", file=sys.stderr, flush=True)
             logger.error("the load stopped before all steps ran; see %s", logs / "master.log")
         return ended
 

@@ -25,12 +25,13 @@ from typing import Any
 import gevent
 from locust import events
 from locust.env import Environment
-from locust.runners import MasterRunner, WorkerRunner
+from locust.runners import STATE_MISSING, STATE_RUNNING, STATE_SPAWNING, MasterRunner, WorkerRunner
 
 from kneeswarm.plan import PlanError, load_plan, plan_from_dict
 from kneeswarm.rundir import CLOCKS_FILE, GENERATOR_COLUMNS, RunDir, safe_name, write_json
 
-from locustfiles import clocks, state
+from kneeswarm.lifecycle import LifecycleError, open_in_child
+from locustfiles import clocks, state, webui
 from locustfiles.recorder import (FLUSH_INTERVAL, GEN_KEY, RECORDER_FILE, REPORT_KEY, GeneratorSampler,
                                   RequestWriter, RowBuffer)
 from locustfiles.shape import StepShape
@@ -40,18 +41,49 @@ from locustfiles.users import InferenceUser
 logger = logging.getLogger(__name__)
 
 PLAN_MESSAGE = "kneeswarm_plan"
+LIVE_PERIOD = 2.0  # seconds between live views asked of the lifecycle process
+FETCH_PERIOD = 5.0  # seconds between incremental fetches of the host agents (no conductor)
+#: seconds after a web UI Stop before the recording closes (workers' last reports arrive)
+REPORT_WAIT = 4.0
+WORKER_WATCH_PERIOD = 1.0  # seconds between looks at the master's list of workers
+
+
+_plan_loaded = False  # the form shows the loaded plan's values once there is one
+
+
+def _plan_value(key: str) -> str:
+    """The loaded plan's value of "load.steps" etc., as the start form shows it."""
+    if not _plan_loaded:
+        return ""
+    value: Any = state.plan()
+    for part in key.split("."):
+        value = getattr(value, part)
+    return ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
 
 
 @events.init_command_line_parser.add_listener
 def _add_arguments(parser: Any) -> None:
     parser.add_argument("--kneeswarm-plan", default="", include_in_web_ui=True, help="plan TOML file (steps, ramp, hold, request body)")
-    parser.add_argument("--kneeswarm-run-dir", default="", help="run directory to write; default: a new one under --kneeswarm-out at each test start")
-    parser.add_argument("--kneeswarm-out", default="runs", help="where new run directories go (default: runs)")
+    webui.add_plan_arguments(parser, _plan_value)
+    parser.add_argument("--kneeswarm-run-dir", default="", include_in_web_ui=False, help="run directory to write; default: a new one under --kneeswarm-out at each test start")
+    parser.add_argument("--kneeswarm-out", default="runs", include_in_web_ui=False, help="where new run directories go (default: runs)")
+    parser.add_argument("--kneeswarm-accept-new-host-keys", action="store_true", include_in_web_ui=False,
+                        help="record the SSH host key of a monitored host seen for the first time")
+    parser.add_argument("--kneeswarm-insecure-web", action="store_true", include_in_web_ui=False,
+                        help="allow the web UI / master port on a non-loopback address without --web-login")
 
 
 @events.init.add_listener
 def _on_init(environment: Environment, **_kw: Any) -> None:
-    _load_plan(environment)
+    problem = webui.check_binding(environment) if not isinstance(environment.runner, WorkerRunner) else None
+    if problem:
+        logger.error("kneeswarm: %s", problem)
+        raise SystemExit(2)
+    try:
+        _load_plan(environment)
+    except PlanError as e:
+        logger.error("kneeswarm: %s", e)
+        raise SystemExit(2) from None
     runner = environment.runner
     if isinstance(runner, WorkerRunner):
         WorkerListeners(environment, runner)
@@ -59,16 +91,36 @@ def _on_init(environment: Environment, **_kw: Any) -> None:
         MasterListeners(environment, runner)
 
 
-def _load_plan(env: Environment) -> None:
+def _load_plan(env: Environment, form: Any = None) -> None:
+    """The plan file with the form's / command line's fields over it; PlanError if it is bad."""
+    global _plan_loaded
     opts = env.parsed_options
     path = getattr(opts, "kneeswarm_plan", "") if opts else ""
+    if form is not None and "kneeswarm_plan" in form:
+        path = form.get("kneeswarm_plan", "")
     overrides = {"target": env.host} if env.host else {}
     try:
-        state.set_plan(load_plan(path or None, overrides))
-    except PlanError as e:
-        logger.error("kneeswarm: %s", e)
-        raise SystemExit(2) from None
+        overrides.update(webui.form_overrides(form if form is not None else opts))
+    except ValueError as e:
+        raise PlanError(str(e)) from None
+    plan = load_plan(path or None, overrides)
+    if form is not None:  # only checking the start form
+        return
+    state.set_plan(plan)
+    _plan_loaded = True
+    if opts is not None:
+        for option, key, _ in webui.PLAN_FIELDS:
+            setattr(opts, option, _plan_value(key))
     _apply_plan(env)
+
+
+def _check_form(env: Environment, form: Any) -> str | None:
+    """The start form's plan fields: None, or one line saying what is wrong."""
+    try:
+        _load_plan(env, form)
+    except PlanError as e:
+        return f"kneeswarm: {e}"
+    return None
 
 
 def _apply_plan(env: Environment) -> None:
@@ -118,6 +170,10 @@ class MasterListeners:
         self.worker_clocks = clocks.WorkerClocks()
         self.local_buffer = None if self.is_master else RowBuffer()
         self.recording: Recording | None = None
+        self.test: TestHosts | None = None  # the test's lifecycle when no conductor drives it
+        if env.web_ui is not None:
+            webui.KneeTab(env, live=self.live_view, out=lambda: getattr(env.parsed_options, "kneeswarm_out", "runs"),
+                          validate=lambda form: _check_form(env, form))
         if self.local_buffer is not None:
             env.events.request.add_listener(self.local_buffer.on_request)
         if isinstance(env.shape_class, StepShape):
@@ -125,6 +181,8 @@ class MasterListeners:
         if self.is_master:
             runner.register_message(clocks.PONG, self.on_pong)
             gevent.spawn(self.ping_loop)
+            self.known_workers: dict[str, str] = {}  # client id -> worker name, of every worker seen
+            gevent.spawn(self.watch_workers)
         env.events.test_start.add_listener(self.on_test_start)
         env.events.spawning_complete.add_listener(self.on_spawning_complete)
         env.events.worker_report.add_listener(self.on_worker_report)
@@ -134,11 +192,30 @@ class MasterListeners:
     def new_test(self) -> StepSchedule:
         """A test starts (StepShape.reset_time): a new Recording, in a new run directory unless
         the conductor named one."""
+        if self.test is not None:
+            self.test.finish()
         if self.recording is not None:
             self.recording.stop()
+        if self.recording is not None or self.env.web_ui is not None:
+            try:  # a new Start: the form's plan fields (checked before the start was accepted)
+                _load_plan(self.env)
+            except PlanError as e:
+                logger.error("kneeswarm: %s; the previous plan is used", e)
         run, owns_meta = _run_dir(self.env, first=self.recording is None)
         self.recording = Recording(self.env, run, self.local_buffer, owns_meta, self.worker_clocks)
+        if owns_meta:  # no conductor: this process drives the test's host agents and report
+            accept = bool(getattr(self.env.parsed_options, "kneeswarm_accept_new_host_keys", False))
+            from kneeswarm.conductor import default_hosts
+
+            plan = state.plan()
+            if not plan.hosts:  # as `kneeswarm run` does: the process on the target's port, if local
+                plan.hosts = default_hosts(plan, None, None)
+            self.test = TestHosts(self.recording, plan, accept)
         return self.recording.schedule
+
+    def live_view(self) -> dict[str, Any]:
+        """What the Knee tabs show: the current (or last) test's tables and its report link."""
+        return self.test.view() if self.test is not None else {"steps": [], "hosts": []}
 
     def on_test_start(self, environment: Environment, **_kw: Any) -> None:
         if self.is_master:
@@ -159,6 +236,22 @@ class MasterListeners:
                 self.ping_round()
             gevent.sleep(clocks.ROUND_PERIOD if self.worker_clocks.summary() else 1.0)
 
+    def watch_workers(self) -> None:
+        """A worker that goes missing (killed, network gone) during a test: the run goes on with
+        the others, and the step it was lost in is flagged in meta.json's warnings."""
+        while True:
+            gevent.sleep(WORKER_WATCH_PERIOD)
+            present = {c.id for c in self.runner.clients.all if c.state != STATE_MISSING}
+            for cid in present:
+                if cid not in self.known_workers:
+                    self.known_workers[cid] = worker_name(self.runner, cid)
+            loading = self.runner.state in (STATE_SPAWNING, STATE_RUNNING)  # a quit after the test is no loss
+            for cid, name in list(self.known_workers.items()):
+                if cid not in present:
+                    del self.known_workers[cid]
+                    if loading and self.recording is not None and not self.recording.stopped:
+                        self.recording.worker_lost(name, time.time())
+
     def on_pong(self, environment: Environment, msg: Any, **_kw: Any) -> None:
         self.worker_clocks.answered(worker_name(self.runner, msg.node_id), msg.data or {})
 
@@ -174,10 +267,130 @@ class MasterListeners:
         # Workers send their last report after the master's stop; quitting flushes again.
         if self.recording is not None:
             self.recording.end()
+        headless = bool(getattr(environment.parsed_options, "headless", False))
+        if self.test is not None and not headless:  # web UI: the report once the last rows are in
+            self.test.finish_later(REPORT_WAIT)
 
     def on_quitting(self, environment: Environment, **_kw: Any) -> None:
+        if self.test is not None:
+            self.test.finish()  # stops the recording first
         if self.recording is not None:
             self.recording.stop()
+
+
+class TestHosts:
+    """One test's lifecycle driven from the master (no conductor): the plan's host agents, the
+    target's metrics and the report, in a child process (kneeswarm/lifecycle.py), so that no SSH
+    work runs on the gevent loop that serves the workers' heartbeats."""
+
+    def __init__(self, recording: Recording, plan: Any, accept_new_host_keys: bool):
+        self.recording, self.run = recording, recording.run
+        self.child: Any = None
+        self.live: dict[str, Any] = {"steps": [], "hosts": []}
+        self.report: dict[str, Any] = {}
+        self.finished = False
+        self._later: Any = None
+        try:
+            self.child, facts = open_in_child(plan, self.run, accept_new_host_keys)
+            self.run.update_meta(hosts_preflight=facts)
+            self.child.call("start")
+        except (LifecycleError, OSError) as e:
+            recording.notes.append(f"host agents not started: {e}")
+            logger.error("kneeswarm: host agents not started: %s", e)
+            if self.child is not None:
+                self.child.close()
+                self.child = None
+        self._poller = gevent.spawn(self._poll_loop)
+
+    def view(self) -> dict[str, Any]:
+        return {**self.live, **self.report, "run_id": self.run.path.name}
+
+    def _poll_loop(self) -> None:
+        last_fetch = time.monotonic()
+        while not self.finished:
+            gevent.sleep(LIVE_PERIOD)
+            if self.finished:
+                return
+            fetch = self.child is not None and time.monotonic() - last_fetch >= FETCH_PERIOD
+            self._ask("fetch" if fetch else "live")
+            if fetch:
+                last_fetch = time.monotonic()
+
+    def _ask(self, op: str) -> None:
+        if self.child is None:
+            self.live = _live_here(self.run)
+            return
+        try:
+            self.live = self.child.call(op)["live"]
+        except LifecycleError as e:
+            logger.warning("kneeswarm: live view: %s", e)
+
+    def finish_later(self, delay: float) -> None:
+        if self._later is None and not self.finished:
+            self._later = gevent.spawn_later(delay, self.finish)
+
+    def finish(self) -> None:
+        """Recording closed, agents stopped and fetched, meta.json completed, report written; once."""
+        if self.finished:
+            return
+        self.finished = True
+        if self._later is not None and gevent.getcurrent() is not self._later:
+            self._later.kill(block=False)
+        self._poller.join(timeout=LIVE_PERIOD)  # it sees `finished` after its sleep (or its call)
+        self._poller.kill(block=False)
+        self.recording.stop()
+        if self.child is not None:
+            self._finish_child()
+        else:
+            self._report_here()
+        logger.info("kneeswarm: report of %s: %s", self.run.path, self.report.get("report_url") or "not written")
+
+    def _finish_child(self) -> None:
+        try:
+            done = self.child.call("finish")
+            meta = self.run.read_meta()
+            warnings = list(meta.get("warnings") or []) + [w for w in done["warnings"] if w not in (meta.get("warnings") or [])]
+            self.run.update_meta(hosts=done["hosts"], target_metrics=done["target_metrics"], warnings=warnings)
+            self.live = self.child.call("live")["live"]
+            self._reported(self.child.call("report"))
+        except (LifecycleError, OSError) as e:
+            logger.error("kneeswarm: finishing the test failed: %s", e)
+            self.report = {"report_error": str(e)}
+        finally:
+            self.child.close()
+
+    def _report_here(self) -> None:
+        from kneeswarm.lifecycle import analyze_run
+
+        summary, error = analyze_run(self.run)
+        report = self.run.report_dir / "index.html"
+        self._reported({"error": error, "report": str(report) if report.is_file() else None})
+
+    def _reported(self, answer: dict[str, Any]) -> None:
+        """The report's link, and each step's final figures and validity from its summary."""
+        summary = answer.get("summary") or {}
+        final = {i: st for i, st in enumerate(summary.get("steps") or [])}
+        for row in self.live.get("steps", []):
+            st = final.get(row.get("step"))
+            if st:
+                row.update(qps=_round(st.get("qps")), p50_ms=_round(st.get("p50_ms")), p99_ms=_round(st.get("p99_ms")),
+                           requests=st.get("requests", row.get("requests")),
+                           valid="yes" if st.get("valid") else "no: " + "; ".join(st.get("reasons") or []))
+        if answer.get("report"):
+            self.report = {"report_url": f"/kneeswarm/runs/{self.run.path.name}/report/index.html"}
+        else:
+            self.report = {"report_error": answer.get("error") or "no report written"}
+
+
+def _round(x: Any) -> float | None:
+    return round(float(x), 1) if isinstance(x, (int, float)) else None
+
+
+def _live_here(run: RunDir) -> dict[str, Any]:
+    """The live step table without a lifecycle process (its agents could not start)."""
+    from kneeswarm.lifecycle import live_hosts
+
+    return {"steps": [], "hosts": live_hosts(run)}
 
 
 class Recording:
@@ -202,6 +415,9 @@ class Recording:
         self.writer = RequestWriter(run, self.schedule.step_starts)
         self.gate = clocks.ClockGate(worker_clocks)
         self.failures: dict[str, list] = {}  # what -> [count, last error] of writes other than parts
+        self.notes: list[str] = []  # other one-line problems of this test, for meta.json["warnings"]
+        self.lost_workers: list[dict[str, Any]] = []  # workers that went missing: {worker, t, step}
+        self.stopped = False
         self.generator_rows_lost = 0
         self.local_sampler = GeneratorSampler(lambda: env.runner.user_count) if local_buffer is not None else None
         self._flusher = gevent.spawn(self._flush_loop)
@@ -212,6 +428,16 @@ class Recording:
         entry[0] += 1
         entry[1] = " ".join(str(e).split())
         logger.error("kneeswarm: could not write %s: %s", what, e)
+
+    def worker_lost(self, worker: str, t: float) -> None:
+        """A worker went missing at ``t``: flag the step (meta.json warnings, and "workers_lost")."""
+        step = self.schedule.log[-1] if self.schedule.log else None
+        where = f"step {step.index} ({step.users} users)" if step else "before the first step"
+        when = time.strftime("%H:%M:%S", time.gmtime(t)) + f"Z (t={t:.1f})"
+        self.notes.append(f"{worker} lost at {when} during {where}: the run went on with the other workers; "
+                          f"its rows up to its last report are kept")
+        self.lost_workers.append({"worker": worker, "t": round(t, 3), "step": step.index if step else None})
+        logger.warning("kneeswarm: %s", self.notes[-1])
 
     def _write_steps(self, log: list) -> None:
         try:
@@ -264,7 +490,7 @@ class Recording:
             out.append(f"requests/: {w.rows_lost} of {w.rows_received} request rows could not be written "
                        f"and were dropped ({w.last_error})")
         out += [f"{what}: {n} writes failed ({err})" for what, (n, err) in sorted(self.failures.items())]
-        return out + self.gate.warnings()
+        return out + self.gate.warnings() + self.notes
 
     def write_outcome(self, final: bool) -> None:
         """generator/clocks.json and generator/recorder.json (the conductor copies both to meta.json);
@@ -273,6 +499,7 @@ class Recording:
             "request_rows": {"received": self.writer.rows_received, "written": self.writer.rows_written,
                              "held": self.writer.rows_held, "lost": self.writer.rows_lost},
             "lost": self.lost(), "warnings": self.warnings(), "final": final,
+            "workers_lost": self.lost_workers,
         }
         try:
             offsets = self.worker_clocks.summary()
@@ -282,7 +509,8 @@ class Recording:
             if self.owns_meta:
                 done = self.schedule.done and len(self.schedule.log) == len(self.schedule.steps)
                 self.run.update_meta(ended="completed" if done else "stopped", complete=done, finished=time.time(),
-                                     worker_clocks=offsets, lost=summary["lost"], warnings=summary["warnings"])
+                                     worker_clocks=offsets, lost=summary["lost"], warnings=summary["warnings"],
+                                     workers_lost=self.lost_workers)
         except OSError as e:
             logger.error("kneeswarm: could not write the recording's outcome: %s (%s)", e, summary)
 
@@ -292,7 +520,11 @@ class Recording:
         self.write_outcome(final=False)
 
     def stop(self) -> None:
-        """The recording is over (Locust quits, or a new test starts): last flush, last step closed."""
+        """The recording is over (Locust quits, or a new test starts): last flush, last step closed.
+        Once: a second call does nothing."""
+        if self.stopped:
+            return
+        self.stopped = True
         for g in (self._flusher, self._sampler):
             if g is not None:
                 g.kill(block=False)

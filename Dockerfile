@@ -1,0 +1,25 @@
+# kneeswarm itself: the load side (master, workers, `kneeswarm run`) by default.
+# The demo target's dependencies (onnx, onnxruntime, starlette, uvicorn, prometheus-client) are the
+# `demo` extra: `docker build --build-arg EXTRAS=demo` (the compose `target` service does).
+FROM python:3.11-slim
+
+ARG EXTRAS=""
+# pidstat and vmstat: a load machine can monitor itself (a local [[hosts]] entry)
+RUN apt-get update -qq \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends sysstat procps \
+ && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY kneeswarm kneeswarm
+COPY locustfiles locustfiles
+COPY collectors collectors
+COPY analysis analysis
+COPY agents agents
+COPY compose compose
+RUN pip install --no-cache-dir -e ".${EXTRAS:+[$EXTRAS]}"
+
+# No root needed for load or the demo target
+RUN useradd --create-home kneeswarm && mkdir -p /runs && chown kneeswarm /runs
+USER kneeswarm
+CMD ["kneeswarm", "--help"]

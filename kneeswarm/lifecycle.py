@@ -1,0 +1,387 @@
+"""What happens during one test, around the load (floor 4): the one path every launcher uses.
+
+    open     connect to the plan's [[hosts]] and preflight them (AgentError when one cannot be monitored)
+    start    start their agents and the target's /metrics scraper (plan.metrics_url, 1 Hz)
+    fetch    an incremental fetch of every agent, and the parsed CSVs rewritten for the live view
+    live     the step table so far (from steps.csv and requests/*.parquet) and the latest server
+             metrics per host (from hosts/<host>/*.csv)
+    finish   scraper stopped (hosts/target/prometheus.csv), agents stopped, fetched (verified),
+             parsed; returns what meta.json gets
+    report   the analysis: report/summary.json, summary.md, index.html
+
+`kneeswarm run` (the conductor, not gevent-patched) drives a ``Lifecycle`` in its own process.
+Inside a Locust master everything is gevent-monkey-patched, and SSH work there would delay the
+workers' heartbeats, so the master drives the same class in a child process
+(``python -m kneeswarm.lifecycle``) through ``LifecycleProcess``: one JSON line per command on
+its stdin, one JSON line per answer on its stdout.  A child whose stdin closes (its master died)
+stops its agents and exits: nothing is left running on the servers.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from collectors.prometheus import PrometheusScraper, write_prometheus_csv
+from kneeswarm.lifeline import die_with_parent
+from kneeswarm.plan import Plan, plan_from_dict
+from kneeswarm.progress import Progress
+from kneeswarm.rundir import TARGET_HOST, RunDir, WarningLog, safe_name
+
+logger = logging.getLogger(__name__)
+
+METRICS_INTERVAL = 1.0  # seconds between scrapes of plan.metrics_url
+ANSWER_TIMEOUT = {"open": 120.0, "start": 120.0, "fetch": 60.0, "live": 30.0, "finish": 300.0,
+                  "report": 300.0, "quit": 10.0}  # seconds the child has to answer each command
+LIVE_TABLES = ("vmstat", "threads", "gpu")  # hosts/<host>/<table>.csv read for the live view
+
+
+def analyze_run(run: RunDir) -> tuple[dict[str, Any] | None, str | None]:
+    """(summary, None), or (None, one line saying why) when the analysis raised; never raises.
+    The recorded data stays either way: `kneeswarm analyze` can be re-run on it."""
+    import analysis
+
+    try:
+        return analysis.analyze(run.path), None
+    except Exception as e:  # noqa: BLE001 - any failure of the analysis is reported, not raised
+        logger.debug("analysis of %s failed", run.path, exc_info=True)
+        text = " ".join(str(e).split()) or "no message"
+        return None, f"{type(e).__name__}: {text}"
+
+
+class Lifecycle:
+    """The host agents, the metrics scraper and the live view of one test in one run directory."""
+
+    def __init__(self, plan: Plan, run: RunDir, accept_new_host_keys: bool = False):
+        self.plan, self.run = plan, run
+        self.accept_new_host_keys = accept_new_host_keys
+        self.agents: Any = None
+        self.scraper: PrometheusScraper | None = None
+        self.warnings = WarningLog()
+        self.progress = Progress(run, plan, stream=io.StringIO(), live=False)
+        self.finished: dict[str, Any] | None = None
+
+    def warn(self, text: str) -> None:
+        """A problem that does not end the run: logged, and kept for meta.json["warnings"]."""
+        logger.warning("%s", text)
+        self.warnings.add(text)
+
+    def all_warnings(self) -> list[str]:
+        """Ours, then every host agent's (prefixed with its label)."""
+        out = WarningLog()
+        for w in self.warnings:
+            out.add(w)
+        for a in self.agents or []:
+            for w in a.warnings:
+                out.add(f"{a.label}: {w}")
+        out.dropped += self.warnings.dropped
+        return out.to_list()
+
+    # -- the verbs -----------------------------------------------------------------------
+    def open(self) -> dict[str, Any]:
+        """Connect and preflight every host; AgentError (closed again) if one cannot be monitored."""
+        from agents import HostAgents
+
+        self.agents = HostAgents.open(self.plan, self.run, accept_new_host_keys=self.accept_new_host_keys)
+        try:
+            return self.agents.preflight_all()
+        except BaseException:
+            self.close()
+            raise
+
+    def start(self) -> None:
+        """Start the agents (AgentError, all stopped, if one fails), then the metrics scraper."""
+        from agents import AgentError
+
+        try:
+            self.agents.start_all()
+        except AgentError:
+            self.close()
+            raise
+        if self.plan.metrics_url:
+            host = self.metrics_host()
+            if host != TARGET_HOST:
+                self.warn(f"a monitored host is called {TARGET_HOST!r}: the target's metrics go to hosts/{host}/")
+            self.scraper = PrometheusScraper(self.plan.metrics_url, self.run.raw_dir(host) / "prometheus.jsonl",
+                                             interval=METRICS_INTERVAL)
+            self.scraper.start()
+
+    def fetch(self, parse: bool = False) -> None:
+        """An incremental fetch of every agent (and, for the live view, their parsed CSVs
+        rewritten from what arrived); a failure is a warning, the next fetch retries."""
+        if self.agents is None or self.finished is not None:
+            return
+        try:
+            self.agents.fetch_all()
+        except Exception as e:  # noqa: BLE001 - an agent must never end the run after start
+            self.warn(f"incremental fetch failed: {e}")
+        if parse:
+            for a in self.agents:
+                try:
+                    a.write_parsed()
+                except Exception as e:  # noqa: BLE001 - the live view only; finish parses again
+                    logger.debug("%s: live parse failed: %s", a.label, e)
+
+    def finish(self) -> dict[str, Any]:
+        """Stop and collect everything; never raises. Returns {"hosts", "target_metrics"} for meta.json."""
+        if self.finished is None:
+            target_metrics = self._stop_metrics()
+            hosts = self._finish_agents()
+            self.finished = {"hosts": hosts, "target_metrics": target_metrics}
+        return self.finished
+
+    def close(self) -> None:
+        if self.agents is not None:
+            self.agents.close_all()
+
+    # -- inside finish -------------------------------------------------------------------
+    def _finish_agents(self) -> dict[str, Any]:
+        if self.agents is None:
+            return {}
+        try:
+            return self.agents.finish_all()
+        except Exception as e:  # noqa: BLE001 - the recorded data must still be reported
+            self.warn(f"stopping the host agents failed: {e}")
+            try:
+                return self.agents.meta()
+            except Exception as e2:  # noqa: BLE001
+                self.warn(f"host agents' meta unavailable: {e2}")
+                return {}
+        finally:
+            self.close()
+
+    def metrics_host(self) -> str:
+        """hosts/<name>/ for the target's metrics: TARGET_HOST unless a monitored host is called that."""
+        taken = {safe_name(h.label) for h in self.plan.hosts}
+        name = TARGET_HOST
+        while name in taken:
+            name += "-metrics"
+        return name
+
+    def _stop_metrics(self) -> dict[str, Any] | None:
+        """Stop the scraper and write hosts/target/prometheus.csv; never raises."""
+        if self.scraper is None:
+            return None
+        stats = self.scraper.stop()
+        self.scraper = None
+        host, url = self.metrics_host(), self.plan.metrics_url
+        out: dict[str, Any] = {**stats, "host": host, "clock": "master"}
+        try:
+            out["parse"] = write_prometheus_csv(self.run.raw_dir(host) / "prometheus.jsonl",
+                                                self.run.host_dir(host) / "prometheus.csv")
+        except Exception as e:  # noqa: BLE001 - a bad scrape must not end the run; the raw file stays
+            self.warn(f"metrics {url}: parse failed: {e}")
+        if stats["failed"]:
+            self.warn(f"metrics {url}: {stats['failed']} of {stats['scrapes']} scrapes failed "
+                      f"(last: {stats['last_error']})")
+        if stats["scrapes"] and not stats["ok"]:
+            self.warn(f"metrics {url}: no scrape succeeded")
+        return out
+
+    # -- the live view -------------------------------------------------------------------
+    def live(self) -> dict[str, Any]:
+        """{"steps": [row per step so far], "hosts": [latest server metrics per host]}; never raises."""
+        try:
+            return {"steps": live_steps(self.run, self.progress, self.plan), "hosts": live_hosts(self.run)}
+        except Exception as e:  # noqa: BLE001 - a display must never end a run
+            logger.debug("live view: %s", e)
+            return {"steps": [], "hosts": []}
+
+
+def _num(x: Any, digits: int = 1) -> float | None:
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return None
+    return round(f, digits) if math.isfinite(f) else None
+
+
+def live_steps(run: RunDir, progress: Progress, plan: Plan) -> list[dict[str, Any]]:
+    """One row per step so far: users, requests, QPS and P50/P99 of its steady rows, errors."""
+    import numpy as np
+
+    progress.poll(force=True)  # reads the new request parts
+    out = []
+    for _, st in run.read_steps().iterrows():
+        i = int(st["index"])
+        so_far = progress._steps.get(i)  # noqa: SLF001 - Progress's own accumulator of rows per step
+        steady_from = (st["t_steady"] if st["t_steady"] == st["t_steady"] else st["t_ramp"]) + plan.load.settle
+        requests, errors, qps, p99 = so_far.figures(steady_from) if so_far else (0, 0, None, None)
+        p50 = None
+        if so_far and so_far.t:
+            t, lat, ok = (np.concatenate(so_far.t), np.concatenate(so_far.latency), np.concatenate(so_far.ok))
+            steady_ok = lat[(t >= steady_from) & ok]
+            p50 = float(np.percentile(steady_ok, 50)) if len(steady_ok) else None
+        state = "done" if st["t_end"] == st["t_end"] else ("steady" if st["t_steady"] == st["t_steady"] else "ramp")
+        out.append({"name": f"step {i}", "step": i, "users": int(st["users"]), "state": state,
+                    "requests": requests, "qps": _num(qps), "p50_ms": _num(p50), "p99_ms": _num(p99),
+                    "errors": errors, "valid": "so far" if requests >= plan.analysis.min_requests else "too few"})
+    return out
+
+
+def live_hosts(run: RunDir) -> list[dict[str, Any]]:
+    """The latest parsed sample of each monitored host: CPU us/sy, cs/s, run queue, busiest thread, GPU."""
+    out = []
+    for host in run.hosts():
+        row: dict[str, Any] = {"name": host, "host": host}
+        vm = _last_rows(run, host, "vmstat")
+        if vm is not None:
+            last = vm.iloc[-1]
+            row.update(t=_num(last["t"], 1), cpu_us=_num(last["us"]), cpu_sy=_num(last["sy"]),
+                       cs_s=_num(last["cs"], 0), run_queue=_num(last["r"], 0))
+        th = _last_rows(run, host, "threads")
+        if th is not None:
+            latest = th[th["t"] == th["t"].max()]
+            top = latest.sort_values("cpu_pct", ascending=False).iloc[0]
+            row["busiest_thread"] = f"{top['name']} {float(top['cpu_pct']):.0f}%"
+        gpu = _last_rows(run, host, "gpu")
+        if gpu is not None:
+            row["gpu_sm_pct"] = _num(gpu[gpu["t"] == gpu["t"].max()]["sm_pct"].mean())
+        if len(row) > 2:
+            out.append(row)
+    return out
+
+
+def _last_rows(run: RunDir, host: str, table: str) -> Any:
+    df = run.read_host_csv(host, table)
+    return None if df is None or df.empty else df
+
+
+# -- the child process: `python -m kneeswarm.lifecycle` ---------------------------------------
+class Child:
+    """The child's side: one Lifecycle, commands in, answers out."""
+
+    def __init__(self) -> None:
+        self.life: Lifecycle | None = None
+
+    def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
+        op = msg.get("op")
+        if op == "open":
+            run = RunDir(msg["run"])
+            self.life = Lifecycle(plan_from_dict(msg["plan"], "plan from the master"), run,
+                                  bool(msg.get("accept_new_host_keys")))
+            return {"facts": self.life.open()}
+        life = self.life
+        if life is None:
+            raise RuntimeError(f"{op}: no test opened")
+        if op == "start":
+            life.start()
+            return {}
+        if op == "fetch":
+            life.fetch(parse=True)
+            return {"live": life.live()}
+        if op == "live":
+            return {"live": life.live()}
+        if op == "finish":
+            done = life.finish()
+            return {**done, "warnings": life.all_warnings()}
+        if op == "report":
+            summary, error = analyze_run(life.run)
+            report = life.run.report_dir / "index.html"
+            return {"summary": summary, "error": error, "report": str(report) if report.is_file() else None}
+        raise RuntimeError(f"unknown command {op!r}")
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def child_main() -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="kneeswarm lifecycle: %(levelname)s %(message)s")
+    signal.signal(signal.SIGTERM, _terminated)  # the master died (PR_SET_PDEATHSIG): still clean up
+    child = Child()
+    out = sys.stdout
+    sys.stdout = sys.stderr  # only answers go to the pipe
+    try:
+        for line in sys.stdin:
+            msg = json.loads(line)
+            if msg.get("op") == "quit":
+                break
+            try:
+                answer = {"ok": True, **child.handle(msg)}
+            except Exception as e:  # noqa: BLE001 - every failure is an answer; the master decides
+                answer = {"ok": False, "error": " ".join(str(e).split()) or type(e).__name__}
+            out.write(json.dumps({**answer, "id": msg.get("id")}, default=str) + "\n")
+            out.flush()
+    finally:
+        if child.life is not None:  # stdin closed (the master is gone), quit, or SIGTERM: leave nothing running
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            child.life.finish()
+    return 0
+
+
+class LifecycleError(RuntimeError):
+    """The child answered a command with an error, or did not answer in time; str() is one line."""
+
+
+class LifecycleProcess:
+    """The master's handle on a child ``python -m kneeswarm.lifecycle`` (one per test).
+
+    Works under gevent's monkey-patching (the pipe reads then yield to other greenlets)."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "kneeswarm.lifecycle"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=None, preexec_fn=die_with_parent())
+        self.lock = threading.Lock()
+        self.seq = 0
+
+    def call(self, op: str, **args: Any) -> dict[str, Any]:
+        """Send one command, return its answer; LifecycleError if it failed or did not come in time.
+        Answers carry their command's id: one left unread by a caller that was interrupted (a killed
+        greenlet) is skipped, never taken for another command's."""
+        with self.lock:
+            if self.proc.poll() is not None:
+                raise LifecycleError(f"{op}: the lifecycle process has exited ({self.proc.returncode})")
+            self.seq += 1
+            self.proc.stdin.write((json.dumps({"op": op, "id": self.seq, **args}) + "\n").encode())
+            self.proc.stdin.flush()
+            deadline = time.monotonic() + ANSWER_TIMEOUT.get(op, 60.0)
+            answer: dict[str, Any] = {}
+            while answer.get("id") != self.seq:
+                ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+                line = self.proc.stdout.readline() if ready else b""
+                if not line:
+                    raise LifecycleError(f"{op}: no answer from the lifecycle process")
+                answer = json.loads(line)
+        if not answer.get("ok"):
+            raise LifecycleError(answer.get("error") or f"{op} failed")
+        return answer
+
+    def close(self) -> None:
+        """Ask the child to quit (it finishes its agents first), then make sure it is gone."""
+        try:
+            with self.lock:
+                self.proc.stdin.write(b'{"op": "quit"}\n')
+                self.proc.stdin.close()
+        except (OSError, ValueError):
+            pass
+        try:
+            self.proc.wait(timeout=ANSWER_TIMEOUT["finish"])
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def open_in_child(plan: Plan, run: RunDir, accept_new_host_keys: bool = False) -> tuple[LifecycleProcess, dict]:
+    """A child with its test opened (preflight facts returned); LifecycleError, child gone, if not."""
+    child = LifecycleProcess()
+    try:
+        facts = child.call("open", plan=plan.to_dict(), run=str(run.path), accept_new_host_keys=accept_new_host_keys)
+    except Exception:
+        child.close()
+        raise
+    return child, facts["facts"]
+
+
+if __name__ == "__main__":
+    sys.exit(child_main())

@@ -1,0 +1,212 @@
+"""kneeswarm in Locust's web UI: the plan in the start form, the "Knee" tabs, the report served.
+
+    the start form   --kneeswarm-steps/-ramp/-hold/-settle/-protocol/-model are custom arguments
+                     shown in the form (include_in_web_ui), filled with the plan's values; the
+                     users/rate fields stay hidden (the step shape drives the load)
+    Knee tab         the live step table (users, QPS, P50/P99, errors, valid)
+    Knee servers     the latest server metrics per monitored host (CPU us/sy, cs/s, run queue,
+                     busiest thread, GPU)
+    /kneeswarm/...   live.json (both tables and the report's URL once written), runs/<id>/... the
+                     run directories under --kneeswarm-out (their reports), knee.js (the report
+                     link shown on every page once the report is written)
+
+Binding: the web UI binds 127.0.0.1 unless --web-host is given; a non-loopback --web-host needs
+--web-login (credentials from KNEESWARM_WEB_USER / KNEESWARM_WEB_PASSWORD) or --kneeswarm-insecure-web.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from flask import Response, jsonify, request, send_from_directory
+
+logger = logging.getLogger(__name__)
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+USER_ENV, PASSWORD_ENV = "KNEESWARM_WEB_USER", "KNEESWARM_WEB_PASSWORD"
+#: (option, plan key, help) of the plan fields in the start form
+PLAN_FIELDS = (
+    ("kneeswarm_steps", "load.steps", "users per step, e.g. 1,2,4,8"),
+    ("kneeswarm_ramp", "load.ramp", "seconds to ramp to each step"),
+    ("kneeswarm_hold", "load.hold", "seconds each step is held after its ramp"),
+    ("kneeswarm_settle", "load.settle", "seconds after each ramp left out of the step's statistics"),
+    ("kneeswarm_protocol", "protocol", "request protocol (kserve)"),
+    ("kneeswarm_model", "request.model", "model name in the request path"),
+)
+STEP_COLUMNS = [("step", "Step"), ("users", "Users"), ("state", "State"), ("requests", "Requests"),
+                ("qps", "QPS"), ("p50_ms", "P50 ms"), ("p99_ms", "P99 ms"), ("errors", "Errors"),
+                ("valid", "Valid")]
+HOST_COLUMNS = [("host", "Host"), ("cpu_us", "CPU us %"), ("cpu_sy", "CPU sy %"), ("cs_s", "cs/s"),
+                ("run_queue", "Run queue"), ("busiest_thread", "Busiest thread"), ("gpu_sm_pct", "GPU SM %")]
+KNEE_JS = """(function () {
+  function poll() {
+    fetch('/kneeswarm/live.json').then(function (r) { return r.json(); }).then(function (d) {
+      var a = document.getElementById('kneeswarm-report-link');
+      if (d.report_url) {
+        if (!a) {
+          a = document.createElement('a'); a.id = 'kneeswarm-report-link'; a.target = '_blank';
+          a.style.cssText = 'position:fixed;right:16px;bottom:16px;z-index:9999;padding:8px 14px;' +
+            'background:#1b5e20;color:#fff;border-radius:6px;font:14px sans-serif;text-decoration:none';
+          document.body.appendChild(a);
+        }
+        a.href = d.report_url; a.textContent = 'Knee report: ' + d.run_id;
+      } else if (a) { a.remove(); }
+    }).catch(function () {});
+  }
+  var opened = false;
+  function form() {
+    // the step plan drives the load: Locust's users/rate fields are hidden, the plan's fields shown
+    ['userCount', 'spawnRate'].forEach(function (n) {
+      var i = document.querySelector('input[name=' + n + ']');
+      var box = i && i.closest('.MuiFormControl-root');
+      if (box && box.style.display !== 'none') { box.style.display = 'none'; }
+    });
+        var user = document.querySelector('input[name=userCount]');
+    if (user && !document.getElementById('kneeswarm-plan-note')) {
+      var note = document.createElement('p'); note.id = 'kneeswarm-plan-note';
+      note.textContent = 'The step plan drives the load: edit its steps, ramp, hold and settle under Custom parameters.';
+      note.style.cssText = 'font:14px sans-serif;margin:8px 0';
+      var f = user.closest('form'); if (f) { f.insertBefore(note, f.firstChild); }
+    }
+    if (user && !opened) {
+      opened = true;
+      Array.prototype.forEach.call(document.querySelectorAll('.MuiAccordionSummary-root'), function (s) {
+        if (/Custom parameters/.test(s.textContent) && s.getAttribute('aria-expanded') !== 'true') { s.click(); }
+      });
+    }
+  }
+  poll(); setInterval(poll, 2000); setInterval(form, 300);
+})();
+"""
+
+
+def add_plan_arguments(parser: Any, current: Callable[[str], str]) -> None:
+    """The plan's fields as custom arguments shown in the start form; ``current(key)`` gives the
+    value the form shows (the loaded plan's; "" before it is loaded)."""
+    for option, key, text in PLAN_FIELDS:
+        parser.add_argument("--" + option.replace("_", "-"), default=current(key), include_in_web_ui=True,
+                            help=f"{text} (default: the plan's)")
+
+
+def form_overrides(opts: Any) -> dict[str, Any]:
+    """Plan overrides from the form / command line (empty fields: the plan's value); ValueError
+    with one line naming the field when one is not a number."""
+    out: dict[str, Any] = {}
+    get = opts.get if hasattr(opts, "get") else (lambda k: getattr(opts, k, ""))  # a form, or parsed options
+    for option, key, _ in PLAN_FIELDS:
+        raw = str(get(option) or "").strip()
+        if not raw:
+            continue
+        try:
+            if key == "load.steps":
+                out[key] = [int(x) for x in raw.replace(" ", "").split(",") if x]
+            elif key in ("load.ramp", "load.hold", "load.settle"):
+                out[key] = float(raw)
+            else:
+                out[key] = raw
+        except ValueError:
+            raise ValueError(f"{option.replace('kneeswarm_', '')}: not a number list/number: {raw!r}") from None
+    return out
+
+
+def check_binding(env: Any) -> str | None:
+    """Bind the web UI to loopback unless told; the one-line reason to refuse to start, or None."""
+    opts, web_ui = env.parsed_options, env.web_ui
+    insecure = bool(getattr(opts, "kneeswarm_insecure_web", False))
+    if web_ui is not None:
+        if not getattr(opts, "web_host", ""):
+            web_ui.host = "127.0.0.1"
+        elif web_ui.host not in LOOPBACK and not insecure:
+            if not getattr(opts, "web_login", False):
+                return (f"the web UI would listen on {web_ui.host}: add --web-login (with {USER_ENV} and "
+                        f"{PASSWORD_ENV} set) or --kneeswarm-insecure-web")
+            if not (os.environ.get(USER_ENV) and os.environ.get(PASSWORD_ENV)):
+                return f"--web-login needs {USER_ENV} and {PASSWORD_ENV} in the environment"
+    host = getattr(opts, "master_bind_host", "*")
+    if getattr(opts, "master", False) and host not in LOOPBACK and not insecure:
+        return (f"the master's port would listen on {host} (no authentication on that channel): pass "
+                f"--master-bind-host 127.0.0.1 or a private address with --kneeswarm-insecure-web")
+    return None
+
+
+def _login(web_ui: Any) -> None:
+    """Flask-Login with one user from the environment (Locust's --web-login)."""
+    from flask_login import UserMixin, login_user
+
+    class User(UserMixin):
+        def __init__(self, uid: str):
+            self.id = uid
+
+    if not web_ui.app.secret_key:  # Flask's session (the login) needs one; new at every start
+        web_ui.app.secret_key = os.urandom(32)
+    web_ui.login_manager.user_loader(lambda uid: User(uid) if uid == os.environ.get(USER_ENV) else None)
+    web_ui.auth_args = {"username_password_callback": "/kneeswarm/login"}
+
+    @web_ui.app.route("/kneeswarm/login", methods=["POST"])
+    def kneeswarm_login() -> Response:
+        user, password = request.form.get("username", ""), request.form.get("password", "")
+        if hmac.compare_digest(user, os.environ.get(USER_ENV, "")) and hmac.compare_digest(
+                password, os.environ.get(PASSWORD_ENV, "")) and user:
+            login_user(User(user))
+            return Response(status=302, headers={"Location": "/"})
+        return Response(status=302, headers={"Location": "/login"})
+
+
+class KneeTab:
+    """The tabs, routes and live data of the web UI; ``live()`` gives the latest tables."""
+
+    def __init__(self, env: Any, live: Callable[[], dict[str, Any]], out: Callable[[], str],
+                 validate: Callable[[Any], str | None]):
+        self.env, self.live, self.out, self.validate = env, live, out, validate
+        web_ui = env.web_ui
+        if getattr(env.parsed_options, "web_login", False):
+            _login(web_ui)
+        web_ui.template_args.update(
+            extended_tabs=[{"title": "Knee", "key": "knee"}, {"title": "Knee servers", "key": "knee-servers"}],
+            extended_tables=[{"key": "knee", "structure": [{"key": k, "title": t} for k, t in STEP_COLUMNS]},
+                             {"key": "knee-servers", "structure": [{"key": k, "title": t} for k, t in HOST_COLUMNS]}],
+        )
+        app = web_ui.app
+        app.before_request(self.check_form)
+        app.after_request(self.extend)
+        app.add_url_rule("/kneeswarm/live.json", "kneeswarm_live", web_ui.auth_required_if_enabled(self.live_json))
+        app.add_url_rule("/kneeswarm/knee.js", "kneeswarm_js", lambda: Response(KNEE_JS, mimetype="text/javascript"))
+        app.add_url_rule("/favicon.ico", "kneeswarm_favicon",  # a report page's browser asks for it
+                         lambda: Response(status=302, headers={"Location": "/assets/favicon-light.png"}))
+        app.add_url_rule("/kneeswarm/runs/<run_id>/<path:name>", "kneeswarm_run_file",
+                         web_ui.auth_required_if_enabled(self.run_file))
+
+    def check_form(self) -> Response | None:
+        """A bad plan field in the start form: Locust's own failure answer, with one line."""
+        if request.path == "/swarm" and request.method == "POST":
+            problem = self.validate(request.form)
+            if problem:
+                return jsonify({"success": False, "message": problem, "host": self.env.host})
+        return None
+
+    def extend(self, response: Response) -> Response:
+        """/stats/requests carries the Knee tables; every page loads knee.js (the report link)."""
+        if request.path == "/stats/requests" and response.is_json:
+            live = self.live()
+            data = {**response.json, "extended_stats": [{"key": "knee", "data": live.get("steps", [])},
+                                                        {"key": "knee-servers", "data": live.get("hosts", [])}]}
+            response.set_data(json.dumps(data))
+        elif request.path == "/" and response.mimetype == "text/html":
+            html = response.get_data(as_text=True)
+            response.set_data(html.replace("</body>", '<script src="/kneeswarm/knee.js"></script></body>', 1))
+        return response
+
+    def live_json(self) -> Response:
+        return jsonify(self.live())
+
+    def run_file(self, run_id: str, name: str) -> Response:
+        """A file of a run directory under --kneeswarm-out (send_from_directory refuses ../)."""
+        root = Path(self.out()).resolve()
+        if "/" in run_id or run_id.startswith("."):
+            return Response("not found", status=404)
+        return send_from_directory(root / run_id, name)

@@ -1,0 +1,98 @@
+"""Multi-host in network namespaces the test creates: the master (`kneeswarm run --workers 0
+--expect-workers 2`) in one, two `kneeswarm worker`s in two others, the demo target in a fourth,
+joined by a bridge in the root namespace.  Skipped where namespaces cannot be created."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from kneeswarm.rundir import RunDir
+
+from conftest import REPO, read_summary
+
+pytestmark = pytest.mark.slow
+
+ROLES = ("master", "worker1", "worker2", "target")
+MASTER_PORT, TARGET_PORT = 5557, 8000
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20, check=check)
+
+
+@pytest.fixture
+def hosts():
+    """{role: (namespace, address)} on one bridge; always removed."""
+    if shutil.which("ip") is None or os.geteuid() != 0:
+        pytest.skip("needs root and iproute2 (ip netns)")
+    tag = os.getpid() % 10000
+    net = f"10.215.{100 + os.getpid() % 100}"
+    bridge = f"kswb{tag}"
+    made: list[str] = []
+    out = {}
+    try:
+        if _ip("link", "add", bridge, "type", "bridge", check=False).returncode != 0:
+            pytest.skip("cannot create a bridge")
+        _ip("link", "set", bridge, "up")
+        for i, role in enumerate(ROLES):
+            ns, here, there, addr = f"ksw{tag}{role[0]}{i}", f"kswv{tag}{i}", f"kswp{tag}{i}", f"{net}.{i + 2}"
+            if _ip("netns", "add", ns, check=False).returncode != 0:
+                pytest.skip("cannot create a network namespace")
+            made.append(ns)
+            _ip("link", "add", here, "type", "veth", "peer", "name", there)
+            _ip("link", "set", there, "netns", ns)
+            _ip("link", "set", here, "master", bridge)
+            _ip("link", "set", here, "up")
+            _ip("netns", "exec", ns, "ip", "addr", "add", f"{addr}/24", "dev", there)
+            _ip("netns", "exec", ns, "ip", "link", "set", there, "up")
+            _ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+            out[role] = (ns, addr)
+        yield out
+    finally:
+        for ns in made:
+            _ip("netns", "del", ns, check=False)
+        _ip("link", "del", bridge, check=False)
+
+
+def _in(ns: str, *argv: str, **kw) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, *argv], env=env, text=True, **kw)
+
+
+def test_master_two_workers_and_target_on_four_hosts(hosts, tmp_path):
+    (mns, maddr), (tns, taddr) = hosts["master"], hosts["target"]
+    target = _in(tns, "-m", "kneeswarm.target", "--host", taddr, "--port", str(TARGET_PORT), "--mode", "knee",
+                 "--slots", "4", "--service-ms", "20", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers = [_in(hosts[w][0], "-m", "kneeswarm.cli", "worker", "--master", f"{maddr}:{MASTER_PORT}",
+                   stdout=(tmp_path / f"{w}.log").open("w"), stderr=subprocess.STDOUT) for w in ("worker1", "worker2")]
+    out = tmp_path / "runs"
+    try:
+        run = _in(mns, "-m", "kneeswarm.cli", "run", "--target", f"http://{taddr}:{TARGET_PORT}", "--steps", "2,4",
+                  "--hold", "4", "--ramp", "0.5", "--settle", "0.5", "--workers", "0", "--expect-workers", "2",
+                  "--master-bind-host", maddr, "--master-port", str(MASTER_PORT), "--out", str(out), "-q",
+                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        _, err = run.communicate(timeout=240)
+    finally:
+        for p in [*workers, target]:
+            p.terminate()
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    assert run.returncode == 0, err[-2000:]
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    rows = RunDir(run_dir).read_requests()
+    by_worker = rows["worker"].value_counts()
+    assert set(by_worker.index) == {"worker-0", "worker-1"}  # both workers, each on its own host, sent load
+    assert int(by_worker.sum()) == len(rows)
+    s = read_summary(run_dir)
+    assert s["workers"] == ["worker-0", "worker-1"]  # the report lists both
+    assert sum(st["requests"] for st in s["steps"]) <= len(rows)
+    gen = sorted(p.name for p in (run_dir / "generator").glob("worker-*.csv"))
+    assert gen == ["worker-0.csv", "worker-1.csv"]  # their CPU/RSS/users samples came home too
