@@ -58,8 +58,26 @@ def run_processes(root: psutil.Process) -> dict[str, list[psutil.Process]]:
     return roles
 
 
-def test_kill_9_of_demo_leaves_no_locust_and_no_target(tmp_path):
-    """kill -9 of `kneeswarm demo` mid-step: its master, workers and target are gone within 10 s."""
+def agent_processes(run_id: str) -> list[psutil.Process]:
+    """The local host agent of run ``run_id`` (its command line names the run's agent directory,
+    agents/local.py) and its collectors (the agent's children)."""
+    agents = []
+    for p in psutil.process_iter(["cmdline"]):
+        if any(f"kneeswarm-{run_id}-" in a for a in p.info["cmdline"] or []):
+            agents.append(p)
+    out = list(agents)
+    for a in agents:
+        try:
+            out += a.children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def test_kill_9_of_demo_leaves_nothing_running_and_analyze_reports_what_was_recorded(tmp_path):
+    """kill -9 of `kneeswarm demo` mid-step: its master, workers, target, host agent and collectors
+    are gone within 10 s; `kneeswarm analyze` then reports the steps recorded, with server metrics,
+    marked incomplete."""
     out = tmp_path / "runs"
     proc = subprocess.Popen([KNEESWARM, "demo", "--out", str(out), "--steps", "1,2", "--hold", "60"],
                             cwd=REPO, env=kneeswarm_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -71,6 +89,13 @@ def test_kill_9_of_demo_leaves_no_locust_and_no_target(tmp_path):
         assert proc.poll() is None, proc.communicate()[1][-2000:]
         roles = run_processes(psutil.Process(proc.pid))
         assert len(roles["master"]) == 1 and len(roles["worker"]) >= 1 and len(roles["target"]) == 1, roles
+        (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+        raw = run_dir / "hosts" / "local" / "raw" / "pidstat.txt"
+        wait_for(lambda: raw.exists() and raw.stat().st_size > 0, 60, "a first incremental fetch of pidstat")
+        time.sleep(6)  # one more fetch (every 5 s): samples inside the first step's steady window
+        roles["agent"] = agent_processes(run_dir.name)
+        names = {p.name() for p in roles["agent"] if alive(p)}
+        assert {"pidstat", "vmstat"} <= names, names  # the agent and its collectors are running
         started = [p for ps in roles.values() for p in ps]
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
@@ -91,8 +116,11 @@ def test_kill_9_of_demo_leaves_no_locust_and_no_target(tmp_path):
     assert res.returncode == 1, res.stderr[-2000:]
     assert "Traceback" not in res.stderr
     assert last_line(res.stderr).startswith("kneeswarm: error: the load did not complete")
-    assert (run_dir / "report" / "summary.json").exists()
     assert f"report: {run_dir / 'report' / 'index.html'}" in res.stdout
+    summary = json.loads((run_dir / "report" / "summary.json").read_text())
+    assert summary["complete"] is False
+    first = summary["steps"][0]  # recorded before the kill: its server metrics are in the report
+    assert first["requests"] > 0 and first["server"]["local"].get("cpu_pct") is not None, first
 
 
 # -- exit codes, through the console script ------------------------------------------------

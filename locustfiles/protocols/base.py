@@ -66,15 +66,23 @@ class PreparedRequest:
     items: int = 1  # inputs carried (the batch)
 
 
+#: Distinct random bodies pre-built per user: requests cycle through them, so building a body
+#: costs the load generator nothing per request (keeps its CPU low).
+BODY_VARIANTS = 16
+
+
 class Protocol:
     """Builds request bodies for one user and checks the answers.
 
     ``request_cfg`` is the plan's [request] table as a dict; ``seed`` makes each user's
-    inputs different but reproducible.
+    inputs different but reproducible.  A protocol that pre-builds its requests puts them in
+    ``self._requests`` and the default ``next_request`` cycles through them.
     """
 
     name = "base"
     health_path = "/"
+    _requests: list[PreparedRequest] = []
+    _i = 0
 
     def __init__(self, request_cfg: dict[str, Any], seed: int = 0):
         self.cfg = request_cfg
@@ -100,8 +108,10 @@ class Protocol:
         return text.replace(self._secret, REDACTED) if self._secret else text
 
     # -- requests and answers ------------------------------------------------------------
-    def next_request(self) -> PreparedRequest:  # pragma: no cover - interface
-        raise NotImplementedError
+    def next_request(self) -> PreparedRequest:
+        """The next of the pre-built requests (``self._requests``), in turn."""
+        self._i += 1
+        return self._requests[self._i % len(self._requests)]
 
     def check_response(self, body: bytes) -> Tokens | None:
         """Raise BadPayload if ``body`` is not a valid answer; return token counts when known."""

@@ -22,13 +22,13 @@ import logging
 import math
 import random
 
-from locustfiles.protocols.base import BadPayload, PreflightError, PreparedRequest, Protocol, ProtocolError, Tokens, json_path
+from locustfiles.protocols.base import (BODY_VARIANTS, BadPayload, PreflightError, PreparedRequest, Protocol, ProtocolError,
+                                        Tokens, json_path)
 from locustfiles.protocols.openai import WORDS
 from locustfiles.protocols.tensors import batched, nested, values
 
 logger = logging.getLogger(__name__)
 
-BODY_VARIANTS = 16
 DEFAULT_BODY = '{"data": {{data}}}'
 
 
@@ -70,10 +70,6 @@ class GenericHTTP(Protocol):
         tokens = len(words.split()) if "{{prompt}}" in template else None
         return PreparedRequest(self.method, self.path, body.encode() if self.method != "GET" else b"",
                                self.headers, tokens_in=tokens, items=shape[0])
-
-    def next_request(self) -> PreparedRequest:
-        self._i += 1
-        return self._requests[self._i % len(self._requests)]
 
     def check_response(self, body: bytes) -> Tokens | None:
         if not self.success_path:

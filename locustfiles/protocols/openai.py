@@ -27,13 +27,12 @@ import json
 import logging
 import random
 
-from locustfiles.protocols.base import BadPayload, PreflightError, PreparedRequest, Protocol, Tokens
+from locustfiles.protocols.base import BODY_VARIANTS, BadPayload, PreflightError, PreparedRequest, Protocol, Tokens
 from locustfiles.protocols.sse import ChatStream
 from locustfiles.protocols.workload import LengthDist, load_dataset, words
 
 logger = logging.getLogger(__name__)
 
-BODY_VARIANTS = 16  # distinct prompts pre-built per user
 LENGTH_VARIANTS = 256  # bodies pre-built per user from [request.lengths] draws
 WORDS = ("the", "model", "server", "token", "stream", "latency", "queue", "batch", "answer", "load",
          "knee", "swarm", "engine", "request", "user", "step")

@@ -7,10 +7,13 @@ integers, BYTES short strings, BOOL booleans, floats values in [-1, 1] rounded t
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
 from typing import Any
+
+from locustfiles.protocols.base import BODY_VARIANTS, PreparedRequest
 
 logger = logging.getLogger(__name__)
 
@@ -40,3 +43,18 @@ def nested(flat: list[Any], shape: list[int]) -> Any:
 def batched(shape: list[int], batch: int) -> list[int]:
     """``shape`` with its first dimension replaced by ``batch`` (when batch > 1)."""
     return [batch, *shape[1:]] if batch > 1 else list(shape)
+
+
+def json_tensor_requests(path: str, headers: dict[str, str], key: str, shape: list[int], request_cfg: dict,
+                         seed: int, items: int) -> list[PreparedRequest]:
+    """POST bodies ``{key: <tensor of shape>}`` (TorchServe's "data", TF Serving's "instances"):
+    one when the plan's data is ``fixed``, else BODY_VARIANTS seeded per user."""
+    dtype = str(request_cfg.get("datatype", "FP32"))
+    rng = random.Random(f"{request_cfg.get('seed', 0)}:{seed}")
+    fixed = request_cfg.get("data", "random") == "fixed"
+    return [
+        PreparedRequest("POST", path, json.dumps(
+            {key: nested(values(rng, dtype, math.prod(shape), fixed), shape)}, separators=(",", ":")
+        ).encode(), headers, items=items)
+        for _ in range(1 if fixed else BODY_VARIANTS)
+    ]

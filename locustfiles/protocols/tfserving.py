@@ -11,15 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import random
 
-from locustfiles.protocols.base import BadPayload, PreflightError, PreparedRequest, Protocol, Tokens
-from locustfiles.protocols.tensors import nested, values
+from locustfiles.protocols.base import BadPayload, PreflightError, Protocol, Tokens
+from locustfiles.protocols.tensors import json_tensor_requests
 
 logger = logging.getLogger(__name__)
-
-BODY_VARIANTS = 16
 
 
 class TFServing(Protocol):
@@ -34,21 +30,8 @@ class TFServing(Protocol):
         self.path = request_cfg.get("path") or f"{self.model_path}:predict"
         self.batch = int(request_cfg.get("batch", 1) or 1)
         item = list(request_cfg.get("shape", [1, 64]))[1:] or [1]
-        dtype = str(request_cfg.get("datatype", "FP32"))
-        rng = random.Random(f"{request_cfg.get('seed', 0)}:{seed}")
-        fixed = request_cfg.get("data", "random") == "fixed"
         shape = [self.batch, *item]
-        self._requests = [
-            PreparedRequest("POST", self.path, json.dumps(
-                {"instances": nested(values(rng, dtype, math.prod(shape), fixed), shape)}, separators=(",", ":")
-            ).encode(), self.headers, items=self.batch)
-            for _ in range(1 if fixed else BODY_VARIANTS)
-        ]
-        self._i = 0
-
-    def next_request(self) -> PreparedRequest:
-        self._i += 1
-        return self._requests[self._i % len(self._requests)]
+        self._requests = json_tensor_requests(self.path, self.headers, "instances", shape, request_cfg, seed, self.batch)
 
     def check_response(self, body: bytes) -> Tokens | None:
         # Cheap structural check first (as kserve does); a failing body is parsed for the message.

@@ -13,17 +13,12 @@ port and often not reachable from the load machine).
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import random
 
-from locustfiles.protocols.base import BadPayload, PreflightError, PreparedRequest, Protocol, Tokens
-from locustfiles.protocols.tensors import batched, nested, values
+from locustfiles.protocols.base import BadPayload, PreflightError, Protocol, Tokens
+from locustfiles.protocols.tensors import batched, json_tensor_requests
 
 logger = logging.getLogger(__name__)
-
-BODY_VARIANTS = 16
 
 
 class TorchServe(Protocol):
@@ -36,20 +31,7 @@ class TorchServe(Protocol):
         self.path = request_cfg.get("path") or f"/predictions/{model}" + (f"/{version}" if version else "")
         self.batch = int(request_cfg.get("batch", 1) or 1)
         shape = batched(list(request_cfg.get("shape", [1, 64])), self.batch)
-        dtype = str(request_cfg.get("datatype", "FP32"))
-        rng = random.Random(f"{request_cfg.get('seed', 0)}:{seed}")
-        fixed = request_cfg.get("data", "random") == "fixed"
-        self._requests = [
-            PreparedRequest("POST", self.path, json.dumps(
-                {"data": nested(values(rng, dtype, math.prod(shape), fixed), shape)}, separators=(",", ":")
-            ).encode(), self.headers, items=self.batch)
-            for _ in range(1 if fixed else BODY_VARIANTS)
-        ]
-        self._i = 0
-
-    def next_request(self) -> PreparedRequest:
-        self._i += 1
-        return self._requests[self._i % len(self._requests)]
+        self._requests = json_tensor_requests(self.path, self.headers, "data", shape, request_cfg, seed, self.batch)
 
     def check_response(self, body: bytes) -> Tokens | None:
         # A handler may answer anything; an empty 2xx body is the one sure sign of trouble.
