@@ -39,7 +39,7 @@ from analysis.report import render_html
 from analysis.serverstats import server_metrics
 from analysis.summary import build_summary, jsonable, step_records, to_json, to_markdown
 from analysis.target import PROMETHEUS_STREAM, target_series_used
-from analysis.trust import add_reasons, trust_reasons
+from analysis.trust import add_reasons, sla_error_rate, trust_reasons
 from kneeswarm.rundir import write_text
 
 logger = logging.getLogger(__name__)
@@ -56,7 +56,8 @@ def per_step(inputs: RunInputs) -> tuple[pd.DataFrame, list[dict[str, float]], l
     lost = data_loss_reasons(stats, inputs.scan.workers, inputs.unreadable_parts, inputs.generator,
                              inputs.generator_unreadable)
     stats = validate_steps(stats, s.min_requests, gen, s.generator_cpu_max, lost)
-    stats = add_reasons(stats, trust_reasons(stats, inputs.think_ms, inputs.closed_loop, inputs.clock_bounds))
+    stats = add_reasons(stats, trust_reasons(stats, inputs.think_ms, inputs.closed_loop, inputs.clock_bounds,
+                                             sla_error_rate(inputs.plan)))
     for row in stats.loc[stats["foreign_rows"] > 0].to_dict("records"):
         inputs.warnings.add(f"step {row['index']:g}: {row['foreign_rows']:,} rows in its steady window were recorded "
                             "under another step and left out")

@@ -82,15 +82,30 @@ def is_closed_loop(plan: dict[str, Any]) -> bool:
     return str(_dict(plan.get("load")).get("mode", "closed")).lower() not in OPEN_LOOP_MODES
 
 
+def sla_error_rate(plan: dict[str, Any]) -> float | None:
+    """The plan's ``[sla] error_rate`` (a share, 0..1), or None when it sets none."""
+    return _num(_dict(plan.get("sla")).get("error_rate"))
+
+
+def error_reason(error_rate: Any, limit: float | None) -> str | None:
+    """A step whose failed share is above the SLA's: its QPS is not service the SLA accepts."""
+    rate = _num(error_rate)
+    if limit is None or rate is None or rate <= limit:
+        return None
+    return f"errors {rate:.1%} above the SLA's error_rate {limit:.1%}"
+
+
 def trust_reasons(stats: pd.DataFrame, think_ms: float, closed_loop: bool,
-                  bounds: dict[str, float]) -> list[list[str]]:
-    """Per step (rows of loadstats.step_stats): the Little's-law and clock reasons."""
+                  bounds: dict[str, float], error_limit: float | None = None) -> list[list[str]]:
+    """Per step (rows of loadstats.step_stats): the Little's-law, clock and SLA-error reasons."""
     out = []
     for step in stats.to_dict("records"):
         why = []
         if closed_loop and (r := step_littles_law(step, think_ms)) is not None:
             why.append(r)
         if (r := clock_reason(step.get("p50_ms"), bounds)) is not None:
+            why.append(r)
+        if (r := error_reason(step.get("error_rate"), error_limit)) is not None:
             why.append(r)
         out.append(why)
     return out

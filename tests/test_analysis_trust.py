@@ -228,3 +228,16 @@ def test_timeline_panel_with_only_secondary_traces_uses_its_primary_axis(tmp_pat
         if "overlaying" in spec:  # a secondary axis: its primary carries a trace too
             assert spec["overlaying"] in used, (axis, spec)
     assert any(t.name == "GPU 0 power W" for t in fig.data)
+
+
+def test_a_step_with_errors_above_the_sla_is_not_valid():
+    import pandas as pd
+    # Independent truth: 3 of 100 failed is 3%, above a 1% SLA; 0.5% is not.
+    from analysis.trust import error_reason, sla_error_rate, trust_reasons
+    stats = pd.DataFrame({"users": [1, 2], "qps": [10.0, 20.0], "mean_ms": [100.0, 100.0], "rps": [10.0, 20.0],
+                          "p50_ms": [90.0, 90.0], "error_rate": [0.005, 0.03]})
+    limit = sla_error_rate({"sla": {"error_rate": 0.01}})
+    assert limit == 0.01 and sla_error_rate({}) is None
+    reasons = trust_reasons(stats, 0.0, False, {}, limit)
+    assert reasons[0] == [] and reasons[1] == ["errors 3.0% above the SLA's error_rate 1.0%"]
+    assert error_reason(0.03, None) is None
