@@ -121,15 +121,20 @@ def _read_csv_safe(read: Callable[[], pd.DataFrame | None], what: str, warnings:
     try:
         df = read()
     except Exception as e:  # a torn or garbled CSV must not stop the analysis
-        logger.warning("%s: unreadable, skipped (%s)", what, e)
-        if warnings is not None:
-            warnings.add(f"{what}: unreadable, skipped ({_one_line(e)})")
-        if lost is not None:
-            count_lost(lost, "host_csvs")
+        _unreadable(what, e, warnings, lost)
         return None
     if df is None or df.empty or "t" not in df.columns:
         return None
     return _sorted_by_t(df)
+
+
+def _unreadable(what: str, e: Exception, warnings: WarningLog | None, lost: dict[str, int] | None) -> None:
+    """A host CSV that could not be read: logged, a warning, and counted in ``lost["host_csvs"]``."""
+    logger.warning("%s: unreadable, skipped (%s)", what, e)
+    if warnings is not None:
+        warnings.add(f"{what}: unreadable, skipped ({_one_line(e)})")
+    if lost is not None:
+        count_lost(lost, "host_csvs")
 
 
 def _one_line(e: Exception) -> str:
@@ -186,11 +191,7 @@ def read_prometheus(path: Path, warnings: WarningLog | None = None,
     try:
         header = list(pd.read_csv(path, nrows=0).columns)
     except Exception as e:
-        logger.warning("%s: unreadable, skipped (%s)", path, e)
-        if warnings is not None:
-            warnings.add(f"hosts/{path.parent.name}/{path.name}: unreadable, skipped ({_one_line(e)})")
-        if lost is not None:
-            count_lost(lost, "host_csvs")
+        _unreadable(f"hosts/{path.parent.name}/{path.name}", e, warnings, lost)
         return None
     cols = wanted_columns(header) if "t" in header else []
     if len(cols) < 2:
