@@ -272,10 +272,11 @@ class MasterListeners:
             self.test.finish_later(REPORT_WAIT)
 
     def on_quitting(self, environment: Environment, **_kw: Any) -> None:
-        if self.test is not None:
-            self.test.finish()  # stops the recording first
+        # The recording's last flush first: the lifecycle's finish (agents, report) takes seconds.
         if self.recording is not None:
             self.recording.stop()
+        if self.test is not None:
+            self.test.finish()
 
 
 class TestHosts:
