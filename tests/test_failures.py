@@ -146,18 +146,18 @@ def test_exit_0_for_a_complete_analysed_run(tmp_path, start_demo_target):
 
 
 def test_exit_1_when_no_request_succeeded(tmp_path, start_demo_target):
-    """Every request is a 404 (a model the target does not serve): exit 1, one line saying so."""
-    target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
-    plan = tmp_path / "plan.toml"
-    plan.write_text('[request]\nmodel = "nosuch"\n')
-    res = console(*quick_run(target.url, tmp_path / "runs", str(plan), "--pid", str(target.pid)))
+    """Every request fails (the target answers every inference 500; its health and model checks
+    pass, so the preflight lets the run start): exit 1, one line saying so. (A model the target
+    does not serve is now refused by the protocol's preflight: exit 2, tests/test_protocols_e2e.py.)"""
+    target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20", "--fail-rate", "1.0")
+    res = console(*quick_run(target.url, tmp_path / "runs", "--pid", str(target.pid)))
     assert res.returncode == 1, res.stderr[-2000:]
     line = last_line(res.stderr)
-    assert line.startswith("kneeswarm: error: no request succeeded (") and "http_4xx" in line, line
+    assert line.startswith("kneeswarm: error: no request succeeded (") and "http_5xx" in line, line
     (run_dir,) = (tmp_path / "runs").iterdir()
     rows = pd.read_parquet(run_dir / "requests")
-    assert len(rows) > 0 and not rows["ok"].any() and set(rows["status"]) == {404}
-    assert f"({len(rows)} requests, all failed: http_4xx {len(rows)})" in line
+    assert len(rows) > 0 and not rows["ok"].any() and set(rows["status"]) == {500}
+    assert f"({len(rows)} requests, all failed: http_5xx {len(rows)})" in line
 
 
 def test_exit_1_when_the_load_dies(tmp_path, start_demo_target):
