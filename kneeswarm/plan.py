@@ -74,6 +74,8 @@ class RequestPlan:
     min_tokens: int | None = None  # vLLM extension: at least this many output tokens
     dataset: str | None = None  # JSONL of {"prompt"} or {"messages"} (+ "max_tokens") records
     lengths: dict | None = None  # [request.lengths] input/output = {dist, mean, stdev, min, max}
+    replay: str | None = None  # JSONL of recorded {"body": {...}, "t": seconds?} (protocols/workload.py)
+    tokenizer: str | None = None  # a Hugging Face tokenizer.json: token counts (else words approximate them)
     # -- http (generic JSON) ---------------------------------------------------------------
     path: str | None = None  # request path (http); overrides the protocol's path elsewhere
     method: str = "POST"
@@ -369,6 +371,9 @@ def _validate_request(plan: Plan, source: str) -> None:
             raise PlanError(f"{where} ({spec['name']}): datatype {spec.get('datatype')!r} is not a KServe v2 datatype")
     if r.dataset and r.lengths:
         raise PlanError(f"{source}: give request.dataset or request.lengths, not both")
+    if r.replay and (r.dataset or r.lengths):
+        raise PlanError(f"{source}: request.replay sends recorded bodies: give it without request.dataset "
+                        "or request.lengths")
     if r.lengths is not None and (set(r.lengths) - {"input", "output"} or not r.lengths):
         raise PlanError(f"{source}: request.lengths takes an input and/or an output table")
     if str(r.datatype).upper() not in TENSOR_DATATYPES:

@@ -18,7 +18,8 @@ Open loop (``[load] mode = "open"``): each user is an arrival source of ``source
 its intended time and never waits for answers; a request's latency (and TTFT) is measured from
 its intended send time, and its row's t_start is that time, so a stalled server cannot hide
 behind a slowed generator (coordinated omission).  At most ``max_inflight`` requests per process
-are in flight; an arrival beyond that is a ``dropped`` failure row.
+are in flight; an arrival beyond that is a ``dropped`` failure row.  A replayed recording with
+times (``[request] replay``) gives the arrival times instead of the Poisson/constant draws.
 """
 
 from __future__ import annotations
@@ -86,27 +87,48 @@ class InferenceUser(FastHttpUser):
     def _arrivals(self) -> None:
         """Open loop: this user's arrival process, for as long as the user lives."""
         load = state.plan().load
-        rate, poisson, cap = load.source_rate, load.arrival == "poisson", load.max_inflight
+        replay = getattr(self.protocol, "replay", None)
+        if replay is not None and replay.timed:
+            self._recorded_arrivals(replay)
+            return
+        rate, poisson = load.source_rate, load.arrival == "poisson"
         gap = (lambda: self._rng.expovariate(rate)) if poisson else (lambda: 1.0 / rate)
         intended = time.time() + (gap() if poisson else self._rng.uniform(0.0, 1.0 / rate))
         while True:
             delay = intended - time.time()
             if delay > 0:
                 gevent.sleep(delay)
-            if _inflight >= cap:
-                self.environment.events.request.fire(
-                    request_type="POST", name="infer", response_time=0.0, response_length=0, response=None,
-                    context={}, exception=ArrivalDropped(f"{cap} requests in flight (load.max_inflight)"),
-                    start_time=intended)
-            else:
-                self._group.spawn(self._send_open, intended)
+            self._arrive(intended, None, load.max_inflight)
             intended += gap()
 
-    def _send_open(self, intended: float) -> None:
+    def _recorded_arrivals(self, replay: Any) -> None:
+        """Open loop over a recording with times (workload.Replay): the process's users take its
+        arrivals in turn, at this process's rate (its users x source_rate), so the arrivals keep
+        the recorded gaps, scaled to the step's rate, however many users hold a ticket."""
+        load = state.plan().load
+        runner = self.environment.runner
+        while True:
+            intended, req = replay.ticket(max(1, runner.user_count) * load.source_rate, time.time())
+            delay = intended - time.time()
+            if delay > 0:
+                gevent.sleep(delay)
+            self._arrive(intended, req, load.max_inflight)
+
+    def _arrive(self, intended: float, req: PreparedRequest | None, cap: int) -> None:
+        """One arrival: sent in a greenlet of its own, or a `dropped` row beyond ``cap`` in flight."""
+        if _inflight >= cap:
+            self.environment.events.request.fire(
+                request_type="POST", name="infer", response_time=0.0, response_length=0, response=None,
+                context={}, exception=ArrivalDropped(f"{cap} requests in flight (load.max_inflight)"),
+                start_time=intended)
+        else:
+            self._group.spawn(self._send_open, intended, req)
+
+    def _send_open(self, intended: float, req: PreparedRequest | None = None) -> None:
         global _inflight
         _inflight += 1
         try:
-            self._send(self.protocol.next_request(), intended)
+            self._send(req if req is not None else self.protocol.next_request(), intended)
         except Exception as e:  # noqa: BLE001 - outside Locust's task loop: counted here, never lost
             logger.warning("kneeswarm: open-loop request failed outside the HTTP client: %r", e)
             self.environment.events.request.fire(

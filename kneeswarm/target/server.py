@@ -45,7 +45,8 @@ Around everything (gate.py): ``--api-key-env NAME`` requires ``Authorization: Be
 (401 otherwise), and fault injection on inference requests, counted on /metrics
 (``kneeswarm_target_faults_total{kind}``): ``--fail-rate``, ``--reset-rate``,
 ``--truncate-rate``, ``--stall-ms``/``--stall-every``.  What arrived is counted too
-(``kneeswarm_target_received_*``: protocol, model, items, input shapes; prompt tokens).
+(``kneeswarm_target_received_*``: protocol, model, items, input shapes; prompt tokens), and with
+``--request-log PATH`` every POST body with its arrival time (requestlog.py).
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ from kneeswarm.target.engine import KneeEngine, OnnxEngine, Rejected
 from kneeswarm.target.gate import FaultPlan, Gate
 from kneeswarm.target.llm import LLMConfig, TokenChain, llm_routes
 from kneeswarm.target.metrics import PROMETHEUS_CONTENT_TYPE, TargetMetrics
+from kneeswarm.target.requestlog import RequestLog
 from kneeswarm.target.serving import serving_routes
 
 logger = logging.getLogger(__name__)
@@ -449,6 +451,8 @@ def build_parser(prog: str = "kneeswarm target") -> argparse.ArgumentParser:
     gate.add_argument("--stall-every", type=_non_negative_float, default=0.0,
                       help="seconds between the starts of stall windows (0 = no stalls)")
     gate.add_argument("--fault-seed", type=int, default=0, help="seed of the fault draws")
+    gate.add_argument("--request-log", metavar="PATH",
+                      help="append one JSON line per POST request: arrival time, path, body (requestlog.py)")
 
     knee = p.add_argument_group("knee mode")
     knee.add_argument("--slots", type=_int_at_least(1), default=DEFAULT_SLOTS,
@@ -569,7 +573,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         app = Gate(build_app(info, engine, metrics, on_started=announce, llm=llm), metrics, faults,
                    api_key_env=args.api_key_env)
-    except ValueError as exc:
+        if args.request_log:
+            app = RequestLog(app, args.request_log)
+    except (ValueError, OSError) as exc:
         sock.close()
         print(f"kneeswarm target: {exc}", file=sys.stderr)
         return 2

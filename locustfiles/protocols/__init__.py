@@ -15,6 +15,7 @@ from locustfiles.protocols.kserve import KServeV2
 from locustfiles.protocols.openai import OpenAI
 from locustfiles.protocols.tfserving import TFServing
 from locustfiles.protocols.torchserve import TorchServe
+from locustfiles.protocols.workload import Replayed, token_counter
 
 PROTOCOLS: dict[str, type[Protocol]] = {
     "kserve": KServeV2,
@@ -26,8 +27,13 @@ PROTOCOLS: dict[str, type[Protocol]] = {
 
 
 def for_plan(plan: object, seed: int = 0) -> Protocol:
-    """The plan's protocol for one user (ProtocolError when the plan cannot be turned into requests)."""
-    return PROTOCOLS[plan.protocol](vars(plan.request), seed=seed)  # type: ignore[attr-defined]
+    """The plan's protocol for one user (ProtocolError when the plan cannot be turned into requests);
+    with ``[request] replay`` its requests are the recording's (workload.Replayed)."""
+    request = vars(plan.request)  # type: ignore[attr-defined]
+    protocol = PROTOCOLS[plan.protocol](request, seed=seed)  # type: ignore[attr-defined]
+    if request.get("replay"):
+        return Replayed(protocol, str(request["replay"]), token_counter(request.get("tokenizer")))  # type: ignore[return-value]
+    return protocol
 
 
 __all__ = ["BadPayload", "PreflightError", "PreparedRequest", "Protocol", "ProtocolError", "StreamTruncated",

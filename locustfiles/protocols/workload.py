@@ -9,8 +9,20 @@ Lengths (``[request.lengths]``): ``input`` and ``output`` tables, each
 ``{dist = "fixed" | "uniform" | "normal" | "lognormal", mean, stdev, min, max}`` in tokens;
 draws are rounded to integers and clipped to [min, max] (min defaults to 1, max to 100 000).
 ``lognormal`` takes the mean and stdev of the lengths themselves (not of their logarithm).
-Token counts here are word counts: without a tokenizer, one synthetic word stands for one token
-(the demo target counts the same way; a real server's ``usage`` says how far that is off).
+Token counts (``TokenCounter``): with ``[request] tokenizer = "tokenizer.json"`` (a Hugging Face
+``tokenizers`` file; ``pip install kneeswarm[tokenizer]``) prompts are counted and synthetic ones
+built with that tokenizer; without one, a token is a whitespace-separated word (the demo target
+counts the same way; a real server's ``usage`` says how far that is off).  A chat's count is the
+sum of its messages' contents (a chat template's own tokens are not counted).
+
+Replay (``[request] replay = "recorded.jsonl"``): recorded production requests, one JSON object per
+line with ``body`` (the request body exactly as it was sent) and, optionally, ``t`` (seconds since
+the recording began).  This is the OpenAI batch-input shape (``{"custom_id", "method", "url",
+"body"}``), which such files are accepted as, with the one added field ``t``; a ``url`` must be the
+path the plan sends to.  Either every line has ``t`` or none; times never go back.  Bodies are
+sent as recorded (the plan's ``model`` fills in only where a body has none) in file order, from one
+cursor per load-generator process; after the last line the file starts again.  In open loop with
+times, arrivals follow the recorded gaps, scaled so that the step's rate is kept (see ``Replay``).
 """
 
 from __future__ import annotations
@@ -21,15 +33,22 @@ import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from locustfiles.protocols.base import ProtocolError
+from locustfiles.protocols.base import PreparedRequest, ProtocolError
 
 logger = logging.getLogger(__name__)
 
 DISTRIBUTIONS = ("fixed", "uniform", "normal", "lognormal")
 MAX_LENGTH = 100_000
+#: Synthetic prompts are drawn from these words (one token each without a tokenizer).
+WORDS = ("the", "model", "server", "token", "stream", "latency", "queue", "batch", "answer", "load",
+         "knee", "swarm", "engine", "request", "user", "step")
+RESYNC_S = 5.0  # replay in open loop: a schedule this far behind (no users ran it) restarts at the present
+POOL_FROM_VOCAB = 64  # a tokenizer's own one-token words added when too few of WORDS are one token
+_counters: dict[str | None, TokenCounter] = {}  # one per tokenizer file and process
 _datasets: dict[str, list[dict]] = {}  # loaded once per process, shared by its users
+_replays: dict[tuple, Replay] = {}  # one per file, protocol and process: its cursor is shared by the users
 
 
 class WorkloadError(ProtocolError):
@@ -132,3 +151,205 @@ def words(record: dict) -> int:
     if "prompt" in record:
         return len(record["prompt"].split())
     return sum(len(m["content"].split()) for m in record["messages"])
+
+
+# -- token counts -------------------------------------------------------------------------------
+class TokenCounter:
+    """Counts tokens with a Hugging Face tokenizer file, or as whitespace-separated words without one."""
+
+    def __init__(self, path: str | None = None):
+        self.path = path
+        self._tok = _tokenizer(path) if path else None
+        self.kind = f"tokenizer {path}" if path else "words (approximation: one word, one token)"
+        self.pool = self._one_token_words() if self._tok is not None else list(WORDS)
+
+    def count(self, text: str) -> int:
+        if self._tok is None:
+            return len(text.split())
+        return len(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def count_record(self, record: dict) -> int:
+        """A prompt's or a chat's tokens (a chat: the sum of its messages' contents)."""
+        if isinstance(record.get("prompt"), str):
+            return self.count(record["prompt"])
+        messages = record.get("messages")
+        if isinstance(messages, list):
+            return sum(self.count(m["content"]) for m in messages
+                       if isinstance(m, dict) and isinstance(m.get("content"), str))
+        return 0
+
+    def prompt(self, n: int, rng: random.Random) -> str:
+        """A synthetic prompt of ``n`` tokens: ``n`` words that are one token each, in context."""
+        return " ".join(rng.choice(self.pool) for _ in range(n))
+
+    def _one_token_words(self) -> list[str]:
+        """Words this tokenizer reads as one token alone and after a space (WORDS first, then its
+        own vocabulary's alphabetic entries); empty: every prompt is WORDS, counted as it falls."""
+        def one(w: str) -> bool:
+            return self.count(w) == 1 and self.count(f"{w} {w}") == 2
+
+        pool = [w for w in WORDS if one(w)]
+        if len(pool) < 4:
+            vocab = sorted(self._tok.get_vocab())  # type: ignore[union-attr]
+            pool += [w for w in vocab if w.isascii() and w.isalpha() and w not in pool and one(w)][:POOL_FROM_VOCAB]
+        if not pool:
+            logger.warning("kneeswarm: tokenizer %s has no one-token words; prompt lengths are approximate", self.path)
+            return list(WORDS)
+        return pool
+
+
+def _tokenizer(path: str) -> Any:
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise WorkloadError(f"request.tokenizer {path}: needs the tokenizers package "
+                            "(pip install 'kneeswarm[tokenizer]')") from None
+    if not Path(path).is_file():
+        raise WorkloadError(f"request.tokenizer {path}: no such file")
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as e:  # noqa: BLE001 - tokenizers raises its own Exception type for a bad file
+        raise WorkloadError(f"request.tokenizer {path}: not a Hugging Face tokenizer.json "
+                            f"({' '.join(str(e).split())[:120]})") from None
+
+
+def token_counter(path: str | None) -> TokenCounter:
+    """This process's counter for ``path`` (None: the word approximation), or WorkloadError."""
+    if path not in _counters:
+        _counters[path] = TokenCounter(path)
+    return _counters[path]
+
+
+# -- replay -------------------------------------------------------------------------------------
+class Recorded(NamedTuple):
+    body: dict  # the request body as recorded
+    t: float | None  # seconds since the recording began (None: no times in the file)
+    url: str | None  # the batch-file shape's path, when given
+
+
+def load_replay(path: str) -> list[Recorded]:
+    """The recorded requests of a JSONL file, in order, or WorkloadError (one line, naming file and line)."""
+    where = f"request.replay {path}"
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise WorkloadError(f"{where}: cannot read ({type(e).__name__}: {e})") from None
+    records: list[Recorded] = []
+    first = 0
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        r = _recorded(line, f"{where}:{number}")
+        if records and (r.t is None) != (records[0].t is None):
+            raise WorkloadError(f"{where}:{number}: every line needs \"t\" or none does "
+                                f"(line {first} {'has' if records[0].t is not None else 'has not'})")
+        if records and r.t is not None and r.t < records[-1].t:  # type: ignore[operator]
+            raise WorkloadError(f"{where}:{number}: times go back (t = {r.t:g} after {records[-1].t:g})")
+        first = first or number
+        records.append(r)
+    if not records:
+        raise WorkloadError(f"{where}: no records")
+    if records[0].t is not None and len(records) > 1 and records[-1].t == records[0].t:
+        raise WorkloadError(f"{where}: every t is {records[0].t:g}: the recording spans no time")
+    return records
+
+
+def _recorded(line: str, where: str) -> Recorded:
+    try:
+        doc = json.loads(line)
+    except ValueError as e:
+        raise WorkloadError(f"{where}: not JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise WorkloadError(f"{where}: each line must be a JSON object")
+    body = doc.get("body")
+    if not isinstance(body, dict):
+        raise WorkloadError(f"{where}: needs \"body\" (the request body, a JSON object)")
+    t = doc.get("t")
+    if t is not None and (not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0):
+        raise WorkloadError(f"{where}: t must be a number of seconds >= 0, got {t!r}")
+    url = doc.get("url")
+    if url is not None and not isinstance(url, str):
+        raise WorkloadError(f"{where}: url must be a string")
+    return Recorded(body, None if t is None else float(t), url)
+
+
+class Replay:
+    """One recording and the process's place in it (shared by every user of the process).
+
+    ``next()`` hands the recorded requests out in file order, round and round.  ``ticket(rate)``
+    (open loop, a recording with times) also says when to send: the recorded gap before each
+    request, multiplied by ``recorded rate / rate`` so that the arrivals run at ``rate`` (this
+    process's share of the step's rate) with the recording's shape; a step whose rate equals the
+    recording's own mean rate (``recorded_rate``) replays it at its recorded speed.  After the
+    last request the gap back to the first is the recording's mean gap.
+    """
+
+    def __init__(self, records: list[Recorded], requests: list[PreparedRequest]):
+        self.records = records
+        self.requests = requests
+        self.i = -1
+        self.timed = records[0].t is not None and len(records) > 1
+        span = (records[-1].t or 0.0) - (records[0].t or 0.0)
+        self.recorded_rate = (len(records) - 1) / span if self.timed else None
+        self._next_t: float | None = None  # open loop: intended time of the last ticket
+
+    def next(self) -> PreparedRequest:
+        self.i = (self.i + 1) % len(self.requests)
+        return self.requests[self.i]
+
+    def gap(self, i: int) -> float:
+        """Recorded seconds between request i and the one before it (the mean gap before the first)."""
+        if i == 0:
+            return 1.0 / self.recorded_rate  # type: ignore[operator]
+        return self.records[i].t - self.records[i - 1].t  # type: ignore[operator]
+
+    def ticket(self, rate: float, now: float) -> tuple[float, PreparedRequest]:
+        """(intended send time, request) of the next arrival at ``rate`` requests/s (open loop, timed).
+        A schedule more than RESYNC_S behind ``now`` (no users ran it) starts again from ``now``."""
+        if self._next_t is None or now - self._next_t > RESYNC_S:
+            self._next_t = now
+        else:
+            self._next_t += self.gap((self.i + 1) % len(self.requests)) * self.recorded_rate / rate  # type: ignore[operator]
+        return self._next_t, self.next()
+
+
+def replay_for(path: str, key: tuple, build: Any) -> Replay:
+    """This process's Replay of ``path`` for the protocol ``key`` names (built once:
+    ``build(record, where) -> PreparedRequest``)."""
+    if key not in _replays:
+        records = load_replay(path)
+        _replays[key] = Replay(records, [build(r, f"request.replay {path}: request {i + 1}")
+                                         for i, r in enumerate(records)])
+    return _replays[key]
+
+
+class Replayed:
+    """A protocol whose requests are a recording's bodies; all else (path, headers, how answers
+    are judged, health and preflight) is the plan's protocol's own."""
+
+    def __init__(self, inner: Any, path: str, counter: TokenCounter):
+        self.inner = inner
+        template = inner.next_request()  # the protocol's method, path and headers
+        key = (path, inner.name, template.path, inner.cfg.get("model"), counter.path)
+        self.replay = replay_for(path, key, lambda r, where: _replayed_request(inner, template, r, where, counter))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def next_request(self) -> PreparedRequest:
+        return self.replay.next()
+
+
+def _replayed_request(inner: Any, template: PreparedRequest, r: Recorded, where: str,
+                      counter: TokenCounter) -> PreparedRequest:
+    """One recorded body as the protocol would send it (OpenAI: streamed when the body says so)."""
+    if r.url is not None and r.url.split("?")[0] != template.path:
+        raise WorkloadError(f"{where} was sent to {r.url} but the plan sends to {template.path}")
+    body = r.body
+    llm = inner.name == "openai"
+    if llm and "model" not in body:
+        body = {"model": inner.cfg.get("model", "demo"), **body}
+    data = json.dumps(body, separators=(",", ":")).encode()
+    return PreparedRequest(template.method, template.path, data, template.headers,
+                           tokens_in=counter.count_record(body) if llm else None,
+                           stream=llm and body.get("stream") is True, items=template.items)
