@@ -37,7 +37,7 @@ from analysis.loadstats import data_loss_reasons, generator_cpu, step_stats, val
 from analysis.problems import collect
 from analysis.report import render_html
 from analysis.serverstats import server_metrics
-from analysis.summary import build_summary, jsonable, step_records, to_json, to_markdown
+from analysis.summary import build_summary, jsonable, step_records, to_json, to_markdown, workload_facts
 from analysis.target import PROMETHEUS_STREAM, target_series_used
 from analysis.trust import add_reasons, sla_error_rate, trust_reasons
 from kneeswarm.rundir import write_text
@@ -88,6 +88,7 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
         target_series={h: used for h, streams in sorted(inputs.hosts.items())
                         if (used := target_series_used(streams.get(PROMETHEUS_STREAM)))},
         problems=collect(inputs.meta, inputs.warnings.to_list(), inputs.lost),
+        workload=workload_facts(inputs.plan),
     )
     return add_explanations(summary, inputs.plan)
 

@@ -24,7 +24,7 @@ from analysis.serverstats import ACTIVE_THREAD_CPU_PCT, active_threads
 from analysis.requestscan import BIN_S, Chunk, Timeline
 from analysis.sections import findings_section, plan_lines, usl_lines, verdict
 from analysis.summary import (VALID_HEADER, knee_lines, malformed_lines, n_users, status_line, table_groups, table_rows,
-                              warning_lines)
+                              warning_lines, workload_lines)
 from analysis.target import PROMETHEUS_STREAM, TARGET_METRICS, target_timeline
 
 logger = logging.getLogger(__name__)
@@ -356,7 +356,8 @@ def render_html(summary: dict[str, Any], timeline: pd.DataFrame, generator: dict
         parts.append("<div class='warn warnings'><b>Warnings</b><ul>"
                      + "".join(f"<li>{html.escape(w)}</li>" for w in warnings) + "</ul></div>")
     parts.append(f"<p class='verdict'>{_md_inline(verdict(summary))}</p>")
-    parts.append("<ul>" + "".join(f"<li>{_md_inline(line)}</li>" for line in knee_lines(summary)) + "</ul>")
+    parts.append("<ul>" + "".join(f"<li>{_md_inline(line)}</li>"
+                                  for line in knee_lines(summary) + workload_lines(summary)) + "</ul>")
     for line in malformed_lines(summary):
         parts.append(f"<p class='warn'>{_md_inline(line)}</p>")
     parts.append(_findings_html(summary))

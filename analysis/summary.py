@@ -191,6 +191,23 @@ def knee_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def workload_facts(plan: dict[str, Any]) -> dict[str, Any]:
+    """``workload`` {inputs, token_counts} of an OpenAI run's plan: where prompts came from and how
+    their tokens were counted (a tokenizer file, or the word approximation); {} for other protocols."""
+    request = plan.get("request") if isinstance(plan.get("request"), dict) else {}
+    if plan.get("protocol") != "openai":
+        return {}
+    inputs = next((f"{k} {request[k]}" for k in ("replay", "dataset") if request.get(k)), None)
+    inputs = inputs or ("lengths" if request.get("lengths") else "synthetic prompts")
+    tok = request.get("tokenizer")
+    return {"inputs": inputs, "token_counts": f"tokenizer {tok}" if tok else "words (approximation)"}
+
+
+def workload_lines(summary: dict[str, Any]) -> list[str]:
+    w = summary.get("workload") or {}
+    return [f"**Inputs:** {w['inputs']}; token counts: {w['token_counts']}"] if w.get("token_counts") else []
+
+
 def malformed_lines(summary: dict[str, Any]) -> list[str]:
     """One bold line per host collector that skipped malformed lines (shown at the top)."""
     hosts = summary.get("hosts") if isinstance(summary.get("hosts"), dict) else {}
@@ -329,6 +346,7 @@ def to_markdown(summary: dict[str, Any]) -> str:
     tot = summary.get("totals") or {}
     lines.append(f"- **Requests:** {tot.get('requests', 0):,} ({tot.get('errors', 0):,} errors)")
     lines += [f"- {line}" for line in malformed_lines(summary)]
+    lines += [f"- {line}" for line in workload_lines(summary)]
     lines.append("")
     lines += _md_explained(summary)
     lines += _md_tables(summary)

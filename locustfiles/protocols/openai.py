@@ -12,8 +12,8 @@ and Ollama (its /v1 compatibility layer); the differences that matter:
   ``health_path`` in the plan overrides it.  Preflight: ``GET /v1/models`` must list the model
   (every one of them serves it); a server without it gets one one-token request instead.
 
-Prompt length: without a tokenizer here, tokens are approximated by whitespace-separated words
-(a synthetic prompt of ``prompt_tokens`` words); where the server reports ``usage`` its
+Prompt length: counted with the plan's ``tokenizer`` (a tokenizer.json) when given, else
+approximated by whitespace-separated words (workload.TokenCounter); where the server reports ``usage`` its
 ``prompt_tokens`` replaces the approximation in the row.
 
 Workloads (workload.py): ``dataset`` (JSONL prompts or chats, each user starting at its own
@@ -29,13 +29,12 @@ import random
 
 from locustfiles.protocols.base import BODY_VARIANTS, BadPayload, PreflightError, PreparedRequest, Protocol, Tokens
 from locustfiles.protocols.sse import ChatStream
-from locustfiles.protocols.workload import LengthDist, load_dataset, words
+from locustfiles.protocols.workload import WORDS, LengthDist, load_dataset, token_counter
 
 logger = logging.getLogger(__name__)
 
 LENGTH_VARIANTS = 256  # bodies pre-built per user from [request.lengths] draws
-WORDS = ("the", "model", "server", "token", "stream", "latency", "queue", "batch", "answer", "load",
-         "knee", "swarm", "engine", "request", "user", "step")
+__all__ = ["OpenAI", "WORDS"]
 
 
 class OpenAI(Protocol):
@@ -50,6 +49,7 @@ class OpenAI(Protocol):
         default = "/v1/chat/completions" if self.chat else "/v1/completions"
         self.path = request_cfg.get("path") or default
         rng = random.Random(f"{request_cfg.get('seed', 0)}:{seed}")
+        self.counter = token_counter(request_cfg.get("tokenizer"))  # a tokenizer, or words
         self._dataset: list[dict] | None = None
         self._i = 0
         if request_cfg.get("dataset"):
@@ -67,14 +67,13 @@ class OpenAI(Protocol):
                                     "request.lengths.input")
         out = LengthDist.from_table(table.get("output", {"mean": self.cfg.get("max_tokens", 64)}),
                                     "request.lengths.output")
-        return [self._build(" ".join(rng.choice(WORDS) for _ in range(inp.sample(rng))), self.stream,
+        return [self._build(self.counter.prompt(inp.sample(rng), rng), self.stream,
                             max_tokens=out.sample(rng)) for _ in range(LENGTH_VARIANTS)]
 
     def _prompt(self, rng: random.Random) -> str:
         if self.cfg.get("prompt"):
             return str(self.cfg["prompt"])
-        n = int(self.cfg.get("prompt_tokens", 32))
-        return " ".join(rng.choice(WORDS) for _ in range(n))
+        return self.counter.prompt(int(self.cfg.get("prompt_tokens", 32)), rng)
 
     def _build(self, prompt: str, stream: bool, max_tokens: int | None = None,
                messages: list[dict] | None = None) -> PreparedRequest:
@@ -92,7 +91,7 @@ class OpenAI(Protocol):
         if self.cfg.get("min_tokens") is not None:
             body["min_tokens"] = int(self.cfg["min_tokens"])
         data = json.dumps(body, separators=(",", ":")).encode()
-        tokens_in = len(prompt.split()) if messages is None else words({"messages": messages})
+        tokens_in = self.counter.count_record({"prompt": prompt} if messages is None else {"messages": messages})
         return PreparedRequest("POST", self.path, data, self.headers, tokens_in=tokens_in, stream=stream)
 
     def next_request(self) -> PreparedRequest:
