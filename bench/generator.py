@@ -1,21 +1,28 @@
-"""Generator overhead: requests/s of kneeswarm's KServe user (with per-request recording) against
-bare Locust FastHttpUser posting the same body, same fast target, same run.
+"""Generator overhead, every protocol: requests/s of kneeswarm's user (protocol + recorder) against
+bare Locust FastHttpUser sending the same bodies to the same fast responder, in the same run.
 
-    .venv/bin/python bench/generator.py [--seconds 8] [--users 8] [--rounds 3]
+    .venv/bin/python bench/generator.py [--seconds 8] [--users 8] [--rounds 3] [--only openai-stream,kserve]
 
-The target is a minimal gevent HTTP responder (a canned KServe answer) in its own process, pinned
-to core 0 while Locust runs pinned to core 1, so the load generator, not the server, is what is
-measured.  Rounds alternate bare / kneeswarm;
-the medians and their ratio are printed (target: ratio >= 0.9), and, less sensitive to other
-load on the machine, requests per CPU-second of the Locust process (start-up included).
+The responder (a gevent server in its own process, pinned to core 0; Locust pinned to core 1)
+answers each path with a canned answer, so the load generator, not the server, is what is
+measured.  OpenAI streaming: an SSE body of ``--tokens`` chunks plus usage and [DONE], written at
+once.  Both sides read every byte of it: the bare user's ``client.request`` reads the whole body
+(FastHttpSession reads ``response.content`` when not streaming), kneeswarm's user reads it as
+it arrives and judges every event (TTFT, ITL, usage, [DONE]).
+
+Both sides load bench/window.py beside their locustfile: requests and the Locust process's own
+CPU time are counted over the same steady window (after ``--warm`` seconds; start-up, the host
+agents' start and the report stay out).  Rounds alternate bare / kneeswarm; per protocol the
+medians of requests/s and their ratio (target >= 0.95), and the ratio of CPU time per request
+(bare / kneeswarm: less sensitive to other load on the machine) are printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
-import resource
 import socket
 import statistics
 import subprocess
@@ -24,16 +31,29 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-ANSWER = b'{"model_name":"demo","outputs":[{"name":"output","shape":[1,1],"datatype":"FP32","data":[0.5]}]}'
+logger = logging.getLogger(__name__)
 
-BARE_LOCUSTFILE = '''
+REPO = Path(__file__).resolve().parent.parent
+WINDOW = REPO / "bench" / "window.py"
+CHUNK = ('{"id":"c","object":"chat.completion.chunk","created":1,"model":"demo","choices":[{"index":0,'
+         '"delta":{"content":"tok "},"logprobs":null,"finish_reason":%s}]}')
+PLANS = {  # case: (plan lines, bare-user import and constructor of the same protocol)
+    "kserve": ('protocol = "kserve"', "KServeV2({})"),
+    "torchserve": ('protocol = "torchserve"', "TorchServe({})"),
+    "tfserving": ('protocol = "tfserving"', "TFServing({})"),
+    "http": ('protocol = "http"\n[request]\npath = "/score"\nsuccess_path = "outputs"',
+             'GenericHTTP({"path": "/score"})'),
+    "openai": ('protocol = "openai"\n[request]\nstream = false\nmax_tokens = 16',
+               'OpenAI({"stream": False, "max_tokens": 16})'),
+    "openai-stream": ('protocol = "openai"\n[request]\nmax_tokens = 16', 'OpenAI({"max_tokens": 16})'),
+}
+BARE = '''
 from locust import FastHttpUser, task
-from locustfiles.protocols import KServeV2
+from locustfiles.protocols import GenericHTTP, KServeV2, OpenAI, TFServing, TorchServe
 
 class Bare(FastHttpUser):
     def on_start(self):
-        self.req = KServeV2({"model": "demo", "shape": [1, 64]}, seed=1).next_request()
+        self.req = {make}.next_request()
 
     @task
     def infer(self):
@@ -42,38 +62,59 @@ class Bare(FastHttpUser):
 '''
 
 
-def serve(port: int) -> None:
-    """A fast keep-alive HTTP responder: reads one request (headers + body), answers ANSWER."""
+def answers(tokens: int) -> dict[bytes, bytes]:
+    """path prefix -> the whole HTTP answer."""
+    def whole(body: bytes, ctype: bytes = b"application/json") -> bytes:
+        return b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n" % (ctype, len(body)) + body
+
+    sse = b"".join(b"data: " + (CHUNK % ('"length"' if i == tokens - 1 else "null")).encode() + b"\n\n"
+                   for i in range(tokens))
+    sse += b'data: {"choices":[],"usage":{"prompt_tokens":32,"completion_tokens":%d}}\n\ndata: [DONE]\n\n' % tokens
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(sse), sse)
+    chat = json.dumps({"choices": [{"message": {"role": "assistant", "content": "tok " * tokens},
+                                    "finish_reason": "length"}],
+                       "usage": {"prompt_tokens": 32, "completion_tokens": tokens}}).encode()
+    return {
+        b"/v2/": whole(b'{"model_name":"demo","outputs":[{"name":"output","shape":[1,1],"datatype":"FP32","data":[0.5]}]}'),
+        b"/predictions/": whole(b'{"predictions":[[0.5]]}'),
+        b"/v1/models/": whole(b'{"predictions":[[0.5]]}'),
+        b"/score": whole(b'{"outputs":[0.5]}'),
+        b"/v1/chat/stream": b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                            + chunked,
+        b"/v1/chat/": whole(chat),
+    }
+
+
+def serve(port: int, tokens: int) -> None:
+    """Keep-alive responder: one canned answer per request, chosen by path (and "stream":true)."""
     from gevent.server import StreamServer
 
-    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(ANSWER)
+    canned = answers(tokens)
 
     def handle(sock, _addr):
+        buf = b""
         try:
-            answer(sock)
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                header, _, rest = buf.partition(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in header.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                while len(rest) < length:
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        return
+                    rest += chunk
+                body, buf = rest[:length], rest[length:]
+                path = header.split(b" ", 2)[1]
+                if path.startswith(b"/v1/chat/") and b'"stream":true' in body:
+                    path = b"/v1/chat/stream"
+                sock.sendall(next(v for k, v in canned.items() if path.startswith(k)))
         except OSError:  # the load generator closed its connection at the end of a round
             pass
-
-    def answer(sock):
-        buf = b""
-        while True:
-            while b"\r\n\r\n" not in buf:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    return
-                buf += chunk
-            header, _, rest = buf.partition(b"\r\n\r\n")
-            length = 0
-            for line in header.split(b"\r\n"):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":")[1])
-            while len(rest) < length:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    return
-                rest += chunk
-            buf = rest[length:]
-            sock.sendall(head + ANSWER)
 
     StreamServer(("127.0.0.1", port), handle).serve_forever()
 
@@ -90,63 +131,79 @@ def pin(cpu: int):
     return (lambda: os.sched_setaffinity(0, {cpu % ncpu})) if ncpu > 1 and hasattr(os, "sched_setaffinity") else None
 
 
-def locust_rate(args: list[str], seconds: float) -> float:
-    """Run one headless Locust process; requests/s from its --json summary."""
-    return locust_run(args, seconds)[0]
+def locust_window(args: list[str], seconds: float, warm: float, out: Path) -> dict[str, float]:
+    """One headless Locust process with bench/window.py beside its locustfile: the window's
+    {"requests", "seconds", "cpu_s"}."""
+    env = {**os.environ, "KNEESWARM_BENCH_OUT": str(out), "KNEESWARM_BENCH_WARM": str(warm),
+           "KNEESWARM_BENCH_SPAN": str(max(1.0, seconds - warm - 2.0))}
+    res = subprocess.run([sys.executable, "-m", "locust", "--headless", "--loglevel", "ERROR", *args],
+                         capture_output=True, text=True, timeout=seconds + 120, cwd=REPO, preexec_fn=pin(1), env=env)
+    try:
+        w = json.loads(out.read_text())
+    except (OSError, ValueError):
+        raise SystemExit(f"no window measured ({' '.join(args[:2])}): {res.stderr[-1500:]}") from None
+    if not w.get("requests"):
+        raise SystemExit(f"no requests in the window ({' '.join(args[:2])}): {res.stderr[-1500:]}")
+    return w
 
 
-def locust_run(args: list[str], seconds: float) -> tuple[float, float]:
-    """Run one headless Locust process: (requests/s, requests per CPU-second of that process)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    res = subprocess.run([sys.executable, "-m", "locust", "--headless", "--json", "--loglevel", "ERROR", *args],
-                         capture_output=True, text=True, timeout=seconds + 60, cwd=REPO, preexec_fn=pin(1))
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    stats = json.loads(res.stdout)
-    s = next(x for x in stats if x["name"] == "infer")
-    return s["num_requests"] / max(1e-9, s["last_request_timestamp"] - s["start_time"]), s["num_requests"] / cpu
+def bench_case(case: str, url: str, tmp: Path, a: argparse.Namespace) -> dict[str, list[float]]:
+    """Per round: bare and kneeswarm requests/s, and CPU-seconds per request of each."""
+    plan_lines, make = PLANS[case]
+    bare_file = tmp / f"bare-{case}.py"
+    bare_file.write_text(BARE.format(make=make))
+    plan = tmp / f"plan-{case}.toml"
+    head, _, request = plan_lines.partition("\n[request]")
+    plan.write_text(f'name = "bench"\ntarget = "{url}"\n{head}\n[load]\nsteps = [{a.users}]\nramp = 0.0\n'
+                    f"hold = {a.seconds}\nsettle = 0.0\n" + (f"[request]{request}\n" if request else ""))
+    out: dict[str, list[float]] = {"bare": [], "ks": [], "bare_cpu": [], "ks_cpu": []}
+    for r in range(a.rounds):
+        b = locust_window(["-f", f"{bare_file},{WINDOW}", "--host", url, "-u", str(a.users), "-r", str(a.users),
+                           "-t", f"{int(a.seconds)}s"], a.seconds, a.warm, tmp / "w-bare.json")
+        k = locust_window(["-f", f"{REPO / 'locustfiles' / 'swarm.py'},{WINDOW}", "--host", url,
+                           "--kneeswarm-plan", str(plan), "--kneeswarm-out", str(tmp / "runs")],
+                          a.seconds, a.warm, tmp / "w-ks.json")
+        for side, w in (("bare", b), ("ks", k)):
+            out[side].append(w["requests"] / w["seconds"])
+            out[f"{side}_cpu"].append(w["cpu_s"] / w["requests"])
+        if a.verbose:
+            print(f"  {case} round {r + 1}: bare {out['bare'][-1]:7.0f} req/s ({1e6 * out['bare_cpu'][-1]:5.0f} us CPU/req)"
+                  f"   kneeswarm {out['ks'][-1]:7.0f} req/s ({1e6 * out['ks_cpu'][-1]:5.0f} us CPU/req)", flush=True)
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--seconds", type=float, default=8.0, help="length of each Locust run")
+    ap.add_argument("--warm", type=float, default=2.0, help="seconds after the start left out of the window")
     ap.add_argument("--users", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=16, help="chunks per streamed answer")
+    ap.add_argument("--only", default=",".join(PLANS), help="comma-separated cases")
+    ap.add_argument("-v", "--verbose", action="store_true", help="print every round")
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.serve:
-        serve(a.serve)
+        serve(a.serve, a.tokens)
         return
+    os.environ["PYTHONPATH"] = f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     port = free_port()
-    target = subprocess.Popen([sys.executable, __file__, "--serve", str(port)], preexec_fn=pin(0))
+    target = subprocess.Popen([sys.executable, __file__, "--serve", str(port), "--tokens", str(a.tokens)],
+                              preexec_fn=pin(0))
     tmp = Path(tempfile.mkdtemp(prefix="kneeswarm-bench-"))
     try:
         time.sleep(1.0)
         url = f"http://127.0.0.1:{port}"
-        bare_file = tmp / "bare.py"
-        bare_file.write_text(BARE_LOCUSTFILE)
-        plan = tmp / "plan.toml"
-        plan.write_text(f'name = "bench"\ntarget = "{url}"\n[load]\nsteps = [{a.users}]\nramp = 0.0\n'
-                        f"hold = {a.seconds}\nsettle = 0.0\n")
-        bare, ks, bare_eff, ks_eff = [], [], [], []
-        for r in range(a.rounds):
-            rate, eff = locust_run(["-f", str(bare_file), "--host", url, "-u", str(a.users), "-r", str(a.users),
-                                    "-t", f"{int(a.seconds)}s"], a.seconds)
-            bare.append(rate)
-            bare_eff.append(eff)
-            rate, eff = locust_run(["-f", str(REPO / "locustfiles" / "swarm.py"), "--host", url,
-                                    "--kneeswarm-plan", str(plan), "--kneeswarm-out", str(tmp / "runs")], a.seconds)
-            ks.append(rate)
-            ks_eff.append(eff)
-            print(f"round {r + 1}: bare FastHttpUser {bare[-1]:8.0f} req/s ({bare_eff[-1]:6.0f} per CPU-s)   "
-                  f"kneeswarm KServe+recorder {ks[-1]:8.0f} req/s ({ks_eff[-1]:6.0f} per CPU-s)", flush=True)
-        rows = sum(len(__import__("pyarrow.parquet", fromlist=["x"]).read_table(p)) for p in (tmp / "runs").glob("*/requests/*.parquet"))
-        mb, mk = statistics.median(bare), statistics.median(ks)
-        paired = statistics.median(k / b for k, b in zip(ks, bare))
-        print(f"median: bare {mb:.0f} req/s, kneeswarm {mk:.0f} req/s, ratio of medians {mk / mb:.3f}, "
-              f"median of per-round ratios {paired:.3f} (target >= 0.9); requests per CPU-second "
-              f"{statistics.median(ks_eff) / statistics.median(bare_eff):.3f} of bare (process start included); "
-              f"{rows} rows recorded, {os.cpu_count()} cores, {a.users} users, {a.seconds:g}s x {a.rounds} rounds")
+        for case in a.only.split(","):
+            m = {k: statistics.median(v) for k, v in bench_case(case, url, tmp, a).items()}
+            print(f"{case:14s} bare FastHttpUser {m['bare']:7.0f} req/s   kneeswarm {m['ks']:7.0f} req/s   "
+                  f"ratio {m['ks'] / m['bare']:.3f} (target >= 0.95);   CPU per request: bare "
+                  f"{1e6 * m['bare_cpu']:.0f} us, kneeswarm {1e6 * m['ks_cpu']:.0f} us, ratio "
+                  f"{m['bare_cpu'] / m['ks_cpu']:.3f}", flush=True)
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        print(f"medians of {a.rounds} rounds; {os.cpu_count()} cores (load average {load:.1f}), {a.users} users, "
+              f"{a.seconds:g}s runs, window {max(1.0, a.seconds - a.warm - 2.0):g}s after {a.warm:g}s, "
+              f"{a.tokens} chunks per streamed answer")
     finally:
         target.kill()
         import shutil

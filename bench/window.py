@@ -1,0 +1,55 @@
+"""A measuring locustfile loaded beside the one under test (``locust -f theirs.py,bench/window.py``).
+
+Counts the process's requests and its own CPU time (``getrusage(RUSAGE_SELF)``: every thread of
+this process, no children) over one steady window: from ``KNEESWARM_BENCH_WARM`` seconds after
+the test starts, for ``KNEESWARM_BENCH_SPAN`` seconds, and writes ``{"requests", "seconds",
+"cpu_s"}`` to ``KNEESWARM_BENCH_OUT`` when Locust quits.  Both sides of bench/generator.py load it,
+so both are measured the same way and start-up and shut-down stay out of the figures.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import time
+
+import gevent
+from locust import events
+
+logger = logging.getLogger(__name__)
+
+_count = 0
+_window: dict[str, float] = {}
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+@events.request.add_listener
+def _on_request(**_kw: object) -> None:
+    global _count
+    _count += 1
+
+
+def _measure() -> None:
+    gevent.sleep(float(os.environ.get("KNEESWARM_BENCH_WARM", "2")))
+    n0, t0, c0 = _count, time.perf_counter(), _cpu()
+    gevent.sleep(float(os.environ.get("KNEESWARM_BENCH_SPAN", "4")))
+    _window.update(requests=_count - n0, seconds=time.perf_counter() - t0, cpu_s=_cpu() - c0)
+
+
+@events.test_start.add_listener
+def _on_test_start(**_kw: object) -> None:
+    gevent.spawn(_measure)
+
+
+@events.quitting.add_listener
+def _on_quitting(**_kw: object) -> None:
+    out = os.environ.get("KNEESWARM_BENCH_OUT")
+    if out:
+        with open(out, "w") as f:
+            json.dump(_window, f)
