@@ -35,6 +35,7 @@ from gevent.pool import Group
 from locust import FastHttpUser, task
 
 from locustfiles.protocols import BadPayload, PreparedRequest, for_plan
+from locustfiles.protocols.sse import Arrivals
 from locustfiles import state
 
 logger = logging.getLogger(__name__)
@@ -231,8 +232,6 @@ def read_stream(resp: Any, stream: Any) -> tuple[int, BaseException | None]:
     raises in the parser: that error is returned (a stream cut off mid-way is then judged
     truncated by ``check_complete``; a reset or a timeout keeps its own category).
     """
-    from locustfiles.protocols.sse import Arrivals
-
     raw = resp._response
     buf = raw._body_buffer  # filled by raw.feed(); what came with the headers is already there
     arrivals, nbytes = Arrivals(stream), 0

@@ -271,5 +271,5 @@ def test_reading_per_arrival_equals_reading_line_by_line(events, cuts, crlf, fin
         arr_error = type(e)
     assert ref_error == arr_error
     if ref_error is None:
-        for attr in ("chunks", "done", "finished", "usage_in", "usage_out", "itl_ms", "first"):
+        for attr in ("chunks", "done", "finished", "usage_in", "usage_out", "itl_ms", "first", "events"):
             assert getattr(by_arrival, attr) == getattr(reference, attr), attr

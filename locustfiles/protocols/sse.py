@@ -31,6 +31,7 @@ DONE = b"[DONE]"
 EVENT_END = b"\n\n"  # a blank line ends an event
 FAST_TAIL = b'"finish_reason":null}]}'  # how a compact mid-stream chunk ends
 FAST_TAIL_LEN = len(FAST_TAIL)
+QUOTE = ord('"')
 
 
 class SSEDecoder:
@@ -132,25 +133,35 @@ class ChatStream:
                 if data is not None:
                     self.event(data, now)
             return
-        mark, skip, texts = self._mark, len(self._mark), 0
+        mark, skip, texts, fast = self._mark, len(self._mark), 0, 0
         events = block.split(b"\n\n")
         # One line per event (the usual case) is checked once for the whole block; otherwise each
         # event with a line break inside goes the slow way (its data lines are joined first).
         one_line = block.count(b"\n") == 2 * (len(events) - 1)
+        # ... and so is whether every event is one "data: " line (then only the tail is checked per event)
+        all_data = one_line and block.count(b"\n\ndata: ") == len(events) - 1 and block.startswith(b"data: ")
         for e in events:
-            if e[-FAST_TAIL_LEN:] == FAST_TAIL and e[:6] == b"data: " and (one_line or b"\n" not in e):
+            if e.endswith(FAST_TAIL) and (all_data or (e.startswith(b"data: ") and (one_line or b"\n" not in e))):
                 i = e.find(mark)
                 if i >= 0:
-                    self.events += 1
-                    if e[i + skip:i + skip + 1] != b'"':
+                    fast += 1
+                    if e[i + skip] != QUOTE:  # i + skip < len(e): the tail follows the mark
                         texts += 1
                     continue
+            if (one_line or b"\n" not in e) and e.startswith(b"data:"):  # one data line: its data
+                self.events += fast
+                fast = 0
+                self.event(e[6:] if e[5:6] == b" " else e[5:], now)
+                continue
+            self.events += fast
+            fast = 0
             decoder = SSEDecoder()  # anything else: exactly as line by line
             for line in e.split(b"\n"):
                 decoder.line(line)
             data = decoder.line(b"")
             if data is not None:
                 self.event(data, now)
+        self.events += fast
         if texts:
             self._token(now)
             self.itl_ms.extend([0.0] * (texts - 1))  # arrived together: no gap between them
