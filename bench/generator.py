@@ -10,11 +10,14 @@ once.  Both sides read every byte of it: the bare user's ``client.request`` read
 (FastHttpSession reads ``response.content`` when not streaming), kneeswarm's user reads it as
 it arrives and judges every event (TTFT, ITL, usage, [DONE]).
 
+The Locust process's children (kneeswarm's lifecycle, host agent and collectors) are moved off
+its core as they appear, so that on both sides the generator's core is the Locust process's alone.
 Both sides load bench/window.py beside their locustfile: requests and the Locust process's own
 CPU time are counted over the same steady window (after ``--warm`` seconds; start-up, the host
-agents' start and the report stay out).  Rounds alternate bare / kneeswarm; per protocol the
-medians of requests/s and their ratio (target >= 0.95), and the ratio of CPU time per request
-(bare / kneeswarm: less sensitive to other load on the machine) are printed.
+agents' start and the report stay out).  Rounds alternate which side goes first; per protocol
+the medians of requests/s, their ratio and the median of the per-round ratios (target >= 0.95),
+and the ratio of CPU time per request (bare / kneeswarm: less sensitive to other load on the
+machine) are printed.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parent.parent
 WINDOW = REPO / "bench" / "window.py"
+CHILD_PIN_PERIOD = 0.2  # seconds between looks for new children of the Locust process to move off its core
 CHUNK = ('{"id":"c","object":"chat.completion.chunk","created":1,"model":"demo","choices":[{"index":0,'
          '"delta":{"content":"tok "},"logprobs":null,"finish_reason":%s}]}')
 PLANS = {  # case: (plan lines, bare-user import and constructor of the same protocol)
@@ -131,13 +135,40 @@ def pin(cpu: int):
     return (lambda: os.sched_setaffinity(0, {cpu % ncpu})) if ncpu > 1 and hasattr(os, "sched_setaffinity") else None
 
 
+def unpin_children(pid: int) -> None:
+    """Move the Locust process's children (kneeswarm's test lifecycle, its host agent and
+    collectors; they inherit the pin) to the responder's core: the generator's core is then the
+    Locust process's alone on both sides, as a worker's is under `kneeswarm run` (whose lifecycle
+    runs in the conductor).  What monitoring costs is bench/agent_overhead.py's figure."""
+    import psutil
+
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return
+    for child in children:
+        try:
+            if child.cpu_affinity() != [0]:
+                child.cpu_affinity([0])
+        except (psutil.Error, AttributeError, OSError):
+            pass
+
+
 def locust_window(args: list[str], seconds: float, warm: float, out: Path) -> dict[str, float]:
     """One headless Locust process with bench/window.py beside its locustfile: the window's
     {"requests", "seconds", "cpu_s"}."""
     env = {**os.environ, "KNEESWARM_BENCH_OUT": str(out), "KNEESWARM_BENCH_WARM": str(warm),
            "KNEESWARM_BENCH_SPAN": str(max(1.0, seconds - warm - 2.0))}
-    res = subprocess.run([sys.executable, "-m", "locust", "--headless", "--loglevel", "ERROR", *args],
-                         capture_output=True, text=True, timeout=seconds + 120, cwd=REPO, preexec_fn=pin(1), env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "locust", "--headless", "--loglevel", "ERROR", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            preexec_fn=pin(1), env=env)
+    deadline = time.monotonic() + seconds + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        unpin_children(proc.pid)
+        time.sleep(CHILD_PIN_PERIOD)
+    if proc.poll() is None:
+        proc.kill()
+    res = subprocess.CompletedProcess(args, proc.wait(), "", proc.stderr.read() if proc.stderr else "")
     try:
         w = json.loads(out.read_text())
     except (OSError, ValueError):
@@ -157,13 +188,16 @@ def bench_case(case: str, url: str, tmp: Path, a: argparse.Namespace) -> dict[st
     plan.write_text(f'name = "bench"\ntarget = "{url}"\n{head}\n[load]\nsteps = [{a.users}]\nramp = 0.0\n'
                     f"hold = {a.seconds}\nsettle = 0.0\n" + (f"[request]{request}\n" if request else ""))
     out: dict[str, list[float]] = {"bare": [], "ks": [], "bare_cpu": [], "ks_cpu": []}
+    sides = {
+        "bare": ["-f", f"{bare_file},{WINDOW}", "--host", url, "-u", str(a.users), "-r", str(a.users),
+                 "-t", f"{int(a.seconds)}s"],
+        "ks": ["-f", f"{REPO / 'locustfiles' / 'swarm.py'},{WINDOW}", "--host", url, "--kneeswarm-plan", str(plan),
+               "--kneeswarm-out", str(tmp / "runs")],
+    }
     for r in range(a.rounds):
-        b = locust_window(["-f", f"{bare_file},{WINDOW}", "--host", url, "-u", str(a.users), "-r", str(a.users),
-                           "-t", f"{int(a.seconds)}s"], a.seconds, a.warm, tmp / "w-bare.json")
-        k = locust_window(["-f", f"{REPO / 'locustfiles' / 'swarm.py'},{WINDOW}", "--host", url,
-                           "--kneeswarm-plan", str(plan), "--kneeswarm-out", str(tmp / "runs")],
-                          a.seconds, a.warm, tmp / "w-ks.json")
-        for side, w in (("bare", b), ("ks", k)):
+        order = ("bare", "ks") if r % 2 == 0 else ("ks", "bare")  # alternate who goes first (drift)
+        got = {side: locust_window(sides[side], a.seconds, a.warm, tmp / f"w-{side}.json") for side in order}
+        for side, w in (("bare", got["bare"]), ("ks", got["ks"])):
             out[side].append(w["requests"] / w["seconds"])
             out[f"{side}_cpu"].append(w["cpu_s"] / w["requests"])
         if a.verbose:
@@ -195,10 +229,12 @@ def main() -> None:
         time.sleep(1.0)
         url = f"http://127.0.0.1:{port}"
         for case in a.only.split(","):
-            m = {k: statistics.median(v) for k, v in bench_case(case, url, tmp, a).items()}
-            print(f"{case:14s} bare FastHttpUser {m['bare']:7.0f} req/s   kneeswarm {m['ks']:7.0f} req/s   "
-                  f"ratio {m['ks'] / m['bare']:.3f} (target >= 0.95);   CPU per request: bare "
-                  f"{1e6 * m['bare_cpu']:.0f} us, kneeswarm {1e6 * m['ks_cpu']:.0f} us, ratio "
+            runs = bench_case(case, url, tmp, a)
+            m = {k: statistics.median(v) for k, v in runs.items()}
+            paired = statistics.median(k / b for k, b in zip(runs["ks"], runs["bare"]))
+            print(f"{case:14s} bare FastHttpUser {m['bare']:6.0f} req/s  kneeswarm {m['ks']:6.0f} req/s  "
+                  f"ratio {m['ks'] / m['bare']:.3f} (per round {paired:.3f}; target >= 0.95);  CPU per request: "
+                  f"bare {1e6 * m['bare_cpu']:.0f} us, kneeswarm {1e6 * m['ks_cpu']:.0f} us, ratio "
                   f"{m['bare_cpu'] / m['ks_cpu']:.3f}", flush=True)
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         print(f"medians of {a.rounds} rounds; {os.cpu_count()} cores (load average {load:.1f}), {a.users} users, "

@@ -55,7 +55,17 @@ def test_recorded_bodies_are_sent_in_file_order_by_every_user_of_a_process(tmp_p
                         {**chat(3), "model": "other"}]  # a body's own model is kept
     assert sent[4] == sent[0]  # round and round
     r = a.next_request()
-    assert r.stream and r.path == "/v1/chat/completions" and r.tokens_in == len(chat(1)["messages"][0]["content"].split())
+    assert r.stream and r.path == "/v1/chat/completions" and r.tokens_in == words(1)
+
+
+def test_completions_bodies_count_their_prompt_as_recorded(tmp_path):
+    path = write_jsonl(tmp_path / "c.jsonl", [{"body": {"prompt": [101, 7, 9], "max_tokens": 1}},
+                                              {"body": {"prompt": ["a b", "c"], "stream": False}},
+                                              {"body": {"max_tokens": 1}}])
+    p = for_plan(plan_from_dict({"protocol": "openai", "request": {"replay": path, "endpoint": "completions"}}))
+    got = [p.next_request() for _ in range(3)]
+    assert [r.tokens_in for r in got] == [3, 3, None]  # token ids; words of each string; nothing to count
+    assert [r.path for r in got] == ["/v1/completions"] * 3 and not any(r.stream for r in got)
 
 
 def test_a_timed_recording_keeps_its_gaps_scaled_to_the_rate(tmp_path):

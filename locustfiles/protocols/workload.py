@@ -27,6 +27,7 @@ times, arrivals follow the recorded gaps, scaled so that the step's rate is kept
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -160,7 +161,6 @@ class TokenCounter:
     def __init__(self, path: str | None = None):
         self.path = path
         self._tok = _tokenizer(path) if path else None
-        self.kind = f"tokenizer {path}" if path else "words (approximation: one word, one token)"
         self.pool = self._one_token_words() if self._tok is not None else list(WORDS)
 
     def count(self, text: str) -> int:
@@ -168,15 +168,18 @@ class TokenCounter:
             return len(text.split())
         return len(self._tok.encode(text, add_special_tokens=False).ids)
 
-    def count_record(self, record: dict) -> int:
-        """A prompt's or a chat's tokens (a chat: the sum of its messages' contents)."""
-        if isinstance(record.get("prompt"), str):
-            return self.count(record["prompt"])
-        messages = record.get("messages")
+    def count_record(self, record: dict) -> int | None:
+        """A prompt's or a chat's tokens (a chat: the sum of its messages' contents; a prompt given
+        as token ids: their number); None when the record has neither."""
+        prompt, messages = record.get("prompt"), record.get("messages")
+        if isinstance(prompt, str):
+            return self.count(prompt)
+        if isinstance(prompt, list):  # /v1/completions also takes token ids or several strings
+            return sum(self.count(p) if isinstance(p, str) else 1 for p in prompt)
         if isinstance(messages, list):
             return sum(self.count(m["content"]) for m in messages
                        if isinstance(m, dict) and isinstance(m.get("content"), str))
-        return 0
+        return None
 
     def prompt(self, n: int, rng: random.Random) -> str:
         """A synthetic prompt of ``n`` tokens: ``n`` words that are one token each, in context."""
@@ -191,7 +194,8 @@ class TokenCounter:
         pool = [w for w in WORDS if one(w)]
         if len(pool) < 4:
             vocab = sorted(self._tok.get_vocab())  # type: ignore[union-attr]
-            pool += [w for w in vocab if w.isascii() and w.isalpha() and w not in pool and one(w)][:POOL_FROM_VOCAB]
+            found = (w for w in vocab if w.isascii() and w.isalpha() and w not in pool and one(w))
+            pool += list(itertools.islice(found, POOL_FROM_VOCAB))  # lazily: a vocabulary can be 200k entries
         if not pool:
             logger.warning("kneeswarm: tokenizer %s has no one-token words; prompt lengths are approximate", self.path)
             return list(WORDS)
