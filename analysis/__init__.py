@@ -40,6 +40,7 @@ from analysis.serverstats import server_metrics
 from analysis.summary import build_summary, jsonable, step_records, to_json, to_markdown
 from analysis.target import PROMETHEUS_STREAM, target_series_used
 from analysis.trust import add_reasons, sla_error_rate, trust_reasons
+from analysis.workers import lost_worker_reasons, worker_table
 from kneeswarm.rundir import write_text
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ def per_step(inputs: RunInputs) -> tuple[pd.DataFrame, list[dict[str, float]], l
     stats = validate_steps(stats, s.min_requests, gen, s.generator_cpu_max, lost)
     stats = add_reasons(stats, trust_reasons(stats, inputs.think_ms, inputs.closed_loop, inputs.clock_bounds,
                                              sla_error_rate(inputs.plan)))
+    stats = add_reasons(stats, lost_worker_reasons(stats, inputs.meta, inputs.scan.t0))
     for row in stats.loc[stats["foreign_rows"] > 0].to_dict("records"):
         inputs.warnings.add(f"step {row['index']:g}: {row['foreign_rows']:,} rows in its steady window were recorded "
                             "under another step and left out")
@@ -71,20 +73,24 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
     good = stats.loc[stats["valid"].to_numpy(dtype=bool)]
     users, qps, p99 = good["users"].to_numpy(float), good["qps"].to_numpy(float), good["p99_ms"].to_numpy(float)
     n, n_ok = inputs.scan.requests, inputs.scan.ok
+    workers, worker_steps = worker_table(inputs.run_dir, stats, inputs.generator, inputs.meta)
+    records = step_records(stats, server, gen)
+    for rec, per_worker in zip(records, worker_steps):
+        rec["workers"] = per_worker
     if n and not n_ok:
         inputs.warnings.add(f"no request succeeded ({n:,} requests, all failed): no step is valid")
     summary = build_summary(
         run_id=inputs.run_id,
         meta=inputs.meta,
         settings={"settle": s.settle, "min_requests": s.min_requests, "generator_cpu_max": s.generator_cpu_max},
-        steps=step_records(stats, server, gen),
+        steps=records,
         knee=find_knee(users, qps),
         latency_knee=find_latency_knee(users, p99),
         peak=find_peak(users, qps),
         totals={"requests": n, "errors": n - n_ok,
                 "steps": len(stats), "valid_steps": int(stats["valid"].sum())},
         hosts=host_facts(inputs.meta, inputs.hosts, inputs.parse),
-        workers=sorted(inputs.generator),
+        workers=workers,
         target_series={h: used for h, streams in sorted(inputs.hosts.items())
                         if (used := target_series_used(streams.get(PROMETHEUS_STREAM)))},
         problems=collect(inputs.meta, inputs.warnings.to_list(), inputs.lost),

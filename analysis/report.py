@@ -26,6 +26,7 @@ from analysis.sections import findings_section, plan_lines, usl_lines, verdict
 from analysis.summary import (VALID_HEADER, knee_lines, malformed_lines, n_users, status_line, table_groups, table_rows,
                               warning_lines)
 from analysis.target import PROMETHEUS_STREAM, TARGET_METRICS, target_timeline
+from analysis.workers import worker_tables
 
 logger = logging.getLogger(__name__)
 
@@ -273,6 +274,17 @@ def _tables_html(summary: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+def _workers_html(summary: dict[str, Any]) -> str:
+    """The per-worker tables (analysis.workers): requests, req/s, CPU, RSS, users; lost workers."""
+    out = []
+    for title, header, rows in worker_tables(summary):
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+        out.append(f"<h2>{html.escape(title)}</h2><table class='steps workers'><thead><tr>{head}</tr></thead>"
+                   f"<tbody>{body}</tbody></table>")
+    return "".join(out)
+
+
 def _findings_html(summary: dict[str, Any]) -> str:
     """Each finding as a card: severity and id, what was seen, the evidence, the advice."""
     cards = []
@@ -365,6 +377,7 @@ def render_html(summary: dict[str, Any], timeline: pd.DataFrame, generator: dict
     parts.append(_timeline_figure(summary, timeline, generator, hosts, t0, bin_s).to_html(full_html=False,
                                                                                           include_plotlyjs=False))
     parts.append(_tables_html(summary))
+    parts.append(_workers_html(summary))
     parts.append(_hosts_html(summary))
     parts.append("</body></html>")
     return "\n".join(parts)

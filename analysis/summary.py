@@ -31,6 +31,7 @@ from analysis.problems import Problems, collect
 from analysis.sections import findings_section, plan_lines, usl_lines, verdict
 from analysis.serverstats import energy_per_request
 from analysis.target import TARGET_METRICS
+from analysis.workers import worker_tables
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ def step_records(stats: pd.DataFrame, server: list[dict[str, Any]] | None = None
 
 def build_summary(*, run_id: str, meta: dict[str, Any], settings: dict[str, Any], steps: list[dict[str, Any]],
                   knee: dict[str, Any], latency_knee: dict[str, Any], peak: dict[str, Any],
-                  totals: dict[str, Any], hosts: dict[str, dict[str, Any]], workers: list[str],
+                  totals: dict[str, Any], hosts: dict[str, dict[str, Any]], workers: dict[str, Any],
                   target_series: dict[str, Any] | None = None, problems: Problems | None = None,
                   **extra: Any) -> dict[str, Any]:
     """The summary dict (JSON-ready).  ``problems`` (analysis.problems.collect) gives ``complete``,
@@ -332,6 +333,8 @@ def to_markdown(summary: dict[str, Any]) -> str:
     lines.append("")
     lines += _md_explained(summary)
     lines += _md_tables(summary)
+    for title, header, rows in worker_tables(summary):  # analysis.workers
+        lines += [f"### {title}", "", *_md_table(header, rows, numeric=0), ""]
     hosts = summary.get("hosts") if isinstance(summary.get("hosts"), dict) else {}
     if any(hosts.values()):
         lines.append("### Hosts")

@@ -13,7 +13,8 @@ import pytest
 
 from kneeswarm.rundir import RunDir
 
-from conftest import REPO, read_summary
+from conftest import REPO
+from test_distributed import check_worker_table
 
 pytestmark = pytest.mark.slow
 
@@ -91,8 +92,10 @@ def test_master_two_workers_and_target_on_four_hosts(hosts, tmp_path):
     by_worker = rows["worker"].value_counts()
     assert set(by_worker.index) == {"worker-0", "worker-1"}  # both workers, each on its own host, sent load
     assert int(by_worker.sum()) == len(rows)
-    s = read_summary(run_dir)
-    assert s["workers"] == ["worker-0", "worker-1"]  # the report lists both
+    s = check_worker_table(run_dir)  # per worker and step: rows, req/s, CPU, RSS, users against numpy
+    assert sorted(s["workers"]) == ["worker-0", "worker-1"]  # the report lists both
+    assert all(s["workers"][w]["lost"] is None for w in s["workers"])
+    assert all(c["requests"] > 0 for st in s["steps"] for c in st["workers"].values())
     assert sum(st["requests"] for st in s["steps"]) <= len(rows)
     gen = sorted(p.name for p in (run_dir / "generator").glob("worker-*.csv"))
     assert gen == ["worker-0.csv", "worker-1.csv"]  # their CPU/RSS/users samples came home too

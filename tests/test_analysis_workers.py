@@ -1,0 +1,48 @@
+"""analysis.workers.lost_worker_reasons: which steps a worker lost mid-run affected (pure data;
+the real kill -9 run is tests/test_distributed.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analysis.workers import lost_worker_reasons
+
+# three steps: ramp at 0/10/20 s, steady windows [2, 10), [12, 20), [22, 30)
+STATS = pd.DataFrame({"index": [0, 1, 2], "t_ramp": [0.0, 10.0, 20.0], "t_lo": [2.0, 12.0, 22.0],
+                      "t_hi": [10.0, 20.0, 30.0]})
+
+
+def flagged(last_heard: float, missing: float) -> list[int]:
+    meta = {"workers_lost": [{"worker": "worker-1", "t": missing, "t_last_heard": last_heard, "workers_before": 3}]}
+    reasons = lost_worker_reasons(STATS, meta, t0=0.0)
+    return [i for i, r in enumerate(reasons) if r]
+
+
+def test_a_loss_inside_a_step_flags_that_step_only():
+    assert flagged(14.0, 18.0) == [1]
+
+
+def test_a_loss_declared_after_the_next_ramp_flags_both_steps():
+    # quiet from 19 s, declared missing at 23 s: step 2's users were dispatched to it too
+    assert flagged(19.0, 23.0) == [1, 2]
+
+
+def test_a_loss_declared_before_a_ramp_leaves_that_step_to_the_others():
+    assert flagged(5.0, 9.5) == [0]
+    assert flagged(10.5, 11.0) == [1]  # during step 1's ramp, before its window: step 1 ran with fewer
+
+
+def test_the_reason_names_the_worker_the_time_and_the_workers_left():
+    meta = {"workers_lost": [{"worker": "worker-1", "t": 1_800_000_018.0, "t_last_heard": 1_800_000_014.0,
+                              "workers_before": 3}]}
+    stats = STATS.assign(t_ramp=STATS["t_ramp"] + 1.8e9, t_lo=STATS["t_lo"] + 1.8e9, t_hi=STATS["t_hi"] + 1.8e9)
+    (reason,) = lost_worker_reasons(stats, meta, t0=1.8e9)[1]
+    assert reason.startswith("worker worker-1 lost at 08:00:14Z (t+14s)")
+    assert "declared missing at 08:00:18Z" in reason and "2 of 3 workers" in reason
+
+
+def test_no_loss_no_reason_and_bad_entries_are_ignored():
+    assert lost_worker_reasons(STATS, {}, 0.0) == [[], [], []]
+    bad = {"workers_lost": [{"worker": "w"}, "x", {"t": 3.0}]}
+    assert lost_worker_reasons(STATS, bad, np.nan) == [[], [], []]
