@@ -60,14 +60,38 @@ def count_rows(rd: RunDir, stats: pd.DataFrame) -> tuple[Counter, list[Counter]]
         names, codes = np.unique(table.column("worker").fill_null(NO_WORKER).to_numpy(zero_copy_only=False),
                                  return_inverse=True)
         total.update(dict(zip(names.tolist(), np.bincount(codes, minlength=len(names)).tolist())))
-        for i in range(len(stats)):
-            if not (math.isfinite(t_lo[i]) and t_hi[i] > t_lo[i]):
-                continue
-            mine = (t >= t_lo[i]) & (t < t_hi[i]) & (np.isnan(step) | (step == index[i]))
-            if mine.any():
-                n = np.bincount(codes[mine], minlength=len(names))
-                per_step[i].update({names[j]: int(n[j]) for j in np.flatnonzero(n)})
+        _count_in_windows(t, step, codes, names, index, t_lo, t_hi, per_step)
     return total, per_step
+
+
+def _count_in_windows(t: np.ndarray, step: np.ndarray, codes: np.ndarray, names: np.ndarray, index: np.ndarray,
+                      t_lo: np.ndarray, t_hi: np.ndarray, per_step: list[Counter]) -> None:
+    """Add to ``per_step`` each window's rows per worker: a row stamped with step k counts in step
+    k's window only (one vectorised pass); a row without a stamp (an old run), in any window."""
+    if not len(index) or not len(t):
+        return
+    usable = np.isfinite(t_lo) & (t_hi > t_lo)
+    stamped = np.isfinite(step)
+    pos = np.full(len(t), -1)
+    pos[stamped] = _positions(step[stamped], index, usable)
+    ok = pos >= 0
+    ok[ok] = (t[ok] >= t_lo[pos[ok]]) & (t[ok] < t_hi[pos[ok]])
+    n = np.bincount(pos[ok] * len(names) + codes[ok], minlength=len(index) * len(names)).reshape(len(index), -1)
+    for i, j in zip(*np.nonzero(n)):
+        per_step[i][names[j]] += int(n[i, j])
+    for i in np.flatnonzero(usable) if (~stamped).any() else []:
+        mine = ~stamped & (t >= t_lo[i]) & (t < t_hi[i])
+        for j, k in enumerate(np.bincount(codes[mine], minlength=len(names))):
+            if k:
+                per_step[i][names[j]] += int(k)
+
+
+def _positions(step: np.ndarray, index: np.ndarray, usable: np.ndarray) -> np.ndarray:
+    """Position in ``index`` of each step value (-1 where none), vectorised."""
+    order = np.argsort(index, kind="stable")
+    at = np.clip(np.searchsorted(index[order], step), 0, len(index) - 1)
+    pos = order[at]
+    return np.where((index[pos] == step) & usable[pos], pos, -1)
 
 
 def sample_stats(df: pd.DataFrame | None, lo: float, hi: float) -> dict[str, float]:

@@ -46,3 +46,25 @@ def test_no_loss_no_reason_and_bad_entries_are_ignored():
     assert lost_worker_reasons(STATS, {}, 0.0) == [[], [], []]
     bad = {"workers_lost": [{"worker": "w"}, "x", {"t": 3.0}]}
     assert lost_worker_reasons(STATS, bad, np.nan) == [[], [], []]
+
+
+def test_rows_per_worker_and_step_match_numpy(tmp_path):
+    """Rows of three workers over three windows in two parts, with rows stamped with another step
+    inside a window (left out, as in the step's own statistics) and rows between windows."""
+    from analysis.workers import count_rows
+    from kneeswarm.rundir import RunDir
+
+    rd = RunDir.create(tmp_path, "w")
+    rng = np.random.default_rng(1)
+    n = 20_000
+    t = rng.uniform(0, 32, n)
+    step = np.clip(np.floor(t / 10), 0, 2).astype(np.int32)
+    step[rng.random(n) < 0.05] = 1  # some rows stamped with step 1 wherever they are
+    worker = rng.choice(["worker-0", "worker-1", "worker-2"], n)
+    for k, part in enumerate(np.array_split(np.arange(n), 2)):
+        rd.write_request_part({"t_start": t[part], "step": step[part], "worker": worker[part].tolist()}, k)
+    total, per_step = count_rows(rd, STATS)
+    assert dict(total) == {w: int((worker == w).sum()) for w in np.unique(worker)}
+    for i, row in STATS.iterrows():
+        inside = (t >= row["t_lo"]) & (t < row["t_hi"]) & (step == row["index"])
+        assert dict(per_step[i]) == {w: int((inside & (worker == w)).sum()) for w in np.unique(worker[inside])}
