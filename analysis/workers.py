@@ -153,7 +153,7 @@ def worker_table(rd: RunDir, stats: pd.DataFrame, generator: dict[str, pd.DataFr
 def _lost_record(e: dict[str, Any] | None) -> dict[str, Any] | None:
     if e is None:
         return None
-    return {k: e.get(k) for k in ("t", "t_last_heard", "t_last_report", "step", "workers_before") if k in e}
+    return {k: e.get(k) for k in ("t", "t_last_heard", "t_last_report", "step", "workers_before", "t_back") if k in e}
 
 
 def clock(t: float) -> str:
@@ -174,6 +174,8 @@ def lost_worker_reasons(stats: pd.DataFrame, meta: dict[str, Any], t0: float | N
         since = f" (t+{seen - t0:.0f}s)" if t0 is not None and math.isfinite(t0) else ""
         text = (f"worker {e['worker']} lost at {clock(seen)}{since} (last heard from; declared missing at "
                 f"{clock(gone)}): this step ran with {left} workers from then on")
+        if isinstance(e.get("t_back"), (int, float)):
+            text += f" (it answered again at {clock(e['t_back'])})"
         for i in range(len(stats)):
             starts_before = not math.isfinite(t_ramp[i]) or gone > t_ramp[i]
             if seen < t_hi[i] and starts_before:

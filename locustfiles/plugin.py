@@ -256,6 +256,8 @@ class MasterListeners:
             for cid in present:
                 if cid not in self.known_workers:
                     self.known_workers[cid] = worker_name(self.runner, cid)
+                    if self.recording is not None and not self.recording.stopped:
+                        self.recording.worker_back(self.known_workers[cid], now)  # a lost one that healed
             loading = self.runner.state in (STATE_SPAWNING, STATE_RUNNING)  # a quit after the test is no loss
             before = len(self.known_workers)
             for cid, name in list(self.known_workers.items()):
@@ -458,6 +460,14 @@ class Recording:
                                   "t_last_heard": round(last_heard, 3), "workers_before": workers_before,
                                   "t_last_report": None if reported is None else round(reported, 3)})
         logger.warning("kneeswarm: %s", self.notes[-1])
+
+    def worker_back(self, worker: str, t: float) -> None:
+        """A worker lost earlier in this test answers again (its network came back): ``t_back``."""
+        for entry in reversed(self.lost_workers):
+            if entry["worker"] == worker and entry.get("t_back") is None:
+                entry["t_back"] = round(t, 3)
+                self.notes.append(f"{worker} came back at {time.strftime('%H:%M:%S', time.gmtime(t))}Z (t={t:.1f})")
+                return
 
     def _write_steps(self, log: list) -> None:
         try:

@@ -68,3 +68,10 @@ def test_rows_per_worker_and_step_match_numpy(tmp_path):
     for i, row in STATS.iterrows():
         inside = (t >= row["t_lo"]) & (t < row["t_hi"]) & (step == row["index"])
         assert dict(per_step[i]) == {w: int((inside & (worker == w)).sum()) for w in np.unique(worker[inside])}
+
+
+def test_a_worker_that_answered_again_says_when():
+    meta = {"workers_lost": [{"worker": "worker-1", "t": 18.0, "t_last_heard": 14.0, "workers_before": 2,
+                              "t_back": 25.0}]}
+    (reason,) = lost_worker_reasons(STATS, meta, t0=0.0)[1]
+    assert reason.endswith("(it answered again at 00:00:25Z)") and "1 of 2 workers" in reason
