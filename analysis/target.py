@@ -169,7 +169,7 @@ TARGET_METRICS: tuple[TargetMetric, ...] = (
         TORCHSERVE(r"ts_queue_latency_microseconds(_total)?"),
     )),
     TargetMetric("queue_time_ms", "queue time ms", "gauge", (
-        TORCHSERVE(r"QueueTime|ts_queue_time_ms"),  # the last request's queue time (gauge, ms)
+        TORCHSERVE(r"QueueTime"),  # the last request's queue time (gauge, ms; Level="Host")
     ), combine="mean"),
     TargetMetric("requests_s", "server req/s", "counter", (
         KNEESWARM(r"kneeswarm_target_requests_total"),

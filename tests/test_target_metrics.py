@@ -300,6 +300,7 @@ def test_source_lines_say_which_names_and_where_from(tmp_path):
                      "server req/s, predict ms, preprocess ms, postprocess ms"]
     _, used = analyse(FIXTURES / "kneeswarm-0.1.0.txt", tmp_path / "d")
     lines = source_lines(used)
-    assert lines[0].startswith("kneeswarm names from a recorded real scrape (tests/fixtures/scrapes/kneeswarm-0.1.0.txt): queue, ")
+    assert lines[0].startswith("kneeswarm names from a recorded real scrape "
+                               "(tests/fixtures/scrapes/kneeswarm-0.1.0.txt): queue, ")
     assert any(line.startswith("vllm names from its documentation (vllm-project/vllm ") and line.endswith(
         "server TTFT ms, server ITL ms, server gen tok/s, server prompt tok/s") for line in lines), lines
