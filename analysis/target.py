@@ -25,8 +25,8 @@ A candidate may also filter on labels (``labels``) and convert its server's unit
 e.g. Triton's microseconds to seconds).  Each candidate says where its names come from:
 ``source`` "scrape" (seen in a recorded real /metrics of that server, stored under
 tests/fixtures/scrapes/ with how it was recorded) or "docs" (the server's documentation or
-source file, named in ``ref``) -- the servers that need a GPU or model weights could not be run
-here.
+source file, named in ``ref``) -- vLLM, TGI and SGLang need a GPU and model weights and could
+not be run here; the demo target, KServe, TorchServe and Triton were.
 
 The per-step result is ``steps[i]["server"][host]["target"] = {key: value}``; which series
 each key used, whose naming they follow and where those names come from is in summary
@@ -91,8 +91,8 @@ class TargetMetric:
 # -- where each server's names come from -------------------------------------------------------
 # A recorded real scrape where the server could be installed and run here (CPU, no weights, see
 # tests/fixtures/scrapes/README.md); otherwise the server's own documentation or source file
-# (vLLM, TGI, SGLang and Triton need a GPU and/or model weights; their fixtures are examples
-# written from these pages, marked as such in their headers).
+# (vLLM, TGI and SGLang need a GPU and model weights; their fixtures are examples written from
+# these pages, marked as such in their headers).
 KNEESWARM = partial(Candidate, "kneeswarm", source=SCRAPE, ref=FIXTURES + "kneeswarm-0.1.0.txt")
 VLLM = partial(Candidate, "vllm", source=DOCS, ref=(
     "vllm-project/vllm vllm/v1/metrics/loggers.py (PrometheusStatLogger); docs.vllm.ai "
@@ -103,9 +103,10 @@ TGI = partial(Candidate, "tgi", source=DOCS, ref=(
 SGLANG = partial(Candidate, "sglang", source=DOCS, ref=(
     "sgl-project/sglang python/sglang/srt/metrics/collector.py (SchedulerMetricsCollector, "
     "TokenizerMetricsCollector)"))
-TRITON = partial(Candidate, "triton", source=DOCS, ref=(
-    "triton-inference-server/server docs/user_guide/metrics.md (per-model counters, cumulative "
-    "latencies in microseconds; nv_inference_request_failure{reason})"))
+# Triton: recorded from tritonserver 2.51.0 (bundled in nvidia-pytriton, CPU); units and meanings
+# from triton-inference-server/server docs/user_guide/metrics.md (per-model counters without _total,
+# cumulative latencies in microseconds over successful requests, nv_inference_request_failure{reason}).
+TRITON = partial(Candidate, "triton", source=SCRAPE, ref=FIXTURES + "triton-2.51.0.txt")
 TORCHSERVE = partial(Candidate, "torchserve", source=SCRAPE, ref=FIXTURES + "torchserve-0.12.0.txt")
 KSERVE = partial(Candidate, "kserve", source=SCRAPE, ref=FIXTURES + "kserve-0.21.0.txt")
 

@@ -2,8 +2,8 @@
 
 Each fixture under tests/fixtures/scrapes/ holds two expositions of one server some seconds
 apart: recorded from the real server where it could be installed here (the kneeswarm demo
-target, KServe's Python model server, TorchServe), or an example written from the server's
-documentation/source where it could not (vLLM, TGI, SGLang, Triton: GPU and model weights), its
+target, KServe's Python model server, TorchServe, Triton), or an example written from the server's
+documentation/source where it could not (vLLM, TGI, SGLang: GPU and model weights), its
 header says which. Each is replayed through the real path -- prometheus.jsonl as the scraper
 writes it, collectors.prometheus into prometheus.csv, analysis.inputs.read_prometheus, then
 analysis.target -- and every key's value is checked against a number computed here from the
@@ -205,7 +205,7 @@ def expected(fixture: str, x: Truth) -> dict[str, tuple[float, str]]:
             "prompt_tokens_s": (x.rate("sglang:prompt_tokens_total"), "sglang"),
             "gen_throughput": (x.gauge("sglang:gen_throughput"), "sglang"),
         }
-    if fixture == "triton-docs.txt":
+    if fixture in ("triton-2.51.0.txt", "triton-docs.txt"):
         return {
             "queue_length": (x.gauge("nv_inference_pending_request_count"), "triton"),
             "rejected_s": (x.rate("nv_inference_request_failure", 'reason="REJECTED"'), "triton"),
@@ -221,10 +221,10 @@ def expected(fixture: str, x: Truth) -> dict[str, tuple[float, str]]:
     raise KeyError(fixture)
 
 
-RECORDED = ["kneeswarm-0.1.0.txt", "kserve-0.21.0.txt", "torchserve-0.12.0.txt"]
+RECORDED = ["kneeswarm-0.1.0.txt", "kserve-0.21.0.txt", "torchserve-0.12.0.txt", "triton-2.51.0.txt"]
 FROM_DOCS = ["vllm-docs.txt", "tgi-docs.txt", "sglang-docs.txt", "triton-docs.txt"]
-NAMES_SOURCE = {"kneeswarm": SCRAPE, "kserve": SCRAPE, "torchserve": SCRAPE,
-                "vllm": DOCS, "tgi": DOCS, "sglang": DOCS, "triton": DOCS}
+NAMES_SOURCE = {"kneeswarm": SCRAPE, "kserve": SCRAPE, "torchserve": SCRAPE, "triton": SCRAPE,
+                "vllm": DOCS, "tgi": DOCS, "sglang": DOCS}
 
 
 @pytest.mark.parametrize("fixture", RECORDED + FROM_DOCS)
