@@ -99,7 +99,7 @@ VLLM = partial(Candidate, "vllm", source=DOCS, ref=(
     "'Production Metrics'"))
 TGI = partial(Candidate, "tgi", source=DOCS, ref=(
     "huggingface/text-generation-inference docs/source/reference/metrics.md; router/src/server.rs "
-    "(metrics-exporter-prometheus: counters without _total, *_duration histograms in seconds)"))
+    "(metrics-exporter-prometheus: counters named as registered, *_duration histograms in seconds)"))
 SGLANG = partial(Candidate, "sglang", source=DOCS, ref=(
     "sgl-project/sglang python/sglang/srt/metrics/collector.py (SchedulerMetricsCollector, "
     "TokenizerMetricsCollector)"))
@@ -113,7 +113,8 @@ KSERVE = partial(Candidate, "kserve", source=SCRAPE, ref=FIXTURES + "kserve-0.21
 US = 1e-6  # microseconds -> seconds
 # Counters exposed without the ``_total`` suffix (Triton, TGI, TorchServe: their exporters are not
 # prometheus_client) come out of collectors.prometheus WITH it: prometheus_client's parser names
-# a counter's samples ``<name>_total`` (seen in the TorchServe scrape).  Their patterns accept both.
+# a counter's samples ``<name>_total`` (seen in the TorchServe and Triton scrapes).  Their patterns
+# accept both spellings.
 
 # The table of well-known series: for each key, the candidates in order (the first one whose
 # series are present wins, so an old and a new name of one metric are never counted twice).
