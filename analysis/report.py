@@ -25,7 +25,7 @@ from analysis.requestscan import BIN_S, Chunk, Timeline
 from analysis.sections import findings_section, plan_lines, usl_lines, verdict
 from analysis.summary import (VALID_HEADER, knee_lines, malformed_lines, n_users, status_line, table_groups, table_rows,
                               warning_lines)
-from analysis.target import PROMETHEUS_STREAM, TARGET_METRICS, target_timeline
+from analysis.target import PROMETHEUS_STREAM, TARGET_METRICS, target_source_note, target_timeline
 from analysis.workers import worker_tables
 
 logger = logging.getLogger(__name__)
@@ -269,6 +269,7 @@ def _tables_html(summary: dict[str, Any]) -> str:
     for title, cols in table_groups(summary):
         header, rows = table_rows(summary, srv=[]) if cols is None else table_rows(summary, cols, load=False)
         parts.append(f"<h3>{_md_inline(title)}</h3>" + _table_html(summary, header, rows))
+        parts += [f"<p class='note'>{html.escape(x)}</p>" for x in target_source_note(summary, cols)]
         if not rows:
             break
     return "".join(parts)

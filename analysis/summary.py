@@ -30,7 +30,7 @@ from analysis.hostfacts import host_lines, skipped_lines
 from analysis.problems import Problems, collect
 from analysis.sections import findings_section, plan_lines, usl_lines, verdict
 from analysis.serverstats import energy_per_request
-from analysis.target import TARGET_METRICS
+from analysis.target import TARGET_METRICS, target_source_note
 from analysis.workers import worker_tables
 
 logger = logging.getLogger(__name__)
@@ -315,6 +315,8 @@ def _md_tables(summary: dict[str, Any]) -> list[str]:
         else:
             lines += ["", f"**{title}**", ""]
             lines += _md_table(*table_rows(summary, cols, load=False), numeric=99)
+            notes = target_source_note(summary, cols)  # which server's names, and from where
+            lines += ["", *(f"- {_md_escape(x)}" for x in notes)] if notes else []
     return [*lines, ""]
 
 

@@ -71,10 +71,10 @@ class InferenceUser(FastHttpUser):
         self.protocol = for_plan(plan, seed=seed)
         self._open = plan.load.mode == "open"
         self._rng = random.Random(seed)
-        self._group = Group()
+        self._in_flight = Group()  # not `_group`: that is Locust's own (User.stop kills through it)
 
     def on_stop(self) -> None:
-        self._group.kill(block=False)  # open loop: requests still in flight end with the user
+        self._in_flight.kill(block=False)  # open loop: requests still in flight end with the user
 
     @task
     def infer(self) -> None:
@@ -99,7 +99,7 @@ class InferenceUser(FastHttpUser):
                     context={}, exception=ArrivalDropped(f"{cap} requests in flight (load.max_inflight)"),
                     start_time=intended)
             else:
-                self._group.spawn(self._send_open, intended)
+                self._in_flight.spawn(self._send_open, intended)
             intended += gap()
 
     def _send_open(self, intended: float) -> None:

@@ -107,9 +107,6 @@ def test_the_dataset_loader_survives_any_file(tmp_path_factory, lines):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="KNOWN BUG (open, issue 9): in plain `locust --headless` since the one-path "
-                   "lifecycle, request events fire that the recorder never writes (probe: 2960 events, 975 rows); "
-                   "strict: this fails as soon as the bug is fixed")
 def test_dataset_prompts_reach_the_target_with_their_lengths(tmp_path):
     """The target's own prompt-token counter equals the sum of the rows' tokens_in."""
     import requests
