@@ -20,7 +20,11 @@ master core saturates where fixed + rows/s x per-row cost reaches one CPU-second
 a small machine mostly measures the fixed part) is printed too.  bench/master_path.py measures
 the per-row path alone, in one process.
 
-On a machine with fewer cores than target + master + workers, the ratio measures the machine.
+On a machine with fewer cores than target + master + workers, the ratio measures the machine: the
+workers then share cores, and two of them cannot each send what one sends alone.  A paced round
+(each user waiting PACED_WAIT_MS between requests, so that a worker uses a fraction of a core)
+measures what the distribution itself costs on such a machine: does a second worker add its full
+rate, or do the master and the report path take some of it?
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ sys.path.insert(0, str(REPO))
 from generator import free_port  # noqa: E402  (bench/ is not a package)
 
 SWARM = REPO / "locustfiles" / "swarm.py"
+PACED_WAIT_MS = 20.0  # paced rounds: ~8 users x 1000/20 = ~400 req/s per worker, a fraction of a core
 
 
 def run_once(url: str, workers: int, users: int, seconds: float, tmp: Path, wait_ms: float = 0.0) -> dict[str, Any]:
@@ -143,6 +148,14 @@ def print_master(n: int, m: dict[str, Any], path_rate: float) -> None:
           f"~{_runs(m['gross_saturate'])}")
 
 
+def print_paced(paced: dict[int, list[dict[str, Any]]]) -> None:
+    """The paced rounds: req/s per worker at 1 and 2 workers, each worker below a core."""
+    per = {n: [r["rows"] / r["span"] / n for r in rs] for n, rs in paced.items()}
+    ratios = [two / one for one, two in zip(per[1], per[2])]
+    print(f"paced ({PACED_WAIT_MS:.0f} ms between a user's requests): {_runs(per[1])} req/s per worker alone, "
+          f"{_runs(per[2])} with 2; ratio {_runs(ratios, '{:.2f}')} (target >= 0.9: the distribution's own cost)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=8.0)
@@ -154,6 +167,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="kneeswarm-bench-dist-"))
     load: dict[int, list[dict[str, Any]]] = {1: [], 2: []}
     idle: dict[int, list[dict[str, Any]]] = {1: [], 2: []}
+    paced: dict[int, list[dict[str, Any]]] = {1: [], 2: []}
     try:
         time.sleep(1.0)
         url = f"http://127.0.0.1:{port}"
@@ -161,6 +175,7 @@ def main() -> None:
             for n in (1, 2):
                 load[n].append(run_once(url, n, a.users_per_worker * n, a.seconds, tmp))
                 idle[n].append(run_once(url, n, a.users_per_worker * n, a.seconds, tmp, wait_ms=1000.0))
+                paced[n].append(run_once(url, n, a.users_per_worker * n, a.seconds, tmp, wait_ms=PACED_WAIT_MS))
     finally:
         target.terminate()
         target.wait()
@@ -173,6 +188,7 @@ def main() -> None:
     ratios = [two / one for one, two in zip(per[1], per[2])]
     print(f"per-worker ratio 2 vs 1: {_runs(ratios, '{:.2f}')} (target >= 0.9; {os.cpu_count()} cores for "
           f"target + master + workers: below 5 cores this measures the machine)")
+    print_paced(paced)
     path = master_path_rates(a.repeats)
     print(f"master row path in one process (bench/master_path.py): {_runs(path)} rows per CPU-second")
     for n in (1, 2):
