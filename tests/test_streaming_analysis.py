@@ -202,3 +202,55 @@ def test_gap_sample_is_exact_under_its_cap_and_uniform_over_it():
     assert small.sampled and len(values) == 20_000 and small.seen == len(allv)
     for q in (50, 95, 99):  # a uniform sample of 20k: percentiles within ~2 %
         assert np.percentile(values, q) == pytest.approx(np.percentile(allv, q), rel=0.03)
+
+
+def test_a_streamed_answers_gaps_flag_and_counts_reach_the_part(tmp_path):
+    """The recorder's wire columns: users.StreamInfo (itl_ms, tokens_counted, usage_out, chunks) in
+    the request context becomes the row's itl_ms, tokens_counted, usage_out and chunks_out; a whole
+    answer's row has nulls there.  (Plain tuples here: importing users.py would import Locust, whose
+    gevent patching must not happen inside this test process.)"""
+    from locustfiles.recorder import RequestWriter, RowBuffer
+
+    run = RunDir.create(tmp_path, "w")
+    buf = RowBuffer()
+    buf.on_request("POST", "infer", 90.0, 10, None, {"kneeswarm": (5, 4, 30.0),
+                   "kneeswarm_stream": ([20.0, 0.0, 40.125], False, 4, 4)}, None, start_time=1.0)
+    buf.on_request("POST", "infer", 80.0, 10, None, {"kneeswarm": (5, 3, 25.0),
+                   "kneeswarm_stream": ([30.0, 25.0], True, None, 3)}, None, start_time=2.0)
+    buf.on_request("POST", "infer", 12.0, 10, None, {"kneeswarm": (5, None, None)}, None, start_time=3.0)
+    writer = RequestWriter(run, lambda: [(0.0, 1)])
+    writer.add("worker-0", buf.take())
+    assert writer.flush() == 3
+    df = run.read_requests()
+    assert [list(g) if g is not None else None for g in df["itl_ms"]] == [[20.0, 0.0, 40.125], [30.0, 25.0], None]
+    assert df["tokens_counted"].tolist() == [False, True, None]
+    assert df["usage_out"].iloc[0] == 4 and df["usage_out"].isna().tolist() == [False, True, True]
+    assert df["chunks_out"].iloc[:2].tolist() == [4, 3] and df["chunks_out"].isna().tolist() == [False, False, True]
+
+
+def test_capacitys_sla_check_reads_the_streaming_step_keys(tmp_path):
+    rd = make_stream_run(tmp_path, sla="[sla]\nttft_ms = 1000.0\nitl_ms = 1000.0\n")
+    summary = analyze(rd.path)
+    sla = summary["sla"]
+    assert sla["skipped"] == [] and sla["passed"]
+    checks = {c["name"]: c for c in sla["checks"]}
+    best = next(s for s in summary["steps"] if s["users"] == checks["ttft_ms"]["users"])
+    assert checks["ttft_ms"]["value"] == best["ttft_p99_ms"] and checks["itl_ms"]["value"] == best["itl_p99_ms"]
+
+
+def test_rows_in_memory_give_what_the_parts_give(tmp_path):
+    """loadstats.step_stats (rows in a DataFrame) and the part-by-part scan agree on the streaming keys."""
+    from analysis.inputs import read_steps
+    from analysis.loadstats import step_stats
+    from analysis.requestscan import scan_parts
+    from analysis.streaming import STEP_KEYS
+
+    rd = make_stream_run(tmp_path, usage_offset=lambda step: step, fail=0.03)
+    sla = {"p99_ms": 200.0, "ttft_ms": 48.0}
+    parts = scan_parts(rd, read_steps(rd), SETTLE, sla).stats
+    frame = step_stats(rd.read_requests(), read_steps(rd), SETTLE)  # no SLA: no goodput
+    for key in STEP_KEYS:
+        if key.startswith("goodput"):
+            assert parts[key].notna().all() and frame[key].isna().all()
+        else:
+            assert np.allclose(parts[key].to_numpy(float), frame[key].to_numpy(float), equal_nan=True), key
