@@ -14,9 +14,9 @@ it starts).  Memory thus follows the largest step and the overlap between parts,
 A step whose end was not recorded and that has no next step (a crash in the last step) ends at
 the last completion, known only at the end: its rows are kept until then (``open`` windows).
 
-Streamed LLM answers (analysis.streaming): a part whose ``ttft_ms`` column has a value is read a
-second time for its other streaming columns (``itl_ms`` ...), so a run without streaming pays
-for one all-null column only; each step reduces its streaming rows to TTFT/ITL/TPOT percentiles,
+Streamed LLM answers (analysis.streaming): the streaming columns (``ttft_ms``, ``itl_ms`` ...) are
+read only from parts whose footer says some row has a ``ttft_ms`` (``Part.streamed``), so a run
+without streaming reads what it read before; each step reduces its streaming rows to TTFT/ITL/TPOT percentiles,
 tokens/s, token-count agreement and goodput (against the plan's ``[sla]``) as it closes.
 """
 
@@ -41,7 +41,7 @@ from kneeswarm.rundir import REQUEST_SCHEMA, RunDir, UnreadablePart, footer_rang
 
 logger = logging.getLogger(__name__)
 
-READ_COLUMNS = ("t_start", "latency_ms", "ok", "error", "step", "worker", "tokens_out", "ttft_ms")
+READ_COLUMNS = ("t_start", "latency_ms", "ok", "error", "step", "worker", "tokens_out")
 PERCENTILES = {"p50_ms": 50.0, "p95_ms": 95.0, "p99_ms": 99.0, "p999_ms": 99.9}
 OTHER_ERROR = "other"  # a failure without a category
 BAD_LATENCY_ERROR = "bad_latency"  # a row marked ok whose latency is not a finite number >= 0
@@ -366,6 +366,20 @@ class Part:
     path: Path
     t_min: float
     t_max: float
+    streamed: bool = False  # some row has a ttft_ms (footer statistics; true when they are missing)
+
+
+def footer_streamed(meta: pq.FileMetaData) -> bool:
+    """Whether a part may hold streamed rows: its ``ttft_ms`` column is not null on every row."""
+    if "ttft_ms" not in meta.schema.names:
+        return False
+    j = meta.schema.names.index("ttft_ms")
+    for i in range(meta.num_row_groups):
+        rg = meta.row_group(i)
+        st = rg.column(j).statistics
+        if st is None or st.null_count is None or st.null_count < rg.num_rows:
+            return True
+    return False
 
 
 def part_order(paths: list[Path]) -> tuple[list[Part], list[UnreadablePart]]:
@@ -383,7 +397,7 @@ def part_order(paths: list[Path]) -> tuple[list[Part], list[UnreadablePart]]:
         except Exception as e:  # noqa: BLE001 - a torn part is counted, never fatal
             bad.append(unreadable_part(path, e))
             continue
-        parts.append(Part(path, float(rng[0]), float(rng[1])))
+        parts.append(Part(path, float(rng[0]), float(rng[1]), footer_streamed(meta)))
     parts.sort(key=lambda p: p.t_min)
     return parts, bad
 
@@ -400,10 +414,9 @@ def scan_parts(rd: RunDir, steps: pd.DataFrame, settle: float, sla: Any = None) 
     columns = [c for c in READ_COLUMNS if c in REQUEST_SCHEMA.names]
     for i, part in enumerate(parts):
         try:
-            table = pq.read_table(part.path, columns=columns, schema=REQUEST_SCHEMA)
-            llm = None
-            if table.column("ttft_ms").null_count < table.num_rows:  # some row streamed: its other columns
-                llm = StreamRows.of_table(pq.read_table(part.path, columns=list(STREAM_COLUMNS), schema=REQUEST_SCHEMA))
+            table = pq.read_table(part.path, columns=columns + (list(STREAM_COLUMNS) if part.streamed else []),
+                                  schema=REQUEST_SCHEMA)
+            llm = StreamRows.of_table(table) if part.streamed else None
         except Exception as e:  # noqa: BLE001 - a part torn inside: counted with what its footer says
             bad = unreadable_part(part.path, e)
             logger.warning("%s", bad.line())
