@@ -130,7 +130,9 @@ class GapSample:
 
     Sampling by random priority: each gap gets a uniform key and the ``cap`` smallest keys are
     kept, which is a uniform sample without replacement however the gaps arrive in chunks.  Keys
-    are drawn only once the gaps first exceed the cap, so a step under it stays exact.
+    are drawn only once the gaps first exceed the cap, so a step under it stays exact; after a
+    thinning, a gap whose key is above the largest key kept can never be among the ``cap``
+    smallest and is dropped on arrival.
     """
 
     def __init__(self, cap: int = ITL_SAMPLE_MAX, seed: int = ITL_SAMPLE_SEED):
@@ -139,6 +141,7 @@ class GapSample:
         self._values: list[np.ndarray] = []
         self._keys: list[np.ndarray] | None = None  # set once thinning started
         self._size = 0
+        self._tau = 1.0  # keys at or above this cannot be kept any more
 
     @property
     def sampled(self) -> bool:
@@ -148,9 +151,13 @@ class GapSample:
         if not len(gaps):
             return
         self.seen += len(gaps)
-        self._values.append(np.asarray(gaps, dtype=np.float32))
+        gaps = np.asarray(gaps, dtype=np.float32)
         if self._keys is not None:
-            self._keys.append(self.rng.random(len(gaps)))
+            keys = self.rng.random(len(gaps))
+            keep = keys < self._tau
+            gaps = gaps[keep]
+            self._keys.append(keys[keep])
+        self._values.append(gaps)
         self._size += len(gaps)
         if self._size > 2 * self.cap:
             self._thin()
@@ -161,6 +168,7 @@ class GapSample:
         if len(values) > self.cap:
             keep = np.argpartition(keys, self.cap)[:self.cap]
             values, keys = values[keep], keys[keep]
+            self._tau = float(keys.max())
         self._values, self._keys, self._size = [values], [keys], len(values)
 
     def values(self) -> np.ndarray:
