@@ -326,8 +326,8 @@ def streaming_table(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]
 
 
 def streaming_lines(summary: dict[str, Any]) -> list[str]:
-    """What the streaming table rests on: where the token counts came from, the goodput SLA, the
-    tokens/s knee (Markdown lines; none for a run without streamed rows)."""
+    """What the streaming table rests on: where the token counts came from and the goodput SLA
+    (Markdown lines; none for a run without streamed rows)."""
     steps = [s for s in summary.get("steps") or [] if (s.get("streaming_requests") or 0) > 0]
     if not steps:
         return []
@@ -336,15 +336,21 @@ def streaming_lines(summary: dict[str, Any]) -> list[str]:
     if limits:
         said = ", ".join(f"{k.replace('p99_ms', 'latency_ms')} ≤ {v:g}" for k, v in limits.items())
         lines.append(f"**Goodput:** requests that succeeded with {said} (per request; ITL: its largest gap)")
-    knee = summary.get("tokens_knee") or {}
-    if knee.get("users") is not None:
-        lines.append(f"**Tokens/s knee:** {knee['users']:g} users at {knee.get('tokens_s'):,.1f} output tokens/s "
-                     f"(method: {knee.get('method')})")
-    elif "tokens_knee" in summary:
-        lines.append("**Tokens/s knee:** none found")
     if any(s.get("itl_sampled") for s in steps):
         lines.append("ITL percentiles of the largest steps come from a uniform sample of their gaps")
     return lines
+
+
+def tokens_knee_line(summary: dict[str, Any]) -> str | None:
+    """The knee on output tokens/s (LLM runs), one Markdown line; None when the run has none."""
+    if not isinstance(summary.get("tokens_knee"), dict):
+        return None
+    knee = summary["tokens_knee"]
+    if knee.get("users") is None:
+        return "**Tokens/s knee:** none found: output tokens/s still rose over the tested range (or too few valid steps)"
+    users = f"{knee['users']:g} user" + ("" if knee["users"] == 1 else "s")
+    return (f"**Tokens/s knee:** {users} at {_f(knee.get('tokens_s'), '{:,.1f}')} output tokens/s "
+            f"(method: {knee.get('method')})")
 
 
 def token_source_line(steps: list[dict[str, Any]]) -> str:

@@ -36,7 +36,7 @@ from analysis.loop import loop_line, step_load_keys
 from analysis.problems import Problems, collect
 from analysis.sections import findings_section, plan_lines, usl_lines, verdict
 from analysis.serverstats import energy_per_request
-from analysis.streaming import step_keys as streaming_keys, streaming_lines, streaming_table
+from analysis.streaming import step_keys as streaming_keys, streaming_lines, streaming_table, tokens_knee_line
 from analysis.target import TARGET_METRICS
 
 logger = logging.getLogger(__name__)
@@ -200,6 +200,8 @@ def knee_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(f"**P99 knee:** {n_users(lk['users'])} at P99 {_f(lk.get('p99_ms'))} ms{took} (method: {lk.get('method')})")
     else:
         lines.append("**P99 knee:** none found")
+    if (tokens := tokens_knee_line(summary)) is not None:
+        lines.append(tokens)
     if isinstance(summary.get("load"), dict):
         lines.append(loop_line(summary["load"]))
     return lines
