@@ -23,6 +23,7 @@ from analysis.hostfacts import host_lines
 from analysis.serverstats import ACTIVE_THREAD_CPU_PCT, active_threads
 from analysis.requestscan import BIN_S, Chunk, Timeline
 from analysis.sections import findings_section, plan_lines, usl_lines, verdict
+from analysis.streaming import streaming_lines, streaming_table
 from analysis.summary import (VALID_HEADER, knee_lines, malformed_lines, n_users, status_line, table_groups, table_rows,
                               warning_lines)
 from analysis.target import PROMETHEUS_STREAM, TARGET_METRICS, target_source_note, target_timeline
@@ -272,6 +273,11 @@ def _tables_html(summary: dict[str, Any]) -> str:
         parts += [f"<p class='note'>{html.escape(x)}</p>" for x in target_source_note(summary, cols)]
         if not rows:
             break
+    stream = streaming_table(summary)
+    if stream:  # LLM streaming: TTFT/ITL/TPOT, tokens/s, goodput (analysis.streaming)
+        parts.append("<h3>Streaming (ms; tokens/s of output)</h3><ul>"
+                     + "".join(f"<li>{_md_inline(x)}</li>" for x in streaming_lines(summary)) + "</ul>"
+                     + _table_html(summary, *stream))
     return "".join(parts)
 
 

@@ -52,6 +52,11 @@ REQUEST_SCHEMA = pa.schema(
         ("users", pa.int32()),  # target users of that step
         ("worker", pa.string()),
         ("name", pa.string()),
+        # streaming answers only (null otherwise; parts written before these columns read as null):
+        ("itl_ms", pa.list_(pa.float32())),  # every inter-token gap, in arrival order (float32: ~µs precision)
+        ("tokens_counted", pa.bool_()),  # true: tokens_out is the client's chunk count (no server usage)
+        ("usage_out", pa.int64()),  # the server's usage.completion_tokens, when it sent one
+        ("chunks_out", pa.int64()),  # text chunks the client counted itself
     ]
 )
 REQUEST_COLUMNS = tuple(REQUEST_SCHEMA.names)
