@@ -346,8 +346,12 @@ class RunDir:
         path = self.requests_dir / f"part-{seq:06d}.parquet"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, path)
+        try:
+            pq.write_table(table, tmp, compression="zstd")
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a full disk: no half-written file left behind (the rows are held)
+            raise
         return path
 
     def read_request_rows(self) -> RequestRows:
