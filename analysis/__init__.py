@@ -13,7 +13,9 @@ analysis.rebuild), reports what it has, and says what is missing or was lost (su
 * analysis.findings    why the service stopped scaling (``explain``: findings, the USL fit)
 * analysis.serverstats per-step server metrics (``server_metrics``)
 * analysis.target      the server's own /metrics per step (``target_windows``)
-* analysis.knee        ``find_knee``, ``find_latency_knee``, ``find_peak``
+* analysis.knee        ``find_knee``, ``find_latency_knee``, ``find_peak``, ``find_tokens_knee``
+* analysis.streaming   LLM streaming per step: TTFT/ITL/TPOT, tokens/s, goodput, token-count truth
+* analysis.loop        closed or open loop (``steps[].rate``), items per request (``items_s``)
 * analysis.hostfacts   the report header: what each host was (``host_facts``)
 * analysis.problems    warnings and losses of meta.json, the hosts and analysis, merged
 * analysis.summary     summary.json/summary.md (``build_summary``, ``to_markdown``)
@@ -32,14 +34,17 @@ from analysis.findings import explain
 from analysis.gates import add_gates, write_junit
 from analysis.hostfacts import host_facts
 from analysis.inputs import RunInputs, load_inputs
-from analysis.knee import find_knee, find_latency_knee, find_peak
+from analysis.knee import find_knee, find_latency_knee, find_peak, find_tokens_knee
+from analysis.loop import load_facts
 from analysis.loadstats import data_loss_reasons, generator_cpu, step_stats, validate_steps
 from analysis.problems import collect
 from analysis.report import render_html
 from analysis.serverstats import server_metrics
+from analysis.streaming import count_reasons, goodput_limits, has_streaming
 from analysis.summary import build_summary, jsonable, step_records, to_json, to_markdown, workload_facts
 from analysis.target import PROMETHEUS_STREAM, target_series_used
 from analysis.trust import add_reasons, sla_error_rate, trust_reasons
+from analysis.workers import lost_worker_reasons, worker_table
 from kneeswarm.rundir import write_text
 
 logger = logging.getLogger(__name__)
@@ -58,6 +63,8 @@ def per_step(inputs: RunInputs) -> tuple[pd.DataFrame, list[dict[str, float]], l
     stats = validate_steps(stats, s.min_requests, gen, s.generator_cpu_max, lost)
     stats = add_reasons(stats, trust_reasons(stats, inputs.think_ms, inputs.closed_loop, inputs.clock_bounds,
                                              sla_error_rate(inputs.plan)))
+    stats = add_reasons(stats, lost_worker_reasons(stats, inputs.meta, inputs.scan.t0))
+    stats = add_reasons(stats, count_reasons(stats))  # server and client token counts disagree
     for row in stats.loc[stats["foreign_rows"] > 0].to_dict("records"):
         inputs.warnings.add(f"step {row['index']:g}: {row['foreign_rows']:,} rows in its steady window were recorded "
                             "under another step and left out")
@@ -71,26 +78,43 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
     good = stats.loc[stats["valid"].to_numpy(dtype=bool)]
     users, qps, p99 = good["users"].to_numpy(float), good["qps"].to_numpy(float), good["p99_ms"].to_numpy(float)
     n, n_ok = inputs.scan.requests, inputs.scan.ok
+    workers, worker_steps = worker_table(inputs.run_dir, stats, inputs.generator, inputs.meta)
+    records = step_records(stats, server, gen, load_facts(inputs.plan), has_streaming(stats))
+    for rec, per_worker in zip(records, worker_steps):
+        rec["workers"] = per_worker
     if n and not n_ok:
         inputs.warnings.add(f"no request succeeded ({n:,} requests, all failed): no step is valid")
     summary = build_summary(
         run_id=inputs.run_id,
         meta=inputs.meta,
         settings={"settle": s.settle, "min_requests": s.min_requests, "generator_cpu_max": s.generator_cpu_max},
-        steps=step_records(stats, server, gen),
+        steps=records,
         knee=find_knee(users, qps),
         latency_knee=find_latency_knee(users, p99),
         peak=find_peak(users, qps),
         totals={"requests": n, "errors": n - n_ok,
                 "steps": len(stats), "valid_steps": int(stats["valid"].sum())},
         hosts=host_facts(inputs.meta, inputs.hosts, inputs.parse),
-        workers=sorted(inputs.generator),
+        workers=workers,
         target_series={h: used for h, streams in sorted(inputs.hosts.items())
                         if (used := target_series_used(streams.get(PROMETHEUS_STREAM)))},
         problems=collect(inputs.meta, inputs.warnings.to_list(), inputs.lost),
+        load=load_facts(inputs.plan),
         workload=workload_facts(inputs.plan),
+        **llm_extras(good, inputs.plan),
     )
     return add_explanations(summary, inputs.plan)
+
+
+def llm_extras(good: pd.DataFrame, plan: dict[str, Any]) -> dict[str, Any]:
+    """``tokens_knee`` (runs that recorded output tokens; valid steps) and ``goodput`` {limits}."""
+    out: dict[str, Any] = {}
+    if good["tokens_s"].notna().any():
+        out["tokens_knee"] = find_tokens_knee(good["users"].to_numpy(float), good["tokens_s"].to_numpy(float))
+    limits = goodput_limits(plan.get("sla"))
+    if limits:
+        out["goodput"] = {"limits": limits}
+    return out
 
 
 def add_explanations(summary: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:

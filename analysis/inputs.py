@@ -276,7 +276,7 @@ def load_inputs(run_dir: str | Path) -> RunInputs:
     plan = read_plan(rd.plan_path, warnings)
     settings = settings_from_plan(plan, warnings)
     steps = read_steps(rd, warnings)
-    scan = scan_parts(rd, steps, settings.settle)
+    scan = scan_parts(rd, steps, settings.settle, plan.get("sla"))  # [sla]: goodput is judged per request
     inputs = RunInputs(
         run_dir=rd,
         run_id=str(meta.get("run_id") or rd.path.name),

@@ -3,7 +3,8 @@
 Two detectors, both on x = log2(users) because the steps 1, 2, 4, 8 … are uneven:
 
 * **Kneedle** (Satopaa et al. 2011, package ``kneed``): QPS vs users is concave increasing,
-  P99 vs users is convex increasing.
+  P99 vs users is convex increasing.  LLM runs also get the throughput knee on output tokens/s
+  (``find_tokens_knee``).
 * A **saturation rule**, because Kneedle on 5–7 points is fragile (measured here: with 3 %
   noise on a retrograde curve it picks the wrong step half the time; on a straight line it
   reports a spurious knee at the first step; a plateau that starts at the last-but-one step
@@ -101,6 +102,15 @@ def find_knee(users: Sequence[float], qps: Sequence[float]) -> dict[str, Any]:
         i = int(np.flatnonzero(u == chosen)[0])
         result.update(users=_num(chosen), qps=float(q[i]), method=method)
     return result
+
+
+def find_tokens_knee(users: Sequence[float], tokens_s: Sequence[float]) -> dict[str, Any]:
+    """{users, tokens_s, method, kneedle_users}: the throughput knee of an LLM run read on output
+    tokens/s instead of requests/s (the same rules: a server that batches longer answers may keep
+    gaining tokens/s after its requests/s flattened, or the reverse)."""
+    knee = find_knee(users, tokens_s)
+    return {"users": knee["users"], "tokens_s": knee["qps"], "method": knee["method"],
+            "kneedle_users": knee["kneedle_users"]}
 
 
 def p99_rise_knee(users: np.ndarray, p99: np.ndarray) -> tuple[float | None, float | None]:

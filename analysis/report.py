@@ -23,9 +23,11 @@ from analysis.hostfacts import host_lines
 from analysis.serverstats import ACTIVE_THREAD_CPU_PCT, active_threads
 from analysis.requestscan import BIN_S, Chunk, Timeline
 from analysis.sections import findings_section, plan_lines, usl_lines, verdict
+from analysis.streaming import streaming_lines, streaming_table
 from analysis.summary import (VALID_HEADER, knee_lines, malformed_lines, n_users, status_line, table_groups, table_rows,
                               warning_lines, workload_lines)
-from analysis.target import PROMETHEUS_STREAM, TARGET_METRICS, target_timeline
+from analysis.target import PROMETHEUS_STREAM, TARGET_METRICS, target_source_note, target_timeline
+from analysis.workers import worker_tables
 
 logger = logging.getLogger(__name__)
 
@@ -268,9 +270,26 @@ def _tables_html(summary: dict[str, Any]) -> str:
     for title, cols in table_groups(summary):
         header, rows = table_rows(summary, srv=[]) if cols is None else table_rows(summary, cols, load=False)
         parts.append(f"<h3>{_md_inline(title)}</h3>" + _table_html(summary, header, rows))
+        parts += [f"<p class='note'>{html.escape(x)}</p>" for x in target_source_note(summary, cols)]
         if not rows:
             break
+    stream = streaming_table(summary)
+    if stream:  # LLM streaming: TTFT/ITL/TPOT, tokens/s, goodput (analysis.streaming)
+        parts.append("<h3>Streaming (ms; tokens/s of output)</h3><ul>"
+                     + "".join(f"<li>{_md_inline(x)}</li>" for x in streaming_lines(summary)) + "</ul>"
+                     + _table_html(summary, *stream))
     return "".join(parts)
+
+
+def _workers_html(summary: dict[str, Any]) -> str:
+    """The per-worker tables (analysis.workers): requests, req/s, CPU, RSS, users; lost workers."""
+    out = []
+    for title, header, rows in worker_tables(summary):
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+        out.append(f"<h2>{html.escape(title)}</h2><table class='steps workers'><thead><tr>{head}</tr></thead>"
+                   f"<tbody>{body}</tbody></table>")
+    return "".join(out)
 
 
 def _findings_html(summary: dict[str, Any]) -> str:
@@ -366,6 +385,7 @@ def render_html(summary: dict[str, Any], timeline: pd.DataFrame, generator: dict
     parts.append(_timeline_figure(summary, timeline, generator, hosts, t0, bin_s).to_html(full_html=False,
                                                                                           include_plotlyjs=False))
     parts.append(_tables_html(summary))
+    parts.append(_workers_html(summary))
     parts.append(_hosts_html(summary))
     parts.append("</body></html>")
     return "\n".join(parts)

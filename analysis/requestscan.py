@@ -13,6 +13,11 @@ it starts).  Memory thus follows the largest step and the overlap between parts,
 
 A step whose end was not recorded and that has no next step (a crash in the last step) ends at
 the last completion, known only at the end: its rows are kept until then (``open`` windows).
+
+Streamed LLM answers (analysis.streaming): the streaming columns (``ttft_ms``, ``itl_ms`` ...) are
+read only from parts whose footer says some row has a ``ttft_ms`` (``Part.streamed``), so a run
+without streaming reads what it read before; each step reduces its streaming rows to TTFT/ITL/TPOT percentiles,
+tokens/s, token-count agreement and goodput (against the plan's ``[sla]``) as it closes.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
@@ -30,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from analysis.streaming import STREAM_COLUMNS, STEP_KEYS as STREAM_STEP_KEYS, StreamAcc, StreamRows, goodput_limits
 from analysis.windows import resolve_windows
 from kneeswarm.rundir import REQUEST_SCHEMA, RunDir, UnreadablePart, footer_range, safe_name, unreadable_part
 
@@ -57,6 +63,7 @@ class Chunk:
     tokens: np.ndarray  # float: output tokens, NaN where not recorded (not an LLM run)
     wcode: np.ndarray  # int: index into ``wnames`` of each row's worker, -1 where none
     wnames: list = field(default_factory=list)
+    llm: StreamRows | None = None  # the streaming columns, when some row streamed
 
     @classmethod
     def of(cls, df: pd.DataFrame) -> Chunk:
@@ -70,11 +77,12 @@ class Chunk:
         tokens = pd.to_numeric(col("tokens_out"), errors="coerce").to_numpy(dtype=float)
         codes, names = pd.factorize(col("worker"), use_na_sentinel=True)
         return cls._build(t, lat, marked, lambda failed: col("error").to_numpy()[failed], step, tokens, codes,
-                          list(names))
+                          list(names), StreamRows.of_frame(df))
 
     @classmethod
-    def of_table(cls, table: pa.Table) -> Chunk:
-        """From an Arrow table of a part, without Python objects for its successful rows."""
+    def of_table(cls, table: pa.Table, llm: StreamRows | None = None) -> Chunk:
+        """From an Arrow table of a part, without Python objects for its successful rows; ``llm``:
+        its streaming columns (StreamRows.of_table), when some row streamed."""
         n = table.num_rows
         col = lambda c: table.column(c) if c in table.column_names else pa.nulls(n)  # noqa: E731
         num = lambda c: pc.cast(col(c), pa.float64()).to_numpy(zero_copy_only=False)  # noqa: E731 (null -> NaN)
@@ -83,11 +91,11 @@ class Chunk:
         codes = pc.fill_null(worker.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
         errors = lambda failed: np.asarray(pc.filter(col("error"), pa.array(failed)).to_pylist(), dtype=object)  # noqa: E731
         return cls._build(num("t_start"), num("latency_ms"), marked, errors, num("step"), num("tokens_out"), codes,
-                          worker.dictionary.to_pylist())
+                          worker.dictionary.to_pylist(), llm)
 
     @classmethod
     def _build(cls, t: np.ndarray, lat: np.ndarray, marked: np.ndarray, errors_of, step: np.ndarray,
-               tokens: np.ndarray, codes: np.ndarray, names: list) -> Chunk:
+               tokens: np.ndarray, codes: np.ndarray, names: list, llm: StreamRows | None = None) -> Chunk:
         """``errors_of(mask)``: the recorded error of the rows in ``mask``."""
         with np.errstate(invalid="ignore"):
             good = np.isfinite(lat) & (lat >= 0)
@@ -98,7 +106,7 @@ class Chunk:
             rec = np.asarray(errors_of(failed), dtype=object)
             err[failed] = np.where(pd.isna(rec), OTHER_ERROR, rec)
             err[marked & ~good] = BAD_LATENCY_ERROR
-        return cls(t, lat, ok, err, step, tokens, np.asarray(codes, dtype=np.int64), names)
+        return cls(t, lat, ok, err, step, tokens, np.asarray(codes, dtype=np.int64), names, llm)
 
     def done(self) -> np.ndarray:
         """Completion times: t_start + latency (t_start without a usable latency)."""
@@ -107,7 +115,7 @@ class Chunk:
 
     def take(self, mask: np.ndarray) -> Chunk:
         return Chunk(self.t[mask], self.lat[mask], self.ok[mask], self.err[mask], self.step[mask], self.tokens[mask],
-                     self.wcode[mask], self.wnames)
+                     self.wcode[mask], self.wnames, None if self.llm is None else self.llm.take(mask))
 
     def workers(self) -> set[str]:
         """The generator-CSV names (rundir.safe_name) of the workers of these rows."""
@@ -131,6 +139,7 @@ class StepAcc:
     workers: set[str] = field(default_factory=set)
     pending: list[Chunk] = field(default_factory=list)  # rows of an open window, filtered at the end
     result: dict | None = None
+    stream: StreamAcc = field(default_factory=StreamAcc)  # streaming rows and goodput (analysis.streaming)
 
     @property
     def usable(self) -> bool:
@@ -160,6 +169,7 @@ class StepAcc:
         self.lat.append(c.lat[c.ok])
         self.errors.update(str(e) for e in c.err[~c.ok])
         self.workers |= c.workers()
+        self.stream.add(c.ok, c.lat, c.tokens, c.llm)
 
     def finish(self, window_s: float, last_done: float) -> dict:
         """The step's statistics over ``window_s`` seconds; frees the latencies."""
@@ -168,16 +178,19 @@ class StepAcc:
         self.pending = []
         if not (np.isfinite(window_s) and window_s > 0) or self.n == 0:
             self.result = empty_stats() | {"foreign_rows": self.foreign}
+            self.stream.finish(math.nan)  # frees what it kept
         else:
             self.result = window_stats(np.concatenate(self.lat), self.n, self.errors, window_s) | {
-                "foreign_rows": self.foreign, "tokens_out": self.tokens_out}
+                "foreign_rows": self.foreign, "tokens_out": self.tokens_out} | self.stream.finish(window_s)
+            self.result["tokens_s"] = self.tokens_out / window_s  # NaN when no tokens were recorded
         self.lat = []
         return self.result
 
 
 def empty_stats() -> dict:
     return dict(requests=0, ok=0, qps=np.nan, rps=np.nan, mean_ms=np.nan,
-                **{k: np.nan for k in PERCENTILES}, error_rate=np.nan, errors={}, foreign_rows=0, tokens_out=np.nan)
+                **{k: np.nan for k in PERCENTILES}, error_rate=np.nan, errors={}, foreign_rows=0, tokens_out=np.nan,
+                **{k: np.nan for k in STREAM_STEP_KEYS})
 
 
 def window_stats(lat_ok: np.ndarray, n: int, errors: Counter, w: float) -> dict:
@@ -288,10 +301,12 @@ class ScanResult:
 class RequestScan:
     """Feed chunks in order of their first t_start with :meth:`add`, then :meth:`finish`."""
 
-    def __init__(self, steps: pd.DataFrame, settle: float, t0: float, bin_s: float = BIN_S):
+    def __init__(self, steps: pd.DataFrame, settle: float, t0: float, bin_s: float = BIN_S, sla: Any = None):
+        """``sla``: the plan's [sla] table (goodput is judged against it; None: no goodput)."""
         self.steps, self.settle = steps, settle
         win = resolve_windows(steps, math.inf, settle)  # open windows end at +inf until the end
-        self.accs = [StepAcc(float(r["index"]), float(r["t_lo"]), float(r["t_hi"]))
+        limits = goodput_limits(sla)
+        self.accs = [StepAcc(float(r["index"]), float(r["t_lo"]), float(r["t_hi"]), stream=StreamAcc(dict(limits)))
                      for r in win.to_dict("records")]
         self.timeline = Timeline(t0, bin_s)
         self.t0, self.bin_s = t0, bin_s
@@ -329,11 +344,12 @@ class RequestScan:
                           unreadable=list(unreadable or []))
 
 
-def scan_frame(requests: pd.DataFrame, steps: pd.DataFrame, settle: float, t0: float | None = None) -> ScanResult:
+def scan_frame(requests: pd.DataFrame, steps: pd.DataFrame, settle: float, t0: float | None = None,
+               sla: Any = None) -> ScanResult:
     """The scan of rows already in memory (one chunk)."""
     c = Chunk.of(requests)
     start = run_start(steps, [float(np.nanmin(c.t))] if len(c.t) and np.isfinite(c.t).any() else [])
-    scan = RequestScan(steps, settle, start if t0 is None else t0, BIN_S)
+    scan = RequestScan(steps, settle, start if t0 is None else t0, BIN_S, sla)
     scan.add(c)
     return scan.finish()
 
@@ -350,6 +366,20 @@ class Part:
     path: Path
     t_min: float
     t_max: float
+    streamed: bool = False  # some row has a ttft_ms (footer statistics; true when they are missing)
+
+
+def footer_streamed(meta: pq.FileMetaData) -> bool:
+    """Whether a part may hold streamed rows: its ``ttft_ms`` column is not null on every row."""
+    if "ttft_ms" not in meta.schema.names:
+        return False
+    j = meta.schema.names.index("ttft_ms")
+    for i in range(meta.num_row_groups):
+        rg = meta.row_group(i)
+        st = rg.column(j).statistics
+        if st is None or st.null_count is None or st.null_count < rg.num_rows:
+            return True
+    return False
 
 
 def part_order(paths: list[Path]) -> tuple[list[Part], list[UnreadablePart]]:
@@ -367,29 +397,32 @@ def part_order(paths: list[Path]) -> tuple[list[Part], list[UnreadablePart]]:
         except Exception as e:  # noqa: BLE001 - a torn part is counted, never fatal
             bad.append(unreadable_part(path, e))
             continue
-        parts.append(Part(path, float(rng[0]), float(rng[1])))
+        parts.append(Part(path, float(rng[0]), float(rng[1]), footer_streamed(meta)))
     parts.sort(key=lambda p: p.t_min)
     return parts, bad
 
 
-def scan_parts(rd: RunDir, steps: pd.DataFrame, settle: float) -> ScanResult:
-    """One pass over requests/part-*.parquet (see the module docstring)."""
+def scan_parts(rd: RunDir, steps: pd.DataFrame, settle: float, sla: Any = None) -> ScanResult:
+    """One pass over requests/part-*.parquet (see the module docstring); ``sla``: the plan's [sla]
+    table, for goodput."""
     parts, unreadable = part_order(rd.request_parts())
     starts = [p.t_min for p in parts if math.isfinite(p.t_min)]
     t0 = run_start(steps, starts[:1])
     ends = [p.t_max for p in parts if math.isfinite(p.t_max)]
     ends += pd.to_numeric(steps.get("t_end", pd.Series([], dtype=float)), errors="coerce").dropna().tolist()
-    scan = RequestScan(steps, settle, t0, timeline_bin(max(ends, default=t0) - t0))
+    scan = RequestScan(steps, settle, t0, timeline_bin(max(ends, default=t0) - t0), sla)
     columns = [c for c in READ_COLUMNS if c in REQUEST_SCHEMA.names]
     for i, part in enumerate(parts):
         try:
-            table = pq.read_table(part.path, columns=columns, schema=REQUEST_SCHEMA)
+            table = pq.read_table(part.path, columns=columns + (list(STREAM_COLUMNS) if part.streamed else []),
+                                  schema=REQUEST_SCHEMA)
+            llm = StreamRows.of_table(table) if part.streamed else None
         except Exception as e:  # noqa: BLE001 - a part torn inside: counted with what its footer says
             bad = unreadable_part(part.path, e)
             logger.warning("%s", bad.line())
             unreadable.append(bad)
             continue
-        scan.add(Chunk.of_table(table))
+        scan.add(Chunk.of_table(table, llm))
         scan.close(parts[i + 1].t_min if i + 1 < len(parts) else math.inf)
     unreadable.sort(key=lambda u: u.path.name)
     return scan.finish(unreadable)

@@ -13,7 +13,12 @@ severity, steps, evidence, text, advice}] and ``usl`` {sigma, kappa, lambda, n_s
 peak_kind, r2, points, caution, curve {users, qps}, text} (analysis.findings.explain over the
 valid steps); per step ``energy_j_per_request`` (and ``energy_j_per_token`` when output tokens were
 recorded) where GPU power was recorded, and Little's-law /
-clock-offset reasons (analysis.trust).  NaN and infinities are written as null.
+clock-offset reasons (analysis.trust).  Issue 6: ``load`` {loop, batch, arrival, source_rate}
+and per step ``rate`` (open loop) and ``items_s`` (batch > 1) (analysis.loop); per step
+``tokens_s`` where output tokens were recorded, ``goodput_rps``/``goodput_share`` when ``[sla]``
+limits a request (``goodput`` {limits}), and in a streaming run the TTFT/ITL/TPOT percentiles and
+token-count keys of analysis.streaming.STEP_KEYS; ``tokens_knee`` {users, tokens_s, method} in an
+LLM run.  NaN and infinities are written as null.
 """
 
 from __future__ import annotations
@@ -27,10 +32,13 @@ import numpy as np
 import pandas as pd
 
 from analysis.hostfacts import host_lines, skipped_lines
+from analysis.loop import loop_line, step_load_keys
 from analysis.problems import Problems, collect
 from analysis.sections import findings_section, plan_lines, usl_lines, verdict
 from analysis.serverstats import energy_per_request
-from analysis.target import TARGET_METRICS
+from analysis.streaming import step_keys as streaming_keys, streaming_lines, streaming_table, tokens_knee_line
+from analysis.target import TARGET_METRICS, target_source_note
+from analysis.workers import worker_tables
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +103,10 @@ def _users(v: Any) -> int | float | None:
 
 
 def step_records(stats: pd.DataFrame, server: list[dict[str, Any]] | None = None,
-                 gen_cpu: list[dict[str, float]] | None = None) -> list[dict[str, Any]]:
+                 gen_cpu: list[dict[str, float]] | None = None, load: dict[str, Any] | None = None,
+                 streaming: bool = False) -> list[dict[str, Any]]:
+    """One summary step per stats row; ``load``: analysis.loop.load_facts (rate, items/s);
+    ``streaming``: the run streamed (analysis.streaming keys on every step)."""
     records = []
     for i, row in enumerate(stats.to_dict("records")):
         rec = {k: row.get(k) for k in STEP_KEYS}
@@ -114,13 +125,15 @@ def step_records(stats: pd.DataFrame, server: list[dict[str, Any]] | None = None
             energy = energy_per_request(rec["server"], count, row.get("window_s"))  # J per request (or token)
             if energy is not None:
                 rec[key] = energy
+        rec.update(step_load_keys(rec["users"], rec.get("qps"), load or {}))
+        rec.update(streaming_keys(row, streaming))
         records.append(rec)
     return records
 
 
 def build_summary(*, run_id: str, meta: dict[str, Any], settings: dict[str, Any], steps: list[dict[str, Any]],
                   knee: dict[str, Any], latency_knee: dict[str, Any], peak: dict[str, Any],
-                  totals: dict[str, Any], hosts: dict[str, dict[str, Any]], workers: list[str],
+                  totals: dict[str, Any], hosts: dict[str, dict[str, Any]], workers: dict[str, Any],
                   target_series: dict[str, Any] | None = None, problems: Problems | None = None,
                   **extra: Any) -> dict[str, Any]:
     """The summary dict (JSON-ready).  ``problems`` (analysis.problems.collect) gives ``complete``,
@@ -188,6 +201,10 @@ def knee_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(f"**P99 knee:** {n_users(lk['users'])} at P99 {_f(lk.get('p99_ms'))} ms{took} (method: {lk.get('method')})")
     else:
         lines.append("**P99 knee:** none found")
+    if (tokens := tokens_knee_line(summary)) is not None:
+        lines.append(tokens)
+    if isinstance(summary.get("load"), dict):
+        lines.append(loop_line(summary["load"]))
     return lines
 
 
@@ -239,13 +256,16 @@ def server_columns(summary: dict[str, Any], prefix_hosts: bool | None = None) ->
 
 VALID_HEADER = "valid"  # the column saying "yes" or "no: <reasons>"
 LOAD_HEADER = ["users", "requests", "QPS", "P50 ms", "P95 ms", "P99 ms", "P999 ms", "errors %", VALID_HEADER]
-# (header, step key) shown before VALID_HEADER when a step has them (GPU power recorded)
-ENERGY_COLUMNS = (("J/request", "energy_j_per_request"), ("J/token", "energy_j_per_token"))
+# (header, step key, format) shown before VALID_HEADER when a step has them: the offered rate (open
+# loop), items/s (batch > 1), output tokens/s (LLM runs), energy (GPU power recorded)
+OPTIONAL_COLUMNS = (("rate req/s", "rate", "{:,.4g}"), ("items/s", "items_s", "{:,.1f}"),
+                  ("tokens/s", "tokens_s", "{:,.1f}"), ("J/request", "energy_j_per_request", "{:,.3g}"),
+                  ("J/token", "energy_j_per_token", "{:,.3g}"))
 
 
 def load_header(summary: dict[str, Any]) -> list[str]:
-    """LOAD_HEADER, with the energy columns that any step has (before VALID_HEADER)."""
-    extra = [h for h, key in ENERGY_COLUMNS if any(s.get(key) is not None for s in summary.get("steps", []))]
+    """LOAD_HEADER, with the optional columns that any step has (before VALID_HEADER)."""
+    extra = [h for h, key, _ in OPTIONAL_COLUMNS if any(s.get(key) is not None for s in summary.get("steps", []))]
     return [*LOAD_HEADER[:-1], *extra, VALID_HEADER]
 
 
@@ -254,7 +274,7 @@ def _load_cells(s: dict[str, Any], header: list[str]) -> list[str]:
     valid = "yes" if s.get("valid") else "no: " + "; ".join(s.get("reasons") or [])
     cells = [f"{s.get('requests', 0):,}", _f(s.get("qps")), _f(s.get("p50_ms")), _f(s.get("p95_ms")),
              _f(s.get("p99_ms")), _f(s.get("p999_ms")), _f(None if er is None else 100 * er, "{:.2f}")]
-    cells += [_f(s.get(key), "{:,.3g}") for h, key in ENERGY_COLUMNS if h in header]
+    cells += [_f(s.get(key), fmt) for h, key, fmt in OPTIONAL_COLUMNS if h in header]
     return [*cells, valid]
 
 
@@ -331,6 +351,12 @@ def _md_tables(summary: dict[str, Any]) -> list[str]:
         else:
             lines += ["", f"**{title}**", ""]
             lines += _md_table(*table_rows(summary, cols, load=False), numeric=99)
+            notes = target_source_note(summary, cols)  # which server's names, and from where
+            lines += ["", *(f"- {_md_escape(x)}" for x in notes)] if notes else []
+    stream = streaming_table(summary)
+    if stream:
+        lines += ["", "**Streaming (ms; tokens/s of output)**", "", *(f"- {x}" for x in streaming_lines(summary)), ""]
+        lines += _md_table(*stream, numeric=len(stream[0]) - 1)
     return [*lines, ""]
 
 
@@ -350,6 +376,8 @@ def to_markdown(summary: dict[str, Any]) -> str:
     lines.append("")
     lines += _md_explained(summary)
     lines += _md_tables(summary)
+    for title, header, rows in worker_tables(summary):  # analysis.workers
+        lines += [f"### {title}", "", *_md_table(header, rows, numeric=0), ""]
     hosts = summary.get("hosts") if isinstance(summary.get("hosts"), dict) else {}
     if any(hosts.values()):
         lines.append("### Hosts")

@@ -21,8 +21,17 @@ Kinds, per step over the steady window ``[t_lo, t_hi)``:
 * ``ratio``    increase of a numerator counter / increase of a denominator counter, e.g. the
   mean queue wait per request = d(queue_wait_seconds_sum) / d(queue_wait_seconds_count).
 
+A candidate may also filter on labels (``labels``) and convert its server's unit (``scale``,
+e.g. Triton's microseconds to seconds).  Each candidate says where its names come from:
+``source`` "scrape" (seen in a recorded real /metrics of that server, stored under
+tests/fixtures/scrapes/ with how it was recorded) or "docs" (the server's documentation or
+source file, named in ``ref``) -- vLLM, TGI and SGLang need a GPU and model weights and could
+not be run here; the demo target, KServe, TorchServe and Triton were.
+
 The per-step result is ``steps[i]["server"][host]["target"] = {key: value}``; which series
-each key used is in summary ``target_series[host][key]``.
+each key used, whose naming they follow and where those names come from is in summary
+``target_series[host][key]`` ({label, kind, server, source, ref, series[, denominator]});
+:func:`source_lines` words it for the report.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Iterable
 
 import numpy as np
@@ -41,13 +51,31 @@ PROMETHEUS_STREAM = "prometheus"
 MIN_COUNTER_SAMPLES = 2  # a rate needs a first and a last sample inside the window
 
 
+SCRAPE = "scrape"  # the names were seen in a recorded real /metrics of that server (tests/fixtures/scrapes/)
+DOCS = "docs"  # the names come from the server's documentation or source (named in ``ref``)
+FIXTURES = "tests/fixtures/scrapes/"
+
+
 @dataclass(frozen=True)
 class Candidate:
-    """One server's spelling of a metric: regex(es) on the sample name, without labels."""
+    """One server's spelling of a metric: regex(es) on the sample name, without labels.
+
+    ``labels`` (optional) is a regex searched in the label part of the series key
+    (``{a="1",b="2"}``), for a metric whose meaning lives in a label, e.g. TGI's
+    ``tgi_request_failure{err="overloaded"}``; it applies to numerator and denominator.
+    ``scale`` converts this server's unit into the metric's base unit (microseconds to
+    seconds: 1e-6); the metric's own ``scale`` then makes the shown unit.
+    ``source`` says where the names come from (SCRAPE or DOCS) and ``ref`` which fixture or
+    documentation page.
+    """
 
     server: str
     pattern: str
     denominator: str | None = None  # for kind "ratio": the counter divided by
+    labels: str | None = None
+    scale: float = 1.0
+    source: str = DOCS
+    ref: str = ""
 
 
 @dataclass(frozen=True)
@@ -57,57 +85,156 @@ class TargetMetric:
     kind: str  # "gauge" | "counter" | "ratio"
     candidates: tuple[Candidate, ...]
     combine: str = "sum"  # how the matching series of one sample are combined: "sum" | "mean"
-    scale: float = 1.0  # multiply the result (fractions -> %, seconds -> ms, us -> ms)
+    scale: float = 1.0  # multiply the result (fractions -> %, seconds -> ms)
 
 
-# The table of well-known series.  Sources: the kneeswarm demo target (kneeswarm/target),
-# vLLM (docs "Production Metrics"; vllm:gpu_cache_usage_perc is V0, kv_cache_usage_perc V1,
-# both fractions 0..1), Triton (docs "Metrics": nv_inference_* counters in us), TorchServe
-# (ts_* Prometheus metrics; QueueTime is a gauge in ms), TGI (tgi_queue_size), SGLang.
+# -- where each server's names come from -------------------------------------------------------
+# A recorded real scrape where the server could be installed and run here (CPU, no weights, see
+# tests/fixtures/scrapes/README.md); otherwise the server's own documentation or source file
+# (vLLM, TGI and SGLang need a GPU and model weights; their fixtures are examples written from
+# these pages, marked as such in their headers).
+KNEESWARM = partial(Candidate, "kneeswarm", source=SCRAPE, ref=FIXTURES + "kneeswarm-0.1.0.txt")
+VLLM = partial(Candidate, "vllm", source=DOCS, ref=(
+    "vllm-project/vllm vllm/v1/metrics/loggers.py (PrometheusStatLogger); docs.vllm.ai "
+    "'Production Metrics'"))
+TGI = partial(Candidate, "tgi", source=DOCS, ref=(
+    "huggingface/text-generation-inference docs/source/reference/metrics.md; router/src/server.rs "
+    "(metrics-exporter-prometheus: counters named as registered, *_duration histograms in seconds)"))
+SGLANG = partial(Candidate, "sglang", source=DOCS, ref=(
+    "sgl-project/sglang python/sglang/srt/metrics/collector.py (SchedulerMetricsCollector, "
+    "TokenizerMetricsCollector)"))
+# Triton: recorded from tritonserver 2.51.0 (bundled in nvidia-pytriton, CPU); units and meanings
+# from triton-inference-server/server docs/user_guide/metrics.md (per-model counters without _total,
+# cumulative latencies in microseconds over successful requests, nv_inference_request_failure{reason}).
+TRITON = partial(Candidate, "triton", source=SCRAPE, ref=FIXTURES + "triton-2.51.0.txt")
+TORCHSERVE = partial(Candidate, "torchserve", source=SCRAPE, ref=FIXTURES + "torchserve-0.12.0.txt")
+KSERVE = partial(Candidate, "kserve", source=SCRAPE, ref=FIXTURES + "kserve-0.21.0.txt")
+
+US = 1e-6  # microseconds -> seconds
+# Counters exposed without the ``_total`` suffix (Triton, TGI, TorchServe: their exporters are not
+# prometheus_client) come out of collectors.prometheus WITH it: prometheus_client's parser names
+# a counter's samples ``<name>_total`` (seen in the TorchServe and Triton scrapes).  Their patterns
+# accept both spellings.
+
+# The table of well-known series: for each key, the candidates in order (the first one whose
+# series are present wins, so an old and a new name of one metric are never counted twice).
+# Ratios of a histogram's _sum/_count are the mean per observation (a mean per request, or per
+# token gap for ITL); "seconds" base units are shown in ms (scale 1000).
 TARGET_METRICS: tuple[TargetMetric, ...] = (
     TargetMetric("queue_length", "queue", "gauge", (
-        Candidate("kneeswarm", r"kneeswarm_target_queue_length"),
-        Candidate("vllm", r"vllm:num_requests_waiting"),
-        Candidate("triton", r"nv_inference_pending_request_count"),
-        Candidate("tgi", r"tgi_queue_size"),
-        Candidate("sglang", r"sglang:num_queue_reqs"),
+        KNEESWARM(r"kneeswarm_target_queue_length"),
+        VLLM(r"vllm:num_requests_waiting"),
+        TRITON(r"nv_inference_pending_request_count"),
+        TGI(r"tgi_queue_size"),
+        SGLANG(r"sglang:num_queue_reqs"),
     )),
     TargetMetric("in_flight", "in flight", "gauge", (
-        Candidate("kneeswarm", r"kneeswarm_target_inflight"),
-        Candidate("vllm", r"vllm:num_requests_running"),
-        Candidate("tgi", r"tgi_batch_current_size"),
-        Candidate("sglang", r"sglang:num_running_reqs"),
+        KNEESWARM(r"kneeswarm_target_inflight"),
+        VLLM(r"vllm:num_requests_running"),
+        TGI(r"tgi_batch_current_size"),
+        SGLANG(r"sglang:num_running_reqs"),
     )),
     TargetMetric("rejected_s", "rejections/s", "counter", (
-        Candidate("kneeswarm", r"kneeswarm_target_rejected_total"),
+        KNEESWARM(r"kneeswarm_target_rejected_total"),
+        TGI(r"tgi_request_failure(_total)?", labels=r'err="overloaded"'),  # --max-concurrent-requests hit
+        TRITON(r"nv_inference_request_failure(_total)?", labels=r'reason="REJECTED"'),  # queue policy
+    )),
+    TargetMetric("failures_s", "failures/s", "counter", (
+        KNEESWARM(r"kneeswarm_target_requests_total", labels=r'code="[45]\d\d"'),
+        TRITON(r"nv_inference_request_failure(_total)?"),
+        TGI(r"tgi_request_failure(_total)?"),
+        SGLANG(r"sglang:num_aborted_requests_total"),
+        TORCHSERVE(r"Requests[45]XX(_total)?"),  # frontend counters by HTTP status class
+        # vLLM has no failure counter (request_success{finished_reason="abort"} is a client
+        # abort); KServe's Python server counts no failures.
     )),
     TargetMetric("preempted_s", "preemptions/s", "counter", (
-        Candidate("vllm", r"vllm:num_preemptions_total"),
+        VLLM(r"vllm:num_preemptions_total"),
+        SGLANG(r"sglang:num_retracted_requests_total"),  # SGLang's "retract" = vLLM's preemption
     )),
     TargetMetric("kv_cache_usage_pct", "KV cache %", "gauge", (
-        Candidate("vllm", r"vllm:kv_cache_usage_perc"),
-        Candidate("vllm", r"vllm:gpu_cache_usage_perc"),
-        Candidate("sglang", r"sglang:token_usage"),
+        VLLM(r"vllm:kv_cache_usage_perc"),  # V1 (0.9+); fraction 0..1
+        VLLM(r"vllm:gpu_cache_usage_perc"),  # its deprecated V0 name, same value
+        SGLANG(r"sglang:token_usage"),  # fraction of the KV token pool in use
     ), combine="mean", scale=100.0),
     TargetMetric("queue_wait_ms", "queue wait ms", "ratio", (
-        Candidate("kneeswarm", r"kneeswarm_target_queue_wait_seconds_sum",
-                  r"kneeswarm_target_queue_wait_seconds_count"),
-        Candidate("vllm", r"vllm:request_queue_time_seconds_sum", r"vllm:request_queue_time_seconds_count"),
+        KNEESWARM(r"kneeswarm_target_queue_wait_seconds_sum", r"kneeswarm_target_queue_wait_seconds_count"),
+        VLLM(r"vllm:request_queue_time_seconds_sum", r"vllm:request_queue_time_seconds_count"),
+        TGI(r"tgi_request_queue_duration_sum", r"tgi_request_queue_duration_count"),
+        SGLANG(r"sglang:queue_time_seconds_sum", r"sglang:queue_time_seconds_count"),
+        TRITON(r"nv_inference_queue_duration_us(_total)?", r"nv_inference_request_success(_total)?", scale=US),
+        TORCHSERVE(r"ts_queue_latency_microseconds(_total)?", r"ts_inference_requests_total", scale=US),
     ), scale=1000.0),
     TargetMetric("queue_time_us_s", "queue us/s", "counter", (
         # cumulative microseconds spent queued: its rate / 1e6 is the mean number queued (Little)
-        Candidate("triton", r"nv_inference_queue_duration_us"),
-        Candidate("torchserve", r"ts_queue_latency_microseconds"),
+        TRITON(r"nv_inference_queue_duration_us(_total)?"),
+        TORCHSERVE(r"ts_queue_latency_microseconds(_total)?"),
     )),
     TargetMetric("queue_time_ms", "queue time ms", "gauge", (
-        Candidate("torchserve", r"QueueTime|ts_queue_time_ms"),
+        TORCHSERVE(r"QueueTime"),  # the last request's queue time (gauge, ms; Level="Host")
     ), combine="mean"),
     TargetMetric("requests_s", "server req/s", "counter", (
-        Candidate("kneeswarm", r"kneeswarm_target_requests_total"),
-        Candidate("vllm", r"vllm:request_success_total"),
-        Candidate("triton", r"nv_inference_request_success"),
-        Candidate("torchserve", r"ts_inference_requests_total"),
+        KNEESWARM(r"kneeswarm_target_requests_total"),
+        VLLM(r"vllm:request_success_total"),
+        TRITON(r"nv_inference_request_success(_total)?"),
+        TORCHSERVE(r"ts_inference_requests_total"),
+        TGI(r"tgi_request_success(_total)?"),
+        SGLANG(r"sglang:num_requests_total"),
+        KSERVE(r"request_predict_seconds_count"),  # one predict observation per request
     )),
+    TargetMetric("server_latency_ms", "server latency ms", "ratio", (
+        KNEESWARM(r"kneeswarm_target_request_duration_seconds_sum",
+                  r"kneeswarm_target_request_duration_seconds_count"),
+        VLLM(r"vllm:e2e_request_latency_seconds_sum", r"vllm:e2e_request_latency_seconds_count"),
+        TGI(r"tgi_request_duration_sum", r"tgi_request_duration_count"),
+        SGLANG(r"sglang:e2e_request_latency_seconds_sum", r"sglang:e2e_request_latency_seconds_count"),
+        TRITON(r"nv_inference_request_duration_us(_total)?", r"nv_inference_request_success(_total)?", scale=US),
+        TORCHSERVE(r"ts_inference_latency_microseconds(_total)?", r"ts_inference_requests_total", scale=US),
+    ), scale=1000.0),
+    TargetMetric("ttft_ms", "server TTFT ms", "ratio", (
+        # TGI exports no TTFT; Triton's nv_inference_first_response_histogram_ms is the first
+        # response (chunk) of a decoupled model, not a token, and is left out
+        VLLM(r"vllm:time_to_first_token_seconds_sum", r"vllm:time_to_first_token_seconds_count"),
+        SGLANG(r"sglang:time_to_first_token_seconds_sum", r"sglang:time_to_first_token_seconds_count"),
+    ), scale=1000.0),
+    TargetMetric("itl_ms", "server ITL ms", "ratio", (  # mean gap between two output tokens
+        VLLM(r"vllm:inter_token_latency_seconds_sum", r"vllm:inter_token_latency_seconds_count"),
+        # the older V1 name of the same per-token gap (renamed in vLLM 0.11)
+        VLLM(r"vllm:time_per_output_token_seconds_sum", r"vllm:time_per_output_token_seconds_count"),
+        SGLANG(r"sglang:inter_token_latency_seconds_sum", r"sglang:inter_token_latency_seconds_count"),
+    ), scale=1000.0),
+    TargetMetric("tpot_ms", "server TPOT ms", "ratio", (  # per request: its mean time per output token
+        VLLM(r"vllm:request_time_per_output_token_seconds_sum",
+             r"vllm:request_time_per_output_token_seconds_count"),
+        # TGI: inference time / generated tokens of each request (prefill included)
+        TGI(r"tgi_request_mean_time_per_token_duration_sum", r"tgi_request_mean_time_per_token_duration_count"),
+    ), scale=1000.0),
+    TargetMetric("gen_tokens_s", "server gen tok/s", "counter", (
+        VLLM(r"vllm:generation_tokens_total"),
+        SGLANG(r"sglang:generation_tokens_total"),
+        TGI(r"tgi_request_generated_tokens_sum"),  # histogram sum: tokens of finished requests
+    )),
+    TargetMetric("prompt_tokens_s", "server prompt tok/s", "counter", (
+        VLLM(r"vllm:prompt_tokens_total"),
+        SGLANG(r"sglang:prompt_tokens_total"),
+        TGI(r"tgi_request_input_length_sum"),  # histogram sum: prompt tokens of requests
+    )),
+    TargetMetric("gen_throughput", "server gen tok/s (own)", "gauge", (
+        SGLANG(r"sglang:gen_throughput"),  # the scheduler's own estimate over its last interval
+    )),
+    TargetMetric("batch_size", "batch size", "ratio", (  # items per model execution
+        KNEESWARM(r"kneeswarm_target_batch_size_sum", r"kneeswarm_target_batch_size_count"),
+        TRITON(r"nv_inference_count(_total)?", r"nv_inference_exec_count(_total)?"),
+    )),
+    TargetMetric("predict_ms", "predict ms", "ratio", (
+        KSERVE(r"request_predict_seconds_sum", r"request_predict_seconds_count"),
+    ), scale=1000.0),
+    TargetMetric("preprocess_ms", "preprocess ms", "ratio", (
+        KSERVE(r"request_preprocess_seconds_sum", r"request_preprocess_seconds_count"),
+    ), scale=1000.0),
+    TargetMetric("postprocess_ms", "postprocess ms", "ratio", (
+        KSERVE(r"request_postprocess_seconds_sum", r"request_postprocess_seconds_count"),
+    ), scale=1000.0),
 )
 TARGET_KEYS = tuple(m.key for m in TARGET_METRICS)
 
@@ -117,11 +244,19 @@ def base_name(series: str) -> str:
     return series.split("{", 1)[0]
 
 
-def _matching(columns: Iterable[str], pattern: str | None) -> list[str]:
+def label_text(series: str) -> str:
+    """The label part of a series key: ``name{a="1"}`` -> ``{a="1"}`` ("" without labels)."""
+    i = series.find("{")
+    return series[i:] if i >= 0 else ""
+
+
+def _matching(columns: Iterable[str], pattern: str | None, labels: str | None = None) -> list[str]:
     if not pattern:
         return []
     rx = re.compile(pattern)
-    return [c for c in columns if c != "t" and rx.fullmatch(base_name(c))]
+    lrx = re.compile(labels) if labels else None
+    return [c for c in columns if c != "t" and rx.fullmatch(base_name(c))
+            and (lrx is None or lrx.search(label_text(c)))]
 
 
 @dataclass(frozen=True)
@@ -129,9 +264,18 @@ class Resolved:
     """A TargetMetric bound to the series of one prometheus.csv."""
 
     metric: TargetMetric
-    server: str
+    candidate: Candidate
     series: tuple[str, ...]
     denominator: tuple[str, ...] = ()
+
+    @property
+    def server(self) -> str:
+        return self.candidate.server
+
+    @property
+    def scale(self) -> float:
+        """The candidate's unit conversion times the metric's display scale."""
+        return self.candidate.scale * self.metric.scale
 
 
 def resolve(columns: Iterable[str]) -> list[Resolved]:
@@ -140,10 +284,10 @@ def resolve(columns: Iterable[str]) -> list[Resolved]:
     out = []
     for m in TARGET_METRICS:
         for c in m.candidates:
-            num = _matching(cols, c.pattern)
-            den = _matching(cols, c.denominator)
+            num = _matching(cols, c.pattern, c.labels)
+            den = _matching(cols, c.denominator, c.labels)
             if num and (m.kind != "ratio" or den):
-                out.append(Resolved(m, c.server, tuple(num), tuple(den)))
+                out.append(Resolved(m, c, tuple(num), tuple(den)))
                 break
     return out
 
@@ -164,7 +308,7 @@ def gauge_values(df: pd.DataFrame, r: Resolved) -> np.ndarray:
     """The combined gauge per sample (NaN where no series had a value), times scale."""
     data = _numeric(df, r.series)
     v = data.sum(axis=1, min_count=1) if r.metric.combine == "sum" else data.mean(axis=1)
-    return v.to_numpy(dtype=float) * r.metric.scale
+    return v.to_numpy(dtype=float) * r.scale
 
 
 def counter_cumulative(df: pd.DataFrame, cols: Iterable[str]) -> np.ndarray:
@@ -235,23 +379,26 @@ def target_windows(df: pd.DataFrame | None, t_lo: np.ndarray, t_hi: np.ndarray) 
         if m.kind == "gauge":
             cols[m.key] = window_gauge_means(t, gauge_values(df, r), t_lo, t_hi)
         elif m.kind == "counter":
-            cols[m.key] = window_rates(t, counter_cumulative(df, r.series), t_lo, t_hi) * m.scale
+            cols[m.key] = window_rates(t, counter_cumulative(df, r.series), t_lo, t_hi) * r.scale
         else:  # ratio
             num = window_increase(t, counter_cumulative(df, r.series), t_lo, t_hi)
             den = window_increase(t, counter_cumulative(df, r.denominator), t_lo, t_hi)
             with np.errstate(all="ignore"):
-                cols[m.key] = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan) * m.scale
+                cols[m.key] = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan) * r.scale
     return [{k: float(v[i]) for k, v in cols.items() if np.isfinite(v[i])} for i in range(n)]
 
 
 def target_series_used(df: pd.DataFrame | None) -> dict[str, dict[str, Any]]:
-    """{key: {label, kind, server, series[, denominator]}}: which series each target key used."""
+    """{key: {label, kind, server, source, ref, series[, denominator]}}: which series each target
+    key used, whose naming they follow (``server``) and where those names come from (``source``:
+    "scrape" = seen in a recorded real scrape, ``ref`` the fixture; "docs" = the server's
+    documentation or source, ``ref`` the page)."""
     if df is None or df.empty:
         return {}
     out = {}
     for r in resolve(df.columns):
         d: dict[str, Any] = {"label": r.metric.label, "kind": r.metric.kind, "server": r.server,
-                             "series": list(r.series)}
+                             "source": r.candidate.source, "ref": r.candidate.ref, "series": list(r.series)}
         if r.denominator:
             d["denominator"] = list(r.denominator)
         out[r.metric.key] = d
@@ -273,22 +420,46 @@ def target_timeline(df: pd.DataFrame | None, t0: float, bin_s: float) -> pd.Data
         elif m.kind == "counter" and len(t) >= 2:
             cum = counter_cumulative(df, r.series)
             with np.errstate(all="ignore"):
-                rate = np.diff(cum) / np.diff(t) * m.scale
+                rate = np.diff(cum) / np.diff(t) * r.scale
             data[m.key] = np.concatenate([[np.nan], rate])
     bins = np.floor((t - t0) / bin_s).astype(np.int64)
-    ratios: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    ratios: dict[str, tuple[np.ndarray, np.ndarray, float]] = {}
     for r in resolve(df.columns):
         if r.metric.kind == "ratio" and len(t) >= 2:
             num = np.diff(counter_cumulative(df, r.series), prepend=0.0)
             den = np.diff(counter_cumulative(df, r.denominator), prepend=0.0)
-            ratios[r.metric.key] = (num, den)
+            ratios[r.metric.key] = (num, den, r.scale)
     if not data and not ratios:
         return pd.DataFrame(columns=["t"])
     out = pd.DataFrame(data).assign(bin=bins).groupby("bin").mean()
-    for key, (num, den) in ratios.items():
+    for key, (num, den, scale) in ratios.items():
         sums = pd.DataFrame({"num": num, "den": den, "bin": bins}).groupby("bin").sum()
-        scale = next(m.scale for m in TARGET_METRICS if m.key == key)
         out[key] = (sums["num"] / sums["den"].where(sums["den"] > 0)) * scale
     out = out.reset_index()
     out["t"] = out["bin"] * bin_s
     return out
+
+
+SOURCE_WORDS = {SCRAPE: "from a recorded real scrape", DOCS: "from its documentation"}
+
+
+def source_lines(used: dict[str, dict[str, Any]]) -> list[str]:
+    """For the report: one line per naming used in a host's ``target_series`` (summary), e.g.
+    ``vllm names from its documentation (vllm-project/vllm ...): queue, in flight``."""
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for key, d in used.items():
+        if isinstance(d, dict):
+            src = (str(d.get("server", "?")), str(d.get("source", "?")), str(d.get("ref", "")))
+            groups.setdefault(src, []).append(str(d.get("label", key)))
+    return [f"{server} names {SOURCE_WORDS.get(source, source)} ({ref}): {', '.join(labels)}"
+            for (server, source, ref), labels in groups.items()]
+
+
+def target_source_note(summary: dict[str, Any], cols: Iterable[tuple[str, str, str, str]] | None) -> list[str]:
+    """:func:`source_lines` for one step-table group (summary.table_groups) when its columns are
+    one host's target metrics; [] for any other group."""
+    hosts = {c[0] for c in cols or () if str(c[2]).startswith("target.")}
+    if len(hosts) != 1:
+        return []
+    used = (summary.get("target_series") or {}).get(hosts.pop())
+    return source_lines(used) if isinstance(used, dict) else []

@@ -3,6 +3,7 @@
     .venv/bin/python bench/analysis.py                 # 36M rows, and 18M for the ratio
     .venv/bin/python bench/analysis.py --rows 2e6      # a quick check (and 1M for the ratio)
     .venv/bin/python bench/analysis.py --rows 2e6 --no-ratio
+    .venv/bin/python bench/analysis.py --rows 2e6 --no-ratio --streaming 32   # LLM rows: 32 gaps each
 
 The run directory is what a real run leaves (kneeswarm/rundir.py): request parts written with
 ``RunDir.write_request_part`` every FLUSH_S seconds of the run (the recorder's cadence, rows a
@@ -16,6 +17,9 @@ child prints its wall seconds and peak RSS (``ru_maxrss``).  Generated directori
 under ``--cache`` (default /tmp/kneeswarm-bench-analysis/<rows>) and reused; the reports are
 rewritten by each analysis.  Targets on 2 cores (issue 7): <= 60 s and <= 2 GB at 36M rows, and
 the 36M/18M ratio of the seconds <= 2.2.
+
+``--streaming GAPS``: every row is a streamed LLM answer (TTFT, GAPS inter-token gaps, GAPS + 1
+output tokens, both token counts), so analysis.streaming's cost and memory show; cached apart.
 """
 
 from __future__ import annotations
@@ -63,8 +67,22 @@ def step_table() -> list[list[float]]:
     return rows
 
 
-def write_requests(rd: RunDir, total_rows: int, steps: list[list[float]], rng: np.random.Generator) -> None:
-    """Request parts, one per FLUSH_S of the run; latency from Little's law (N = X R)."""
+def streaming_columns(n: int, lat: np.ndarray, gaps: int, rng: np.random.Generator) -> dict[str, object]:
+    """The streaming columns of ``n`` rows: TTFT a quarter of the latency, the rest in ``gaps`` equal-ish gaps."""
+    import pyarrow as pa
+
+    ttft = lat * 0.25
+    values = (np.repeat(lat * 0.75 / gaps, gaps) * rng.lognormal(0.0, 0.1, n * gaps)).astype(np.float32)
+    offsets = pa.array(np.arange(n + 1, dtype=np.int32) * gaps)
+    return {"ttft_ms": ttft, "itl_ms": pa.ListArray.from_arrays(offsets, pa.array(values)),
+            "tokens_out": np.full(n, gaps + 1, np.int64), "usage_out": np.full(n, gaps + 1, np.int64),
+            "chunks_out": np.full(n, gaps + 1, np.int64), "tokens_counted": np.zeros(n, dtype=bool)}
+
+
+def write_requests(rd: RunDir, total_rows: int, steps: list[list[float]], rng: np.random.Generator,
+                   gaps: int = 0) -> None:
+    """Request parts, one per FLUSH_S of the run; latency from Little's law (N = X R); with ``gaps``,
+    streamed LLM rows (streaming_columns)."""
     mean_rate = total_rows / DURATION_S
     bounds = np.array([s[2] for s in steps] + [steps[-1][4]])
     rate = np.array([mean_rate * q for q in QPS_SHARE])
@@ -82,15 +100,33 @@ def write_requests(rd: RunDir, total_rows: int, steps: list[list[float]], rng: n
                 "users": np.full(n, USERS[i], np.int32), "worker": workers[rng.integers(0, WORKERS, n)],
                 "name": np.full(n, "infer", dtype=object), "tokens_in": np.full(n, 128, np.int64),
                 "bytes": np.full(n, 412, np.int64)}
+        if gaps:
+            cols.update(streaming_columns(n, lat, gaps, rng))
         late = rng.random(n) < LATE_SHARE
-        out = {k: v[~late] for k, v in cols.items()}
+        out = {k: _take(v, ~late) for k, v in cols.items()}
         if carry is not None:
-            out = {k: np.concatenate([carry[k], out[k]]) for k in out}
-        carry = {k: v[late] for k, v in cols.items()}
-        rd.write_request_part({k: (v.tolist() if v.dtype == object else v) for k, v in out.items()}, seq)
+            out = {k: _cat(carry[k], out[k]) for k in out}
+        carry = {k: _take(v, late) for k, v in cols.items()}
+        rd.write_request_part({k: _plain(v) for k, v in out.items()}, seq)
         seq += 1
     if carry is not None and len(carry["t_start"]):
-        rd.write_request_part({k: (v.tolist() if v.dtype == object else v) for k, v in carry.items()}, seq)
+        rd.write_request_part({k: _plain(v) for k, v in carry.items()}, seq)
+
+
+def _take(v, mask: np.ndarray):
+    return v.filter(mask) if hasattr(v, "filter") and not isinstance(v, np.ndarray) else v[mask]
+
+
+def _cat(a, b):
+    if isinstance(a, np.ndarray):
+        return np.concatenate([a, b])
+    import pyarrow as pa
+
+    return pa.concat_arrays([a, b])
+
+
+def _plain(v):
+    return v.tolist() if isinstance(v, np.ndarray) and v.dtype == object else v
 
 
 def write_generator(rd: RunDir, steps: list[list[float]]) -> None:
@@ -152,7 +188,7 @@ def write_hosts(rd: RunDir, rng: np.random.Generator) -> dict[str, object]:
     return hosts
 
 
-def generate(path: Path, rows: int) -> RunDir:
+def generate(path: Path, rows: int, gaps: int = 0) -> RunDir:
     """A run directory of ``rows`` request rows over one hour (cached: reused when complete)."""
     done = path / ".generated"
     if done.exists():
@@ -169,7 +205,7 @@ def generate(path: Path, rows: int) -> RunDir:
     steps = step_table()
     rd.write_steps(steps)
     t = time.perf_counter()
-    write_requests(rd, rows, steps, rng)
+    write_requests(rd, rows, steps, rng, gaps)
     write_generator(rd, steps)
     hosts = write_hosts(rd, rng)
     rd.update_meta(run_id=f"bench-{rows}", complete=True, ended="completed", started=T0,
@@ -197,9 +233,15 @@ def child(path: str) -> None:
     s = analysis.analyze(path)
     seconds = time.perf_counter() - t
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    step = s["steps"][-1]
+    streaming = None
+    if step.get("itl_p99_ms") is not None:
+        streaming = (f"last step: TTFT P99 {step['ttft_p99_ms']:.1f} ms, ITL P99 {step['itl_p99_ms']:.1f} ms over "
+                     f"{step['itl_gaps']:,} gaps (sampled: {step['itl_sampled']}), {step['tokens_s']:,.0f} tokens/s")
     print(json.dumps({"seconds": seconds, "peak_rss_mb": rss_mb, "requests": s["totals"]["requests"],
                       "valid_steps": s["totals"]["valid_steps"], "knee": s["knee"]["users"],
-                      "warnings": len(s["warnings"]), "findings": [f["id"] for f in s["findings"]]}))
+                      "warnings": len(s["warnings"]), "findings": [f["id"] for f in s["findings"]],
+                      "streaming": streaming}))
 
 
 def measure(path: Path) -> dict[str, object]:
@@ -217,6 +259,8 @@ def main() -> None:
     ap.add_argument("--rows", type=float, default=36e6, help="request rows over the hour (default 36e6)")
     ap.add_argument("--no-ratio", action="store_true", help="skip the half-size run")
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    ap.add_argument("--streaming", type=int, default=0, metavar="GAPS",
+                    help="streamed LLM rows with GAPS inter-token gaps each (cached apart)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -225,11 +269,14 @@ def main() -> None:
     sizes = [int(args.rows)] if args.no_ratio else [int(args.rows) // 2, int(args.rows)]
     results = {}
     for rows in sizes:
-        rd = generate(args.cache / str(rows), rows)
+        rd = generate(args.cache / (f"{rows}-stream{args.streaming}" if args.streaming else str(rows)), rows,
+                      args.streaming)
         results[rows] = r = measure(rd.path)
         print(f"{rows:>12,} rows: {r['seconds']:6.1f} s, peak RSS {r['peak_rss_mb']:7.0f} MB "
               f"({r['valid_steps']} valid steps, knee {r['knee']}, {r['warnings']} warnings, findings {r['findings']})",
               flush=True)
+        if r.get("streaming"):
+            print(f"{'':>12}  {r['streaming']}", flush=True)
     if len(sizes) == 2:
         a, b = (results[n] for n in sizes)
         print(f"ratio {sizes[1]:,} / {sizes[0]:,} rows: seconds {b['seconds'] / a['seconds']:.2f}, "

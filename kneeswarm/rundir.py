@@ -52,6 +52,11 @@ REQUEST_SCHEMA = pa.schema(
         ("users", pa.int32()),  # target users of that step
         ("worker", pa.string()),
         ("name", pa.string()),
+        # streaming answers only (null otherwise; parts written before these columns read as null):
+        ("itl_ms", pa.list_(pa.float32())),  # every inter-token gap, in arrival order (float32: ~µs precision)
+        ("tokens_counted", pa.bool_()),  # true: tokens_out is the client's chunk count (no server usage)
+        ("usage_out", pa.int64()),  # the server's usage.completion_tokens, when it sent one
+        ("chunks_out", pa.int64()),  # text chunks the client counted itself
     ]
 )
 REQUEST_COLUMNS = tuple(REQUEST_SCHEMA.names)
@@ -341,8 +346,12 @@ class RunDir:
         path = self.requests_dir / f"part-{seq:06d}.parquet"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, path)
+        try:
+            pq.write_table(table, tmp, compression="zstd")
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a full disk: no half-written file left behind (the rows are held)
+            raise
         return path
 
     def read_request_rows(self) -> RequestRows:

@@ -96,11 +96,14 @@ class ClockGate:
         self._held: dict[str, list[tuple[dict[str, list] | None, list]]] = {}
         self._since: dict[str, float] = {}  # when each worker's first batch arrived
         self.uncorrected: dict[str, dict[str, int]] = {}  # worker -> {"request_rows": n, "generator_rows": m}
+        self.last_admitted: dict[str, float] = {}  # worker -> master time (epoch s) of its last report with rows
 
     def admit(self, worker: str, rows: dict[str, list] | None, samples: list | None) -> None:
         """A worker's report: held until :meth:`release` can put it on the master's clock."""
         if not (rows and rows.get("t_start")) and not samples:
             return
+        if rows and rows.get("t_start"):
+            self.last_admitted[worker] = time.time()
         self._held.setdefault(worker, []).append((rows, list(samples or [])))
         self._since.setdefault(worker, self._now())
 

@@ -25,7 +25,8 @@ from typing import Any
 import gevent
 from locust import events
 from locust.env import Environment
-from locust.runners import STATE_MISSING, STATE_RUNNING, STATE_SPAWNING, MasterRunner, WorkerRunner
+from locust.runners import (HEARTBEAT_INTERVAL, HEARTBEAT_LIVENESS, STATE_MISSING, STATE_RUNNING, STATE_SPAWNING,
+                            MasterRunner, WorkerRunner)
 
 from kneeswarm.plan import PlanError, load_plan, plan_from_dict
 from kneeswarm.rundir import CLOCKS_FILE, GENERATOR_COLUMNS, RunDir, safe_name, write_json
@@ -182,6 +183,7 @@ class MasterListeners:
             runner.register_message(clocks.PONG, self.on_pong)
             gevent.spawn(self.ping_loop)
             self.known_workers: dict[str, str] = {}  # client id -> worker name, of every worker seen
+            self.last_heard: dict[str, float] = {}  # client id -> when its last heartbeat was seen
             gevent.spawn(self.watch_workers)
         env.events.test_start.add_listener(self.on_test_start)
         env.events.spawning_complete.add_listener(self.on_spawning_complete)
@@ -238,19 +240,31 @@ class MasterListeners:
 
     def watch_workers(self) -> None:
         """A worker that goes missing (killed, network gone) during a test: the run goes on with
-        the others, and the step it was lost in is flagged in meta.json's warnings."""
+        the others, and the loss is recorded (Recording.worker_lost) for the analysis to flag the
+        steps it affected.  Locust marks a worker missing once its heartbeat counter (reset to
+        HEARTBEAT_LIVENESS by each heartbeat, less one each HEARTBEAT_INTERVAL) runs out, some
+        seconds after it went quiet; when it was last heard from is read off that counter here."""
         while True:
             gevent.sleep(WORKER_WATCH_PERIOD)
-            present = {c.id for c in self.runner.clients.all if c.state != STATE_MISSING}
+            now = time.time()
+            clients = list(self.runner.clients.all)
+            present = {c.id for c in clients if c.state != STATE_MISSING}
+            for c in clients:
+                if c.id in present and c.heartbeat >= 0:  # its last heartbeat came (LIVENESS - counter) s ago
+                    heard = now - (HEARTBEAT_LIVENESS - min(c.heartbeat, HEARTBEAT_LIVENESS)) * HEARTBEAT_INTERVAL
+                    self.last_heard[c.id] = max(heard, self.last_heard.get(c.id, heard))
             for cid in present:
                 if cid not in self.known_workers:
                     self.known_workers[cid] = worker_name(self.runner, cid)
+                    if self.recording is not None and not self.recording.stopped:
+                        self.recording.worker_back(self.known_workers[cid], now)  # a lost one that healed
             loading = self.runner.state in (STATE_SPAWNING, STATE_RUNNING)  # a quit after the test is no loss
+            before = len(self.known_workers)
             for cid, name in list(self.known_workers.items()):
                 if cid not in present:
                     del self.known_workers[cid]
                     if loading and self.recording is not None and not self.recording.stopped:
-                        self.recording.worker_lost(name, time.time())
+                        self.recording.worker_lost(name, now, self.last_heard.get(cid, now), before)
 
     def on_pong(self, environment: Environment, msg: Any, **_kw: Any) -> None:
         self.worker_clocks.answered(worker_name(self.runner, msg.node_id), msg.data or {})
@@ -430,15 +444,30 @@ class Recording:
         entry[1] = " ".join(str(e).split())
         logger.error("kneeswarm: could not write %s: %s", what, e)
 
-    def worker_lost(self, worker: str, t: float) -> None:
-        """A worker went missing at ``t``: flag the step (meta.json warnings, and "workers_lost")."""
+    def worker_lost(self, worker: str, t: float, last_heard: float, workers_before: int) -> None:
+        """A worker went missing at ``t`` (last heard from at ``last_heard``, one of
+        ``workers_before``): meta.json ``workers_lost`` (read by analysis.workers, which flags
+        the steps it affected) and a warning line."""
         step = self.schedule.log[-1] if self.schedule.log else None
         where = f"step {step.index} ({step.users} users)" if step else "before the first step"
         when = time.strftime("%H:%M:%S", time.gmtime(t)) + f"Z (t={t:.1f})"
-        self.notes.append(f"{worker} lost at {when} during {where}: the run went on with the other workers; "
-                          f"its rows up to its last report are kept")
-        self.lost_workers.append({"worker": worker, "t": round(t, 3), "step": step.index if step else None})
+        reported = self.gate.last_admitted.get(worker)
+        kept = (f"its rows up to its last report, {t - reported:.1f}s earlier, are kept" if reported is not None
+                else "it had sent no rows")
+        self.notes.append(f"{worker} lost at {when} during {where}, last heard from {t - last_heard:.1f}s earlier: "
+                          f"the run went on with {workers_before - 1} of {workers_before} workers; {kept}")
+        self.lost_workers.append({"worker": worker, "t": round(t, 3), "step": step.index if step else None,
+                                  "t_last_heard": round(last_heard, 3), "workers_before": workers_before,
+                                  "t_last_report": None if reported is None else round(reported, 3)})
         logger.warning("kneeswarm: %s", self.notes[-1])
+
+    def worker_back(self, worker: str, t: float) -> None:
+        """A worker lost earlier in this test answers again (its network came back): ``t_back``."""
+        for entry in reversed(self.lost_workers):
+            if entry["worker"] == worker and entry.get("t_back") is None:
+                entry["t_back"] = round(t, 3)
+                self.notes.append(f"{worker} came back at {time.strftime('%H:%M:%S', time.gmtime(t))}Z (t={t:.1f})")
+                return
 
     def _write_steps(self, log: list) -> None:
         try:

@@ -10,7 +10,7 @@ clocks.ClockGate) or from this process in local mode are stamped with the step t
 to and appended to requests/part-*.parquet every ``FLUSH_INTERVAL`` seconds, so a crash loses
 at most the last few seconds.
 
-The listener is the hot path: ten list appends and nothing else for a success.
+The listener is the hot path: fourteen list appends and nothing else for a success.
 """
 
 from __future__ import annotations
@@ -38,7 +38,11 @@ GEN_KEY = "kneeswarm_gen"
 RECORDER_FILE = "recorder.json"
 
 # The columns of a row as it travels, one list each (worker and step are added on the master).
-WIRE_COLUMNS = ("t_start", "latency_ms", "bytes", "ok", "status", "error", "name", "tokens_in", "tokens_out", "ttft_ms")
+# A streamed answer adds its inter-token gaps, whether tokens_out was counted from chunks, and the
+# server's and the client's counts side by side (users.StreamInfo); None for every other request.
+WIRE_COLUMNS = ("t_start", "latency_ms", "bytes", "ok", "status", "error", "name", "tokens_in", "tokens_out", "ttft_ms",
+                "itl_ms", "tokens_counted", "usage_out", "chunks_out")
+NO_STREAM = (None, None, None, None)  # (itl_ms, tokens_counted, usage_out, chunks_out) of a whole answer
 
 
 def categorize(status: int, exception: BaseException | None) -> str | None:
@@ -93,7 +97,8 @@ class RowBuffer:
         self._cols = empty_columns()
         # Bound appends in WIRE_COLUMNS order: the hot path does no dict lookups.
         (self._t, self._lat, self._bytes, self._ok, self._status, self._error, self._name,
-         self._tin, self._tout, self._ttft) = (self._cols[c].append for c in WIRE_COLUMNS)
+         self._tin, self._tout, self._ttft, self._itl, self._counted, self._usage,
+         self._chunks) = (self._cols[c].append for c in WIRE_COLUMNS)
 
     def on_request(
         self,
@@ -120,6 +125,12 @@ class RowBuffer:
         self._tin(tin)
         self._tout(tout)
         self._ttft(ttft)
+        # users.StreamInfo(itl_ms, tokens_counted, usage_out, chunks) of a streamed answer
+        itl, counted, usage, chunks = (context.get("kneeswarm_stream") if context else None) or NO_STREAM
+        self._itl(itl)
+        self._counted(counted)
+        self._usage(usage)
+        self._chunks(chunks)
 
     def take(self) -> Columns:
         """The rows so far (and a fresh, empty buffer). No lock: greenlets do not preempt."""

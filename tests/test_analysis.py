@@ -301,13 +301,14 @@ def test_target_queue_0_then_12_and_counter_rising_5_per_s(tmp_path):
         "parse": {"prometheus": {"lines": 56, "skipped": 2}}}
     first, second = (st["server"]["target"]["target"] for st in s["steps"])
     assert first == pytest.approx({"queue_length": 0.0, "in_flight": 1.0, "rejected_s": 5.0,
-                                   "queue_wait_ms": 2.0, "requests_s": 102.0})
+                                   "failures_s": 2.0, "queue_wait_ms": 2.0, "requests_s": 102.0})
     assert second["queue_length"] == 12.0 and second["in_flight"] == 2.0
     assert second["rejected_s"] == pytest.approx(5.0)
     assert "target" not in s["steps"][0]["server"]["server-1"]  # no prometheus.csv there
     used = s["target_series"]["target"]
-    assert set(used) == {"queue_length", "in_flight", "rejected_s", "queue_wait_ms", "requests_s"}
-    assert used["queue_length"] == {"label": "queue", "kind": "gauge", "server": "kneeswarm",
+    assert set(used) == {"queue_length", "in_flight", "rejected_s", "failures_s", "queue_wait_ms", "requests_s"}
+    assert used["queue_length"] == {"label": "queue", "kind": "gauge", "server": "kneeswarm", "source": "scrape",
+                                    "ref": "tests/fixtures/scrapes/kneeswarm-0.1.0.txt",
                                     "series": ["kneeswarm_target_queue_length"]}
     assert used["requests_s"]["series"] == ['kneeswarm_target_requests_total{code="200"}',
                                             'kneeswarm_target_requests_total{code="503"}']
@@ -316,9 +317,12 @@ def test_target_queue_0_then_12_and_counter_rising_5_per_s(tmp_path):
     assert "- **Malformed lines skipped:** target prometheus: 2 of 56 lines" in md
     assert "  - /metrics scraped from http://10.0.0.5:8000/metrics: 56 scrapes, 2 failed (last: timed out after 0.8s)" in md
     last_row = [line for line in md.splitlines() if line.startswith("| ")][-1]  # the target table's last step
-    assert last_row.split(" | ")[-5:] == ["12.0", "2.0", "5.0", "2.0", "102.0 |"]
+    assert last_row.split(" | ")[-6:] == ["12.0", "2.0", "5.0", "2.0", "2.0", "102.0 |"]
     html = (rd.report_dir / "index.html").read_text().replace("\\u002f", "/")
     assert "target: target: queue / in flight / rejections/s" in html
+    names = ("kneeswarm names from a recorded real scrape (tests/fixtures/scrapes/kneeswarm-0.1.0.txt): "
+             "queue, in flight, rejections/s, failures/s, queue wait ms, server req/s")
+    assert f"\n- {names}\n" in md and f"<p class='note'>{names}</p>" in html  # where the names come from
     strict_json(rd.report_dir / "summary.json")
 
 

@@ -9,16 +9,65 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+import pandas as pd
 import pytest
+import requests
 
 from kneeswarm.conductor import free_port
 from kneeswarm.rundir import RunDir
 
-from conftest import REPO, wait_for
+from conftest import REPO, read_summary, wait_for
 
 pytestmark = pytest.mark.slow
 
 REPORT_INTERVAL = 3.0  # locust.runners.WORKER_REPORT_INTERVAL: what a killed worker may not have sent
+SERVED = 'kneeswarm_target_requests_total{code="200"}'  # the demo target's own count of answered inferences
+PREFLIGHT_SLACK = 20  # inferences the conductor's target check may send before the load
+
+
+def served(url: str) -> float:
+    """The demo target's count of inferences answered 200 (its /metrics)."""
+    for line in requests.get(url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith(SERVED + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{SERVED} not in the target's /metrics")
+
+
+def check_worker_table(run_dir) -> dict:
+    """summary.json's per-worker table against numpy on the stored rows and generator CSVs, over
+    each step's steady window [t_steady + settle, t_end) from steps.csv; returns the summary."""
+    s = read_summary(run_dir)
+    rd = RunDir(run_dir)
+    rows, steps = rd.read_requests(), rd.read_steps()
+    t, step, worker = rows["t_start"].to_numpy(float), rows["step"].to_numpy(float), rows["worker"].to_numpy(str)
+    assert sum(w["requests"] for w in s["workers"].values()) == len(rows)
+    for name, tot in s["workers"].items():
+        assert tot["requests"] == int((worker == name).sum())
+    settle = s["analysis"]["settle"]
+    for i, st in enumerate(s["steps"]):
+        lo, hi = float(steps["t_steady"][i]) + settle, float(steps["t_end"][i])
+        in_step = (t >= lo) & (t < hi) & (step == steps["index"][i])
+        want = {w: int((in_step & (worker == w)).sum()) for w in np.unique(worker)}
+        got = {w: c["requests"] for w, c in st["workers"].items()}
+        assert got == want, (i, got, want)
+        assert sum(got.values()) == st["requests"]
+        for w, cell in st["workers"].items():
+            assert cell["rps"] == pytest.approx(want[w] / (hi - lo))
+            gen = pd.read_csv(run_dir / "generator" / f"{w}.csv")
+            g = gen[(gen["t"] >= lo) & (gen["t"] < hi)]
+            if len(g):
+                assert cell["cpu_pct"] == pytest.approx(g["cpu_pct"].mean())
+                assert cell["rss_mb"] == pytest.approx(g["rss_mb"].max())
+                assert cell["users"] == pytest.approx(g["users"].mean())
+            else:
+                assert "cpu_pct" not in cell
+    md = (run_dir / "report" / "summary.md").read_text()
+    html = (run_dir / "report" / "index.html").read_text()
+    for name in s["workers"]:
+        assert f"| {name} | {s['workers'][name]['requests']:,} |" in md
+        assert f"<td>{name}</td><td>{s['workers'][name]['requests']:,}</td>" in html
+    return s
 
 
 def _cli(*args: str, **kw) -> subprocess.Popen:
@@ -55,7 +104,12 @@ def test_run_names_how_many_workers_came(tmp_path, start_demo_target):
 
 
 def test_a_worker_killed_mid_step_the_run_goes_on(tmp_path, start_demo_target):
+    """kill -9 of one of two workers during step 1: the run completes on the other; step 1 (only)
+    is flagged with the time and the worker; every row the killed worker sent is kept (the demo
+    target's own count of answered requests exceeds the rows by no more than what one report
+    interval of the killed worker could hold); the per-worker table matches the rows."""
     target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
+    served_before = served(target.url)
     port, out = free_port(), tmp_path / "runs"
     logs = [(tmp_path / f"worker-{i}.log").open("w") for i in range(2)]
     run = _cli("run", "--target", target.url, "--steps", "2,4,6", "--hold", "8", "--ramp", "0.5", "--settle", "0.5",
@@ -85,6 +139,8 @@ def test_a_worker_killed_mid_step_the_run_goes_on(tmp_path, start_demo_target):
     assert len(steps) == 3 and steps["t_end"].notna().all()  # the run completed on the other worker
     (lost,) = meta["workers_lost"]
     assert lost["step"] == 1 and t_kill - 1 <= lost["t"] <= t_kill + 30
+    assert t_kill - REPORT_INTERVAL <= lost["t_last_heard"] <= t_kill + 1.5 and lost["workers_before"] == 2
+    assert t_kill - REPORT_INTERVAL - 1.5 <= lost["t_last_report"] <= t_kill
     assert any(lost["worker"] in w and "step 1" in w for w in meta["warnings"])
     rows = RunDir(run_dir).read_requests()
     by_worker = rows.groupby("worker")["t_start"].agg(["max", "count"])
@@ -96,3 +152,20 @@ def test_a_worker_killed_mid_step_the_run_goes_on(tmp_path, start_demo_target):
     assert t_kill - REPORT_INTERVAL - 1.5 <= killed["max"] <= t_kill
     assert survivor["max"] > t_kill + 8  # the survivor carried step 2
     assert (rows[rows["worker"] == lost["worker"]]["step"] == 2).sum() == 0
+    # no row sent before the kill is lost: what the target answered and no row records is at most
+    # the killed worker's unreported tail (one report interval and a little) and the preflight
+    mine = rows[(rows["worker"] == lost["worker"]) & (rows["step"] == 1)]["t_start"]
+    rate = len(mine) / float(mine.max() - mine.min())
+    missing = served(target.url) - served_before - int(rows["ok"].sum())
+    assert 0 <= missing <= rate * (REPORT_INTERVAL + 1.5) + PREFLIGHT_SLACK, (missing, rate)
+    # the affected step, and only it, is flagged with the worker, the time and the workers left
+    s = check_worker_table(run_dir)
+    flag = [r for r in s["steps"][1]["reasons"] if f"worker {lost['worker']} lost at" in r]
+    clock, missing_at = (time.strftime("%H:%M:%S", time.gmtime(lost[k])) for k in ("t_last_heard", "t"))
+    assert len(flag) == 1 and f"lost at {clock}Z" in flag[0] and f"declared missing at {missing_at}Z" in flag[0]
+    assert "1 of 2 workers" in flag[0], flag
+    assert s["steps"][1]["valid"] is False
+    assert not any("lost at" in r for i in (0, 2) for r in s["steps"][i]["reasons"])
+    assert s["workers"][lost["worker"]]["lost"]["step"] == 1
+    md = (run_dir / "report" / "summary.md").read_text()
+    assert flag[0] in md.replace("\\", "") and f"lost at {clock}Z in step 1" in md

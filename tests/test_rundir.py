@@ -118,3 +118,27 @@ def test_unreadable_preferred_table_falls_back_and_is_said(tmp_path):
     assert s["steps"][1]["server"]["server-1"]["cpu_pct"] == 150.0  # from process.procfs.csv
     assert any(w.startswith("hosts/server-1/process.csv: unreadable, skipped") for w in s["warnings"])
     assert s["lost"] == {"host_csvs": 1} and s["complete"] is False
+
+
+def test_a_part_write_on_a_full_disk_raises_and_leaves_no_temporary_file(small_disk):
+    """A real full tmpfs: the write fails with OSError ENOSPC, the one error the recorder holds rows
+    for and retries (anything else counts them lost), no half-written file is left, and the retry
+    works once there is room."""
+    import errno
+
+    import pytest
+
+    rd = RunDir(small_disk.path / "run")
+    rd.requests_dir.mkdir(parents=True)
+    n = 20_000
+    rng = np.random.default_rng(0)
+    cols = {"t_start": 1.8e9 + np.arange(n) / 100.0, "latency_ms": rng.exponential(20.0, n), "ok": [True] * n,
+            "error": [None] * n, "step": np.zeros(n, dtype=np.int32)}
+    small_disk.fill()
+    with pytest.raises(OSError) as err:
+        rd.write_request_part(cols, 0)
+    assert err.value.errno == errno.ENOSPC
+    assert list(rd.requests_dir.iterdir()) == []
+    small_disk.free()
+    rd.write_request_part(cols, 0)  # the retry, once there is room
+    assert len(rd.read_requests()) == n

@@ -30,18 +30,19 @@ url, mode = sys.argv[1], sys.argv[2]
 load = {"steps": [4], "mode": mode} | ({"rates": [40.0], "source_rate": 10.0} if mode == "open" else {})
 state.set_plan(plan_from_dict({"target": url, "load": load}, "test"))
 InferenceUser.host = url
-served = lambda: parse_exposition(requests.get(url + "/metrics", timeout=5).text).get(
-    'kneeswarm_target_requests_total{code="200"}', 0.0)
+# requests the target received (counted on arrival: one still queued at the stop is not "more")
+received = lambda: sum(v for k, v in parse_exposition(requests.get(url + "/metrics", timeout=5).text).items()
+                       if k.startswith("kneeswarm_target_received_total"))
 env = Environment(user_classes=[InferenceUser], host=url)
 runner = env.create_local_runner()
 runner.start(4, spawn_rate=100)
 gevent.sleep(1.5)
-before_stop = served()
+before_stop = received()
 runner.stop()
-gevent.sleep(0.5)  # requests in flight at the stop may still be answered
-after_stop = served()
+gevent.sleep(1.0)  # a request sent just before the stop may still be on its way in
+after_stop = received()
 gevent.sleep(1.5)
-print(json.dumps({"before_stop": before_stop, "after_stop": after_stop, "later": served(),
+print(json.dumps({"before_stop": before_stop, "after_stop": after_stop, "later": received(),
                   "user_count": runner.user_count}))
 """
 

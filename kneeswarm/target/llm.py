@@ -13,6 +13,9 @@ Output length: ``max_tokens`` (default 16, as vLLM), cut to ``--output-tokens`` 
 ``min_tokens`` raises it (vLLM's extension).  Prompt tokens are counted as whitespace-separated
 words, the same approximation the kneeswarm client uses without a tokenizer.
 
+``--usage-offset K`` makes ``usage.completion_tokens`` say K tokens more than were produced (a
+server whose own count disagrees with what it streamed: the client's token-count check must say so).
+
 Streams follow vLLM: a first chunk with only ``role``, one chunk per token, ``finish_reason`` on
 the last token's chunk, an extra ``usage`` chunk (``choices: []``) when the request asks
 ``stream_options.include_usage``, then ``data: [DONE]``.
@@ -56,6 +59,7 @@ class LLMConfig:
     ttft_ms: float = 0.0
     itl_ms: float = 0.0
     output_tokens: int = 0  # 0: produce max_tokens
+    usage_offset: int = 0  # usage.completion_tokens = tokens produced + this (never below 0)
 
 
 @dataclass
@@ -203,8 +207,9 @@ class Generation:
         return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
 
     def _usage(self) -> dict:
-        return {"prompt_tokens": self.c.prompt_tokens, "completion_tokens": self.c.n,
-                "total_tokens": self.c.prompt_tokens + self.c.n}
+        out = max(0, self.c.n + self.cfg.usage_offset)  # --usage-offset: a count that disagrees on purpose
+        return {"prompt_tokens": self.c.prompt_tokens, "completion_tokens": out,
+                "total_tokens": self.c.prompt_tokens + out}
 
     async def sse(self) -> AsyncIterator[bytes]:
         if self.c.chat:

@@ -436,6 +436,9 @@ def build_parser(prog: str = "kneeswarm target") -> argparse.ArgumentParser:
     llm.add_argument("--output-tokens", type=_int_at_least(0), default=0,
                      help="tokens generated before the end of sequence (0 = always max_tokens; "
                           "ignore_eos in the request overrides it)")
+    llm.add_argument("--usage-offset", type=int, default=0,
+                     help="usage.completion_tokens says this many tokens more than were produced "
+                          "(a server whose own count disagrees with its stream)")
 
     gate = p.add_argument_group("credentials and fault injection (inference requests)")
     gate.add_argument("--api-key-env", metavar="NAME",
@@ -567,7 +570,8 @@ def main(argv: list[str] | None = None) -> int:
         print(LISTENING_LINE.format(url=url, mode=args.mode, pid=os.getpid()), flush=True)
         logger.info("serving model %r in %s mode at %s", info.name, args.mode, url)
 
-    llm = LLMConfig(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, output_tokens=args.output_tokens)
+    llm = LLMConfig(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, output_tokens=args.output_tokens,
+                    usage_offset=args.usage_offset)
     faults = FaultPlan(fail_rate=args.fail_rate, reset_rate=args.reset_rate, truncate_rate=args.truncate_rate,
                        stall_ms=args.stall_ms, stall_every=args.stall_every, seed=args.fault_seed)
     try:

@@ -1,0 +1,376 @@
+"""LLM streaming per step: TTFT, ITL and TPOT percentiles, output tokens/s, goodput, and whether the
+client's and the server's token counts agree (issue 6 §1 "token-count truth", §6).
+
+Where the numbers come from (one request row each, kneeswarm.rundir.REQUEST_SCHEMA): ``ttft_ms``,
+``itl_ms`` (the list of every inter-token gap the client measured), ``tokens_out`` (the server's
+``usage`` count where it sent one, else the client's chunk count, then ``tokens_counted`` is true),
+``usage_out`` and ``chunks_out`` (both counts, side by side).  Rows of a run recorded before these
+columns existed read them as null: such a run has TTFT only, or nothing streaming at all.
+
+Definitions, per step (its steady window; successful rows only unless said):
+
+* ``ttft_p50_ms`` … ``ttft_p99_ms``: over the rows that streamed (a finite ``ttft_ms``);
+* ``itl_p50_ms`` … ``itl_p99_ms``: over every gap of those rows (exact; beyond ``ITL_SAMPLE_MAX``
+  gaps in one step a uniform random sample of that many, ``itl_sampled`` true, so memory stays
+  bounded on huge runs);
+* ``tpot_p50_ms`` …: per request (latency − TTFT) / (tokens_out − 1), rows with ≥ 2 tokens;
+* ``tokens_s``: output tokens of the successful rows per second of window;
+* ``goodput_rps`` / ``goodput_share``: requests meeting the plan's ``[sla]`` per second of window /
+  as a share of all the window's requests (failures never meet it).  A request meets it when it
+  succeeded, its latency ≤ ``p99_ms``, its TTFT ≤ ``ttft_ms`` and its *largest* inter-token gap ≤
+  ``itl_ms`` (each limit only when set).  The largest gap, not the request's own P99: a reader sees
+  every stall of a stream, and the P99 of a stream's few dozen gaps is its largest or second
+  largest anyway, so a P99 would only forgive one stall.  TTFT and ITL limits apply to rows that
+  streamed; a whole (not streamed) answer is judged on its latency;
+* ``tokens_counted_share``: streamed rows whose tokens were counted from chunks (no ``usage``);
+* ``tokens_mismatch_share``: of the rows that have both counts (``tokens_compared``), the share where
+  ``usage_out`` ≠ ``chunks_out``; above ``COUNT_MISMATCH_MAX`` the step gets a reason naming both
+  counts' medians (tokens/s, TPOT and the tokens/s knee assume the output the server says it made).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+logger = logging.getLogger(__name__)
+
+STREAM_COLUMNS = ("ttft_ms", "itl_ms", "tokens_counted", "usage_out", "chunks_out")
+ITL_TYPE = pa.list_(pa.float32())
+QUANTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0}
+ITL_SAMPLE_MAX = 1_000_000  # gaps kept per step for the ITL percentiles (~12 MB while thinning)
+ITL_SAMPLE_SEED = 6  # the sample is reproducible: the same run gives the same figures
+COUNT_MISMATCH_MAX = 0.05  # issue 6: client and server counts disagreeing on more than 5% of requests
+GOODPUT_LIMITS = ("ttft_ms", "itl_ms", "p99_ms")  # the [sla] keys a single request can be judged by
+METRICS = ("ttft", "itl", "tpot")
+STEP_KEYS = ("streaming_requests", *(f"{m}_{q}_ms" for m in METRICS for q in QUANTILES), "itl_gaps",
+             "itl_sampled", "tokens_s", "tokens_counted_share", "tokens_compared", "tokens_mismatch_share",
+             "usage_out_median", "chunks_out_median", "goodput_rps", "goodput_share")
+
+
+def goodput_limits(sla: Any) -> dict[str, float]:
+    """The ``[sla]`` limits a request is judged by (GOODPUT_LIMITS that are positive numbers)."""
+    out = {}
+    for key in GOODPUT_LIMITS:
+        v = sla.get(key) if isinstance(sla, dict) else None
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
+            out[key] = float(v)
+    return out
+
+
+# -- the streaming columns of some rows -------------------------------------------------------
+@dataclass
+class StreamRows:
+    """The streaming columns of a chunk of rows (floats: NaN where null)."""
+
+    ttft: np.ndarray
+    itl: pa.Array  # list<float32> per row
+    itl_max: np.ndarray  # each row's largest gap (NaN: no gap)
+    counted: np.ndarray  # 1.0 counted from chunks, 0.0 from usage, NaN unknown
+    usage: np.ndarray
+    chunks: np.ndarray
+
+    @classmethod
+    def of_table(cls, table: pa.Table) -> StreamRows | None:
+        """From a part's Arrow table; None when no row streamed (nothing to keep)."""
+        n = table.num_rows
+        col = lambda c: table.column(c).combine_chunks() if c in table.column_names else pa.nulls(n)  # noqa: E731
+        ttft = col("ttft_ms")
+        if ttft.null_count == n:
+            return None
+        num = lambda a: pc.cast(a, pa.float64()).to_numpy(zero_copy_only=False)  # noqa: E731 (null -> NaN)
+        itl = col("itl_ms")
+        itl = itl if itl.type == ITL_TYPE else pc.cast(itl, ITL_TYPE)
+        return cls(num(ttft), itl, row_max(itl), num(pc.cast(col("tokens_counted"), pa.float64())),
+                   num(col("usage_out")), num(col("chunks_out")))
+
+    @classmethod
+    def of_frame(cls, df: pd.DataFrame) -> StreamRows | None:
+        """From rows in a DataFrame (any of STREAM_COLUMNS may be missing)."""
+        n = len(df)
+        if "ttft_ms" not in df.columns or not df["ttft_ms"].notna().any():
+            return None
+        num = lambda c: (pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float) if c in df.columns  # noqa: E731
+                         else np.full(n, np.nan))
+        gaps = [None if g is None or (isinstance(g, float) and math.isnan(g)) else g
+                for g in (df["itl_ms"] if "itl_ms" in df.columns else [None] * n)]
+        itl = pa.array(gaps, type=ITL_TYPE)
+        counted = df["tokens_counted"].map(lambda v: np.nan if v is None or v is pd.NA or v != v else float(bool(v))) \
+            if "tokens_counted" in df.columns else pd.Series(np.full(n, np.nan))
+        return cls(num("ttft_ms"), itl, row_max(itl), counted.to_numpy(dtype=float), num("usage_out"),
+                   num("chunks_out"))
+
+    def take(self, mask: np.ndarray) -> StreamRows:
+        return StreamRows(self.ttft[mask], pc.filter(self.itl, pa.array(mask)), self.itl_max[mask],
+                          self.counted[mask], self.usage[mask], self.chunks[mask])
+
+
+def row_max(itl: pa.Array) -> np.ndarray:
+    """Each row's largest gap (NaN for a null or empty list)."""
+    lens = pc.fill_null(pc.list_value_length(itl), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    out = np.full(len(lens), np.nan)
+    has = lens > 0
+    if has.any():
+        flat = itl.flatten().to_numpy(zero_copy_only=False).astype(np.float64)
+        starts = np.concatenate([[0], np.cumsum(lens)[:-1]])[has]
+        out[has] = np.maximum.reduceat(flat, starts)
+    return out
+
+
+# -- a step's gaps ------------------------------------------------------------------------------
+class GapSample:
+    """Every gap of a step, or a uniform random sample of ``cap`` of them once there are more.
+
+    Sampling by random priority: each gap gets a uniform key and the ``cap`` smallest keys are
+    kept, which is a uniform sample without replacement however the gaps arrive in chunks.  Keys
+    are drawn only once the gaps first exceed the cap, so a step under it stays exact; after a
+    thinning, a gap whose key is above the largest key kept can never be among the ``cap``
+    smallest and is dropped on arrival.
+    """
+
+    def __init__(self, cap: int = ITL_SAMPLE_MAX, seed: int = ITL_SAMPLE_SEED):
+        self.cap, self.seen = cap, 0
+        self.rng = np.random.default_rng(seed)
+        self._values: list[np.ndarray] = []
+        self._keys: list[np.ndarray] | None = None  # set once thinning started
+        self._size = 0
+        self._tau = 1.0  # keys at or above this cannot be kept any more
+
+    @property
+    def sampled(self) -> bool:
+        return self._keys is not None
+
+    def add(self, gaps: np.ndarray) -> None:
+        if not len(gaps):
+            return
+        self.seen += len(gaps)
+        gaps = np.asarray(gaps, dtype=np.float32)
+        if self._keys is not None:
+            keys = self.rng.random(len(gaps))
+            keep = keys < self._tau
+            gaps = gaps[keep]
+            self._keys.append(keys[keep])
+        self._values.append(gaps)
+        self._size += len(gaps)
+        if self._size > 2 * self.cap:
+            self._thin()
+
+    def _thin(self) -> None:
+        values = np.concatenate(self._values)
+        keys = np.concatenate(self._keys) if self._keys is not None else self.rng.random(len(values))
+        if len(values) > self.cap:
+            keep = np.argpartition(keys, self.cap)[:self.cap]
+            values, keys = values[keep], keys[keep]
+            self._tau = float(keys.max())
+        self._values, self._keys, self._size = [values], [keys], len(values)
+
+    def values(self) -> np.ndarray:
+        if self._size > self.cap:
+            self._thin()
+        return np.concatenate(self._values) if self._values else np.empty(0, dtype=np.float32)
+
+
+# -- one step -----------------------------------------------------------------------------------
+@dataclass
+class StreamAcc:
+    """A step's streaming rows reduced as they come (see the module docstring for definitions)."""
+
+    limits: dict[str, float] = field(default_factory=dict)  # goodput_limits of the plan's [sla]
+    n: int = 0  # every row of the window (goodput's denominator)
+    good: int = 0
+    ttft: list[np.ndarray] = field(default_factory=list)
+    tpot: list[np.ndarray] = field(default_factory=list)
+    gaps: GapSample = field(default_factory=GapSample)
+    counted: int = 0
+    known_source: int = 0  # rows whose tokens_counted is known
+    usage: list[np.ndarray] = field(default_factory=list)  # rows that have both counts
+    chunks: list[np.ndarray] = field(default_factory=list)
+
+    def add(self, ok: np.ndarray, lat: np.ndarray, tokens: np.ndarray, s: StreamRows | None) -> None:
+        """The window's rows: success mask, latencies, tokens out, streaming columns (None: none)."""
+        self.n += len(ok)
+        if self.limits:
+            self.good += int(self.meets(ok, lat, s).sum())
+        if s is None:
+            return
+        streamed = ok & np.isfinite(s.ttft)
+        if not streamed.any():
+            return
+        ttft, lat, tokens = s.ttft[streamed], lat[streamed], tokens[streamed]
+        self.ttft.append(ttft)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            multi = tokens >= 2
+            self.tpot.append((lat[multi] - ttft[multi]) / (tokens[multi] - 1))
+        self.gaps.add(pc.filter(s.itl, pa.array(streamed)).flatten().to_numpy(zero_copy_only=False))
+        counted = s.counted[streamed]
+        self.known_source += int(np.isfinite(counted).sum())
+        self.counted += int((counted == 1.0).sum())
+        both = np.isfinite(s.usage[streamed]) & np.isfinite(s.chunks[streamed])
+        self.usage.append(s.usage[streamed][both])
+        self.chunks.append(s.chunks[streamed][both])
+
+    def meets(self, ok: np.ndarray, lat: np.ndarray, s: StreamRows | None) -> np.ndarray:
+        """Which rows meet every goodput limit (TTFT/ITL limits only where the row streamed)."""
+        good = ok.copy()
+        with np.errstate(invalid="ignore"):
+            if "p99_ms" in self.limits:
+                good &= lat <= self.limits["p99_ms"]
+            if s is not None and "ttft_ms" in self.limits:
+                good &= ~(s.ttft > self.limits["ttft_ms"])  # NaN (did not stream): not judged
+            if s is not None and "itl_ms" in self.limits:
+                good &= ~(s.itl_max > self.limits["itl_ms"])  # NaN (no gap): not judged
+        return good
+
+    def finish(self, window_s: float) -> dict[str, Any]:
+        """The step's streaming keys (NaN where not measured); frees what was kept."""
+        out: dict[str, Any] = {k: np.nan for k in STEP_KEYS}
+        if self.limits and self.n and window_s > 0:
+            out.update(goodput_rps=self.good / window_s, goodput_share=self.good / self.n)
+        ttft = np.concatenate(self.ttft) if self.ttft else np.empty(0)
+        out["streaming_requests"] = len(ttft)
+        if len(ttft):
+            tpot = np.concatenate(self.tpot)
+            gaps = self.gaps.values()
+            for name, values in (("ttft", ttft), ("itl", gaps), ("tpot", tpot[np.isfinite(tpot)])):
+                if len(values):
+                    pct = np.percentile(values.astype(np.float64), list(QUANTILES.values()))
+                    out.update({f"{name}_{q}_ms": float(v) for q, v in zip(QUANTILES, pct)})
+            out.update(itl_gaps=self.gaps.seen, itl_sampled=self.gaps.sampled)
+            out.update(self._counts())
+        self.ttft, self.tpot, self.usage, self.chunks, self.gaps = [], [], [], [], GapSample()
+        return out
+
+    def _counts(self) -> dict[str, Any]:
+        usage = np.concatenate(self.usage) if self.usage else np.empty(0)
+        chunks = np.concatenate(self.chunks) if self.chunks else np.empty(0)
+        out: dict[str, Any] = {"tokens_compared": len(usage)}
+        if self.known_source:
+            out["tokens_counted_share"] = self.counted / self.known_source
+        if len(usage):
+            out.update(tokens_mismatch_share=float(np.mean(usage != chunks)),
+                       usage_out_median=float(np.median(usage)), chunks_out_median=float(np.median(chunks)))
+        return out
+
+
+# -- validity, summary and report ---------------------------------------------------------------
+def count_reason(step: dict[str, Any]) -> str | None:
+    """A reason when the server's and the client's token counts disagree on too many requests."""
+    share = step.get("tokens_mismatch_share")
+    if share is None or not isinstance(share, (int, float)) or not share > COUNT_MISMATCH_MAX:
+        return None
+    return (f"token counts disagree on {share:.0%} of {int(step.get('tokens_compared') or 0):,} streamed requests "
+            f"(> {COUNT_MISMATCH_MAX:.0%}): the server's usage says a median of {step['usage_out_median']:g} "
+            f"output tokens, the client counted a median of {step['chunks_out_median']:g} chunks; "
+            "tokens/s and TPOT are not trustworthy")
+
+
+def count_reasons(stats: pd.DataFrame) -> list[list[str]]:
+    """Per step: the token-count reason, if any (for analysis.trust.add_reasons)."""
+    return [[r] if (r := count_reason(row)) else [] for row in stats.to_dict("records")]
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def has_streaming(stats: pd.DataFrame) -> bool:
+    """Whether any step has streamed rows."""
+    return "streaming_requests" in stats and bool((pd.to_numeric(stats["streaming_requests"]).fillna(0) > 0).any())
+
+
+def step_keys(row: dict[str, Any], streaming: bool) -> dict[str, Any]:
+    """The summary keys of a step's stats row: output tokens/s when tokens were recorded, goodput
+    when the plan has a limit a request can be judged by, the streaming keys in a streaming run."""
+    out = {}
+    if _finite(row.get("tokens_s")):
+        out["tokens_s"] = row["tokens_s"]
+    for key in ("goodput_rps", "goodput_share"):
+        if _finite(row.get(key)):
+            out[key] = row[key]
+    if streaming:
+        out.update({k: row.get(k) for k in STEP_KEYS if k not in out and k not in ("goodput_rps", "goodput_share")})
+        out["streaming_requests"] = int(row.get("streaming_requests") or 0)
+        out["itl_sampled"] = bool(row.get("itl_sampled")) if _finite(row.get("itl_gaps")) else None
+    return out
+
+
+def _f(v: Any, fmt: str = "{:.1f}") -> str:
+    return fmt.format(v) if _finite(v) else "–"
+
+
+STREAM_HEADER = ["users", "streamed", "TTFT P50", "TTFT P95", "TTFT P99", "ITL P50", "ITL P95", "ITL P99",
+                 "TPOT P50", "TPOT P95", "TPOT P99", "tokens/s", "goodput/s", "goodput %", "valid"]
+
+
+def streaming_table(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
+    """Header and rows of the per-step streaming table (ms; None when no step streamed)."""
+    steps = summary.get("steps") or []
+    if not any((s.get("streaming_requests") or 0) > 0 for s in steps):
+        return None
+    rows = []
+    for s in steps:
+        cells = [str(s.get("users")), f"{s.get('streaming_requests') or 0:,}"]
+        cells += [_f(s.get(f"{m}_{q}_ms")) for m in METRICS for q in QUANTILES]
+        share = s.get("goodput_share")
+        cells += [_f(s.get("tokens_s"), "{:,.1f}"), _f(s.get("goodput_rps")),
+                  _f(None if share is None else 100 * share, "{:.1f}"), "yes" if s.get("valid") else "no"]
+        rows.append(cells)
+    return STREAM_HEADER, rows
+
+
+def streaming_lines(summary: dict[str, Any]) -> list[str]:
+    """What the streaming table rests on: where the token counts came from and the goodput SLA
+    (Markdown lines; none for a run without streamed rows)."""
+    steps = [s for s in summary.get("steps") or [] if (s.get("streaming_requests") or 0) > 0]
+    if not steps:
+        return []
+    lines = [token_source_line(steps)]
+    limits = (summary.get("goodput") or {}).get("limits") or {}
+    if limits:
+        said = ", ".join(f"{k.replace('p99_ms', 'latency_ms')} ≤ {v:g}" for k, v in limits.items())
+        lines.append(f"**Goodput:** requests that succeeded with {said} (per request; ITL: its largest gap)")
+    if any(s.get("itl_sampled") for s in steps):
+        lines.append("ITL percentiles of the largest steps come from a uniform sample of their gaps")
+    return lines
+
+
+def tokens_knee_line(summary: dict[str, Any]) -> str | None:
+    """The knee on output tokens/s (LLM runs), one Markdown line; None when the run has none."""
+    if not isinstance(summary.get("tokens_knee"), dict):
+        return None
+    knee = summary["tokens_knee"]
+    if knee.get("users") is None:
+        return "**Tokens/s knee:** none found: output tokens/s still rose over the tested range (or too few valid steps)"
+    users = f"{knee['users']:g} user" + ("" if knee["users"] == 1 else "s")
+    return (f"**Tokens/s knee:** {users} at {_f(knee.get('tokens_s'), '{:,.1f}')} output tokens/s "
+            f"(method: {knee.get('method')})")
+
+
+def token_source_line(steps: list[dict[str, Any]]) -> str:
+    """Whether output tokens came from the server's usage or were counted from chunks, and whether
+    the two counts agreed where both exist."""
+    shares = [s["tokens_counted_share"] for s in steps if _finite(s.get("tokens_counted_share"))]
+    if not shares:
+        source = "source unknown (a run recorded before kneeswarm stored it)"
+    elif max(shares) == 0:
+        source = "from the server's `usage` on every streamed request"
+    elif min(shares) == 1:
+        source = "counted from the stream's chunks (the server sent no `usage`)"
+    else:
+        source = f"from the server's `usage`, counted from chunks on {max(shares):.0%} of a step's requests at most"
+    bad = [s for s in steps if _finite(s.get("tokens_mismatch_share")) and s["tokens_mismatch_share"] > COUNT_MISMATCH_MAX]
+    compared = sum(int(s.get("tokens_compared") or 0) for s in steps)
+    if bad:
+        agree = f"; server and client counts **disagree** in {len(bad)} step(s) (see their reasons)"
+    elif compared:
+        agree = f"; server and client counts agree within {COUNT_MISMATCH_MAX:.0%} ({compared:,} requests compared)"
+    else:
+        agree = ""
+    return f"**Output tokens:** {source}{agree}"
