@@ -538,6 +538,19 @@ def _exit_quietly(signum: int, frame: Any) -> None:
     """uvicorn re-raises the signal that stopped it once it has shut down; by then we are done."""
 
 
+def _wrapped_app(args: argparse.Namespace, info: ModelInfo, engine: OnnxEngine | KneeEngine, metrics: TargetMetrics,
+                 announce: Callable[[], None]) -> Any:
+    """The application inside the gate (API key, faults), inside the request log when asked
+    (ValueError: a bad gate setting; OSError: the log cannot be opened)."""
+    llm = LLMConfig(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, output_tokens=args.output_tokens,
+                    usage_offset=args.usage_offset)
+    faults = FaultPlan(fail_rate=args.fail_rate, reset_rate=args.reset_rate, truncate_rate=args.truncate_rate,
+                       stall_ms=args.stall_ms, stall_every=args.stall_every, seed=args.fault_seed)
+    app: Any = Gate(build_app(info, engine, metrics, on_started=announce, llm=llm), metrics, faults,
+                    api_key_env=args.api_key_env)
+    return RequestLog(app, args.request_log) if args.request_log else app
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the demo target until SIGTERM/SIGINT; 0 on a clean stop, 2 on bad arguments."""
     parser = build_parser()
@@ -570,15 +583,8 @@ def main(argv: list[str] | None = None) -> int:
         print(LISTENING_LINE.format(url=url, mode=args.mode, pid=os.getpid()), flush=True)
         logger.info("serving model %r in %s mode at %s", info.name, args.mode, url)
 
-    llm = LLMConfig(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, output_tokens=args.output_tokens,
-                    usage_offset=args.usage_offset)
-    faults = FaultPlan(fail_rate=args.fail_rate, reset_rate=args.reset_rate, truncate_rate=args.truncate_rate,
-                       stall_ms=args.stall_ms, stall_every=args.stall_every, seed=args.fault_seed)
     try:
-        app = Gate(build_app(info, engine, metrics, on_started=announce, llm=llm), metrics, faults,
-                   api_key_env=args.api_key_env)
-        if args.request_log:
-            app = RequestLog(app, args.request_log)
+        app = _wrapped_app(args, info, engine, metrics, announce)
     except (ValueError, OSError) as exc:
         sock.close()
         print(f"kneeswarm target: {exc}", file=sys.stderr)
