@@ -83,7 +83,9 @@ def test_dataset_and_prompt_tokens_are_counted_with_the_tokenizer(bpe, tmp_path)
         truth = sum(n_tokens(tok, m["content"]) for m in c)
         assert seen[c[-1]["content"]] == truth != words
     fixed = for_plan(plan_from_dict({"protocol": "openai", "request": {"tokenizer": path, "prompt_tokens": 9}}))
-    assert {n_tokens(tok, json.loads(r.body)["messages"][0]["content"]) for r in (fixed.next_request(),) * 3} == {9}
+    synthetic = [fixed.next_request() for _ in range(8)]
+    assert {n_tokens(tok, json.loads(r.body)["messages"][0]["content"]) for r in synthetic} == {9}
+    assert {r.tokens_in for r in synthetic} == {9}
 
 
 def test_a_bad_tokenizer_is_one_line(tmp_path):
