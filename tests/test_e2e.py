@@ -85,7 +85,9 @@ def test_knee_is_found_at_the_slot_count(knee_run):
     by_users = {st["users"]: st for st in s["steps"]}
     for users in (4, 8, 16):
         assert abs(by_users[users]["qps"] - PLATEAU_QPS) <= 0.10 * PLATEAU_QPS, by_users[users]
-    assert by_users[16]["p99_ms"] >= 3 * by_users[2]["p99_ms"]
+    # Little's law on the truth: 16 users on 4 slots of 50 ms wait ~4 x 50 ms; 2 users ~50 ms.  Against the
+    # 2-user step's median (its P99 is one scheduling hiccup away from 70 ms on a busy 2-core machine).
+    assert by_users[16]["p99_ms"] >= 3 * by_users[2]["p50_ms"] >= 3 * SERVICE_MS, (by_users[16], by_users[2])
     assert "report:" in res.stdout and (run_dir / "report" / "index.html").exists()
 
 
