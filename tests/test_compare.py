@@ -270,7 +270,7 @@ def real_run(start_demo_target, out, name: str, service_ms: float):
     from kneeswarm.plan import HostPlan, load_plan
 
     target = start_demo_target("--mode", "knee", "--slots", str(KNEE_SLOTS), "--service-ms", str(service_ms))
-    plan = load_plan(None, {"name": name, "target": target.url, "load.steps": [1, 2, 4, 8], "load.hold": 8.0,
+    plan = load_plan(None, {"name": name, "target": target.url, "load.steps": [1, 4, 8], "load.hold": 8.0,
                             "load.ramp": 1.0, "load.settle": 1.0, "load.workers": 1})
     plan.hosts = [HostPlan(name="local", pid=target.pid)]
     result = Conductor(plan, out, quiet=True).run()
