@@ -174,6 +174,8 @@ def lost_worker_reasons(stats: pd.DataFrame, meta: dict[str, Any], t0: float | N
         since = f" (t+{seen - t0:.0f}s)" if t0 is not None and math.isfinite(t0) else ""
         text = (f"worker {e['worker']} lost at {clock(seen)}{since} (last heard from; declared missing at "
                 f"{clock(gone)}): this step ran with {left} workers from then on")
+        if isinstance(e.get("t_last_report"), (int, float)):  # a worker's rows ride on its reports
+            text += f"; what it sent after its last report ({clock(e['t_last_report'])}) never reached the master"
         if isinstance(e.get("t_back"), (int, float)):
             text += f" (it answered again at {clock(e['t_back'])})"
         for i in range(len(stats)):

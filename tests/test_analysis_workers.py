@@ -40,6 +40,10 @@ def test_the_reason_names_the_worker_the_time_and_the_workers_left():
     (reason,) = lost_worker_reasons(stats, meta, t0=1.8e9)[1]
     assert reason.startswith("worker worker-1 lost at 08:00:14Z (t+14s)")
     assert "declared missing at 08:00:18Z" in reason and "2 of 3 workers" in reason
+    assert "last report" not in reason  # not said when the master did not note it
+    meta["workers_lost"][0]["t_last_report"] = 1_800_000_013.0  # its rows ride on its reports
+    (reason,) = lost_worker_reasons(stats, meta, t0=1.8e9)[1]
+    assert "what it sent after its last report (08:00:13Z) never reached the master" in reason
 
 
 def test_no_loss_no_reason_and_bad_entries_are_ignored():
