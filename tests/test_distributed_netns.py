@@ -23,6 +23,17 @@ ROLES = ("master", "worker1", "worker2", "target")
 MASTER_PORT, TARGET_PORT = 5557, 8000
 
 
+def _stop_all(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM (a worker's last report goes out), then SIGKILL after 20 s."""
+    for p in procs:
+        p.terminate()
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20, check=check)
 
@@ -83,13 +94,7 @@ def test_master_two_workers_and_target_on_four_hosts(hosts, tmp_path):
                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         _, err = run.communicate(timeout=240)
     finally:
-        for p in [*workers, target]:
-            p.terminate()
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        _stop_all([*workers, target])
     assert run.returncode == 0, err[-2000:]
     (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
     rows = RunDir(run_dir).read_requests()
@@ -133,13 +138,7 @@ def test_a_worker_whose_network_goes_mid_step_is_flagged(hosts, tmp_path):
         _ip("link", "set", hosts["links"]["worker2"], "down")
         _, err = run.communicate(timeout=240)
     finally:
-        for p in [*workers.values(), target]:
-            p.terminate()
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        _stop_all([*workers.values(), target])
         if run.poll() is None:
             run.kill()
             run.wait()

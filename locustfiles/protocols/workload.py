@@ -110,27 +110,36 @@ def load_dataset(path: str) -> list[dict]:
     """The records of a JSONL prompt file (cached per process), or WorkloadError."""
     if path in _datasets:
         return _datasets[path]
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise WorkloadError(f"request.dataset {path}: cannot read ({type(e).__name__}: {e})") from None
-    records = []
-    for number, line in enumerate(lines, 1):
-        if line.strip():
-            records.append(_record(line, f"request.dataset {path}:{number}"))
+    records = [_record(line, f"request.dataset {path}:{number}")
+               for number, line in _jsonl_lines(path, f"request.dataset {path}")]
     if not records:
         raise WorkloadError(f"request.dataset {path}: no records")
     _datasets[path] = records
     return records
 
 
-def _record(line: str, where: str) -> dict:
+def _jsonl_lines(path: str, where: str) -> list[tuple[int, str]]:
+    """The non-blank lines of a JSONL file with their 1-based numbers, or WorkloadError."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise WorkloadError(f"{where}: cannot read ({type(e).__name__}: {e})") from None
+    return [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
+
+
+def _json_object(line: str, where: str) -> dict:
+    """One JSONL line as a JSON object, or WorkloadError naming file and line."""
     try:
         doc = json.loads(line)
     except ValueError as e:
         raise WorkloadError(f"{where}: not JSON ({e})") from None
     if not isinstance(doc, dict):
         raise WorkloadError(f"{where}: each line must be a JSON object")
+    return doc
+
+
+def _record(line: str, where: str) -> dict:
+    doc = _json_object(line, where)
     prompt, messages = doc.get("prompt"), doc.get("messages")
     if isinstance(prompt, str):
         out: dict = {"prompt": prompt}
@@ -234,15 +243,9 @@ class Recorded(NamedTuple):
 def load_replay(path: str) -> list[Recorded]:
     """The recorded requests of a JSONL file, in order, or WorkloadError (one line, naming file and line)."""
     where = f"request.replay {path}"
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise WorkloadError(f"{where}: cannot read ({type(e).__name__}: {e})") from None
     records: list[Recorded] = []
     first = 0
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for number, line in _jsonl_lines(path, where):
         r = _recorded(line, f"{where}:{number}")
         if records and (r.t is None) != (records[0].t is None):
             raise WorkloadError(f"{where}:{number}: every line needs \"t\" or none does "
@@ -259,12 +262,7 @@ def load_replay(path: str) -> list[Recorded]:
 
 
 def _recorded(line: str, where: str) -> Recorded:
-    try:
-        doc = json.loads(line)
-    except ValueError as e:
-        raise WorkloadError(f"{where}: not JSON ({e})") from None
-    if not isinstance(doc, dict):
-        raise WorkloadError(f"{where}: each line must be a JSON object")
+    doc = _json_object(line, where)
     body = doc.get("body")
     if not isinstance(body, dict):
         raise WorkloadError(f"{where}: needs \"body\" (the request body, a JSON object)")
