@@ -64,6 +64,43 @@ class Bare(FastHttpUser):
         r = self.req
         self.client.request(r.method, r.path, data=r.body, headers=r.headers, name="infer")
 '''
+# OpenAI streaming, the same job done by hand: what a Locust user written to time streamed answers
+# does (LLM benchmarks built on Locust, e.g. fw-ai/benchmark's llm_bench, read so): Locust's own
+# streaming reader, one json.loads per event, TTFT at the first chunk with text, tokens counted,
+# the request's time set to the end of the stream.
+BARE_SSE = '''
+import json
+import time
+
+from locust import FastHttpUser, task
+from locustfiles.protocols import OpenAI
+
+class BareSSE(FastHttpUser):
+    def on_start(self):
+        self.req = OpenAI({"max_tokens": 16}).next_request()
+
+    @task
+    def infer(self):
+        r = self.req
+        t0 = time.perf_counter()
+        with self.client.request(r.method, r.path, data=r.body, headers=r.headers, name="infer", stream=True,
+                                 catch_response=True) as resp:
+            ttft, tokens, pending = None, 0, b""
+            for chunk in resp.iter_content(chunk_size=1024, decode_content=False):
+                *lines, pending = (pending + chunk).split(b"\\n")
+                for line in lines:
+                    if line.startswith(b"data: ") and line != b"data: [DONE]":
+                        choices = json.loads(line[6:])["choices"]
+                        if choices and choices[0]["delta"].get("content"):
+                            tokens += 1
+                            if ttft is None:
+                                ttft = time.perf_counter() - t0
+            resp.request_meta["response_time"] = (time.perf_counter() - t0) * 1000.0
+            if tokens:
+                resp.success()
+            else:
+                resp.failure("no tokens")
+'''
 
 
 def answers(tokens: int) -> dict[bytes, bytes]:
@@ -183,27 +220,45 @@ def bench_case(case: str, url: str, tmp: Path, a: argparse.Namespace) -> dict[st
     plan_lines, make = PLANS[case]
     bare_file = tmp / f"bare-{case}.py"
     bare_file.write_text(BARE.format(make=make))
+    sse_file = tmp / "bare-sse.py"
+    sse_file.write_text(BARE_SSE)
     plan = tmp / f"plan-{case}.toml"
     head, _, request = plan_lines.partition("\n[request]")
     plan.write_text(f'name = "bench"\ntarget = "{url}"\n{head}\n[load]\nsteps = [{a.users}]\nramp = 0.0\n'
                     f"hold = {a.seconds}\nsettle = 0.0\n" + (f"[request]{request}\n" if request else ""))
-    out: dict[str, list[float]] = {"bare": [], "ks": [], "bare_cpu": [], "ks_cpu": []}
+    locust_args = ["--host", url, "-u", str(a.users), "-r", str(a.users), "-t", f"{int(a.seconds)}s"]
     sides = {
-        "bare": ["-f", f"{bare_file},{WINDOW}", "--host", url, "-u", str(a.users), "-r", str(a.users),
-                 "-t", f"{int(a.seconds)}s"],
+        "bare": ["-f", f"{bare_file},{WINDOW}", *locust_args],
         "ks": ["-f", f"{REPO / 'locustfiles' / 'swarm.py'},{WINDOW}", "--host", url, "--kneeswarm-plan", str(plan),
                "--kneeswarm-out", str(tmp / "runs")],
     }
+    if case == "openai-stream":
+        sides["sse"] = ["-f", f"{sse_file},{WINDOW}", *locust_args]
+    out: dict[str, list[float]] = {k: [] for side in sides for k in (side, f"{side}_cpu")}
     for r in range(a.rounds):
-        order = ("bare", "ks") if r % 2 == 0 else ("ks", "bare")  # alternate who goes first (drift)
+        order = list(sides) if r % 2 == 0 else list(sides)[::-1]  # alternate who goes first (drift)
         got = {side: locust_window(sides[side], a.seconds, a.warm, tmp / f"w-{side}.json") for side in order}
-        for side, w in (("bare", got["bare"]), ("ks", got["ks"])):
+        for side, w in got.items():
             out[side].append(w["requests"] / w["seconds"])
             out[f"{side}_cpu"].append(w["cpu_s"] / w["requests"])
         if a.verbose:
-            print(f"  {case} round {r + 1}: bare {out['bare'][-1]:7.0f} req/s ({1e6 * out['bare_cpu'][-1]:5.0f} us CPU/req)"
-                  f"   kneeswarm {out['ks'][-1]:7.0f} req/s ({1e6 * out['ks_cpu'][-1]:5.0f} us CPU/req)", flush=True)
+            print(f"  {case} round {r + 1}: " + "   ".join(
+                f"{SIDE_NAMES[side]} {out[side][-1]:7.0f} req/s ({1e6 * out[f'{side}_cpu'][-1]:5.0f} us CPU/req)"
+                for side in sides), flush=True)
     return out
+
+
+SIDE_NAMES = {"bare": "bare FastHttpUser", "sse": "bare FastHttpUser timing the stream", "ks": "kneeswarm"}
+
+
+def compare(runs: dict[str, list[float]], base: str) -> str:
+    """One line: medians of requests/s and CPU per request, kneeswarm against the ``base`` side."""
+    m = {k: statistics.median(v) for k, v in runs.items()}
+    paired = statistics.median(k / b for k, b in zip(runs["ks"], runs[base]))
+    return (f"{SIDE_NAMES[base]} {m[base]:6.0f} req/s  kneeswarm {m['ks']:6.0f} req/s  ratio "
+            f"{m['ks'] / m[base]:.3f} (per round {paired:.3f}; target >= 0.95);  CPU per request: bare "
+            f"{1e6 * m[base + '_cpu']:.0f} us, kneeswarm {1e6 * m['ks_cpu']:.0f} us, ratio "
+            f"{m[base + '_cpu'] / m['ks_cpu']:.3f}")
 
 
 def main() -> None:
@@ -230,12 +285,8 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}"
         for case in a.only.split(","):
             runs = bench_case(case, url, tmp, a)
-            m = {k: statistics.median(v) for k, v in runs.items()}
-            paired = statistics.median(k / b for k, b in zip(runs["ks"], runs["bare"]))
-            print(f"{case:14s} bare FastHttpUser {m['bare']:6.0f} req/s  kneeswarm {m['ks']:6.0f} req/s  "
-                  f"ratio {m['ks'] / m['bare']:.3f} (per round {paired:.3f}; target >= 0.95);  CPU per request: "
-                  f"bare {1e6 * m['bare_cpu']:.0f} us, kneeswarm {1e6 * m['ks_cpu']:.0f} us, ratio "
-                  f"{m['bare_cpu'] / m['ks_cpu']:.3f}", flush=True)
+            for base in [side for side in ("bare", "sse") if side in runs]:
+                print(f"{case:14s} " + compare(runs, base), flush=True)
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         print(f"medians of {a.rounds} rounds; {os.cpu_count()} cores (load average {load:.1f}), {a.users} users, "
               f"{a.seconds:g}s runs, window {max(1.0, a.seconds - a.warm - 2.0):g}s after {a.warm:g}s, "

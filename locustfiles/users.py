@@ -150,7 +150,8 @@ class InferenceUser(FastHttpUser):
             if intended is not None:
                 resp.request_meta["start_time"] = intended
                 resp.request_meta["response_time"] = resp.request_meta.get("response_time", 0.0) + late * 1000.0
-            if resp.status_code and 200 <= resp.status_code < 300:
+            status = resp.status_code
+            if 200 <= status < 300:
                 try:
                     tokens = self.protocol.check_response(resp.content)
                 except BadPayload as e:
@@ -159,8 +160,10 @@ class InferenceUser(FastHttpUser):
                 if tokens is not None or req.tokens_in is not None:
                     tin, tout = tokens if tokens is not None else (None, None)
                     resp.request_meta["context"]["kneeswarm"] = (tin if tin is not None else req.tokens_in, tout, None)
-            elif resp.status_code:
-                resp.failure(f"HTTP {resp.status_code}")
+                if resp.request_meta["exception"] is None:  # judged: Locust's own check would repeat ours
+                    resp.success()
+            elif status:
+                resp.failure(f"HTTP {status}")
             # status 0: a network error; Locust already carries the exception
 
     def _streamed(self, req: PreparedRequest, late: float = 0.0, intended: float | None = None) -> None:

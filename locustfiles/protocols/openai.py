@@ -29,7 +29,7 @@ import random
 
 from locustfiles.protocols.base import BODY_VARIANTS, BadPayload, PreflightError, PreparedRequest, Protocol, Tokens
 from locustfiles.protocols.sse import ChatStream
-from locustfiles.protocols.workload import WORDS, LengthDist, load_dataset, token_counter
+from locustfiles.protocols.workload import WORDS, LengthDist, dataset_tokens, load_dataset, token_counter
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ class OpenAI(Protocol):
         self._i = 0
         if request_cfg.get("dataset"):
             self._dataset = load_dataset(str(request_cfg["dataset"]))
+            self._dataset_tokens = dataset_tokens(str(request_cfg["dataset"]), self.counter)
             self._i = rng.randrange(len(self._dataset))  # each user starts at its own place
             self._requests = []
         elif request_cfg.get("lengths"):
@@ -76,7 +77,7 @@ class OpenAI(Protocol):
         return self.counter.prompt(int(self.cfg.get("prompt_tokens", 32)), rng)
 
     def _build(self, prompt: str, stream: bool, max_tokens: int | None = None,
-               messages: list[dict] | None = None) -> PreparedRequest:
+               messages: list[dict] | None = None, tokens_in: int | None = None) -> PreparedRequest:
         body: dict = {"model": self.model}
         if self.chat:
             body["messages"] = messages or [{"role": "user", "content": prompt}]
@@ -91,14 +92,18 @@ class OpenAI(Protocol):
         if self.cfg.get("min_tokens") is not None:
             body["min_tokens"] = int(self.cfg["min_tokens"])
         data = json.dumps(body, separators=(",", ":")).encode()
-        tokens_in = self.counter.count_record({"prompt": prompt} if messages is None else {"messages": messages})
+        if tokens_in is None:
+            tokens_in = self.counter.count_record({"prompt": prompt} if messages is None else {"messages": messages})
         return PreparedRequest("POST", self.path, data, self.headers, tokens_in=tokens_in, stream=stream)
 
     def next_request(self) -> PreparedRequest:
         self._i += 1
         if self._dataset is not None:  # built per request: an LLM request's ~10 us, no per-user copy
-            r = self._dataset[self._i % len(self._dataset)]
-            return self._build(r.get("prompt", ""), self.stream, r.get("max_tokens"), r.get("messages"))
+            k = self._i % len(self._dataset)
+            r, tokens_in = self._dataset[k], self._dataset_tokens[k]
+            if tokens_in is None:  # first time this process sends the record: counted once
+                tokens_in = self._dataset_tokens[k] = self.counter.count_record(r)
+            return self._build(r.get("prompt", ""), self.stream, r.get("max_tokens"), r.get("messages"), tokens_in)
         return self._requests[self._i % len(self._requests)]
 
     def new_stream(self, t0: float) -> ChatStream:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 from locustfiles.protocols.base import BadPayload, StreamTruncated
@@ -31,6 +32,9 @@ DONE = b"[DONE]"
 EVENT_END = b"\n\n"  # a blank line ends an event
 FAST_TAIL = b'"finish_reason":null}]}'  # how a compact mid-stream chunk ends
 FAST_TAIL_LEN = len(FAST_TAIL)
+# ... and how a compact last chunk ends (its finish_reason a plain word: "stop", "length", ...)
+FINISH_TAIL = re.compile(rb'"finish_reason":"[a-z_]{1,32}"}]}\Z')
+FINISH_TAIL_LEN = 60  # bytes of a chunk's end that FINISH_TAIL is matched against
 QUOTE = ord('"')
 
 
@@ -90,11 +94,14 @@ class ChatStream:
         # json.loads costs ~5 us; any other chunk (the last one, usage, errors, other layouts) is
         # parsed in full below.  An escaped quote cannot fake the marker: in a JSON string it
         # reads \".  (One choice per request: kneeswarm never asks for n > 1.)
-        if data[-FAST_TAIL_LEN:] == FAST_TAIL and b'"usage":{' not in data:
+        # The same holds for the compact last chunk of a stream (a finish_reason word, no usage).
+        last = data[-FAST_TAIL_LEN:] != FAST_TAIL
+        if (not last or FINISH_TAIL.search(data, max(0, len(data) - FINISH_TAIL_LEN))) and b'"usage":{' not in data:
             i = data.find(self._mark)
             if i >= 0:
                 if data[i + len(self._mark):i + len(self._mark) + 1] != b'"':
                     self._token(now)
+                self.finished = self.finished or last
                 return
         try:
             doc = json.loads(data)

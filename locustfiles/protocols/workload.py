@@ -49,6 +49,7 @@ RESYNC_S = 5.0  # replay in open loop: a schedule this far behind (no users ran 
 POOL_FROM_VOCAB = 64  # a tokenizer's own one-token words added when too few of WORDS are one token
 _counters: dict[str | None, TokenCounter] = {}  # one per tokenizer file and process
 _datasets: dict[str, list[dict]] = {}  # loaded once per process, shared by its users
+_dataset_tokens: dict[tuple[str, str | None], list[int | None]] = {}  # (dataset, tokenizer) -> tokens per record
 _replays: dict[tuple, Replay] = {}  # one per file, protocol and process: its cursor is shared by the users
 
 
@@ -116,6 +117,16 @@ def load_dataset(path: str) -> list[dict]:
         raise WorkloadError(f"request.dataset {path}: no records")
     _datasets[path] = records
     return records
+
+
+def dataset_tokens(path: str, counter: TokenCounter) -> list[int | None]:
+    """Tokens in of each record of the dataset at ``path`` under ``counter``, None until the record
+    is first sent: shared by the process's users, so each prompt is counted once, not per request
+    (a tokenizer's encode costs tens of microseconds)."""
+    key = (path, counter.path)
+    if key not in _dataset_tokens:
+        _dataset_tokens[key] = [None] * len(load_dataset(path))
+    return _dataset_tokens[key]
 
 
 def _jsonl_lines(path: str, where: str) -> list[tuple[int, str]]:
