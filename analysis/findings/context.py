@@ -24,6 +24,11 @@ logger = logging.getLogger(__name__)
 DEFAULT_GENERATOR_CPU_MAX = 90.0  # kneeswarm/plan.py AnalysisPlan.generator_cpu_max
 
 
+def users_text(n: Any) -> str:
+    """``n`` users for a finding's text: "1 user", "8 users"."""
+    return f"{n} user" if num(n) == 1 else f"{n} users"
+
+
 def num(x: Any) -> float | None:
     """A finite float, or None (bools, strings, NaN and None are not numbers here)."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from analysis.findings.context import Context, num
+from analysis.findings.context import Context, num, users_text
 from analysis.findings.finding import finding
 
 logger = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ def cpu_saturated(ctx: Context) -> list[dict[str, Any]]:
         us, sy = c.metric(worst, h, "us"), c.metric(worst, h, "sy")
         return finding("cpu_saturated", hits, {"host": h, "users": worst["users"], "us": us, "sy": sy,
                                                "busy_pct": busy, "threshold_pct": CPU_SATURATED_PCT},
-                       f"{h}: CPU {busy:.0f}% busy (us {us:.0f} + sy {sy:.0f}) at {worst['users']} users: "
+                       f"{h}: CPU {busy:.0f}% busy (us {us:.0f} + sy {sy:.0f}) at {users_text(worst['users'])}: "
                        "the CPU is the bottleneck.",
                        "Read the other findings for what the CPU was spent on; then add cores or replicas, "
                        "or cut the work per request (batching, a smaller model, fewer engine threads).")
@@ -105,7 +105,7 @@ def run_queue_over_cores(ctx: Context) -> list[dict[str, Any]]:
         return finding("run_queue_over_cores", hits, {"host": h, "users": worst["users"], "r": r,
                                                       "logical_cpus": cpus, "threads": c.metric(worst, h, "threads"),
                                                       "process_share": c.process_share(worst, h)},
-                       f"{h}: run queue {r:.1f} on {cpus:.0f} logical CPUs at {worst['users']} users: more threads "
+                       f"{h}: run queue {r:.1f} on {cpus:.0f} logical CPUs at {users_text(worst['users'])}: more threads "
                        "want to run than there are CPUs, so more threads only lengthen the queue.",
                        "Cut the runnable threads to about the number of cores: fewer request threads, or "
                        "intra_op_num_threads 2-4 and inter_op_num_threads 1 with many concurrent requests.")
@@ -126,7 +126,7 @@ def host_contended(ctx: Context) -> list[dict[str, Any]]:
         return finding("host_contended", hits, {"host": h, "users": worst["users"], "busy_pct": busy, "r": r,
                                                 "logical_cpus": c.cpu_fact(h, "logical_cpus"),
                                                 "process_share": 1.0 - rest, "threshold": PROCESS_SHARE_MIN},
-                       f"{h}: the host was full (CPU {busy:.0f}%" + (f", run queue {r:.1f}" if r is not None else "") + f") at {worst['users']} users, but "
+                       f"{h}: the host was full (CPU {busy:.0f}%" + (f", run queue {r:.1f}" if r is not None else "") + f") at {users_text(worst['users'])}, but "
                        f"the monitored process did only {1.0 - rest:.0%} of that work: other processes competed for "
                        "the CPUs, so the service's numbers may be disturbed.",
                        "Run the load test on a quiet host (or the load generator elsewhere) and rerun.")
@@ -143,7 +143,7 @@ def threads_over_cores(ctx: Context) -> list[dict[str, Any]]:
             return None
         return finding("threads_over_cores", hits, {"host": h, "users": worst["users"], "active_threads": n,
                                                     "physical_cores": cores},
-                       f"{h}: {n:.1f} threads busy on {cores:.0f} physical cores at {worst['users']} users.",
+                       f"{h}: {n:.1f} threads busy on {cores:.0f} physical cores at {users_text(worst['users'])}.",
                        "Keep busy compute threads at or below the physical cores: hyper-threads add 10-30% "
                        "at best for pure compute; size the request pool x engine threads to the cores.")
     return _per_host(ctx, check)
@@ -174,7 +174,7 @@ def single_thread_bound(ctx: Context) -> list[dict[str, Any]]:
         return finding("single_thread_bound", hits, {"host": h, "users": worst["users"], "top_thread_cpu_pct": top,
                                                      "idle_cpus": idle, "logical_cpus": c.cpu_fact(h, "logical_cpus")},
                        f"{h}: the busiest thread ran at {top:.0f}% of a core while {idle:.1f} CPUs sat idle at "
-                       f"{worst['users']} users: one thread is the serial section.",
+                       f"{users_text(worst['users'])}: one thread is the serial section.",
                        "Find that thread (pidstat -t): a Python GIL, an event loop doing the inference, one "
                        "engine thread or a lock. Run inference outside the loop, use processes instead of "
                        "threads, or raise the engine's intra-op threads.")
@@ -207,7 +207,7 @@ def kernel_time_high(ctx: Context) -> list[dict[str, Any]]:
                                                   "sy_share": share, "sy": c.metric(worst, h, "sy"),
                                                   "sys_pct": c.metric(worst, h, "sys_pct"),
                                                   "threshold": KERNEL_SHARE},
-                       f"{h}: {share:.0%} of the {where}'s CPU time was in the kernel at {worst['users']} users: "
+                       f"{h}: {share:.0%} of the {where}'s CPU time was in the kernel at {users_text(worst['users'])}: "
                        "lock contention or context switching is out of control.",
                        "Fewer threads than cores, a lock-free or sharded hot path, and pinned threads "
                        "(taskset, sched_setaffinity, GOMP_CPU_AFFINITY).")
@@ -239,7 +239,7 @@ def switch_storm(ctx: Context) -> list[dict[str, Any]]:
                                                       "cs_from": cs0, "cs_to": cs1, "growth": growth,
                                                       "qps_growth": work},
                        f"{h}: context switches rose {growth:.1f}x ({cs0:,.0f} -> {cs1:,.0f}/s) from {base['users']} to "
-                       f"{last['users']} users while QPS changed {work:.2f}x: threads are fighting for the CPUs.",
+                       f"{users_text(last['users'])} while QPS changed {work:.2f}x: threads are fighting for the CPUs.",
                        "Fewer threads (request pool x engine threads <= cores), pin them to cores, and check "
                        "migrations with `perf sched`.")
     return _per_host(ctx, check)
@@ -253,7 +253,7 @@ def migrations_high(ctx: Context) -> list[dict[str, Any]]:
             return None
         return finding("migrations_high", hits, {"host": h, "users": worst["users"], "migrations_s": m,
                                                  "threshold_per_s": MIGRATIONS_HIGH_PER_S},
-                       f"{h}: {m:,.0f} thread migrations/s at {worst['users']} users: threads keep moving between "
+                       f"{h}: {m:,.0f} thread migrations/s at {users_text(worst['users'])}: threads keep moving between "
                        "CPUs and lose their warm caches.",
                        "Pin the inference threads (taskset, sched_setaffinity, GOMP_CPU_AFFINITY / "
                        "OMP_PROC_BIND); the article measured P99 173 -> 121 ms and +12% QPS from pinning.")
@@ -266,7 +266,7 @@ def io_wait(ctx: Context) -> list[dict[str, Any]]:
         if worst is None:
             return None
         return finding("io_wait", hits, {"host": h, "users": worst["users"], "wa": wa, "threshold_pct": IO_WAIT_PCT},
-                       f"{h}: {wa:.0f}% of CPU time waiting on IO at {worst['users']} users: IO is dragging.",
+                       f"{h}: {wa:.0f}% of CPU time waiting on IO at {users_text(worst['users'])}: IO is dragging.",
                        "Find the IO (iotop, pidstat -d): model or data loads per request, logging, swap; keep "
                        "the model in memory and log asynchronously.")
     return _per_host(ctx, check)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from analysis.findings.context import Context, as_dict, num
+from analysis.findings.context import Context, as_dict, num, users_text
 from analysis.findings.finding import finding
 
 logger = logging.getLogger(__name__)
@@ -41,9 +41,9 @@ def retrograde(ctx: Context) -> list[dict[str, Any]]:
     return [finding("retrograde", [peak, *later], {"peak_users": peak["users"], "peak_qps": pq,
                                                   "users": worst["users"], "qps": num(worst["qps"]),
                                                   "drop": drop, "threshold": RETROGRADE_DROP},
-                    f"QPS fell {drop:.0%} from its peak {pq:,.1f}/s at {peak['users']} users to {num(worst['qps']):,.1f}/s "
-                    f"at {worst['users']} users: more concurrency made the service slower.",
-                    f"Cap the concurrency at about {peak['users']} users per instance (pool size, admission limit) "
+                    f"QPS fell {drop:.0%} from its peak {pq:,.1f}/s at {users_text(peak['users'])} to {num(worst['qps']):,.1f}/s "
+                    f"at {users_text(worst['users'])}: more concurrency made the service slower.",
+                    f"Cap the concurrency at about {users_text(peak['users'])} per instance (pool size, admission limit) "
                     "and scale out with replicas; read the CPU findings for the crosstalk behind the drop.")]
 
 
@@ -63,7 +63,7 @@ def generator_bound(ctx: Context) -> list[dict[str, Any]]:
     return [finding("generator_bound", [h[0] for h in hits],
                     {"users": step["users"], "worker": worker, "cpu_pct": cpu, "limit_pct": ctx.generator_cpu_max,
                      "invalid_steps": sum(1 for h in hits if h[0].get("valid") is False)},
-                    f"The load generator ran at {cpu:.0f}% CPU (worker {worker or '?'}) at {step['users']} users: "
+                    f"The load generator ran at {cpu:.0f}% CPU (worker {worker or '?'}) at {users_text(step['users'])}: "
                     "it, not the server, may have been the bottleneck, so those steps are not trusted.",
                     "Add Locust workers (--workers) or load machines, use FastHttpUser, or give the generator "
                     "at least the server's class of machine.")]
@@ -102,7 +102,7 @@ def queue_pushback(ctx: Context) -> list[dict[str, Any]]:
     return [finding("queue_pushback", steps, {"from_users": base["users"], "to_users": last["users"],
                                               "rejected_s_from": r0, "rejected_s_to": r1,
                                               "error_rate": num(last.get("error_rate"))},
-                    f"Refusals rose from {r0:,.1f}/s at {base['users']} users to {r1:,.1f}/s at {last['users']} users: "
+                    f"Refusals rose from {r0:,.1f}/s at {users_text(base['users'])} to {r1:,.1f}/s at {users_text(last['users'])}: "
                     "a bounded queue is pushing back instead of queueing forever (healthy).",
                     "Keep the bound; size it as tolerated queueing time / single-inference time x threads, "
                     "and have clients retry with backoff or shed load upstream.")]
@@ -165,7 +165,7 @@ def waiting_not_computing(ctx: Context, found: set[str]) -> list[dict[str, Any]]
     return [finding("waiting_not_computing", late, {"host": host, "cpu_busy_pct_max": busy, "p99_ms_knee": p0,
                                                     "p99_ms_last": p1, "knee_users": ks["users"],
                                                     "users": last["users"]},
-                    f"Throughput stopped growing at {ks['users']} users and P99 rose {p1 / p0:.1f}x by {last['users']} "
+                    f"Throughput stopped growing at {users_text(ks['users'])} and P99 rose {p1 / p0:.1f}x by {last['users']} "
                     f"users, yet the CPU stayed at most {busy:.0f}% busy ({host}) and no other cause showed: the "
                     "engine is waiting on something — a lock, a fixed pool or semaphore, a queue, IO.",
                     "Look for a fixed number of slots (pool size, max concurrency, semaphore) or a lock on the "
