@@ -15,7 +15,8 @@ served as Prometheus text at ``GET /metrics``. Names:
                                                       (in onnx mode including those a micro-batch
                                                       is still collecting).
 ``kneeswarm_target_request_duration_seconds``        histogram: time inside the server of each
-                                                      served (200) infer request, queueing included.
+                                                      served (200) tensor request (KServe v2,
+                                                      TorchServe, TF Serving), queueing included.
 ``kneeswarm_target_queue_wait_seconds``              histogram: time each request waited for a
                                                       thread/slot.
 ``kneeswarm_target_inference_duration_seconds``      histogram (onnx mode): one ``session.run``.

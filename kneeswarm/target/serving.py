@@ -64,6 +64,7 @@ def serving_routes(model_name: str, engine: Any, is_onnx: bool, input_dim: int, 
     served = metrics.requests
 
     async def run(protocol: str, model: str, body: bytes, not_found: Any) -> Response:
+        arrived = time.perf_counter()  # request_duration counts from here, as KServe's handler does
         try:
             doc = json.loads(body)
             x, items = rows_of(doc, input_dim if is_onnx else None)
@@ -83,6 +84,7 @@ def serving_routes(model_name: str, engine: Any, is_onnx: bool, input_dim: int, 
             served.labels(code="503").inc()
             return JSONResponse({"error": str(e)}, status_code=503)
         served.labels(code="200").inc()
+        metrics.request_duration.observe(time.perf_counter() - arrived)
         if protocol == "torchserve":
             metrics.ts_requests.inc()
             metrics.ts_latency_us.inc((time.perf_counter() - started) * 1e6)
