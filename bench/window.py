@@ -2,9 +2,10 @@
 
 Counts the process's requests and its own CPU time (``getrusage(RUSAGE_SELF)``: every thread of
 this process, no children) over one steady window: from ``KNEESWARM_BENCH_WARM`` seconds after
-the test starts, for ``KNEESWARM_BENCH_SPAN`` seconds, and writes ``{"requests", "seconds",
-"cpu_s"}`` to ``KNEESWARM_BENCH_OUT`` when Locust quits.  Both sides of bench/generator.py load it,
-so both are measured the same way and start-up and shut-down stay out of the figures.
+all users run (Locust's first ``spawning_complete``), for ``KNEESWARM_BENCH_SPAN`` seconds, and
+writes ``{"requests", "seconds", "cpu_s"}`` to ``KNEESWARM_BENCH_OUT`` when Locust quits.  Both
+sides of bench/generator.py load it, so both are measured the same way and start-up (kneeswarm's
+host agents start before its first step) and shut-down stay out of the figures.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ logger = logging.getLogger(__name__)
 
 _count = 0
 _window: dict[str, float] = {}
+_started: list[bool] = []
 
 
 def _cpu() -> float:
@@ -42,9 +44,11 @@ def _measure() -> None:
     _window.update(requests=_count - n0, seconds=time.perf_counter() - t0, cpu_s=_cpu() - c0)
 
 
-@events.test_start.add_listener
-def _on_test_start(**_kw: object) -> None:
-    gevent.spawn(_measure)
+@events.spawning_complete.add_listener
+def _on_spawning_complete(**_kw: object) -> None:
+    if not _started:  # the first time every user runs: kneeswarm's plugin spawns its step only
+        _started.append(True)  # after the host agents are up, bare Locust at once
+        gevent.spawn(_measure)
 
 
 @events.quitting.add_listener
