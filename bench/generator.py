@@ -3,21 +3,29 @@ bare Locust FastHttpUser sending the same bodies to the same fast responder, in 
 
     .venv/bin/python bench/generator.py [--seconds 8] [--users 8] [--rounds 3] [--only openai-stream,kserve]
 
+Two baselines, each its own Locust run: the floor, a FastHttpUser that sends the body and judges
+nothing (``client.request``, which reads the whole answer), and the same job done with bare
+Locust: answers judged the way Locust's documentation shows (``catch_response``, the answer
+parsed as JSON and its result key checked) or, streamed, timed by hand the way Locust-based LLM
+benchmarks do (Locust's ``iter_content``, one ``json.loads`` per event, TTFT at the first text
+chunk).  kneeswarm's user judges every answer and records a row per request, so the floor ratio
+is what judging and recording cost, and the same-job ratio what kneeswarm costs beyond Locust
+doing that work.
+
 The responder (a gevent server in its own process, pinned to core 0; Locust pinned to core 1)
 answers each path with a canned answer, so the load generator, not the server, is what is
 measured.  OpenAI streaming: an SSE body of ``--tokens`` chunks plus usage and [DONE], written at
-once.  Both sides read every byte of it: the bare user's ``client.request`` reads the whole body
-(FastHttpSession reads ``response.content`` when not streaming), kneeswarm's user reads it as
-it arrives and judges every event (TTFT, ITL, usage, [DONE]).
+once; kneeswarm's user reads it as it arrives and judges every event (TTFT, ITL, usage, [DONE]).
 
 The Locust process's children (kneeswarm's lifecycle, host agent and collectors) are moved off
 its core as they appear, so that on both sides the generator's core is the Locust process's alone.
-Both sides load bench/window.py beside their locustfile: requests and the Locust process's own
-CPU time are counted over the same steady window (after ``--warm`` seconds; start-up, the host
-agents' start and the report stay out).  Rounds alternate which side goes first; per protocol
-the medians of requests/s, their ratio and the median of the per-round ratios (target >= 0.95),
-and the ratio of CPU time per request (bare / kneeswarm: less sensitive to other load on the
-machine) are printed.
+Every side loads bench/window.py beside its locustfile: requests and the Locust process's own
+CPU time are counted over the same steady window (``--warm`` seconds after all users run;
+start-up, the host agents' start and the report stay out).  Rounds alternate the order of the
+sides; per protocol and baseline the medians of requests/s, their ratio and the median of the
+per-round ratios (target >= 0.95), and the ratio of CPU time per request (baseline / kneeswarm:
+less sensitive to other load on the machine) are printed.  bench/instructions.py counts the same
+in CPU instructions.
 """
 
 from __future__ import annotations
@@ -41,15 +49,15 @@ WINDOW = REPO / "bench" / "window.py"
 CHILD_PIN_PERIOD = 0.2  # seconds between looks for new children of the Locust process to move off its core
 CHUNK = ('{"id":"c","object":"chat.completion.chunk","created":1,"model":"demo","choices":[{"index":0,'
          '"delta":{"content":"tok "},"logprobs":null,"finish_reason":%s}]}')
-PLANS = {  # case: (plan lines, bare-user import and constructor of the same protocol)
-    "kserve": ('protocol = "kserve"', "KServeV2({})"),
-    "torchserve": ('protocol = "torchserve"', "TorchServe({})"),
-    "tfserving": ('protocol = "tfserving"', "TFServing({})"),
+PLANS = {  # case: (plan lines, bare-user import and constructor of the same protocol, a key of a good answer)
+    "kserve": ('protocol = "kserve"', "KServeV2({})", "outputs"),
+    "torchserve": ('protocol = "torchserve"', "TorchServe({})", "predictions"),
+    "tfserving": ('protocol = "tfserving"', "TFServing({})", "predictions"),
     "http": ('protocol = "http"\n[request]\npath = "/score"\nsuccess_path = "outputs"',
-             'GenericHTTP({"path": "/score"})'),
+             'GenericHTTP({"path": "/score"})', "outputs"),
     "openai": ('protocol = "openai"\n[request]\nstream = false\nmax_tokens = 16',
-               'OpenAI({"stream": False, "max_tokens": 16})'),
-    "openai-stream": ('protocol = "openai"\n[request]\nmax_tokens = 16', 'OpenAI({"max_tokens": 16})'),
+               'OpenAI({"stream": False, "max_tokens": 16})', "choices"),
+    "openai-stream": ('protocol = "openai"\n[request]\nmax_tokens = 16', 'OpenAI({"max_tokens": 16})', None),
 }
 BARE = '''
 from locust import FastHttpUser, task
@@ -63,6 +71,26 @@ class Bare(FastHttpUser):
     def infer(self):
         r = self.req
         self.client.request(r.method, r.path, data=r.body, headers=r.headers, name="infer")
+'''
+# The same job done by hand, the way Locust's documentation validates answers: catch_response and
+# the answer parsed as JSON, a failure unless it is a 200 holding the protocol's result key.
+BARE_CHECKED = '''
+import json
+
+from locust import FastHttpUser, task
+from locustfiles.protocols import GenericHTTP, KServeV2, OpenAI, TFServing, TorchServe
+
+class BareChecked(FastHttpUser):
+    def on_start(self):
+        self.req = {make}.next_request()
+
+    @task
+    def infer(self):
+        r = self.req
+        with self.client.request(r.method, r.path, data=r.body, headers=r.headers, name="infer",
+                                 catch_response=True) as resp:
+            if resp.status_code != 200 or {key!r} not in json.loads(resp.content):
+                resp.failure("bad answer")
 '''
 # OpenAI streaming, the same job done by hand: what a Locust user written to time streamed answers
 # does (LLM benchmarks built on Locust, e.g. fw-ai/benchmark's llm_bench, read so): Locust's own
@@ -216,12 +244,13 @@ def locust_window(args: list[str], seconds: float, warm: float, out: Path) -> di
 
 
 def bench_case(case: str, url: str, tmp: Path, a: argparse.Namespace) -> dict[str, list[float]]:
-    """Per round: bare and kneeswarm requests/s, and CPU-seconds per request of each."""
-    plan_lines, make = PLANS[case]
+    """Per round: requests/s of the floor ("bare"), the same job by hand ("same") and kneeswarm
+("ks"), and CPU-seconds per request of each."""
+    plan_lines, make, key = PLANS[case]
     bare_file = tmp / f"bare-{case}.py"
     bare_file.write_text(BARE.format(make=make))
-    sse_file = tmp / "bare-sse.py"
-    sse_file.write_text(BARE_SSE)
+    same_job = tmp / f"same-job-{case}.py"
+    same_job.write_text(BARE_CHECKED.format(make=make, key=key) if key else BARE_SSE)
     plan = tmp / f"plan-{case}.toml"
     head, _, request = plan_lines.partition("\n[request]")
     plan.write_text(f'name = "bench"\ntarget = "{url}"\n{head}\n[load]\nsteps = [{a.users}]\nramp = 0.0\n'
@@ -229,11 +258,10 @@ def bench_case(case: str, url: str, tmp: Path, a: argparse.Namespace) -> dict[st
     locust_args = ["--host", url, "-u", str(a.users), "-r", str(a.users), "-t", f"{int(a.seconds)}s"]
     sides = {
         "bare": ["-f", f"{bare_file},{WINDOW}", *locust_args],
+        "same": ["-f", f"{same_job},{WINDOW}", *locust_args],
         "ks": ["-f", f"{REPO / 'locustfiles' / 'swarm.py'},{WINDOW}", "--host", url, "--kneeswarm-plan", str(plan),
                "--kneeswarm-out", str(tmp / "runs")],
     }
-    if case == "openai-stream":
-        sides["sse"] = ["-f", f"{sse_file},{WINDOW}", *locust_args]
     out: dict[str, list[float]] = {k: [] for side in sides for k in (side, f"{side}_cpu")}
     for r in range(a.rounds):
         order = list(sides) if r % 2 == 0 else list(sides)[::-1]  # alternate who goes first (drift)
@@ -248,7 +276,7 @@ def bench_case(case: str, url: str, tmp: Path, a: argparse.Namespace) -> dict[st
     return out
 
 
-SIDE_NAMES = {"bare": "bare FastHttpUser", "sse": "bare FastHttpUser timing the stream", "ks": "kneeswarm"}
+SIDE_NAMES = {"bare": "bare FastHttpUser", "same": "bare FastHttpUser doing the same job", "ks": "kneeswarm"}
 
 
 def compare(runs: dict[str, list[float]], base: str) -> str:
@@ -285,7 +313,7 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}"
         for case in a.only.split(","):
             runs = bench_case(case, url, tmp, a)
-            for base in [side for side in ("bare", "sse") if side in runs]:
+            for base in ("bare", "same"):
                 print(f"{case:14s} " + compare(runs, base), flush=True)
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         print(f"medians of {a.rounds} rounds; {os.cpu_count()} cores (load average {load:.1f}), {a.users} users, "
