@@ -2,7 +2,8 @@
 own processes) + local pidstat/vmstat through the agent + analysis.
 
 The knee target serves at most K=4 requests at once for 50 ms each, so in a closed loop
-QPS = min(users, 4) * 20/s: the knee is at 4 users and the plateau at 80/s.
+QPS = min(users, 4) * 20/s: the knee is at 4 users and the plateau at 80/s.  That run is the
+session's shared `knee_run` (tests/conftest.py); the tests below each read a different part of it.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ import pytest
 
 from kneeswarm.rundir import RunDir
 
-from conftest import REPO, read_summary, run_cli, wait_for
+from conftest import KNEE_HOLD, KNEE_SERVICE_MS, KNEE_SLOTS, KNEE_STEPS, REPO, read_summary, run_cli, wait_for
 
 pytestmark = pytest.mark.slow
 
-K, SERVICE_MS = 4, 50
+K, SERVICE_MS = KNEE_SLOTS, KNEE_SERVICE_MS
 PLATEAU_QPS = K * 1000 / SERVICE_MS
 
 
@@ -55,30 +56,8 @@ def only_run_dir(out: Path) -> Path:
     return runs[0]
 
 
-@pytest.fixture(scope="module")
-def knee_run(tmp_path_factory):
-    """One real run against the ground-truth target, shared by the assertions below."""
-    from kneeswarm.cli import start_target, stop_target
-
-    out = tmp_path_factory.mktemp("runs")
-    proc, url = start_target(["--mode", "knee", "--slots", str(K), "--service-ms", str(SERVICE_MS)])
-    try:
-        res = run_cli("run", "--target", url, "--steps", "1,2,4,8,16", "--hold", "7", "--ramp", "1",
-                      "--settle", "1", "--workers", "2", "--pid", str(proc.pid), "--out", str(out),
-                      "--name", "knee", "-q")
-        import requests
-
-        from collectors.prometheus import parse_exposition
-
-        metrics = parse_exposition(requests.get(url + "/metrics", timeout=5).text)
-    finally:
-        stop_target(proc)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return only_run_dir(out), metrics, res
-
-
 def test_knee_is_found_at_the_slot_count(knee_run):
-    run_dir, _, res = knee_run
+    run_dir, res = knee_run.run_dir, knee_run.res
     s = read_summary(run_dir)
     assert s["complete"] is True
     assert s["knee"]["users"] == K, s["knee"]
@@ -92,7 +71,7 @@ def test_knee_is_found_at_the_slot_count(knee_run):
 
 
 def test_every_request_served_is_a_row(knee_run):
-    run_dir, metrics, _ = knee_run
+    run_dir, metrics = knee_run.run_dir, knee_run.metrics
     served = sum(v for k, v in metrics.items() if k.startswith("kneeswarm_target_requests_total") and 'code="200"' in k)
     rows = RunDir(run_dir).read_requests()
     assert len(rows) > 1000
@@ -103,7 +82,7 @@ def test_every_request_served_is_a_row(knee_run):
 
 
 def test_summary_percentiles_equal_numpy_on_the_rows(knee_run):
-    run_dir, _, _ = knee_run
+    run_dir = knee_run.run_dir
     run = RunDir(run_dir)
     rows, steps, s = run.read_requests(), run.read_steps(), read_summary(run_dir)
     settle = 1.0
@@ -116,17 +95,17 @@ def test_summary_percentiles_equal_numpy_on_the_rows(knee_run):
 
 
 def test_steps_csv_records_the_steps_as_applied(knee_run):
-    run_dir, _, _ = knee_run
+    run_dir = knee_run.run_dir
     steps = RunDir(run_dir).read_steps()
-    assert list(steps["users"]) == [1, 2, 4, 8, 16]
+    assert list(steps["users"]) == list(KNEE_STEPS) == [1, 2, 4, 8, 16]
     assert (steps["t_ramp"] <= steps["t_steady"]).all() and (steps["t_steady"] < steps["t_end"]).all()
-    # Each step was held at least its 7 s after all its users were running.
-    assert ((steps["t_end"] - steps["t_steady"]) >= 7 - 0.01).all()
+    # Each step was held at least its hold (KNEE_HOLD, 7 s) after all its users were running.
+    assert ((steps["t_end"] - steps["t_steady"]) >= KNEE_HOLD - 0.01).all()
     assert (steps["t_ramp"].iloc[1:].to_numpy() == steps["t_end"].iloc[:-1].to_numpy()).all()
 
 
 def test_live_collectors_cover_every_step(knee_run):
-    run_dir, _, _ = knee_run
+    run_dir = knee_run.run_dir
     run = RunDir(run_dir)
     meta = run.read_meta()
     raw = run.raw_dir("local")
