@@ -22,7 +22,7 @@ import pytest
 
 from kneeswarm.rundir import RunDir
 
-from conftest import KNEE_HOLD, KNEE_SERVICE_MS, KNEE_SLOTS, KNEE_STEPS, REPO, read_summary, run_cli, wait_for
+from conftest import KNEE_HOLD, KNEE_SERVICE_MS, KNEE_SLOTS, KNEE_STEPS, REPO, read_summary, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -177,13 +177,47 @@ def test_target_dying_mid_run_is_counted_not_fatal(tmp_path, start_demo_target):
     assert s["totals"]["errors"] > 0
 
 
-def test_target_that_hangs_gives_counted_timeouts(tmp_path, start_demo_target):
-    """Every request outlives the plan's request.timeout: each is a `timeout` row, and the run ends."""
-    target = start_demo_target("--mode", "knee", "--slots", "1", "--service-ms", "5000")
-    plan = tmp_path / "plan.toml"
+HANG_TEST = "test_target_that_hangs_gives_counted_timeouts"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def hang_run(request, tmp_path_factory):
+    """The run of HANG_TEST (a target that answers nothing within the plan's request.timeout),
+    started with this module when that test is selected, so that it goes while the other tests
+    here interrupt and kill theirs; that test collects it.  It starts after the session's shared
+    knee run (whose figures it must not disturb), output to files nobody reads early."""
+    from kneeswarm.cli import start_target, stop_target
+
+    selected = [item for item in request.session.items if item.module is request.module]
+    if not any(item.name == HANG_TEST for item in selected):
+        yield None
+        return
+    if any("knee_run" in item.fixturenames for item in selected):
+        request.getfixturevalue("knee_run")
+    tmp = tmp_path_factory.mktemp("hang")
+    proc, url = start_target(["--mode", "knee", "--slots", "1", "--service-ms", "5000"])
+    plan = tmp / "plan.toml"
     plan.write_text("[request]\ntimeout = 0.5\n")
-    res = run_cli("run", str(plan), "--target", target.url, "--steps", "1,2", "--hold", "3", "--ramp", "0.5",
-                  "--settle", "0", "--workers", "1", "--pid", str(target.pid), "--out", str(tmp_path / "runs"), "-q")
+    stdout, stderr = tmp / "stdout.txt", tmp / "stderr.txt"
+    with stdout.open("w") as o, stderr.open("w") as e:
+        run = subprocess.Popen([sys.executable, "-m", "kneeswarm.cli", "run", str(plan), "--target", url,
+                                "--steps", "1,2", "--hold", "3", "--ramp", "0.5", "--settle", "0", "--workers", "1",
+                                "--pid", str(proc.pid), "--out", str(tmp / "runs"), "-q"],
+                               cwd=REPO, stdout=o, stderr=e, text=True)
+    try:
+        yield run, tmp, stderr
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        stop_target(proc)
+
+
+def test_target_that_hangs_gives_counted_timeouts(hang_run):
+    """Every request outlives the plan's request.timeout: each is a `timeout` row, and the run ends."""
+    run, tmp_path, stderr = hang_run
+    run.wait(timeout=240)
+    res = subprocess.CompletedProcess(run.args, run.returncode, "", stderr.read_text())
     assert res.returncode == 1, res.stderr[-2000:]  # the load completed, but no request succeeded
     assert res.stderr.strip().splitlines()[-1].startswith("kneeswarm: error: no request succeeded (")
     run_dir = only_run_dir(tmp_path / "runs")
