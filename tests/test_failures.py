@@ -134,24 +134,32 @@ def quick_run(target_url: str, out: Path, *extra: str) -> list[str]:
             "--settle", "0", "--workers", "1", "--out", str(out), "-q"]
 
 
-@pytest.fixture(scope="module")
-def quick_runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
-    """The two runs that need nothing done to them mid-run, side by side through the console
-    script, each against its own knee target: "ok" (a healthy target) and "failing" (a target
-    that answers every inference 500).  {name: (the finished process, its --out directory)}."""
+QUICK_TESTS = {"ok": "test_exit_0_for_a_complete_analysed_run", "failing": "test_exit_1_when_no_request_succeeded"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def quick_runs(request, tmp_path_factory):
+    """The two runs that need nothing done to them mid-run, started with this module (when their
+    tests are selected) side by side through the console script, each against its own knee
+    target: "ok" (a healthy target) and "failing" (a target that answers every inference 500).
+    They go while the tests before theirs run; each test collects its own with ``quick_result``.
+    Output to files: nobody reads it before the end."""
     from kneeswarm.cli import start_target, stop_target
 
+    selected = {item.name for item in request.session.items if item.module is request.module}
     root = tmp_path_factory.mktemp("quick_runs")
     targets = {"ok": [], "failing": ["--fail-rate", "1.0"]}
     started, procs = {}, []
     try:
         for name, extra in targets.items():
+            if QUICK_TESTS[name] not in selected:
+                continue
             proc, url = start_target(["--mode", "knee", "--slots", "4", "--service-ms", "20", *extra])
             procs.append(proc)
-            started[name] = subprocess.Popen([KNEESWARM, *quick_run(url, root / name, "--pid", str(proc.pid))],
-                                             cwd=REPO, env=kneeswarm_env(), stdout=subprocess.PIPE,
-                                             stderr=subprocess.PIPE, text=True)
-        done = {name: p.communicate(timeout=240) for name, p in started.items()}
+            with (root / f"{name}.stdout").open("w") as o, (root / f"{name}.stderr").open("w") as e:
+                started[name] = subprocess.Popen([KNEESWARM, *quick_run(url, root / name, "--pid", str(proc.pid))],
+                                                 cwd=REPO, env=kneeswarm_env(), stdout=o, stderr=e, text=True)
+        yield {name: (p, root) for name, p in started.items()}
     finally:
         for p in started.values():
             if p.poll() is None:
@@ -159,12 +167,18 @@ def quick_runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess,
                 p.wait()
         for proc in procs:
             stop_target(proc)
-    return {name: (subprocess.CompletedProcess(p.args, p.returncode, *done[name]), root / name)
-            for name, p in started.items()}
+
+
+def quick_result(quick_runs, name: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """The finished quick run ``name``: (its exit code and output, its --out directory)."""
+    p, root = quick_runs[name]
+    p.wait(timeout=240)
+    out, err = ((root / f"{name}.{kind}").read_text() for kind in ("stdout", "stderr"))
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err), root / name
 
 
 def test_exit_0_for_a_complete_analysed_run(quick_runs):
-    res, out = quick_runs["ok"]
+    res, out = quick_result(quick_runs, "ok")
     assert res.returncode == 0, res.stderr[-2000:]
     (run_dir,) = out.iterdir()
     assert res.stdout.strip().splitlines()[-1] == f"report: {run_dir / 'report' / 'index.html'}"
@@ -177,7 +191,7 @@ def test_exit_1_when_no_request_succeeded(quick_runs):
     """Every request fails (the target answers every inference 500; its health and model checks
     pass, so the preflight lets the run start): exit 1, one line saying so. (A model the target
     does not serve is now refused by the protocol's preflight: exit 2, tests/test_protocols_e2e.py.)"""
-    res, out = quick_runs["failing"]
+    res, out = quick_result(quick_runs, "failing")
     assert res.returncode == 1, res.stderr[-2000:]
     line = last_line(res.stderr)
     assert line.startswith("kneeswarm: error: no request succeeded (") and "http_5xx" in line, line
