@@ -161,13 +161,69 @@ def test_second_interrupt_kills_at_once_and_keeps_the_rows(tmp_path, start_demo_
     assert locusts.stdout.strip() == ""  # no Locust process left behind
 
 
-def test_target_dying_mid_run_is_counted_not_fatal(tmp_path, start_demo_target):
-    target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
-    with running("--target", target.url, "--steps", "1,2", "--hold", "6",
-                 "--ramp", "1", "--settle", "0", "--workers", "1", "--out", str(tmp_path), "-q") as proc:
-        wait_first_rows(proc, tmp_path)
-        target.proc.kill()  # the server dies mid-run
-        out, err = proc.communicate(timeout=120)
+DYING_TEST = "test_target_dying_mid_run_is_counted_not_fatal"
+
+
+def start_after_knee_run(request, test_name: str) -> bool:
+    """Whether ``test_name`` of this module is selected; if so, the session's shared knee run (when
+    this module's selected tests use it) is finished first, so that a run started now in the
+    background cannot disturb its figures."""
+    selected = [item for item in request.session.items if item.module is request.module]
+    if not any(item.name == test_name for item in selected):
+        return False
+    if any("knee_run" in item.fixturenames for item in selected):
+        request.getfixturevalue("knee_run")
+    return True
+
+
+@pytest.fixture(scope="module", autouse=True)
+def dying_run(request, tmp_path_factory):
+    """The run of DYING_TEST, started with this module (when that test is selected) so that it goes
+    while the interrupt tests run theirs: a thread kills its target as soon as the run has written
+    request rows (the server dies mid-run); that test collects it."""
+    import threading
+
+    from kneeswarm.cli import start_target, stop_target
+
+    if not start_after_knee_run(request, DYING_TEST):
+        yield None
+        return
+    tmp = tmp_path_factory.mktemp("dying")
+    target, url = start_target(["--mode", "knee", "--slots", "4", "--service-ms", "20"])
+    stderr = tmp / "stderr.txt"
+    with stderr.open("w") as e:
+        proc = subprocess.Popen([sys.executable, "-m", "kneeswarm.cli", "run", "--target", url, "--steps", "1,2",
+                                 "--hold", "6", "--ramp", "1", "--settle", "0", "--workers", "1", "--out", str(tmp),
+                                 "-q"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=e, text=True)
+    failed: list[BaseException] = []
+
+    def kill_target_mid_run() -> None:
+        try:
+            wait_first_rows(proc, tmp)
+            target.kill()  # the server dies mid-run
+        except BaseException as exc:  # noqa: BLE001 - handed to the test, which raises it
+            failed.append(exc)
+
+    killer = threading.Thread(target=kill_target_mid_run, daemon=True)
+    killer.start()
+    try:
+        yield proc, killer, failed, tmp, stderr
+    finally:
+        killer.join(timeout=90)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        stop_target(target)
+
+
+def test_target_dying_mid_run_is_counted_not_fatal(dying_run):
+    proc, killer, failed, tmp_path, stderr = dying_run
+    killer.join(timeout=90)
+    if failed:
+        raise failed[0]
+    assert not killer.is_alive(), "the target was never killed"
+    proc.wait(timeout=120)
+    err = stderr.read_text()
     run_dir = only_run_dir(tmp_path)
     s = read_summary(run_dir)
     assert s["complete"] is True, err[-2000:]
@@ -188,12 +244,9 @@ def hang_run(request, tmp_path_factory):
     knee run (whose figures it must not disturb), output to files nobody reads early."""
     from kneeswarm.cli import start_target, stop_target
 
-    selected = [item for item in request.session.items if item.module is request.module]
-    if not any(item.name == HANG_TEST for item in selected):
+    if not start_after_knee_run(request, HANG_TEST):
         yield None
         return
-    if any("knee_run" in item.fixturenames for item in selected):
-        request.getfixturevalue("knee_run")
     tmp = tmp_path_factory.mktemp("hang")
     proc, url = start_target(["--mode", "knee", "--slots", "1", "--service-ms", "5000"])
     plan = tmp / "plan.toml"
