@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import pytest
@@ -47,10 +49,59 @@ def start_demo_target() -> Iterator[Callable[..., Target]]:
         t.stop()
 
 
+# The knee-mode demo target as a ground truth: at most KNEE_SLOTS requests at once for
+# KNEE_SERVICE_MS each, so in a closed loop QPS = min(users, KNEE_SLOTS) x 1000 / KNEE_SERVICE_MS.
+KNEE_SLOTS, KNEE_SERVICE_MS = 4, 50
+KNEE_STEPS, KNEE_HOLD = (1, 2, 4, 8, 16), 7.0  # below, at and above the knee; 7 s held after each ramp
+KNEESWARM = str(Path(sys.executable).with_name("kneeswarm"))  # the console script the venv installed
+
+
+@dataclass
+class KneeRun:
+    run_dir: Path
+    metrics: dict[str, float]  # the target's /metrics after the run: its own counts
+    res: subprocess.CompletedProcess  # the console script's exit code, stdout and stderr
+    pid: int  # the target's process, monitored by the run
+
+
+@pytest.fixture(scope="session")
+def knee_run(tmp_path_factory) -> KneeRun:
+    """ONE real run against the knee-mode target, shared by the tests that each read a different
+    part of it (tests/test_e2e.py, test_findings.py, test_progress.py): the installed `kneeswarm`
+    console script with stderr a pipe (not -q), a Locust master and 2 workers in their own
+    processes, local pidstat/vmstat on the target's pid, its /metrics scraped.  The target is the
+    run's own (its counters count this run only) and is stopped after the run."""
+    out = tmp_path_factory.mktemp("knee_run")
+    proc, url = start_target(["--mode", "knee", "--slots", str(KNEE_SLOTS), "--service-ms", str(KNEE_SERVICE_MS)])
+    try:
+        res = subprocess.run([KNEESWARM, "run", "--target", url, "--steps", ",".join(map(str, KNEE_STEPS)),
+                              "--hold", str(KNEE_HOLD), "--ramp", "1", "--settle", "1", "--workers", "2",
+                              "--pid", str(proc.pid), "--metrics-url", url + "/metrics", "--out", str(out),
+                              "--name", "knee"],
+                             capture_output=True, text=True, timeout=240, cwd=REPO,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+        from collectors.prometheus import parse_exposition
+
+        metrics = parse_exposition(requests.get(url + "/metrics", timeout=5).text)
+    finally:
+        stop_target(proc)
+    assert res.returncode == 0, res.stderr[-3000:]
+    runs = [p for p in out.iterdir() if p.is_dir()]
+    assert len(runs) == 1, runs
+    return KneeRun(runs[0], metrics, res, proc.pid)
+
+
 def run_cli(*args: str, timeout: float = 240, **kw) -> subprocess.CompletedProcess:
     """The real `kneeswarm` console command in its own process."""
     return subprocess.run([sys.executable, "-m", "kneeswarm.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=kw.pop("cwd", REPO), **kw)
+
+
+def start_cli(*args: str, **kw) -> subprocess.Popen:
+    """The real `kneeswarm` console command started in its own process (output piped), for runs
+    that go on side by side; the caller waits for it (``communicate``)."""
+    return subprocess.Popen([sys.executable, "-m", "kneeswarm.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=kw.pop("cwd", REPO), **kw)
 
 
 def wait_for(cond: Callable[[], bool], timeout: float, what: str, period: float = 0.1) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from analysis import bootstrap
 from analysis.compare import (EXIT_REGRESSION, IMPROVED, MIN_RELATIVE_CHANGE, NO_CHANGE, NOT_COMPARABLE, NOT_COMPARED,
                               REGRESSED, compare_html, compare_markdown, compare_runs, compare_summaries, main_compare)
 from analysis.junit import junit_xml
+from conftest import read_summary
 from kneeswarm.rundir import RunDir
 
 USERS = (1, 2, 4, 8)
@@ -264,26 +266,38 @@ def test_bootstrap_qps_interval_on_counts_with_known_variance():
 KNEE_SLOTS, KNEE_SERVICE_MS = 4, 50.0
 
 
-def real_run(start_demo_target, out, name: str, service_ms: float):
-    """One real run (Conductor: Locust master + worker, agents) against the knee-mode demo target."""
-    from kneeswarm.conductor import Conductor
-    from kneeswarm.plan import HostPlan, load_plan
+def real_runs(start_demo_target, out, service_ms: dict[str, float]) -> dict[str, Path]:
+    """One real run per name (`kneeswarm run`: Locust master + worker, agents) against its own
+    knee-mode demo target of that service time, all side by side: each run sees the same machine
+    (the same other load, at the same time), so only the service time tells them apart."""
+    from conftest import start_cli
 
-    target = start_demo_target("--mode", "knee", "--slots", str(KNEE_SLOTS), "--service-ms", str(service_ms))
-    plan = load_plan(None, {"name": name, "target": target.url, "load.steps": [1, 4, 8], "load.hold": 8.0,
-                            "load.ramp": 1.0, "load.settle": 1.0, "load.workers": 1})
-    plan.hosts = [HostPlan(name="local", pid=target.pid)]
-    result = Conductor(plan, out, quiet=True).run()
-    assert result.ended == "completed" and result.summary is not None
-    target.stop()
-    return result.run.path
+    procs = {}
+    try:
+        for name, ms in service_ms.items():
+            target = start_demo_target("--mode", "knee", "--slots", str(KNEE_SLOTS), "--service-ms", str(ms))
+            procs[name] = start_cli("run", "--target", target.url, "--steps", "1,4,8", "--hold", "8", "--ramp", "1",
+                                    "--settle", "1", "--workers", "1", "--pid", str(target.pid), "--name", name,
+                                    "--out", str(out / name), "-q")
+        errs = {name: p.communicate(timeout=240)[1] for name, p in procs.items()}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    paths = {}
+    for name, p in procs.items():
+        assert p.returncode == 0, (name, errs[name][-2000:])  # 0: completed and analysed
+        (paths[name],) = [d for d in (out / name).iterdir() if d.is_dir()]
+        assert RunDir(paths[name]).read_meta()["ended"] == "completed" and read_summary(paths[name])["complete"] is True
+    return paths
 
 
 @pytest.mark.slow
 def test_real_target_slowed_by_30_percent_is_regressed_and_a_repeat_is_not(start_demo_target, tmp_path):
-    base = real_run(start_demo_target, tmp_path / "a", "base", KNEE_SERVICE_MS)
-    again = real_run(start_demo_target, tmp_path / "b", "again", KNEE_SERVICE_MS)
-    slow = real_run(start_demo_target, tmp_path / "c", "slow", KNEE_SERVICE_MS * SLOWDOWN)
+    runs = real_runs(start_demo_target, tmp_path, {"base": KNEE_SERVICE_MS, "again": KNEE_SERVICE_MS,
+                                                   "slow": KNEE_SERVICE_MS * SLOWDOWN})
+    base, again, slow = runs["base"], runs["again"], runs["slow"]
     same = compare_runs(base, again)
     print("repeat:", [(s["users"], s["qps"] and round(s["qps"]["rel"], 3), s["p99_ms"] and round(s["p99_ms"]["rel"], 3))
                       for s in same["steps"]])

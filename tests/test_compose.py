@@ -81,10 +81,14 @@ def test_compose_commands_run_as_plain_processes(tmp_path):
                  "the web UI with its worker")
         r = requests.post(base + "/swarm", data={"user_count": 1, "spawn_rate": 1}, timeout=10)
         assert r.json()["success"], r.text
-        wait_for(lambda: bool(list((tmp_path / "runs").glob("*/report/index.html"))), 120, "the web UI run's report")
-        headless = subprocess.run(_local(services["headless"]["command"], subs), env={**os.environ, "PYTHONPATH": str(REPO)},
-                                  capture_output=True, text=True, timeout=240)
-        assert headless.returncode == 0, headless.stderr[-2000:]
+        # the headless profile's run goes at the same time, against the same target, into the same runs/
+        headless = subprocess.Popen(_local(services["headless"]["command"], subs), env={**os.environ, "PYTHONPATH": str(REPO)},
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        procs.append(headless)
+        _, headless_err = headless.communicate(timeout=240)
+        assert headless.returncode == 0, headless_err[-2000:]
+        wait_for(lambda: len(list((tmp_path / "runs").glob("*/report/index.html"))) == 2, 120,
+                 "the web UI run's report (and the headless run's)")
     finally:
         for p in reversed(procs):
             if p.poll() is None:

@@ -86,21 +86,41 @@ def _stop(p: subprocess.Popen) -> None:
         p.wait()
 
 
-def test_run_names_how_many_workers_came(tmp_path, start_demo_target):
-    target = start_demo_target("--mode", "knee", "--slots", "2", "--service-ms", "20")
+FEW_WORKERS_TEST = "test_run_names_how_many_workers_came"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def few_workers_run(request, tmp_path_factory):
+    """The run of FEW_WORKERS_TEST (2 workers expected, 1 comes 2 s after the start), started with
+    this module when that test is selected, so that its waiting goes while the lost-worker test
+    runs; that test (last in the file) collects it."""
+    import threading
+
+    from kneeswarm.cli import start_target, stop_target
+
+    if not any(item.name == FEW_WORKERS_TEST for item in request.session.items if item.module is request.module):
+        yield None
+        return
+    tmp = tmp_path_factory.mktemp("few_workers")
+    target, url = start_target(["--mode", "knee", "--slots", "2", "--service-ms", "20"])
     port = free_port()
-    log = (tmp_path / "worker.log").open("w")
-    run = _cli("run", "--target", target.url, "--steps", "1", "--hold", "2", "--ramp", "0.5", "--settle", "0.5", "--workers", "0",
-               "--expect-workers", "2", "--expect-workers-wait", "6", "--master-port", str(port), "--out",
-               str(tmp_path / "runs"), "-q", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(2)
-    w = _worker(port, log)
+    log, stderr = (tmp / "worker.log").open("w"), tmp / "stderr.txt"
+    with stderr.open("w") as e:
+        run = _cli("run", "--target", url, "--steps", "1", "--hold", "2", "--ramp", "0.5", "--settle", "0.5",
+                   "--workers", "0", "--expect-workers", "2", "--expect-workers-wait", "6", "--master-port", str(port),
+                   "--out", str(tmp / "runs"), "-q", stdout=subprocess.DEVNULL, stderr=e)
+    workers: list[subprocess.Popen] = []
+    later = threading.Timer(2, lambda: workers.append(_worker(port, log)))
+    later.start()
     try:
-        _, err = run.communicate(timeout=180)
+        yield run, stderr
     finally:
-        _stop(w)
-    assert run.returncode == 1, err
-    assert "only 1 of 2 workers connected within 6s" in err
+        later.cancel()
+        later.join()
+        for w in workers:
+            _stop(w)
+        _stop(run)
+        stop_target(target)
 
 
 def test_a_worker_killed_mid_step_the_run_goes_on(tmp_path, start_demo_target):
@@ -169,3 +189,11 @@ def test_a_worker_killed_mid_step_the_run_goes_on(tmp_path, start_demo_target):
     assert s["workers"][lost["worker"]]["lost"]["step"] == 1
     md = (run_dir / "report" / "summary.md").read_text()
     assert flag[0] in md.replace("\\", "") and f"lost at {clock}Z in step 1" in md
+
+
+def test_run_names_how_many_workers_came(few_workers_run):
+    run, stderr = few_workers_run
+    run.wait(timeout=180)
+    err = stderr.read_text()
+    assert run.returncode == 1, err
+    assert "only 1 of 2 workers connected within 6s" in err

@@ -2,7 +2,8 @@
 own processes) + local pidstat/vmstat through the agent + analysis.
 
 The knee target serves at most K=4 requests at once for 50 ms each, so in a closed loop
-QPS = min(users, 4) * 20/s: the knee is at 4 users and the plateau at 80/s.
+QPS = min(users, 4) * 20/s: the knee is at 4 users and the plateau at 80/s.  That run is the
+session's shared `knee_run` (tests/conftest.py); the tests below each read a different part of it.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ import pytest
 
 from kneeswarm.rundir import RunDir
 
-from conftest import REPO, read_summary, run_cli, wait_for
+from conftest import KNEE_HOLD, KNEE_SERVICE_MS, KNEE_SLOTS, KNEE_STEPS, REPO, read_summary, wait_for
 
 pytestmark = pytest.mark.slow
 
-K, SERVICE_MS = 4, 50
+K, SERVICE_MS = KNEE_SLOTS, KNEE_SERVICE_MS
 PLATEAU_QPS = K * 1000 / SERVICE_MS
 
 
@@ -55,30 +56,8 @@ def only_run_dir(out: Path) -> Path:
     return runs[0]
 
 
-@pytest.fixture(scope="module")
-def knee_run(tmp_path_factory):
-    """One real run against the ground-truth target, shared by the assertions below."""
-    from kneeswarm.cli import start_target, stop_target
-
-    out = tmp_path_factory.mktemp("runs")
-    proc, url = start_target(["--mode", "knee", "--slots", str(K), "--service-ms", str(SERVICE_MS)])
-    try:
-        res = run_cli("run", "--target", url, "--steps", "1,2,4,8,16", "--hold", "7", "--ramp", "1",
-                      "--settle", "1", "--workers", "2", "--pid", str(proc.pid), "--out", str(out),
-                      "--name", "knee", "-q")
-        import requests
-
-        from collectors.prometheus import parse_exposition
-
-        metrics = parse_exposition(requests.get(url + "/metrics", timeout=5).text)
-    finally:
-        stop_target(proc)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return only_run_dir(out), metrics, res
-
-
 def test_knee_is_found_at_the_slot_count(knee_run):
-    run_dir, _, res = knee_run
+    run_dir, res = knee_run.run_dir, knee_run.res
     s = read_summary(run_dir)
     assert s["complete"] is True
     assert s["knee"]["users"] == K, s["knee"]
@@ -92,7 +71,7 @@ def test_knee_is_found_at_the_slot_count(knee_run):
 
 
 def test_every_request_served_is_a_row(knee_run):
-    run_dir, metrics, _ = knee_run
+    run_dir, metrics = knee_run.run_dir, knee_run.metrics
     served = sum(v for k, v in metrics.items() if k.startswith("kneeswarm_target_requests_total") and 'code="200"' in k)
     rows = RunDir(run_dir).read_requests()
     assert len(rows) > 1000
@@ -103,7 +82,7 @@ def test_every_request_served_is_a_row(knee_run):
 
 
 def test_summary_percentiles_equal_numpy_on_the_rows(knee_run):
-    run_dir, _, _ = knee_run
+    run_dir = knee_run.run_dir
     run = RunDir(run_dir)
     rows, steps, s = run.read_requests(), run.read_steps(), read_summary(run_dir)
     settle = 1.0
@@ -116,17 +95,17 @@ def test_summary_percentiles_equal_numpy_on_the_rows(knee_run):
 
 
 def test_steps_csv_records_the_steps_as_applied(knee_run):
-    run_dir, _, _ = knee_run
+    run_dir = knee_run.run_dir
     steps = RunDir(run_dir).read_steps()
-    assert list(steps["users"]) == [1, 2, 4, 8, 16]
+    assert list(steps["users"]) == list(KNEE_STEPS) == [1, 2, 4, 8, 16]
     assert (steps["t_ramp"] <= steps["t_steady"]).all() and (steps["t_steady"] < steps["t_end"]).all()
-    # Each step was held at least its 7 s after all its users were running.
-    assert ((steps["t_end"] - steps["t_steady"]) >= 7 - 0.01).all()
+    # Each step was held at least its hold (KNEE_HOLD, 7 s) after all its users were running.
+    assert ((steps["t_end"] - steps["t_steady"]) >= KNEE_HOLD - 0.01).all()
     assert (steps["t_ramp"].iloc[1:].to_numpy() == steps["t_end"].iloc[:-1].to_numpy()).all()
 
 
 def test_live_collectors_cover_every_step(knee_run):
-    run_dir, _, _ = knee_run
+    run_dir = knee_run.run_dir
     run = RunDir(run_dir)
     meta = run.read_meta()
     raw = run.raw_dir("local")
@@ -182,13 +161,69 @@ def test_second_interrupt_kills_at_once_and_keeps_the_rows(tmp_path, start_demo_
     assert locusts.stdout.strip() == ""  # no Locust process left behind
 
 
-def test_target_dying_mid_run_is_counted_not_fatal(tmp_path, start_demo_target):
-    target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
-    with running("--target", target.url, "--steps", "1,2", "--hold", "6",
-                 "--ramp", "1", "--settle", "0", "--workers", "1", "--out", str(tmp_path), "-q") as proc:
-        wait_first_rows(proc, tmp_path)
-        target.proc.kill()  # the server dies mid-run
-        out, err = proc.communicate(timeout=120)
+DYING_TEST = "test_target_dying_mid_run_is_counted_not_fatal"
+
+
+def start_after_knee_run(request, test_name: str) -> bool:
+    """Whether ``test_name`` of this module is selected; if so, the session's shared knee run (when
+    this module's selected tests use it) is finished first, so that a run started now in the
+    background cannot disturb its figures."""
+    selected = [item for item in request.session.items if item.module is request.module]
+    if not any(item.name == test_name for item in selected):
+        return False
+    if any("knee_run" in item.fixturenames for item in selected):
+        request.getfixturevalue("knee_run")
+    return True
+
+
+@pytest.fixture(scope="module", autouse=True)
+def dying_run(request, tmp_path_factory):
+    """The run of DYING_TEST, started with this module (when that test is selected) so that it goes
+    while the interrupt tests run theirs: a thread kills its target as soon as the run has written
+    request rows (the server dies mid-run); that test collects it."""
+    import threading
+
+    from kneeswarm.cli import start_target, stop_target
+
+    if not start_after_knee_run(request, DYING_TEST):
+        yield None
+        return
+    tmp = tmp_path_factory.mktemp("dying")
+    target, url = start_target(["--mode", "knee", "--slots", "4", "--service-ms", "20"])
+    stderr = tmp / "stderr.txt"
+    with stderr.open("w") as e:
+        proc = subprocess.Popen([sys.executable, "-m", "kneeswarm.cli", "run", "--target", url, "--steps", "1,2",
+                                 "--hold", "6", "--ramp", "1", "--settle", "0", "--workers", "1", "--out", str(tmp),
+                                 "-q"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=e, text=True)
+    failed: list[BaseException] = []
+
+    def kill_target_mid_run() -> None:
+        try:
+            wait_first_rows(proc, tmp)
+            target.kill()  # the server dies mid-run
+        except BaseException as exc:  # noqa: BLE001 - handed to the test, which raises it
+            failed.append(exc)
+
+    killer = threading.Thread(target=kill_target_mid_run, daemon=True)
+    killer.start()
+    try:
+        yield proc, killer, failed, tmp, stderr
+    finally:
+        killer.join(timeout=90)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        stop_target(target)
+
+
+def test_target_dying_mid_run_is_counted_not_fatal(dying_run):
+    proc, killer, failed, tmp_path, stderr = dying_run
+    killer.join(timeout=90)
+    if failed:
+        raise failed[0]
+    assert not killer.is_alive(), "the target was never killed"
+    proc.wait(timeout=120)
+    err = stderr.read_text()
     run_dir = only_run_dir(tmp_path)
     s = read_summary(run_dir)
     assert s["complete"] is True, err[-2000:]
@@ -198,13 +233,44 @@ def test_target_dying_mid_run_is_counted_not_fatal(tmp_path, start_demo_target):
     assert s["totals"]["errors"] > 0
 
 
-def test_target_that_hangs_gives_counted_timeouts(tmp_path, start_demo_target):
-    """Every request outlives the plan's request.timeout: each is a `timeout` row, and the run ends."""
-    target = start_demo_target("--mode", "knee", "--slots", "1", "--service-ms", "5000")
-    plan = tmp_path / "plan.toml"
+HANG_TEST = "test_target_that_hangs_gives_counted_timeouts"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def hang_run(request, tmp_path_factory):
+    """The run of HANG_TEST (a target that answers nothing within the plan's request.timeout),
+    started with this module when that test is selected, so that it goes while the other tests
+    here interrupt and kill theirs; that test collects it.  It starts after the session's shared
+    knee run (whose figures it must not disturb), output to files nobody reads early."""
+    from kneeswarm.cli import start_target, stop_target
+
+    if not start_after_knee_run(request, HANG_TEST):
+        yield None
+        return
+    tmp = tmp_path_factory.mktemp("hang")
+    proc, url = start_target(["--mode", "knee", "--slots", "1", "--service-ms", "5000"])
+    plan = tmp / "plan.toml"
     plan.write_text("[request]\ntimeout = 0.5\n")
-    res = run_cli("run", str(plan), "--target", target.url, "--steps", "1,2", "--hold", "3", "--ramp", "0.5",
-                  "--settle", "0", "--workers", "1", "--pid", str(target.pid), "--out", str(tmp_path / "runs"), "-q")
+    stdout, stderr = tmp / "stdout.txt", tmp / "stderr.txt"
+    with stdout.open("w") as o, stderr.open("w") as e:
+        run = subprocess.Popen([sys.executable, "-m", "kneeswarm.cli", "run", str(plan), "--target", url,
+                                "--steps", "1,2", "--hold", "3", "--ramp", "0.5", "--settle", "0", "--workers", "1",
+                                "--pid", str(proc.pid), "--out", str(tmp / "runs"), "-q"],
+                               cwd=REPO, stdout=o, stderr=e, text=True)
+    try:
+        yield run, tmp, stderr
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        stop_target(proc)
+
+
+def test_target_that_hangs_gives_counted_timeouts(hang_run):
+    """Every request outlives the plan's request.timeout: each is a `timeout` row, and the run ends."""
+    run, tmp_path, stderr = hang_run
+    run.wait(timeout=240)
+    res = subprocess.CompletedProcess(run.args, run.returncode, "", stderr.read_text())
     assert res.returncode == 1, res.stderr[-2000:]  # the load completed, but no request succeeded
     assert res.stderr.strip().splitlines()[-1].startswith("kneeswarm: error: no request succeeded (")
     run_dir = only_run_dir(tmp_path / "runs")

@@ -59,23 +59,36 @@ def run_dirs(out: Path) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def runs(sshd, tmp_path_factory):  # noqa: F811 (the sshd fixture)
-    """One demo target; the SSH run refused (unknown key), the SSH run with the flag, the local run."""
+    """The SSH run refused (unknown key); then the SSH run with the flag and the local run side by
+    side, each monitoring its own demo target (the same kind, under the same plan), so both see
+    the same machine at the same time."""
+    import subprocess
+
+    from conftest import start_cli
     from kneeswarm.cli import start_target, stop_target
 
     tmp = tmp_path_factory.mktemp("e2e_ssh")
     known_hosts = tmp / "known_hosts"  # empty: the sshd's key is unknown
     known_hosts.write_text("")
-    proc, url = start_target(["--mode", "knee", "--slots", "4", "--service-ms", "20"])
+    targets = [start_target(["--mode", "knee", "--slots", "4", "--service-ms", "20"]) for _ in range(2)]
+    (proc, url), (local_proc, local_url) = targets
+    started = {}
     try:
         ssh_plan = write_plan(tmp / "ssh.toml", url, proc.pid, ssh_host(sshd, known_hosts))
-        local_plan = write_plan(tmp / "local.toml", url, proc.pid, {})
+        local_plan = write_plan(tmp / "local.toml", local_url, local_proc.pid, {})
         refused = run_cli("run", str(ssh_plan), "--out", str(tmp / "refused"), "-q", timeout=120)
         refused_dirs = run_dirs(tmp / "refused")
-        accepted = run_cli("run", str(ssh_plan), "--accept-new-host-keys", "--out", str(tmp / "ssh"), "-q",
-                           timeout=240)
-        local = run_cli("run", str(local_plan), "--out", str(tmp / "local"), "-q", timeout=240)
+        started["ssh"] = start_cli("run", str(ssh_plan), "--accept-new-host-keys", "--out", str(tmp / "ssh"), "-q")
+        started["local"] = start_cli("run", str(local_plan), "--out", str(tmp / "local"), "-q")
+        done = {name: p.communicate(timeout=240) for name, p in started.items()}
     finally:
-        stop_target(proc)
+        for p in started.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for target, _ in targets:
+            stop_target(target)
+    accepted, local = (subprocess.CompletedProcess(p.args, p.returncode, *done[name]) for name, p in started.items())
     return {"refused": refused, "refused_dirs": refused_dirs, "ssh": accepted, "local": local, "tmp": tmp,
             "known_hosts": known_hosts, "pid": proc.pid}
 

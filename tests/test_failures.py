@@ -134,27 +134,68 @@ def quick_run(target_url: str, out: Path, *extra: str) -> list[str]:
             "--settle", "0", "--workers", "1", "--out", str(out), "-q"]
 
 
-def test_exit_0_for_a_complete_analysed_run(tmp_path, start_demo_target):
-    target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
-    res = console(*quick_run(target.url, tmp_path, "--pid", str(target.pid)))
+QUICK_TESTS = {"ok": "test_exit_0_for_a_complete_analysed_run", "failing": "test_exit_1_when_no_request_succeeded"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def quick_runs(request, tmp_path_factory):
+    """The two runs that need nothing done to them mid-run, started with this module (when their
+    tests are selected) side by side through the console script, each against its own knee
+    target: "ok" (a healthy target) and "failing" (a target that answers every inference 500).
+    They go while the tests before theirs run; each test collects its own with ``quick_result``.
+    Output to files: nobody reads it before the end."""
+    from kneeswarm.cli import start_target, stop_target
+
+    selected = {item.name for item in request.session.items if item.module is request.module}
+    root = tmp_path_factory.mktemp("quick_runs")
+    targets = {"ok": [], "failing": ["--fail-rate", "1.0"]}
+    started, procs = {}, []
+    try:
+        for name, extra in targets.items():
+            if QUICK_TESTS[name] not in selected:
+                continue
+            proc, url = start_target(["--mode", "knee", "--slots", "4", "--service-ms", "20", *extra])
+            procs.append(proc)
+            with (root / f"{name}.stdout").open("w") as o, (root / f"{name}.stderr").open("w") as e:
+                started[name] = subprocess.Popen([KNEESWARM, *quick_run(url, root / name, "--pid", str(proc.pid))],
+                                                 cwd=REPO, env=kneeswarm_env(), stdout=o, stderr=e, text=True)
+        yield {name: (p, root) for name, p in started.items()}
+    finally:
+        for p in started.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for proc in procs:
+            stop_target(proc)
+
+
+def quick_result(quick_runs, name: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """The finished quick run ``name``: (its exit code and output, its --out directory)."""
+    p, root = quick_runs[name]
+    p.wait(timeout=240)
+    out, err = ((root / f"{name}.{kind}").read_text() for kind in ("stdout", "stderr"))
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err), root / name
+
+
+def test_exit_0_for_a_complete_analysed_run(quick_runs):
+    res, out = quick_result(quick_runs, "ok")
     assert res.returncode == 0, res.stderr[-2000:]
-    (run_dir,) = tmp_path.iterdir()
+    (run_dir,) = out.iterdir()
     assert res.stdout.strip().splitlines()[-1] == f"report: {run_dir / 'report' / 'index.html'}"
     assert (run_dir / "report" / "index.html").is_file()
     meta = json.loads((run_dir / "meta.json").read_text())
     assert meta["lost"] == {} and not [w for w in meta["warnings"] if "load generator" in w], meta["warnings"]
 
 
-def test_exit_1_when_no_request_succeeded(tmp_path, start_demo_target):
+def test_exit_1_when_no_request_succeeded(quick_runs):
     """Every request fails (the target answers every inference 500; its health and model checks
     pass, so the preflight lets the run start): exit 1, one line saying so. (A model the target
     does not serve is now refused by the protocol's preflight: exit 2, tests/test_protocols_e2e.py.)"""
-    target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20", "--fail-rate", "1.0")
-    res = console(*quick_run(target.url, tmp_path / "runs", "--pid", str(target.pid)))
+    res, out = quick_result(quick_runs, "failing")
     assert res.returncode == 1, res.stderr[-2000:]
     line = last_line(res.stderr)
     assert line.startswith("kneeswarm: error: no request succeeded (") and "http_5xx" in line, line
-    (run_dir,) = (tmp_path / "runs").iterdir()
+    (run_dir,) = out.iterdir()
     rows = pd.read_parquet(run_dir / "requests")
     assert len(rows) > 0 and not rows["ok"].any() and set(rows["status"]) == {500}
     assert f"({len(rows)} requests, all failed: http_5xx {len(rows)})" in line

@@ -301,16 +301,21 @@ def test_real_oversubscribed_onnx_target_is_diagnosed(start_demo_target, tmp_pat
 
 
 @pytest.mark.slow
-def test_real_knee_target_gets_no_cpu_finding(start_demo_target, tmp_path):
+def test_real_knee_target_gets_no_cpu_finding(knee_run):
     # 4 slots of 50 ms and no CPU work: throughput stops at 80/s because of the slots, not the CPU
-    summary, plan = run_against(start_demo_target, tmp_path, "knee",
-                                ["--mode", "knee", "--slots", "4", "--service-ms", "50"], [1, 2, 4, 8])
+    # (the session's shared real run, tests/conftest.py: steps 1-16 users, its /metrics scraped)
+    from conftest import KNEE_STEPS, read_summary
+    from kneeswarm.plan import load_plan
+
+    summary = read_summary(knee_run.run_dir)
+    plan = load_plan(knee_run.run_dir / "plan.toml").to_dict()
+    assert summary["complete"] is True  # the load ran all its steps, the analysis wrote the summary
     result = explain(summary, plan)
     assert not CPU_FINDINGS & ids(result), result["findings"]  # host_contended may show: other tests share the host
     assert "engine_oversubscribed" not in ids(result)
     assert result["rule_errors"] == []
     # closed loop, no think time: users = QPS x mean latency on every steady step, within 10 %
-    assert len(summary["steps"]) == 4 and result["littles_law"] == [], result["littles_law"]
+    assert len(summary["steps"]) == len(KNEE_STEPS) and result["littles_law"] == [], result["littles_law"]
     for s in summary["steps"]:
         assert step_littles_law(s) is None
         assert not any(r.startswith("Little's law") for r in s["reasons"])  # analysis.trust agrees

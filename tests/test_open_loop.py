@@ -23,27 +23,40 @@ from conftest import REPO
 STALL = ["--mode", "knee", "--slots", "64", "--service-ms", "5", "--stall-ms", "1000", "--stall-every", "4"]
 
 
-def run_local(tmp_path: Path, url: str, name: str, load: str) -> Path:
+def start_local(tmp_path: Path, url: str, name: str, load: str) -> tuple[subprocess.Popen, Path]:
+    """A real Locust process (local runner, kneeswarm's locustfile) started on a plan of ``load``."""
     plan = tmp_path / f"{name}.toml"
     plan.write_text(f'name = "{name}"\ntarget = "{url}"\n[load]\nramp = 0.5\nhold = 9.0\nsettle = 0.5\n{load}')
     out = tmp_path / name
-    res = subprocess.run([sys.executable, "-m", "locust", "-f", str(REPO / "locustfiles" / "swarm.py"), "--headless",
-                          "--kneeswarm-plan", str(plan), "--kneeswarm-out", str(out), "--loglevel", "WARNING"],
-                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    proc = subprocess.Popen([sys.executable, "-m", "locust", "-f", str(REPO / "locustfiles" / "swarm.py"), "--headless",
+                             "--kneeswarm-plan", str(plan), "--kneeswarm-out", str(out), "--loglevel", "WARNING"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    return proc, out
+
+
+def finished_run(proc: subprocess.Popen, out: Path) -> Path:
+    _, err = proc.communicate(timeout=120)
     runs = [p for p in out.iterdir() if p.is_dir()]
-    assert len(runs) == 1, res.stderr[-2000:]
+    assert len(runs) == 1, err[-2000:]
     return runs[0]
 
 
 @pytest.mark.slow
 def test_open_loop_p99_shows_the_stall_that_closed_loop_hides(tmp_path):
+    """The closed and the open loop side by side, against the same target, through the same stalls."""
     from kneeswarm.cli import start_target, stop_target
 
     proc, url = start_target(STALL)
+    started = []
     try:
-        closed = RunDir(run_local(tmp_path, url, "closed", "steps = [4]\n")).read_requests()
-        opened = RunDir(run_local(tmp_path, url, "open", 'mode = "open"\nrates = [40]\n')).read_requests()
+        started.append(start_local(tmp_path, url, "closed", "steps = [4]\n"))
+        started.append(start_local(tmp_path, url, "open", 'mode = "open"\nrates = [40]\n'))
+        closed, opened = (RunDir(finished_run(p, out)).read_requests() for p, out in started)
     finally:
+        for p, _ in started:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
         stop_target(proc)
     p99_closed = float(np.percentile(closed["latency_ms"], 99))
     p99_open = float(np.percentile(opened["latency_ms"], 99))

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import io
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,8 +11,6 @@ import pytest
 from kneeswarm.plan import load_plan
 from kneeswarm.progress import Progress
 from kneeswarm.rundir import RunDir
-
-from conftest import REPO
 
 LINE = re.compile(r"^kneeswarm: step (\d+)/(\d+): (\d+) users?, (\d+) requests, ([\d.]+) QPS, P99 ([\d.]+) ms, "
                   r"(\d+) errors(?: \([\d.]+%\))?, (~\S+ left|done)$")
@@ -79,25 +73,24 @@ def test_a_terminal_gets_one_live_line_redrawn(tmp_path):
 
 
 @pytest.mark.slow
-def test_pipeline_log_has_one_plain_line_per_step(tmp_path, start_demo_target):
+def test_pipeline_log_has_one_plain_line_per_step(knee_run):
     """Through the console script, stderr a pipe: one line per step, no control codes, and the
-    figures agree with the ground-truth target (QPS = min(users, 4) x 20/s, service 50 ms)."""
-    target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "50")
-    res = subprocess.run([str(Path(sys.executable).with_name("kneeswarm")), "run", "--target", target.url,
-                          "--steps", "1,2,4,8", "--hold", "4", "--ramp", "1", "--settle", "1", "--workers", "1",
-                          "--pid", str(target.pid), "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=240, cwd=REPO,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    figures agree with the ground-truth target (QPS = min(users, 4) x 20/s, service 50 ms).  The
+    run is the session's shared one (tests/conftest.py `knee_run`: the installed `kneeswarm`,
+    not -q, stderr captured)."""
+    from conftest import KNEE_SERVICE_MS, KNEE_SLOTS, KNEE_STEPS
+
+    res = knee_run.res
     assert res.returncode == 0, res.stderr[-2000:]
     assert "\x1b" not in res.stderr and "\r" not in res.stderr
     lines = [m for m in map(LINE.match, res.stderr.splitlines()) if m]
-    assert [(m.group(1), m.group(2), m.group(3)) for m in lines] == [("1", "4", "1"), ("2", "4", "2"),
-                                                                     ("3", "4", "4"), ("4", "4", "8")]
-    (run_dir,) = tmp_path.iterdir()
-    rows = RunDir(run_dir).read_requests()
-    for m, users in zip(lines, (1, 2, 4, 8)):
-        assert float(m.group(5)) == pytest.approx(min(users, 4) * 20.0, rel=0.2), m.group(0)
-        assert float(m.group(6)) >= 50.0  # no request is served faster than the service time
+    n = str(len(KNEE_STEPS))
+    assert [(m.group(1), m.group(2), m.group(3)) for m in lines] == [("1", n, "1"), ("2", n, "2"), ("3", n, "4"),
+                                                                     ("4", n, "8"), ("5", n, "16")]
+    rows = RunDir(knee_run.run_dir).read_requests()
+    for m, users in zip(lines, KNEE_STEPS):
+        assert float(m.group(5)) == pytest.approx(min(users, KNEE_SLOTS) * 1000 / KNEE_SERVICE_MS, rel=0.2), m.group(0)
+        assert float(m.group(6)) >= KNEE_SERVICE_MS  # no request is served faster than the service time
         on_disk = int((rows["step"] == int(m.group(1)) - 1).sum())
         assert 0.5 * on_disk <= int(m.group(4)) <= on_disk
     assert lines[-1].group(8) == "done"

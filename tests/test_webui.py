@@ -172,21 +172,41 @@ def test_web_ui_refuses_a_public_address_without_login(tmp_path):
     assert "--web-login" in (tmp_path / "ui.log").read_text()
 
 
-def test_plain_locust_headless_is_a_full_run(tmp_path, start_demo_target):
+@pytest.fixture(scope="module", autouse=True)
+def plain_headless(request, tmp_path_factory):
+    """The run of test_plain_locust_headless_is_a_full_run, started with the module (its own demo
+    target), so that it goes while the web UI tests wait on theirs; that test collects it."""
+    from kneeswarm.cli import start_target, stop_target
+
+    if not any(item.name == "test_plain_locust_headless_is_a_full_run" for item in request.session.items
+               if item.module is request.module):
+        yield None  # not selected: nothing started
+        return
+    tmp = tmp_path_factory.mktemp("plain")
+    proc, url = start_target(["--mode", "knee", "--slots", "2", "--service-ms", "20"])
+    plan = tmp / "plan.toml"
+    plan.write_text(f'name = "plain"\ntarget = "{url}"\nmetrics_url = "{url}/metrics"\n'
+                    '[load]\nsteps = [1, 2]\nramp = 0.5\nhold = 3.0\nsettle = 0.5\n'
+                    f'[[hosts]]\nname = "server"\npid = {proc.pid}\n')
+    out, log = tmp / "runs", tmp / "locust.log"  # files, not pipes: nobody reads them until the test
+    with log.open("w") as f:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "locust", "-f", str(REPO / "locustfiles" / "swarm.py"), "--headless",
+             "--kneeswarm-plan", str(plan), "--kneeswarm-out", str(out)],
+            cwd=tmp, stdout=subprocess.DEVNULL, stderr=f, text=True,
+        )
+    yield run, out, log
+    if run.poll() is None:
+        run.kill()
+        run.wait()
+    stop_target(proc)
+
+
+def test_plain_locust_headless_is_a_full_run(plain_headless):
     """`locust -f locustfiles/swarm.py --headless`, no conductor: the same host agents, target
     metrics and report as `kneeswarm run`."""
-    target = start_demo_target("--mode", "knee", "--slots", "2", "--service-ms", "20")
-    plan = tmp_path / "plan.toml"
-    plan.write_text(f'name = "plain"\ntarget = "{target.url}"\nmetrics_url = "{target.url}/metrics"\n'
-                    '[load]\nsteps = [1, 2]\nramp = 0.5\nhold = 3.0\nsettle = 0.5\n'
-                    f'[[hosts]]\nname = "server"\npid = {target.pid}\n')
-    out = tmp_path / "runs"
-    res = subprocess.run(
-        [sys.executable, "-m", "locust", "-f", str(REPO / "locustfiles" / "swarm.py"), "--headless",
-         "--kneeswarm-plan", str(plan), "--kneeswarm-out", str(out)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=180,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
+    run, out, log = plain_headless
+    assert run.wait(timeout=180) == 0, log.read_text()[-3000:]
     (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
     meta = RunDir(run_dir).read_meta()
     assert meta["ended"] == "completed" and list(meta["hosts"]) == ["server"]
