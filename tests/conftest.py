@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -102,6 +103,20 @@ def start_cli(*args: str, **kw) -> subprocess.Popen:
     that go on side by side; the caller waits for it (``communicate``)."""
     return subprocess.Popen([sys.executable, "-m", "kneeswarm.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=kw.pop("cwd", REPO), **kw)
+
+
+@contextlib.contextmanager
+def side_by_side() -> Iterator[dict[str, subprocess.Popen]]:
+    """Runs started side by side (``start_cli`` into the yielded dict, by name): any still running
+    when the block ends (an assertion, a timeout) is killed, so none outlives its test."""
+    started: dict[str, subprocess.Popen] = {}
+    try:
+        yield started
+    finally:
+        for p in started.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 def wait_for(cond: Callable[[], bool], timeout: float, what: str, period: float = 0.1) -> None:

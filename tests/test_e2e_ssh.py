@@ -64,7 +64,7 @@ def runs(sshd, tmp_path_factory):  # noqa: F811 (the sshd fixture)
     the same machine at the same time."""
     import subprocess
 
-    from conftest import start_cli
+    from conftest import side_by_side, start_cli
     from kneeswarm.cli import start_target, stop_target
 
     tmp = tmp_path_factory.mktemp("e2e_ssh")
@@ -72,20 +72,16 @@ def runs(sshd, tmp_path_factory):  # noqa: F811 (the sshd fixture)
     known_hosts.write_text("")
     targets = [start_target(["--mode", "knee", "--slots", "4", "--service-ms", "20"]) for _ in range(2)]
     (proc, url), (local_proc, local_url) = targets
-    started = {}
     try:
         ssh_plan = write_plan(tmp / "ssh.toml", url, proc.pid, ssh_host(sshd, known_hosts))
         local_plan = write_plan(tmp / "local.toml", local_url, local_proc.pid, {})
         refused = run_cli("run", str(ssh_plan), "--out", str(tmp / "refused"), "-q", timeout=120)
         refused_dirs = run_dirs(tmp / "refused")
-        started["ssh"] = start_cli("run", str(ssh_plan), "--accept-new-host-keys", "--out", str(tmp / "ssh"), "-q")
-        started["local"] = start_cli("run", str(local_plan), "--out", str(tmp / "local"), "-q")
-        done = {name: p.communicate(timeout=240) for name, p in started.items()}
+        with side_by_side() as started:
+            started["ssh"] = start_cli("run", str(ssh_plan), "--accept-new-host-keys", "--out", str(tmp / "ssh"), "-q")
+            started["local"] = start_cli("run", str(local_plan), "--out", str(tmp / "local"), "-q")
+            done = {name: p.communicate(timeout=240) for name, p in started.items()}
     finally:
-        for p in started.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait()
         for target, _ in targets:
             stop_target(target)
     accepted, local = (subprocess.CompletedProcess(p.args, p.returncode, *done[name]) for name, p in started.items())

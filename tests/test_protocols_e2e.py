@@ -106,25 +106,19 @@ def protocol_runs(keyed_target, knee_target, tmp_path_factory) -> dict:
     delta is its own; only the keyed target's auth counters are shared, and checked as such."""
     import subprocess
 
-    from conftest import start_cli
+    from conftest import side_by_side, start_cli
 
     root = tmp_path_factory.mktemp("protocols")
     runs = {**{protocol: (keyed_target[1], text, True) for protocol, (text, _, _) in CASES.items()},
             "kserve-inputs": (knee_target[1], KSERVE_INPUTS, False)}
     before = {url: metrics_of(url) for url, _, _ in runs.values()}
-    started = {}
-    try:
+    with side_by_side() as started:
         for name, (url, text, keyed) in runs.items():
             plan = root / f"{name}.toml"
             plan.write_text(f'name = "proto"\ntarget = "{url}"\n' + text + "\n" + LOAD)
             env = {**os.environ, KEY_ENV: KEY} if keyed else dict(os.environ)
             started[name] = start_cli("run", str(plan), "--out", str(root / name), "-q", env=env)
         done = {name: p.communicate(timeout=240) for name, p in started.items()}
-    finally:
-        for p in started.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait()
     after = {url: metrics_of(url) for url in before}
     out = {}
     for name, p in started.items():
