@@ -21,6 +21,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import orjson
+
 logger = logging.getLogger(__name__)
 
 PREFLIGHT_TIMEOUT = 10.0  # seconds for each preflight HTTP request
@@ -166,6 +168,18 @@ def detail(body: bytes) -> str:
         text = body[:MAX_DETAIL].decode("utf-8", "replace") if body else ""
     text = " ".join(text.split())[:MAX_DETAIL]
     return f" ({text})" if text else ""
+
+
+def parse_json(body: bytes) -> Any:
+    """``body`` as JSON, for the answer checks on the request path: orjson's speed (~1.5 us where
+    json.loads takes ~6 us for a chat answer), the standard library's verdict: what orjson refuses
+    (NaN and Infinity, which Python servers send and json.loads accepts; UTF-16) goes to
+    json.loads, whose ValueError is the one a caller sees.  Integers beyond 64 bits come back as
+    floats (orjson's reading); no check depends on one."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return json.loads(body)
 
 
 def json_path(doc: Any, dotted: str) -> Any:

@@ -23,7 +23,7 @@ import math
 import random
 
 from locustfiles.protocols.base import (BODY_VARIANTS, BadPayload, PreflightError, PreparedRequest, Protocol, ProtocolError,
-                                        Tokens, json_path)
+                                        Tokens, json_path, parse_json)
 from locustfiles.protocols.openai import WORDS
 from locustfiles.protocols.tensors import batched, nested, values
 
@@ -75,7 +75,7 @@ class GenericHTTP(Protocol):
         if not self.success_path:
             return None
         try:
-            doc = json.loads(body)
+            doc = parse_json(body)
         except (ValueError, TypeError) as e:
             raise BadPayload(f"response is not JSON: {e}") from None
         try:

@@ -27,7 +27,8 @@ import json
 import logging
 import random
 
-from locustfiles.protocols.base import BODY_VARIANTS, BadPayload, PreflightError, PreparedRequest, Protocol, Tokens
+from locustfiles.protocols.base import (BODY_VARIANTS, BadPayload, PreflightError, PreparedRequest, Protocol, Tokens,
+                                        parse_json)
 from locustfiles.protocols.sse import ChatStream
 from locustfiles.protocols.workload import WORDS, LengthDist, dataset_tokens, load_dataset, token_counter
 
@@ -112,7 +113,7 @@ class OpenAI(Protocol):
     def check_response(self, body: bytes) -> Tokens | None:
         """A whole (not streamed) answer: choices with text, and usage when the server sends it."""
         try:
-            doc = json.loads(body)
+            doc = parse_json(body)
         except (ValueError, TypeError) as e:
             raise BadPayload(f"response is not JSON: {e}") from None
         choices = doc.get("choices") if isinstance(doc, dict) else None

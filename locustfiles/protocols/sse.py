@@ -19,12 +19,11 @@ llama.cpp; SGLang's ``--stream-interval`` > 1 puts several in one) and flagged a
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from typing import Any
 
-from locustfiles.protocols.base import BadPayload, StreamTruncated
+from locustfiles.protocols.base import BadPayload, StreamTruncated, parse_json
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +103,7 @@ class ChatStream:
                 self.finished = self.finished or last
                 return
         try:
-            doc = json.loads(data)
+            doc = parse_json(data)
         except (ValueError, UnicodeDecodeError):
             raise BadPayload(f"stream chunk {self.events} is not JSON: {data[:60]!r}") from None
         if not isinstance(doc, dict):
