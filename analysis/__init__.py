@@ -94,7 +94,8 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
         peak=find_peak(users, qps),
         totals={"requests": n, "errors": n - n_ok,
                 "steps": len(stats), "valid_steps": int(stats["valid"].sum())},
-        hosts=host_facts(inputs.meta, inputs.hosts, inputs.parse),
+        hosts=host_facts(inputs.meta, inputs.hosts, inputs.parse,
+                         cgroups={h: st["cgroup"] for h, st in inputs.hosts.items() if "cgroup" in st}),
         workers=workers,
         target_series={h: used for h, streams in sorted(inputs.hosts.items())
                         if (used := target_series_used(streams.get(PROMETHEUS_STREAM)))},

@@ -2,8 +2,9 @@
 
 From the parsed host tables (collectors/): vmstat (host CPU, context switches, run queue),
 process (the monitored process, summed over its pids), threads (active threads, the busiest
-thread), gpu (SM and memory %, averaged over GPUs; framebuffer and power, summed) and the
-target's own /metrics (analysis.target).  Each value is the mean of the samples whose ``t``
+thread), gpu (SM and memory %, averaged over GPUs; framebuffer and power, summed), cgroup (the
+throttled share of CFS periods, the cgroup's CPU use) and the target's own /metrics
+(analysis.target).  Each value is the mean of the samples whose ``t``
 lies in the window (analysis.windows).
 """
 
@@ -64,6 +65,27 @@ def thread_metrics(threads: pd.DataFrame | None, t_lo: np.ndarray, t_hi: np.ndar
                         t_lo, t_hi)
 
 
+CGROUP_COLUMNS = {"periods": "periods", "throttled_periods": "throttled_periods", "usage_cpus": "cgroup_cpus"}
+
+
+def cgroup_metrics(cgroup: pd.DataFrame | None, t_lo: np.ndarray, t_hi: np.ndarray) -> list[dict[str, float]]:
+    """Per window, from the cgroup table (collectors/cgroup.py):
+
+    * ``throttled_share``: throttled CFS periods / periods elapsed, summed over the window's
+      samples (the ratio of the kernel's cpu.stat counters over the same span; a ratio of means
+      is that ratio of sums, as both columns are missing on the same rows); only where periods
+      elapsed (a CPU quota is set);
+    * ``cgroup_cpus``: the cgroup's CPU seconds per second (cpuacct.usage, cpu.stat usage_usec).
+    """
+    out = []
+    for m in window_means(cgroup, CGROUP_COLUMNS, t_lo, t_hi):
+        periods, throttled = m.pop("periods", None), m.pop("throttled_periods", None)
+        if periods is not None and throttled is not None and periods > 0:
+            m["throttled_share"] = throttled / periods
+        out.append(m)
+    return out
+
+
 def sy_share(process: dict[str, float]) -> float | None:
     """The kernel's share of the process's CPU time: sys / (usr + sys) over the window's means.
 
@@ -90,6 +112,7 @@ def server_metrics(hosts: dict[str, dict[str, pd.DataFrame]], t_lo: np.ndarray, 
             thread_metrics(streams.get("threads"), t_lo, t_hi),
             window_means(streams.get("gpu"), GPU_MEAN_METRICS | GPU_SUM_METRICS, t_lo, t_hi, by="gpu",
                          sum_cols=tuple(GPU_SUM_METRICS)),
+            cgroup_metrics(streams.get("cgroup"), t_lo, t_hi),
         ]
         target = target_windows(streams.get(PROMETHEUS_STREAM), t_lo, t_hi)
         for i in range(len(t_lo)):

@@ -60,6 +60,8 @@ SERVER_COLUMNS = (
     ("top thread %", "top_thread_cpu_pct", "{:.0f}"),
     ("migrations/s", "migrations_s", "{:,.1f}"),
     ("RSS MB", "rss_mb", "{:,.0f}"),
+    ("cgroup CPUs", "cgroup_cpus", "{:.2f}"),
+    ("throttled", "throttled_share", "{:.0%}"),
     ("GPU SM%", "sm_pct", "{:.0f}"),
     ("GPU mem%", "mem_pct", "{:.0f}"),
     ("GPU FB MB", "fb_used_mb", "{:,.0f}"),

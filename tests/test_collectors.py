@@ -40,6 +40,7 @@ FIXTURES: dict[str, list[Path]] = {
     "nvml": [GPU / "nvml.jsonl"],
     "procfs": [FIX / "procfs-psutil.jsonl"],
     "prometheus": [FIX / "prometheus-client-0.x.jsonl"],
+    "cgroup": [FIX / "cgroup-v1-recorded.jsonl"],
 }
 
 

@@ -66,26 +66,29 @@ def _by_service(c: Context, s: dict[str, Any], h: str) -> bool:
 
 def _may_fill_queue(c: Context, s: dict[str, Any], h: str) -> bool:
     """The process did a fair part of the work, or has more threads than there are CPUs."""
-    threads, cpus = c.metric(s, h, "threads"), c.cpu_fact(h, "logical_cpus")
+    threads, cpus = c.metric(s, h, "threads"), c.service_cpus(h)
     return _by_service(c, s, h) or (threads is not None and cpus is not None and threads > cpus)
 
 
 def _host_full(c: Context, s: dict[str, Any], h: str) -> bool:
-    busy, r, cpus = c.host_busy(s, h), c.metric(s, h, "r"), c.cpu_fact(h, "logical_cpus")
+    busy, r, cpus = c.host_busy(s, h), c.metric(s, h, "r"), c.service_cpus(h)
     return (busy is not None and busy >= CPU_SATURATED_PCT) or (
         r is not None and cpus is not None and r > cpus * RUN_QUEUE_PER_CPU)
 
 
 def cpu_saturated(ctx: Context) -> list[dict[str, Any]]:
     def check(c: Context, h: str) -> dict[str, Any] | None:
-        hits, worst, busy = _worst(c.late(), lambda s: c.host_busy(s, h) if _by_service(c, s, h) else None,
+        hits, worst, busy = _worst(c.late(), lambda s: c.service_busy(s, h) if _by_service(c, s, h) else None,
                                    lambda v: v >= CPU_SATURATED_PCT)
         if worst is None:
             return None
-        us, sy = c.metric(worst, h, "us"), c.metric(worst, h, "sy")
+        us, sy, cpus = c.metric(worst, h, "us"), c.metric(worst, h, "sy"), c.service_cpus(h)
+        of = f"us {us:.0f} + sy {sy:.0f}" if c.service_cpus_bound(h) == "host" and us is not None and sy is not None \
+            else f"of the {cpus:g} CPUs the service may use"
         return finding("cpu_saturated", hits, {"host": h, "users": worst["users"], "us": us, "sy": sy,
-                                               "busy_pct": busy, "threshold_pct": CPU_SATURATED_PCT},
-                       f"{h}: CPU {busy:.0f}% busy (us {us:.0f} + sy {sy:.0f}) at {users_text(worst['users'])}: "
+                                               "busy_pct": busy, "threshold_pct": CPU_SATURATED_PCT,
+                                               "service_cpus": cpus, "cpus_bound": c.service_cpus_bound(h)},
+                       f"{h}: CPU {busy:.0f}% busy ({of}) at {users_text(worst['users'])}: "
                        "the CPU is the bottleneck.",
                        "Read the other findings for what the CPU was spent on; then add cores or replicas, "
                        "or cut the work per request (batching, a smaller model, fewer engine threads).")
@@ -94,7 +97,7 @@ def cpu_saturated(ctx: Context) -> list[dict[str, Any]]:
 
 def run_queue_over_cores(ctx: Context) -> list[dict[str, Any]]:
     def check(c: Context, h: str) -> dict[str, Any] | None:
-        cpus = c.cpu_fact(h, "logical_cpus")
+        cpus = c.service_cpus(h)
         if cpus is None:
             return None
         limit = cpus * RUN_QUEUE_PER_CPU
@@ -103,9 +106,11 @@ def run_queue_over_cores(ctx: Context) -> list[dict[str, Any]]:
         if worst is None:
             return None
         return finding("run_queue_over_cores", hits, {"host": h, "users": worst["users"], "r": r,
-                                                      "logical_cpus": cpus, "threads": c.metric(worst, h, "threads"),
+                                                      "logical_cpus": c.cpu_fact(h, "logical_cpus"),
+                                                      "service_cpus": cpus, "cpus_bound": c.service_cpus_bound(h),
+                                                      "threads": c.metric(worst, h, "threads"),
                                                       "process_share": c.process_share(worst, h)},
-                       f"{h}: run queue {r:.1f} on {cpus:.0f} logical CPUs at {users_text(worst['users'])}: more threads "
+                       f"{h}: run queue {r:.1f} on {cpus:g} CPUs the service may use at {users_text(worst['users'])}: more threads "
                        "want to run than there are CPUs, so more threads only lengthen the queue.",
                        "Cut the runnable threads to about the number of cores: fewer request threads, or "
                        "intra_op_num_threads 2-4 and inter_op_num_threads 1 with many concurrent requests.")

@@ -25,7 +25,7 @@ CPU_NOT_SATURATED_PCT = 70.0  # ... while the host (us + sy) and the process sta
 GPU_BUSY_PCT = 80.0  # ... and no GPU was busy (a busy GPU is computing, not waiting)
 # The residual rule stays silent when one of these already names the cause.
 EXPLAINED_BY = ("cpu_saturated", "run_queue_over_cores", "single_thread_bound", "gpu_serialized", "io_wait",
-                "generator_bound", "host_contended")
+                "generator_bound", "host_contended", "cpu_throttled")
 
 
 def retrograde(ctx: Context) -> list[dict[str, Any]]:
@@ -133,7 +133,7 @@ def _cpu_idle_everywhere(ctx: Context, steps: list[dict[str, Any]]) -> dict[str,
     """{host: worst busy %} when every measured host stayed below the limits, else None."""
     worst: dict[str, float] = {}
     for h in ctx.server_hosts():
-        cpus = ctx.cpu_fact(h, "logical_cpus")
+        cpus = ctx.service_cpus(h)
         for s in steps:
             busy, proc = ctx.host_busy(s, h), ctx.metric(s, h, "cpu_pct")
             gpu = ctx.metric(s, h, "sm_pct")

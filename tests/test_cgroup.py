@@ -1,0 +1,169 @@
+"""Containers and CPU quotas (issue 16 part 2): the agent's cgroup sampler, its parser, the CPUs
+the service may use, and the rules ``cpu_throttled`` and ``memory_limit_near``.
+
+The real runs put the demo target in a v1 cgroup created here (root, the cpu controller writable)
+with a quota of half a CPU; the truth is the kernel's own cpu.stat, read by the test itself. The
+v2 files are hand-written from the kernel's documented formats (tests/fixtures/cgroup-v2/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.findings import explain
+from analysis.hostfacts import host_facts, service_limits
+from collectors import get
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "agents"))
+import remote  # noqa: E402  (the agent is one stdlib file, imported by path as it runs)
+
+FIX = Path(__file__).parent / "fixtures"
+V2 = FIX / "cgroup-v2"
+V1_RECORDED = FIX / "collectors" / "cgroup-v1-recorded.jsonl"
+POD = "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod7f3c.slice"
+GIB = 1 << 30
+
+
+# -- reading the hierarchy --------------------------------------------------------------------
+def v2_sampler(tmp_path: Path) -> tuple[remote.CgroupSampler, dict[str, str], Path]:
+    root = tmp_path / "fs"
+    shutil.copytree(V2 / "fs", root)
+    s = remote.CgroupSampler("cgroup", str(tmp_path / "cgroup.jsonl"), 1.0, threading.Event(), pid=1)
+    s.mounts = remote.cgroup_mounts((V2 / "mountinfo").read_text().replace("/sys/fs/cgroup", str(root)))
+    return s, remote.cgroup_paths((V2 / "proc-pid-cgroup").read_text()), root
+
+
+def test_v2_files_give_the_tightest_quota_its_counters_cpuset_and_memory_limit(tmp_path):
+    s, paths, root = v2_sampler(tmp_path)
+    row: dict = {}
+    s.read(paths, row)
+    # the pod's 150000/100000 is tighter than the container's 200000/100000: its level's counters
+    assert row["version"] == 2 and row["cpu_dir"] == str(root / POD)
+    assert (row["quota_us"], row["period_us"]) == (150000, 100000)
+    assert (row["nr_periods"], row["nr_throttled"], row["throttled_ns"]) == (1200, 300, 45_000_000_000)
+    assert row["usage_ns"] == 81_234_567_000
+    assert (row["cpuset"], row["cpuset_n"]) == ("0-3", 4)
+    assert row["mem_limit"] == GIB and row["mem_usage"] == 805306368  # the container's 1 GiB < the pod's 2
+
+
+def test_v2_samples_parse_into_throttled_periods_and_the_service_cpus(tmp_path):
+    s, paths, root = v2_sampler(tmp_path)
+    lines = []
+    for t, (periods, throttled, usec) in enumerate([(1200, 300, 45_000_000), (1210, 308, 45_400_000)]):
+        (root / POD / "cpu.stat").write_text(f"usage_usec {81234567 + t * 1_500_000}\nuser_usec 1\nsystem_usec 1\n"
+                                             f"nr_periods {periods}\nnr_throttled {throttled}\n"
+                                             f"throttled_usec {usec}\nnr_bursts 0\nburst_usec 0\n")
+        row = {"t": 1000.0 + t, "pid": 1, "ncpu": 64}
+        s.read(paths, row)
+        lines.append(json.dumps(row))
+    df = get("cgroup").parse("\n".join(lines)).frames["cgroup"]
+    last = df.iloc[-1]
+    assert (last["periods"], last["throttled_periods"]) == (10, 8)
+    assert last["throttled_s"] == pytest.approx(0.4) and last["usage_cpus"] == pytest.approx(1.5)
+    assert last["quota_cpus"] == 1.5 and last["cpuset_cpus"] == 4 and last["memory_limit_mb"] == 1024
+    assert np.isnan(df.iloc[0]["periods"])  # no interval before the first sample
+    assert service_limits(df, 64.0) == {"cpus": 1.5, "bound": "quota", "quota_cpus": 1.5, "cpuset_cpus": 4.0,
+                                        "host_cpus": 64.0, "memory_limit_mb": 1024.0, "cgroup_version": 2}
+
+
+def test_v1_container_mount_shows_the_container_cgroup_at_its_mount_point():
+    # docker without a cgroup namespace: /proc/PID/cgroup names the host path, the mount's root is it
+    mounts = remote.cgroup_mounts("31 25 0:27 /docker/4b1e /sys/fs/cgroup/cpu,cpuacct ro,nosuid - cgroup cgroup "
+                                  "rw,cpu,cpuacct\n32 25 0:28 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
+                                  "33 25 0:29 / /sys/fs/cgroup/systemd rw - cgroup cgroup rw,name=systemd\n")
+    assert mounts["cpu"] == mounts["cpuacct"] == ("/docker/4b1e", "/sys/fs/cgroup/cpu,cpuacct")
+    assert "name=systemd" not in mounts and "" not in mounts
+    paths = remote.cgroup_paths("12:memory:/docker/4b1e\n4:cpu,cpuacct:/docker/4b1e/sub\n1:name=systemd:/x\n")
+    assert remote.cgroup_dir(mounts, paths, "cpu", "cpu.max") == (1, "/sys/fs/cgroup/cpu,cpuacct/sub")
+    assert remote.cgroup_dir(mounts, paths, "memory", "memory.max") == (1, "/sys/fs/cgroup/memory/docker/4b1e")
+    assert remote.cgroup_dir(mounts, {"cpu": "/elsewhere"}, "cpu", "cpu.max") == (1, "/sys/fs/cgroup/cpu,cpuacct")
+    assert remote.cgroup_dir(mounts, paths, "cpuset", "cpuset.cpus.effective") == (None, None)
+
+
+@pytest.mark.parametrize("text,n", [("0-3,8,10-11", 7), ("0", 1), ("0-63\n", 64), ("", None), ("x-1", None)])
+def test_cpuset_lists_are_counted(text, n):
+    assert remote.cpuset_count(text) == n
+
+
+def test_recorded_v1_samples_difference_the_kernel_counters():
+    """Recorded here: a busy loop in a v1 cgroup (quota 50000/100000, cpuset 0, 512 MiB), sampled
+    by CgroupSampler each second; the process's exit gives the last line, an error."""
+    raw = [json.loads(x) for x in V1_RECORDED.read_text().splitlines()]
+    parsed = get("cgroup").parse(V1_RECORDED.read_text())
+    df = parsed.frames["cgroup"]
+    counted = [r for r in raw if "error" not in r]
+    assert len(df) == len(counted) and parsed.skipped == 0
+    assert list(df["periods"][1:]) == [b["nr_periods"] - a["nr_periods"] for a, b in zip(counted, counted[1:])]
+    assert list(df["throttled_periods"][1:]) == [b["nr_throttled"] - a["nr_throttled"]
+                                                for a, b in zip(counted, counted[1:])]
+    assert set(df["quota_cpus"]) == {0.5} and set(df["cpuset_cpus"]) == {1} and set(df["memory_limit_mb"]) == {512}
+    assert service_limits(df, 2.0)["cpus"] == 0.5 and service_limits(df, 2.0)["bound"] == "quota"
+
+
+@pytest.mark.parametrize("quota,cpuset,host,bound", [(0.5, 2, 2, "quota"), (4.0, 2, 64, "cpuset"),
+                                                     (None, None, 2, "host"), (8.0, 16, 8, "quota")])
+def test_the_service_may_use_the_smallest_of_quota_cpuset_and_host(quota, cpuset, host, bound):
+    df = pd.DataFrame({"t": [1.0, 2.0], "quota_cpus": [quota or np.nan] * 2, "cpuset_cpus": [cpuset or np.nan] * 2})
+    got = service_limits(df, float(host))
+    assert got["bound"] == bound and got["cpus"] == min(x for x in (quota, cpuset, host) if x)
+    assert host_facts({"hosts": {"h": {"facts": {"cpu": {"logical_cpus": host}}}}})["h"]["service"] == {
+        "cpus": host, "bound": "host", "host_cpus": host}  # no cgroup table: the host bounds it
+
+
+# -- the rules on summaries -------------------------------------------------------------------
+def summary(server_per_step, service):
+    steps = [{"index": i, "users": u, "requests": 400, "qps": 20.0, "rps": 20.0, "p50_ms": 40.0, "p99_ms": 80.0 * u,
+              "mean_ms": 40.0, "valid": True, "reasons": [], "errors": {}, "window_s": 20.0,
+              "server": {"srv": m}} for i, (u, m) in enumerate(server_per_step)]
+    return {"steps": steps, "knee": {"users": None}, "analysis": {"generator_cpu_max": 90.0},
+            "hosts": {"srv": {"cpu": {"logical_cpus": 64, "physical_cores": 32}, "service": service}}}
+
+
+QUOTA = {"cpus": 4.0, "bound": "quota", "quota_cpus": 4.0, "host_cpus": 64.0, "memory_limit_mb": 2048.0}
+
+
+def test_cpu_throttled_above_its_threshold_only():
+    from analysis.findings.cgroup import CPU_THROTTLED_SHARE
+
+    hot = explain(summary([(1, {"throttled_share": 0.0}), (8, {"throttled_share": 0.62})], QUOTA))
+    [f] = [f for f in hot["findings"] if f["id"] == "cpu_throttled"]
+    assert f["evidence"]["throttled_share"] == 0.62 and f["evidence"]["service_cpus"] == 4.0
+    assert "4 CPUs" in f["text"] and "P99" in f["advice"]
+    for share in (CPU_THROTTLED_SHARE, 0.0):
+        cold = explain(summary([(1, {"throttled_share": 0.0}), (8, {"throttled_share": share})], QUOTA))
+        assert "cpu_throttled" not in {f["id"] for f in cold["findings"]}
+
+
+def test_memory_limit_near_within_its_margin_only():
+    from analysis.findings.cgroup import MEMORY_LIMIT_MARGIN
+
+    near = 2048.0 * (1 - MEMORY_LIMIT_MARGIN)
+    hit = explain(summary([(1, {"rss_mb": 900.0}), (8, {"rss_mb": near + 1})], QUOTA))
+    [f] = [f for f in hit["findings"] if f["id"] == "memory_limit_near"]
+    assert f["evidence"]["memory_limit_mb"] == 2048 and f["steps"] == [8]
+    for service in (QUOTA, {**QUOTA, "memory_limit_mb": None}):
+        rss = near - 1 if service is QUOTA else 1e9
+        quiet = explain(summary([(1, {"rss_mb": 900.0}), (8, {"rss_mb": rss})], service))
+        assert "memory_limit_near" not in {f["id"] for f in quiet["findings"]}
+
+
+def test_cpu_rules_judge_against_the_cpus_the_service_may_use():
+    # 0.48 CPUs of work: idle on a 64-CPU host, saturated under a half-CPU quota
+    m = {"us": 1.0, "sy": 0.5, "cpu_pct": 48.0, "r": 1.2, "threads": 4.0}
+    half = {"cpus": 0.5, "bound": "quota", "quota_cpus": 0.5, "host_cpus": 64.0}
+    got = explain(summary([(1, m), (4, m)], half))
+    [sat] = [f for f in got["findings"] if f["id"] == "cpu_saturated"]
+    assert sat["evidence"]["service_cpus"] == 0.5 and sat["evidence"]["busy_pct"] == 96.0
+    host = explain(summary([(1, m), (4, m)], {"cpus": 64.0, "bound": "host", "host_cpus": 64.0}))
+    assert not {"cpu_saturated", "run_queue_over_cores"} & {f["id"] for f in host["findings"]}
