@@ -103,7 +103,9 @@ def parse_counts(parse: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-SERVICE_BOUNDS = ("quota", "cpuset", "host")  # in the order a tie is named
+# In the order a tie is named: a limit equal to the host's CPUs binds nothing (a cpuset of every
+# CPU is the default), and a quota equal to a cpuset is named, as it is the one that throttles.
+SERVICE_BOUNDS = ("host", "quota", "cpuset")
 
 
 def _tightest(cgroup: Any, column: str) -> float | None:

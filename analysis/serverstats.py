@@ -65,24 +65,47 @@ def thread_metrics(threads: pd.DataFrame | None, t_lo: np.ndarray, t_hi: np.ndar
                         t_lo, t_hi)
 
 
-CGROUP_COLUMNS = {"periods": "periods", "throttled_periods": "throttled_periods", "usage_cpus": "cgroup_cpus"}
+CGROUP_MEANS = {"usage_cpus": "cgroup_cpus"}
+
+
+def _cumulative(cgroup: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """(sample times, the column's per-interval increases summed up to each sample), by time."""
+    t = cgroup["t"].to_numpy(dtype=float)
+    d = pd.to_numeric(cgroup[column], errors="coerce").to_numpy(dtype=float)
+    order = np.argsort(t, kind="stable")
+    t, d = t[order], d[order]
+    keep = np.isfinite(t)
+    return t[keep], np.cumsum(np.where(np.isfinite(d[keep]), d[keep], 0.0))
+
+
+def throttled_shares(cgroup: pd.DataFrame | None, t_lo: np.ndarray, t_hi: np.ndarray) -> list[float | None]:
+    """Per window, throttled CFS periods / periods elapsed between its two ends: the cumulative
+    counters (the summed per-interval increases of nr_throttled and nr_periods) interpolated at
+    t_lo and t_hi, as one reads the kernel's cpu.stat before and after the window.  Where a window
+    runs past the samples, the span they cover.  None without periods (no CPU quota)."""
+    if cgroup is None or cgroup.empty or not {"periods", "throttled_periods"} <= set(cgroup.columns):
+        return [None] * len(t_lo)
+    t, periods = _cumulative(cgroup, "periods")
+    _, throttled = _cumulative(cgroup, "throttled_periods")
+    out: list[float | None] = []
+    for lo, hi in zip(t_lo, t_hi):
+        if len(t) < 2 or not (np.isfinite(lo) and np.isfinite(hi)) or t[-1] <= lo or t[0] >= hi:
+            out.append(None)
+            continue
+        dp = np.interp(hi, t, periods) - np.interp(lo, t, periods)
+        dt = np.interp(hi, t, throttled) - np.interp(lo, t, throttled)
+        out.append(float(dt / dp) if dp > 0 else None)
+    return out
 
 
 def cgroup_metrics(cgroup: pd.DataFrame | None, t_lo: np.ndarray, t_hi: np.ndarray) -> list[dict[str, float]]:
-    """Per window, from the cgroup table (collectors/cgroup.py):
-
-    * ``throttled_share``: throttled CFS periods / periods elapsed, summed over the window's
-      samples (the ratio of the kernel's cpu.stat counters over the same span; a ratio of means
-      is that ratio of sums, as both columns are missing on the same rows); only where periods
-      elapsed (a CPU quota is set);
-    * ``cgroup_cpus``: the cgroup's CPU seconds per second (cpuacct.usage, cpu.stat usage_usec).
-    """
-    out = []
-    for m in window_means(cgroup, CGROUP_COLUMNS, t_lo, t_hi):
-        periods, throttled = m.pop("periods", None), m.pop("throttled_periods", None)
-        if periods is not None and throttled is not None and periods > 0:
-            m["throttled_share"] = throttled / periods
-        out.append(m)
+    """Per window, from the cgroup table (collectors/cgroup.py): ``throttled_share``
+    (``throttled_shares``) and ``cgroup_cpus``, the cgroup's CPU seconds per second (cpuacct.usage,
+    cpu.stat usage_usec; the mean of its samples)."""
+    out = window_means(cgroup, CGROUP_MEANS, t_lo, t_hi)
+    for m, share in zip(out, throttled_shares(cgroup, t_lo, t_hi)):
+        if share is not None:
+            m["throttled_share"] = share
     return out
 
 
