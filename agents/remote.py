@@ -640,7 +640,10 @@ class CgroupSampler(Sampler):
         row = {"t": round(t, 3), "pid": self.pid, "ncpu": os.cpu_count()}
         self.read(paths, row)
         if "version" not in row and "cpuset" not in row and "mem_limit" not in row:
-            row["error"] = "no cgroup hierarchy of the process is mounted here"
+            if self._gone_reported:
+                return []
+            self._gone_reported = True  # said once, not ten times a second
+            return [{"t": row["t"], "pid": self.pid, "error": "no cgroup hierarchy of the process is mounted here"}]
         return [row]
 
 
