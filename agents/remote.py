@@ -571,11 +571,20 @@ def _cpu_stat(d):
 
 class CgroupSampler(Sampler):
     """The monitored process's cgroup (v1 or v2): CPU quota and period, cpuset, memory limit and
-    use, and the cumulative throttling counters of the level whose quota binds."""
+    use, and the cumulative throttling counters of the level whose quota binds.
 
-    def __init__(self, name, path, interval, stopping, pid):
+    Where a CPU quota is set when it starts, it samples every ``throttle_interval`` seconds (when
+    shorter than its interval), since throttling is read over step windows whose ends need finer
+    samples: every sample between two full ones reads only the throttling counters (cpu.stat, and
+    cpuacct.usage where it is there), the full ones come at the given interval."""
+
+    def __init__(self, name, path, interval, stopping, pid, throttle_interval=None):
         super().__init__(name, path, interval, stopping)
         self.pid = int(pid)
+        self.throttle_interval = throttle_interval
+        self.full_every = 1  # one full sample in this many
+        self.fast = None  # (version, directory, reads cpuacct.usage) of the counters, between full samples
+        self.k = 0
         self.mounts = {}
         self._gone_reported = False
 
@@ -584,11 +593,30 @@ class CgroupSampler(Sampler):
             self.mounts = cgroup_mounts(_read_text("/proc/self/mountinfo"))
         except OSError:
             self.mounts = {}
+        if self.throttle_interval and float(self.throttle_interval) < self.interval:
+            probe = {}
+            try:
+                self.read(cgroup_paths(_read_text("/proc/%d/cgroup" % self.pid)), probe)
+            except OSError:
+                pass
+            if probe.get("quota_us"):
+                self.full_every = max(1, int(round(self.interval / float(self.throttle_interval))))
+                self.interval = self.interval / self.full_every
 
     def read(self, paths, row):
         """Add to ``row`` what the cgroup files say for the cgroup ``paths`` of /proc/PID/cgroup."""
         self._cpu(paths, row)
         self._cpuset_memory(paths, row)
+
+    def _counters(self, version, stat_dir, acct, row):
+        st = _cpu_stat(stat_dir)
+        row.update(cpu_dir=stat_dir, nr_periods=st.get("nr_periods"), nr_throttled=st.get("nr_throttled"),
+                   throttled_ns=st.get("throttled_time") if version == 1 else
+                   (st["throttled_usec"] * 1000 if "throttled_usec" in st else None))
+        if version == 2 and "usage_usec" in st:
+            row["usage_ns"] = st["usage_usec"] * 1000
+        elif version == 1 and acct:  # present where cpuacct is mounted with cpu (the usual "cpu,cpuacct")
+            row["usage_ns"] = _int_or_none(_read_first(stat_dir, ["cpuacct.usage"]))
 
     def _cpu(self, paths, row):
         version, d = cgroup_dir(self.mounts, paths, "cpu", "cpu.max")
@@ -602,15 +630,10 @@ class CgroupSampler(Sampler):
                 best, stat_dir = (quota, period), level
         if best is None:
             best = (None, _cpu_quota(version, d)[1])
-        st = _cpu_stat(stat_dir)
-        row.update(version=version, cpu_dir=stat_dir, quota_us=best[0], period_us=best[1],
-                   nr_periods=st.get("nr_periods"), nr_throttled=st.get("nr_throttled"),
-                   throttled_ns=st.get("throttled_time") if version == 1 else
-                   (st["throttled_usec"] * 1000 if "throttled_usec" in st else None))
-        if version == 2 and "usage_usec" in st:
-            row["usage_ns"] = st["usage_usec"] * 1000
-        elif version == 1:  # present where cpuacct is mounted with cpu (the usual "cpu,cpuacct")
-            row["usage_ns"] = _int_or_none(_read_first(stat_dir, ["cpuacct.usage"]))
+        row.update(version=version, quota_us=best[0], period_us=best[1])
+        acct = version == 1 and os.path.exists(os.path.join(stat_dir, "cpuacct.usage"))
+        self._counters(version, stat_dir, acct, row)
+        self.fast = (version, stat_dir, acct)
 
     def _cpuset_memory(self, paths, row):
         version, d = cgroup_dir(self.mounts, paths, "cpuset", "cpuset.cpus.effective")
@@ -630,9 +653,15 @@ class CgroupSampler(Sampler):
         row["mem_usage"] = _int_or_none(_read_first(d, ["memory.current" if version == 2 else "memory.usage_in_bytes"]))
 
     def sample(self, t):
+        self.k += 1
+        if self.fast is not None and (self.k - 1) % self.full_every:
+            row = {"t": round(t, 3), "pid": self.pid}
+            self._counters(self.fast[0], self.fast[1], self.fast[2], row)
+            return [row]
         try:
             paths = cgroup_paths(_read_text("/proc/%d/cgroup" % self.pid))
         except OSError as e:
+            self.fast = None
             if self._gone_reported:
                 return []
             self._gone_reported = True
@@ -642,7 +671,7 @@ class CgroupSampler(Sampler):
         if "version" not in row and "cpuset" not in row and "mem_limit" not in row:
             if self._gone_reported:
                 return []
-            self._gone_reported = True  # said once, not ten times a second
+            self._gone_reported = True  # said once, not at every sample
             return [{"t": row["t"], "pid": self.pid, "error": "no cgroup hierarchy of the process is mounted here"}]
         return [row]
 

@@ -183,7 +183,7 @@ SETTLE = 1.0
 THINK_MS = 40.0
 HALF_CPU_PLAN = f"""name = "half-cpu"
 [load]
-steps = [1, 4]
+steps = [1, 2, 4]
 ramp = 1.0
 hold = 4.0
 settle = {SETTLE}
