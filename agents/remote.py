@@ -586,17 +586,19 @@ class CgroupSampler(Sampler):
         self.fast = None  # (version, directory, reads cpuacct.usage) of the counters, between full samples
         self.k = 0
         self.mounts = {}
+        self.mountinfo_file = "/proc/self/mountinfo"
+        self.cgroup_file = "/proc/%d/cgroup" % self.pid
         self._gone_reported = False
 
     def setup(self):
         try:
-            self.mounts = cgroup_mounts(_read_text("/proc/self/mountinfo"))
+            self.mounts = cgroup_mounts(_read_text(self.mountinfo_file))
         except OSError:
             self.mounts = {}
         if self.throttle_interval and float(self.throttle_interval) < self.interval:
             probe = {}
             try:
-                self.read(cgroup_paths(_read_text("/proc/%d/cgroup" % self.pid)), probe)
+                self.read(cgroup_paths(_read_text(self.cgroup_file)), probe)
             except OSError:
                 pass
             if probe.get("quota_us"):
@@ -659,7 +661,7 @@ class CgroupSampler(Sampler):
             self._counters(self.fast[0], self.fast[1], self.fast[2], row)
             return [row]
         try:
-            paths = cgroup_paths(_read_text("/proc/%d/cgroup" % self.pid))
+            paths = cgroup_paths(_read_text(self.cgroup_file))
         except OSError as e:
             self.fast = None
             if self._gone_reported:

@@ -77,6 +77,35 @@ def test_v2_samples_parse_into_throttled_periods_and_the_service_cpus(tmp_path):
                                         "host_cpus": 64.0, "memory_limit_mb": 1024.0, "cgroup_version": 2}
 
 
+def test_under_a_quota_it_samples_every_period_and_reads_the_counters_alone_between_full_samples(tmp_path):
+    from analysis.serverstats import throttled_shares
+    from collectors.cgroup import THROTTLE_INTERVAL
+
+    s, _, root = v2_sampler(tmp_path)
+    (tmp_path / "mountinfo").write_text((V2 / "mountinfo").read_text().replace("/sys/fs/cgroup", str(root)))
+    s.mountinfo_file, s.cgroup_file = str(tmp_path / "mountinfo"), str(V2 / "proc-pid-cgroup")
+    s.throttle_interval = THROTTLE_INTERVAL
+    s.setup()
+    assert s.interval == pytest.approx(THROTTLE_INTERVAL) and s.full_every == 10
+    lines, periods, throttled = [], 1200, 300
+    for k in range(21):  # 2 s at 0.1 s: 1 period a sample, throttled in the second half only
+        periods, throttled = periods + 1, throttled + (k >= 10)
+        (root / POD / "cpu.stat").write_text(f"usage_usec 1\nnr_periods {periods}\nnr_throttled {throttled}\n"
+                                             "throttled_usec 0\n")
+        lines += [json.dumps(r) for r in s.sample(1000.0 + k / 10)]
+    rows = [json.loads(x) for x in lines]
+    assert [("quota_us" in r) for r in rows] == [k % 10 == 0 for k in range(21)]  # full at 1 s, counters between
+    df = get("cgroup").parse("\n".join(lines)).frames["cgroup"]
+    assert df["throttled_periods"].sum() == 11 and set(df["quota_cpus"].dropna()) == {1.5}
+    # from 0.5 s to 1.5 s: the periods counted by samples 6..15, those of samples 10..15 throttled
+    assert throttled_shares(df, np.array([1000.5]), np.array([1001.5])) == [pytest.approx(6 / 10)]
+    # half-way between samples: the counters interpolated (0.55 -> 1.45 s: 9 periods, 5.5 throttled)
+    assert throttled_shares(df, np.array([1000.55]), np.array([1001.45])) == [pytest.approx(5.5 / 9)]
+    s_none = remote.CgroupSampler("cgroup", "/dev/null", 1.0, threading.Event(), pid=1, throttle_interval=0.1)
+    s_none.setup()  # this machine's pid 1: no quota, so the monitor's interval
+    assert s_none.interval == 1.0 and s_none.full_every == 1
+
+
 def test_v1_container_mount_shows_the_container_cgroup_at_its_mount_point():
     # docker without a cgroup namespace: /proc/PID/cgroup names the host path, the mount's root is it
     mounts = remote.cgroup_mounts("31 25 0:27 /docker/4b1e /sys/fs/cgroup/cpu,cpuacct ro,nosuid - cgroup cgroup "
