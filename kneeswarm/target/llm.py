@@ -14,9 +14,14 @@ Output length: ``max_tokens`` (default 16, as vLLM), cut to ``--output-tokens`` 
 words, the same approximation the kneeswarm client uses without a tokenizer.
 
 ``--usage-offset K`` makes ``usage.completion_tokens`` say K tokens more than were produced (a
-server whose own count disagrees with what it streamed: the client's token-count check must say so).
+server whose own count disagrees with what it streamed: the client's token-count check must say so
+where it has an independent count -- the plan's tokenizer or a pinned length).
 
-Streams follow vLLM: a first chunk with only ``role``, one chunk per token, ``finish_reason`` on
+``--tokens-per-chunk N`` merges N tokens into each streamed chunk (the last chunk may hold fewer), sent
+when its last token is released, as a server that detokenizes incrementally does: the first chunk
+leaves D + (N-1)*G after arrival and the chunks N*G apart; ``usage`` still counts tokens.
+
+Streams follow vLLM: a first chunk with only ``role``, one chunk per token (or per N), ``finish_reason`` on
 the last token's chunk, an extra ``usage`` chunk (``choices: []``) when the request asks
 ``stream_options.include_usage``, then ``data: [DONE]``.
 """
@@ -60,6 +65,7 @@ class LLMConfig:
     itl_ms: float = 0.0
     output_tokens: int = 0  # 0: produce max_tokens
     usage_offset: int = 0  # usage.completion_tokens = tokens produced + this (never below 0)
+    tokens_per_chunk: int = 1  # tokens merged into one streamed chunk
 
 
 @dataclass
@@ -214,10 +220,13 @@ class Generation:
     async def sse(self) -> AsyncIterator[bytes]:
         if self.c.chat:
             yield self._chunk(None, None, role=True)
-        k = 0
+        k, merged, per = 0, [], self.cfg.tokens_per_chunk
         async for text in self.tokens():
             k += 1
-            yield self._chunk(text, self.c.finish if k == self.c.n else None)
+            merged.append(text)
+            if len(merged) == per or k == self.c.n:
+                yield self._chunk("".join(merged), self.c.finish if k == self.c.n else None)
+                merged = []
         if self.c.usage:
             doc = {"id": self.id, "object": "chat.completion.chunk" if self.c.chat else "text_completion",
                    "created": self.created, "model": self.c.model, "choices": [], "usage": self._usage()}
