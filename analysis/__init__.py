@@ -64,7 +64,7 @@ def per_step(inputs: RunInputs) -> tuple[pd.DataFrame, list[dict[str, float]], l
     stats = add_reasons(stats, trust_reasons(stats, inputs.think_ms, inputs.closed_loop, inputs.clock_bounds,
                                              sla_error_rate(inputs.plan)))
     stats = add_reasons(stats, lost_worker_reasons(stats, inputs.meta, inputs.scan.t0))
-    stats = add_reasons(stats, count_reasons(stats))  # server and client token counts disagree
+    stats = add_reasons(stats, count_reasons(stats))  # usage disagrees with a tokenizer or a pinned length
     for row in stats.loc[stats["foreign_rows"] > 0].to_dict("records"):
         inputs.warnings.add(f"step {row['index']:g}: {row['foreign_rows']:,} rows in its steady window were recorded "
                             "under another step and left out")
