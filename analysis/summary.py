@@ -18,7 +18,8 @@ and per step ``rate`` (open loop) and ``items_s`` (batch > 1) (analysis.loop); p
 ``tokens_s`` where output tokens were recorded, ``goodput_rps``/``goodput_share`` when ``[sla]``
 limits a request (``goodput`` {limits}), and in a streaming run the TTFT/ITL/TPOT percentiles and
 token-count keys of analysis.streaming.STEP_KEYS; ``tokens_knee`` {users, tokens_s, method} in an
-LLM run.  NaN and infinities are written as null.
+LLM run.  Issue 15: ``itl_columns`` {itl, itl_token} in a streaming run says what each ITL column is
+(per chunk, per token: analysis.streaming.ITL_COLUMNS).  NaN and infinities are written as null.
 """
 
 from __future__ import annotations

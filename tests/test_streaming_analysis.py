@@ -239,6 +239,22 @@ def test_tokens_counted_by_the_client_are_said_so(tmp_path):
     assert all(s["tokens_per_chunk"] is None and s["itl_token_p50_ms"] is None for s in summary["steps"])
 
 
+def test_without_usage_the_tokenizer_gives_tokens_per_chunk_and_the_per_token_itl(tmp_path):
+    """No usage from the server, three tokens per chunk, the plan's tokenizer counted each answer:
+    tokens per chunk and the per-token gaps rest on the tokenizer's count (numpy on the rows)."""
+    rd = make_stream_run(tmp_path, usage=False, per_chunk=3, tokenizer=lambda step: lambda rng, n: n)
+    summary = analyze(rd.path)
+    for i, s in enumerate(summary["steps"]):
+        _, win = window(rd, i)
+        ok = win[win["ok"]]
+        tok, chunks = ok["tokens_tokenizer"].to_numpy(float), ok["chunks_out"].to_numpy(float)
+        assert s["tokens_per_chunk"] == pytest.approx(tok.sum() / chunks.sum()) and s["tokens_compared"] == 0
+        per_token = np.concatenate([np.asarray(g, dtype=np.float32).astype(float) * c / t
+                                    for g, c, t in zip(ok["itl_ms"], chunks, tok)])
+        assert s["itl_token_p99_ms"] == pytest.approx(np.percentile(per_token, 99), rel=1e-5)
+        assert s["valid"], s["reasons"]
+
+
 def test_a_run_written_before_the_streaming_columns_still_analyses(tmp_path):
     rd = make_stream_run(tmp_path, old_schema=True)
     assert "itl_ms" not in pq.read_schema(rd.request_parts()[0]).names
