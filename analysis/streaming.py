@@ -249,20 +249,22 @@ class StreamAcc:
             return
         streamed = rows & np.isfinite(s.ttft)
         self.no_text += int(rows.sum() - streamed.sum())
-        self._counts(s.take(rows))
+        self._counts(s, rows)
         if not streamed.any():
             return
-        s = s.take(streamed)
+        s = s if streamed.all() else s.take(streamed)
         ttft, lat, tokens = s.ttft, lat[streamed], tokens[streamed]
         self.ttft.append(ttft)
         with np.errstate(invalid="ignore", divide="ignore"):
             multi = tokens >= 2
             self.tpot.append((lat[multi] - ttft[multi]) / (tokens[multi] - 1))
-        self.gaps.add(s.itl.flatten().to_numpy(zero_copy_only=False))
-        self._per_token(s)
+        gaps = s.itl.flatten().to_numpy(zero_copy_only=False)
+        self.gaps.add(gaps)
+        self._per_token(s, gaps)
 
-    def _per_token(self, s: StreamRows) -> None:
-        """Tokens per chunk and the per-token gaps of rows whose true count is known."""
+    def _per_token(self, s: StreamRows, gaps: np.ndarray) -> None:
+        """Tokens per chunk and the per-token gaps (``gaps``: every gap of ``s``, flat) of the rows
+        whose true count is known."""
         true = s.true_tokens()
         with np.errstate(invalid="ignore"):
             known = np.isfinite(true) & (true > 0) & (s.chunks > 0)
@@ -270,19 +272,22 @@ class StreamAcc:
             return
         self.per_chunk[0] += float(true[known].sum())
         self.per_chunk[1] += float(s.chunks[known].sum())
-        itl = pc.filter(s.itl, pa.array(known))
-        lens = pc.fill_null(pc.list_value_length(itl), 0).to_numpy(zero_copy_only=False).astype(np.int64)
-        scale = np.repeat(s.chunks[known] / true[known], lens)
-        self.token_gaps.add(itl.flatten().to_numpy(zero_copy_only=False).astype(np.float64) * scale)
+        lens = pc.fill_null(pc.list_value_length(s.itl), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        scale = np.repeat(np.where(known, s.chunks / np.where(known, true, 1.0), np.nan), lens)
+        per_token = gaps.astype(np.float64) * scale
+        self.token_gaps.add(per_token if known.all() else per_token[np.isfinite(scale)])
 
-    def _counts(self, s: StreamRows) -> None:
-        """Where tokens out came from, and usage against the independent counts."""
-        self.known_source += int(np.isfinite(s.counted).sum())
-        self.counted += int((s.counted == 1.0).sum())
+    def _counts(self, s: StreamRows, rows: np.ndarray) -> None:
+        """Where tokens out came from, and usage against the independent counts, over ``rows``."""
+        counted = s.counted[rows]
+        self.known_source += int(np.isfinite(counted).sum())
+        self.counted += int((counted == 1.0).sum())
         compared, off = s.disagrees()
-        self.checks.append(np.stack([s.usage[compared], s.pinned[compared], s.tok[compared],
-                                     off[compared].astype(float)]))
-        self.chunks.append(s.chunks[np.isfinite(s.usage) & np.isfinite(s.chunks)])
+        compared &= rows
+        if compared.any():
+            self.checks.append(np.stack([s.usage[compared], s.pinned[compared], s.tok[compared],
+                                         off[compared].astype(float)]))
+        self.chunks.append(s.chunks[rows & np.isfinite(s.usage) & np.isfinite(s.chunks)])
 
     def meets(self, ok: np.ndarray, lat: np.ndarray, s: StreamRows | None) -> np.ndarray:
         """Which rows meet every goodput limit (TTFT/ITL limits only where the row streamed)."""
