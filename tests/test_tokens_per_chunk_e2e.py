@@ -26,6 +26,7 @@ tokenizers = pytest.importorskip("tokenizers", reason="the tokenizer extra (pip 
 D_MS, G_MS, N, MAX_TOKENS = 30.0, 10.0, 4, 8
 TINY_MODEL = ["--work", "1", "--hidden", "64", "--tokens", "1", "--request-threads", "2"]
 RUN_TIMEOUT = 180
+NO_TEXT_EVERY = 5  # the pinned run's target streams every 5th answer's tokens without text
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +59,11 @@ def test_several_tokens_per_chunk_valid_steps_and_a_usage_that_a_count_contradic
         tmp_path, start_demo_target, words_tokenizer):
     """Three runs side by side: (right) N tokens per chunk, usage right, length pinned and a tokenizer:
     every step valid, tokens/s from usage, tokens per chunk = N, ITL per token = gap / N; (tokenizer)
-    and (pinned) the same server with usage 2 over: flagged by the count that can contradict it."""
+    and (pinned) the same server with usage 2 over: flagged by the count that can contradict it; the
+    pinned run's target also streams every 5th answer without text: counted per step, no TTFT."""
     right = start_demo_target(*TINY_MODEL, "--ttft-ms", str(D_MS), "--itl-ms", str(G_MS), "--tokens-per-chunk", str(N))
     off = [start_demo_target(*TINY_MODEL, "--ttft-ms", str(D_MS), "--itl-ms", str(G_MS), "--tokens-per-chunk",
-                             str(N), "--usage-offset", "2") for _ in range(2)]
+                             str(N), "--usage-offset", "2", *extra) for extra in ((), ("--no-text-every", str(NO_TEXT_EVERY)))]
     plans = {
         "right": plan(tmp_path, "right", right.url, "[1, 4]", f'ignore_eos = true\ntokenizer = "{words_tokenizer}"\n'),
         "tokenizer": plan(tmp_path, "tokenizer", off[0].url, "[2]", f'tokenizer = "{words_tokenizer}"\n'),
@@ -111,3 +113,13 @@ def test_several_tokens_per_chunk_valid_steps_and_a_usage_that_a_count_contradic
         (reason,) = [r for r in step["reasons"] if "token counts disagree" in r]
         assert f"usage says a median of {MAX_TOKENS + 2} output tokens" in reason and said in reason, reason
         assert "chunks" not in reason and not step["valid"] and step["tokens_mismatch_share"] == 1.0
+
+    summary, rd = results["pinned"]
+    (step,) = summary["steps"]
+    ok = steady_ok(rd, step)
+    blank = ok[ok["ttft_ms"].isna()]
+    assert (blank["chunks_out"] == 0).all() and (blank["usage_out"] == MAX_TOKENS + 2).all()
+    assert step["no_text_requests"] == len(blank) and step["streaming_requests"] == len(ok) - len(blank)
+    assert abs(len(blank) / len(ok) - 1 / NO_TEXT_EVERY) <= 0.05, (len(blank), len(ok))
+    md = (rd.report_dir / "summary.md").read_text()
+    assert "**No text:**" in md and f"{len(blank):,} at 2 users" in md
