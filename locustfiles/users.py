@@ -55,7 +55,7 @@ _inflight = 0  # open-loop requests in flight in this process
 
 class StreamInfo(NamedTuple):
     itl_ms: list[float]  # every gap between text chunks, in arrival order
-    tokens_counted: bool  # True: tokens_out is the number of text chunks (no usage from the server)
+    tokens_counted: bool  # True: tokens_out is the client's count, tokenizer else chunks (no usage from the server)
     usage_out: int | None  # the server's completion_tokens, when sent
     chunks: int  # text chunks the client saw (a chunk may carry several tokens)
     tokens_tokenizer: int | None = None  # the plan's tokenizer over the streamed text

@@ -63,7 +63,8 @@ def test_several_tokens_per_chunk_valid_steps_and_a_usage_that_a_count_contradic
     pinned run's target also streams every 5th answer without text: counted per step, no TTFT."""
     right = start_demo_target(*TINY_MODEL, "--ttft-ms", str(D_MS), "--itl-ms", str(G_MS), "--tokens-per-chunk", str(N))
     off = [start_demo_target(*TINY_MODEL, "--ttft-ms", str(D_MS), "--itl-ms", str(G_MS), "--tokens-per-chunk",
-                             str(N), "--usage-offset", "2", *extra) for extra in ((), ("--no-text-every", str(NO_TEXT_EVERY)))]
+                             str(N), "--usage-offset", "2", *extra)
+           for extra in ((), ("--no-text-every", str(NO_TEXT_EVERY)))]
     plans = {
         "right": plan(tmp_path, "right", right.url, "[1, 4]", f'ignore_eos = true\ntokenizer = "{words_tokenizer}"\n'),
         "tokenizer": plan(tmp_path, "tokenizer", off[0].url, "[2]", f'tokenizer = "{words_tokenizer}"\n'),
