@@ -26,9 +26,10 @@ SINGLE_THREAD_PCT = 90.0  # issue 7 table: the busiest thread at >= 90 % of one 
 # "while the host has idle CPU": at least half a CPU's worth idle (on 2 CPUs: 25 % idle).  One
 # pinned thread on a 2-CPU host leaves ~50 % idle; a saturated host leaves none.
 SINGLE_THREAD_IDLE_CPUS = 0.5
-# Busy threads beyond the physical cores compete only when together they fill those cores: 64
-# threads at 10 % each on 32 cores have the cores to themselves.  The process must use at least
-# this share of the physical cores' time (as cpu_saturated reads "full").
+# Busy threads beyond the physical cores compete only when the cores are full: 64 threads at 10 %
+# each on 32 cores have the cores to themselves.  Full: the host's CPUs (cpu_saturated's "full"),
+# or the process alone using this share of the physical cores' time (a 2-way SMT host is only
+# half busy when every physical core runs one thread).
 THREADS_FILL_PCT = CPU_SATURATED_PCT
 KERNEL_SHARE = 0.10  # digest: %sy above 10 % of the CPU time => lock contention / switching
 # The kernel share is read only where the CPU does real work: a near-idle process that spends its
@@ -72,7 +73,7 @@ def _worst(steps: list[dict[str, Any]], value: Callable[[dict[str, Any]], float 
     return [s for s, _ in hits], step, v
 
 
-def _by_service(c: Context, s: dict[str, Any], h: str) -> bool:
+def by_service(c: Context, s: dict[str, Any], h: str) -> bool:
     """False when the monitored process is measured and did under PROCESS_SHARE_MIN of the host's work."""
     share = c.process_share(s, h)
     return share is None or share >= PROCESS_SHARE_MIN
@@ -81,7 +82,7 @@ def _by_service(c: Context, s: dict[str, Any], h: str) -> bool:
 def _may_fill_queue(c: Context, s: dict[str, Any], h: str) -> bool:
     """The process did a fair part of the work, or has more threads than there are CPUs."""
     threads, cpus = c.metric(s, h, "threads"), c.cpu_fact(h, "logical_cpus")
-    return _by_service(c, s, h) or (threads is not None and cpus is not None and threads > cpus)
+    return by_service(c, s, h) or (threads is not None and cpus is not None and threads > cpus)
 
 
 def _host_full(c: Context, s: dict[str, Any], h: str) -> bool:
@@ -101,7 +102,7 @@ def runnable(c: Context, s: dict[str, Any], h: str) -> float | None:
 
 def cpu_saturated(ctx: Context) -> list[dict[str, Any]]:
     def check(c: Context, h: str) -> dict[str, Any] | None:
-        hits, worst, busy = _worst(c.late(), lambda s: c.host_busy(s, h) if _by_service(c, s, h) else None,
+        hits, worst, busy = _worst(c.late(), lambda s: c.host_busy(s, h) if by_service(c, s, h) else None,
                                    lambda v: v >= CPU_SATURATED_PCT)
         if worst is None:
             return None
@@ -142,7 +143,7 @@ def host_contended(ctx: Context) -> list[dict[str, Any]]:
     may be disturbed.  Not a diagnosis of the service."""
     def check(c: Context, h: str) -> dict[str, Any] | None:
         def others(s: dict[str, Any]) -> float | None:  # the other processes' part of the busy CPU
-            return None if _by_service(c, s, h) or not _host_full(c, s, h) else 1.0 - c.process_share(s, h)
+            return None if by_service(c, s, h) or not _host_full(c, s, h) else 1.0 - c.process_share(s, h)
 
         hits, worst, rest = _worst(c.late(), others, lambda v: True)
         if worst is None:
@@ -159,12 +160,9 @@ def host_contended(ctx: Context) -> list[dict[str, Any]]:
 
 
 def _fills_cores(c: Context, s: dict[str, Any], h: str, cores: float) -> bool:
-    """The process used THREADS_FILL_PCT of the physical cores' time (the host's CPUs were full
-    when the process was not measured)."""
+    """The host's CPUs were full, or the process used THREADS_FILL_PCT of the physical cores' time."""
     proc = c.metric(s, h, "cpu_pct")
-    if proc is not None:
-        return proc >= THREADS_FILL_PCT * cores
-    return _host_full(c, s, h)
+    return _host_full(c, s, h) or (proc is not None and proc >= THREADS_FILL_PCT * cores)
 
 
 def threads_over_cores(ctx: Context) -> list[dict[str, Any]]:
