@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from analysis.findings import FINDING_IDS, explain, littles_law_reason, step_littles_law
@@ -406,3 +408,98 @@ def test_busy_threads_over_cores_only_when_they_fill_the_cores():
 def test_migrations_of_a_near_idle_process_cost_nothing():
     steps = healthy_steps(migrations_s=lambda u: 20.0 * u, cpu_pct=lambda u: 1.0 * u)
     assert "migrations_high" not in ids(explain(summary(steps, knee=16, logical=64, physical=32)))
+
+
+# -- issue 16 §3: the method's remaining rules ---------------------------------------------------------
+def wall_steps(qps, cpu_pct, users=USERS, **over):
+    """16 physical cores, 32 logical CPUs; the host's us + sy are the service's CPU, switches follow QPS."""
+    out = []
+    for u, q, c in zip(users, qps, cpu_pct):
+        m = dict(us=c / 32 * 0.95, sy=c / 32 * 0.05, wa=0.0, r=c / 100 / 2, cs=5.0 * q, cpu_pct=c, sy_share=0.05,
+                 active_threads=min(u, 8), top_thread_cpu_pct=min(c, 50.0), migrations_s=5.0, rss_mb=900.0)
+        m.update(over)
+        out.append(step(u, q, 20.0 * max(1, u / 8), **m))
+    return out
+
+
+def test_efficiency_falling_past_half_the_cores():
+    # the memory-bandwidth wall on 16 physical cores: QPS per CPU-second 100 up to 4 users, then
+    # 87.5, 57.1 and 39.0 while the service's CPU climbs from 8 to 20 CPUs
+    qps, cpu = [100, 200, 400, 700, 800, 780], [100, 200, 400, 800, 1400, 2000]
+    result = explain(summary(wall_steps(qps, cpu), knee=16, logical=32, physical=16))
+    f = only(result, "efficiency_falling")
+    assert f["steps"] == [1, 32] and f["evidence"]["qps_per_cpu_s_from"] == 100.0
+    assert math.isclose(f["evidence"]["drop"], 1 - (780 / 20) / 100, rel_tol=1e-3)
+    assert ids(result) == {"efficiency_falling"}
+
+
+@pytest.mark.parametrize("qps,cpu,why", [
+    ([100, 200, 400, 800, 1600, 3200], [100, 200, 400, 800, 1600, 3200], "linear: the same work per CPU-second"),
+    ([10, 20, 40, 70, 80, 78], [2, 4, 8, 16, 28, 40], "a near-idle process: fixed costs, no wall below half the cores"),
+    ([100, 200, 400, 700, 600, 500], [100, 200, 400, 800, 800, 800], "efficiency fell but the CPU did not rise"),
+])
+def test_efficiency_falling_stays_silent(qps, cpu, why):
+    assert "efficiency_falling" not in ids(explain(summary(wall_steps(qps, cpu), knee=16, logical=32, physical=16))), why
+
+
+def swing_steps(p50, p99, busy, cpu_share=1.0):
+    return [step(u, q, p, us=b * 0.9, sy=b * 0.1, r=1.0, cs=900.0 * u, cpu_pct=8 * b * cpu_share, sy_share=0.05,
+                 active_threads=4.0, top_thread_cpu_pct=60.0, migrations_s=5.0, rss_mb=900.0) | {"p50_ms": m}
+            for u, q, m, p, b in zip(USERS, [100, 200, 380, 400, 400, 400], p50, p99, busy)]
+
+
+def test_latency_swinging_with_the_cpu_full():
+    # the CPUs full from 8 users; P99/P50 1.2 at 4 users, then 2.5 and 5.0: the scheduler, not a queue
+    steps = swing_steps(p50=[10, 10, 10, 20, 40, 80], p99=[12, 12, 12, 50, 200, 400], busy=[12, 25, 60, 95, 97, 97])
+    f = only(explain(summary(steps, knee=8)), "latency_swinging")
+    assert f["steps"] == [8, 16, 32] and f["evidence"]["spread"] == 5.0 and f["evidence"]["users"] == 16
+    assert f["evidence"]["spread_from"] == 1.2 and f["evidence"]["from_users"] == 4
+
+
+@pytest.mark.parametrize("p50,p99,busy,share,why", [
+    ([10, 10, 10, 20, 40, 80], [12, 12, 12, 22, 44, 88], [12, 25, 60, 95, 97, 97], 1.0, "a steady queue: P99/P50 1.1"),
+    ([10, 10, 10, 20, 40, 80], [12, 12, 12, 50, 200, 400], [12, 25, 40, 50, 50, 50], 1.0, "the CPUs half idle"),
+    ([10, 10, 10, 20, 40, 80], [12, 12, 12, 50, 200, 400], [12, 25, 60, 95, 97, 97], 0.1, "the CPUs full of others' work"),
+])
+def test_latency_swinging_stays_silent(p50, p99, busy, share, why):
+    steps = swing_steps(p50, p99, busy, share)
+    assert "latency_swinging" not in ids(explain(summary(steps, knee=8))), why
+
+
+def h200_gpu_samples(t0, seconds, creep_mb_per_s=0.0):
+    """The H200 recording (tests/fixtures/gpu, nvidia-smi dmon while a bf16 matmul loop ran 3 s busy,
+    3 s idle, 1011 MB held) from its loaded part on, repeated to cover ``seconds`` at 1 s from t0;
+    ``creep_mb_per_s`` adds a known growth of the memory used, as fragmentation would."""
+    from pathlib import Path
+
+    from collectors import parse_raw
+
+    gpu = parse_raw("dmon", (Path(__file__).parent / "fixtures/gpu/dmon-pucvmet-DT.txt").read_text()).frames["gpu"]
+    loaded = gpu[gpu["fb_used_mb"] > 0].reset_index(drop=True)
+    reps = -(-int(seconds) // len(loaded)) + 1
+    out = pd.concat([loaded] * reps, ignore_index=True).iloc[:int(seconds)].copy()
+    out["t"] = t0 + np.arange(len(out), dtype=float)
+    out["fb_used_mb"] += creep_mb_per_s * (out["t"] - t0)
+    return out
+
+
+@pytest.mark.parametrize("creep", [0.0, 16.0], ids=["recorded", "recorded-plus-creep"])
+def test_gpu_memory_creep_from_the_h200_recording(tmp_path, creep):
+    import analysis
+    from synthetic_run import HOLD, RAMP, T0, closed_loop, make_run
+
+    users = (1, 2, 4, 8, 16)
+    rd = make_run(tmp_path, closed_loop(k=4), users=users)  # the knee at 4 users, QPS flat after it
+    h200_gpu_samples(T0, len(users) * (RAMP + HOLD), creep).to_csv(rd.host_dir("server-1") / "gpu.csv", index=False)
+    summary = analysis.analyze(rd.path)
+    peaks = [s["server"]["server-1"]["fb_peak_mb"] for s in summary["steps"]]
+    result = explain(summary)
+    if creep == 0.0:
+        assert peaks == [1011.0] * 5  # the model loaded once and held
+        assert "gpu_memory_creep" not in ids(result) and "model_copies" not in ids(result)
+        return
+    f = only(result, "gpu_memory_creep")
+    assert summary["knee"]["users"] == 4 and f["steps"] == [4, 8, 16]
+    # each window's last sample is (RAMP + HOLD) s after the previous step's: 16 MB/s x 2 steps x 14 s
+    assert f["evidence"]["rise_mb"] == pytest.approx(creep * 2 * (RAMP + HOLD))
+    assert "model_copies" not in ids(result)

@@ -30,7 +30,7 @@ HOST_FULL_PCT = 90.0
 GPU_BUSY_PCT = 80.0  # ... and no GPU was busy (a busy GPU is computing, not waiting)
 # The residual rule stays silent when one of these already names the cause.
 EXPLAINED_BY = ("cpu_saturated", "run_queue_over_cores", "single_thread_bound", "gpu_serialized", "io_wait",
-                "generator_bound", "host_contended")
+                "generator_bound", "host_contended", "efficiency_falling", "latency_swinging")
 
 
 def retrograde(ctx: Context) -> list[dict[str, Any]]:

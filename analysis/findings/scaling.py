@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 # physical cores, CPU% still rises but useful work per second falls".  No published figures:
 EFFICIENCY_DROP = 0.20  # at least a fifth below the best earlier step: twice the 10 % within
 #                         which the other rules treat two steps' QPS as the same (QPS_FLAT, Little)
-CPU_STILL_RISING = 0.10  # ... while the process's CPU rose at least 10 % over that step
+CPU_STILL_RISING = 0.10  # ... at a step where the process's CPU rose at least 10 % over the step before
 # ... and the process used at least half the physical cores' time (the digest's "past about half
 # the physical cores"; below it the wall cannot be reached, and a near-idle process's QPS per
 # CPU-second swings with its fixed costs)
@@ -45,24 +45,21 @@ def _efficiency(c: Context, s: dict[str, Any], h: str) -> tuple[float, float] | 
 
 
 def _efficiency_drop(c: Context, h: str, cores: float) -> tuple[dict, dict, float, float, float, float] | None:
-    """(best step, worst step, their CPUs and efficiencies) of the largest qualifying fall."""
-    seen: list[tuple[dict[str, Any], float, float]] = []
-    worst = None
+    """(best earlier step, falling step, their CPUs and efficiencies: cpus0, eff0, cpus1, eff1) of
+    the largest fall at a step whose CPU rose CPU_STILL_RISING over the step before it."""
+    seen: list[tuple[dict[str, Any], float, float]] = []  # (step, cpus, efficiency) in users order
+    falls = []
     for s in c.valid:
         e = _efficiency(c, s, h)
         if e is None:
             continue
         cpus, eff = e
-        if seen and cpus >= EFFICIENCY_MIN_CORES * cores:
+        if seen and cpus >= EFFICIENCY_MIN_CORES * cores and cpus >= (1 + CPU_STILL_RISING) * seen[-1][1]:
             best, bcpus, beff = max(seen, key=lambda x: x[2])
-            falls = eff <= (1 - EFFICIENCY_DROP) * beff and cpus >= (1 + CPU_STILL_RISING) * bcpus
-            if falls and (worst is None or eff / beff < worst[3] / worst[5]):
-                worst = (best, s, bcpus, eff, cpus, beff)
+            if eff <= (1 - EFFICIENCY_DROP) * beff:
+                falls.append((best, s, bcpus, beff, cpus, eff))
         seen.append((s, cpus, eff))
-    if worst is None:
-        return None
-    best, s, bcpus, eff, cpus, beff = worst
-    return best, s, bcpus, beff, cpus, eff
+    return min(falls, key=lambda f: f[5] / f[3]) if falls else None
 
 
 def efficiency_falling(ctx: Context) -> list[dict[str, Any]]:
