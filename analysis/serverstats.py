@@ -26,6 +26,7 @@ PROCESS_METRICS = {
     "cpu_pct": "cpu_pct",
     "usr_pct": "usr_pct",
     "sys_pct": "sys_pct",
+    "wait_pct": "wait_pct",  # the process's threads waiting for a CPU (run delay), % of one CPU
     "rss_mb": "rss_mb",
     "threads": "threads",
     "cswch_s": "cswch_s",

@@ -338,9 +338,9 @@ def test_a_host_busy_with_other_work_is_not_a_full_run_queue():
     steps = [step(u, q, p, us=us, sy=sy, r=r, cpu_pct=c, sy_share=0.08, active_threads=1.0, top_thread_cpu_pct=c,
                   cs=900.0, migrations_s=0.5, threads=2.0) for u, q, p, (us, sy, r, c) in zip([1, 2, 4, 8], qps, p99, host)]
     assert ids(explain(summary(steps, knee=4, logical=2, physical=2))) == {"waiting_not_computing"}
-    # a process with more threads than CPUs still finds no queue on CPUs that sat idle
+    # a process whose threads want more than the CPUs still finds no queue on CPUs that sat idle
     for s in steps:
-        s["server"][HOST]["threads"] = 20.0
+        s["server"][HOST]["wait_pct"] = 300.0
     assert ids(explain(summary(steps, knee=4, logical=2, physical=2))) == {"waiting_not_computing"}
 
 
@@ -361,15 +361,21 @@ def test_a_host_full_of_other_work_is_contention_not_the_service():
     # at or after the knee, the step where the others did most: 1 - 3.4 / 2 / 100.1
     assert ev["users"] == 4 and ev["r"] == 9.4
     assert math.isclose(ev["process_share"], 3.4 / 2 / 100.1, rel_tol=1e-3)
-    # a process with more threads than CPUs adds to the run queue whatever CPU share it got
+    # 20 threads, but running or waiting for a CPU 0.5 of them on average: the queue is the others'
     for s in steps:
-        s["server"][HOST]["threads"] = 20.0
+        s["server"][HOST].update(threads=20.0, wait_pct=50.0 - s["server"][HOST]["cpu_pct"])
+    assert ids(explain(summary(steps, knee=4, logical=2, physical=2))) == {"host_contended"}
+    # a process whose own threads wanted more than the 2 CPUs (%CPU + %wait = 3 CPUs) adds to the
+    # run queue whatever CPU share it got
+    for s in steps:
+        s["server"][HOST]["wait_pct"] = 300.0 - s["server"][HOST]["cpu_pct"]
     result = explain(summary(steps, knee=4, logical=2, physical=2))
     assert ids(result) == {"host_contended", "run_queue_over_cores"}
-    assert only(result, "run_queue_over_cores")["evidence"]["runnable"] == 9.4  # 10.4 less the sampler, at 8 users
+    ev = only(result, "run_queue_over_cores")["evidence"]
+    assert ev["runnable"] == 9.4 and ev["service_demand"] == 3.0  # r 10.4 less the sampler, at 8 users
     # the same host numbers with the process doing the work: the service filled the host
     for s in steps:
-        s["server"][HOST]["threads"] = 2.0
+        s["server"][HOST].update(threads=2.0, wait_pct=5.0)
         s["server"][HOST]["cpu_pct"] = 2 * (s["server"][HOST]["us"] + s["server"][HOST]["sy"])
     assert ids(explain(summary(steps, knee=4, logical=2, physical=2))) >= {"run_queue_over_cores", "cpu_saturated"}
 
@@ -403,6 +409,16 @@ def test_busy_threads_over_cores_only_when_they_fill_the_cores():
     # the same threads using 90 % of the cores' time compete for them
     steps = healthy_steps(active_threads=lambda u: 2.0 * u, cpu_pct=lambda u: 90.0 * u)
     assert "threads_over_cores" in ids(explain(summary(steps, knee=16, logical=64, physical=32)))
+
+
+def test_engine_threads_that_never_compete_are_not_oversubscribed():
+    # the demo target's defaults, 4 request x 1 engine threads on 2 CPUs, serving 2 users: never full
+    cmd = "python -m kneeswarm.target --port 0 --mode onnx --request-threads 4"
+    idle = healthy_steps(cpu_pct=lambda u: 2.0 * u, us=lambda u: 3.0, sy=lambda u: 1.0)
+    assert "engine_oversubscribed" not in ids(explain(summary(idle, logical=2, physical=2, cmdline=cmd)))
+    # the same configuration with the CPUs full of its work
+    busy = healthy_steps(cpu_pct=lambda u: 190.0, us=lambda u: 90.0, sy=lambda u: 6.0)
+    assert "engine_oversubscribed" in ids(explain(summary(busy, logical=2, physical=2, cmdline=cmd)))
 
 
 def test_migrations_of_a_near_idle_process_cost_nothing():

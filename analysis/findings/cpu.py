@@ -27,9 +27,9 @@ SINGLE_THREAD_PCT = 90.0  # issue 7 table: the busiest thread at >= 90 % of one 
 # pinned thread on a 2-CPU host leaves ~50 % idle; a saturated host leaves none.
 SINGLE_THREAD_IDLE_CPUS = 0.5
 # Busy threads beyond the physical cores compete only when the cores are full: 64 threads at 10 %
-# each on 32 cores have the cores to themselves.  Full: the host's CPUs (cpu_saturated's "full"),
-# or the process alone using this share of the physical cores' time (a 2-way SMT host is only
-# half busy when every physical core runs one thread).
+# each on 32 cores have the cores to themselves.  Full: the host's CPUs (cpu_saturated's "full",
+# with the service's part of it), or the process alone using this share of the physical cores'
+# time (a 2-way SMT host is only half busy when every physical core runs one thread).
 THREADS_FILL_PCT = CPU_SATURATED_PCT
 KERNEL_SHARE = 0.10  # digest: %sy above 10 % of the CPU time => lock contention / switching
 # The kernel share is read only where the CPU does real work: a near-idle process that spends its
@@ -54,8 +54,12 @@ IO_WAIT_PCT = 10.0  # issue 7 table: iowait > 10 %
 # A full host is the service's doing only when the monitored process did a fair part of the work.
 # Measured: the knee-mode demo target on this shared 2-CPU machine used 4 % of the CPUs while other
 # processes kept the host 77 % busy with a run queue of 2.7; that is host_contended, not the service.
-# (The run queue is also blamed on a process with more threads than CPUs, whatever its CPU share:
-# the 8 x 2-thread demo target got only 18 % of a host that others kept full, with r = 15.5.)
+# (The run queue is also blamed on a process whose own threads wanted more CPUs than there are,
+# whatever its CPU share: the 8 x 2-thread demo target got only 18 % of a host that others kept
+# full, with r = 15.5.  Its own demand is measured, not guessed from its thread count: pidstat's
+# %CPU + %wait, summed over its threads, is the average number of them running or waiting for a
+# CPU (schedstat run time + run delay).  Measured here on a host others kept full: the 7-thread
+# ONNX target at 2 users, 41 % CPU, 4 threads active, r = 9.8.)
 PROCESS_SHARE_MIN = 0.25
 
 
@@ -79,10 +83,16 @@ def by_service(c: Context, s: dict[str, Any], h: str) -> bool:
     return share is None or share >= PROCESS_SHARE_MIN
 
 
+def service_demand(c: Context, s: dict[str, Any], h: str) -> float | None:
+    """The process's threads running or waiting for a CPU, on average: (%CPU + %wait) / 100."""
+    cpu, wait = c.metric(s, h, "cpu_pct"), c.metric(s, h, "wait_pct")
+    return None if cpu is None or wait is None else (cpu + wait) / 100.0
+
+
 def _may_fill_queue(c: Context, s: dict[str, Any], h: str) -> bool:
-    """The process did a fair part of the work, or has more threads than there are CPUs."""
-    threads, cpus = c.metric(s, h, "threads"), c.cpu_fact(h, "logical_cpus")
-    return by_service(c, s, h) or (threads is not None and cpus is not None and threads > cpus)
+    """The process did a fair part of the work, or its own threads wanted more than the CPUs."""
+    demand, cpus = service_demand(c, s, h), c.cpu_fact(h, "logical_cpus")
+    return by_service(c, s, h) or (demand is not None and cpus is not None and demand > cpus * RUN_QUEUE_PER_CPU)
 
 
 def _host_full(c: Context, s: dict[str, Any], h: str) -> bool:
@@ -129,6 +139,7 @@ def run_queue_over_cores(ctx: Context) -> list[dict[str, Any]]:
         return finding("run_queue_over_cores", hits, {"host": h, "users": worst["users"], "r": c.metric(worst, h, "r"),
                                                       "runnable": queue, "busy_pct": c.host_busy(worst, h),
                                                       "logical_cpus": cpus, "threads": c.metric(worst, h, "threads"),
+                                                      "service_demand": service_demand(c, worst, h),
                                                       "process_share": c.process_share(worst, h)},
                        f"{h}: {queue:.1f} tasks wanted the {cpus:.0f} logical CPUs (run queue, the sampler counted out) "
                        f"while they were {c.host_busy(worst, h):.0f}% busy at {users_text(worst['users'])}: more threads "
@@ -159,10 +170,12 @@ def host_contended(ctx: Context) -> list[dict[str, Any]]:
     return _per_host(ctx, check)
 
 
-def _fills_cores(c: Context, s: dict[str, Any], h: str, cores: float) -> bool:
-    """The host's CPUs were full, or the process used THREADS_FILL_PCT of the physical cores' time."""
+def fills_cores(c: Context, s: dict[str, Any], h: str, cores: float) -> bool:
+    """The host's CPUs were full and the process did a fair part of it (PROCESS_SHARE_MIN: on a host
+    others fill, its threads compete with theirs, not with each other), or the process alone used
+    THREADS_FILL_PCT of the physical cores' time."""
     proc = c.metric(s, h, "cpu_pct")
-    return _host_full(c, s, h) or (proc is not None and proc >= THREADS_FILL_PCT * cores)
+    return (_host_full(c, s, h) and by_service(c, s, h)) or (proc is not None and proc >= THREADS_FILL_PCT * cores)
 
 
 def threads_over_cores(ctx: Context) -> list[dict[str, Any]]:
@@ -171,7 +184,7 @@ def threads_over_cores(ctx: Context) -> list[dict[str, Any]]:
         if cores is None:
             return None
         def value(s: dict[str, Any]) -> float | None:
-            return c.metric(s, h, "active_threads") if _fills_cores(c, s, h, cores) else None
+            return c.metric(s, h, "active_threads") if fills_cores(c, s, h, cores) else None
 
         hits, worst, n = _worst(c.late(), value, lambda v: v > cores)
         if worst is None:
