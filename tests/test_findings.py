@@ -338,10 +338,11 @@ def test_a_host_busy_with_other_work_is_not_a_full_run_queue():
     steps = [step(u, q, p, us=us, sy=sy, r=r, cpu_pct=c, sy_share=0.08, active_threads=1.0, top_thread_cpu_pct=c,
                   cs=900.0, migrations_s=0.5, threads=2.0) for u, q, p, (us, sy, r, c) in zip([1, 2, 4, 8], qps, p99, host)]
     assert ids(explain(summary(steps, knee=4, logical=2, physical=2))) == {"waiting_not_computing"}
-    # a process whose threads want more than the CPUs still finds no queue on CPUs that sat idle
+    # threads that waited for a CPU 300 % of the time still find no queue on CPUs that sat idle (and
+    # a service that waited for CPUs is not "waiting on something else" either)
     for s in steps:
         s["server"][HOST]["wait_pct"] = 300.0
-    assert ids(explain(summary(steps, knee=4, logical=2, physical=2))) == {"waiting_not_computing"}
+    assert ids(explain(summary(steps, knee=4, logical=2, physical=2))) == set()
 
 
 def full_host_steps():
@@ -351,6 +352,21 @@ def full_host_steps():
             (8, 80.2, 308, 79.9, 20.6, 10.4, 3.6), (16, 78.9, 220, 86.5, 13.7, 8.5, 3.5)]
     return [step(u, q, p, us=us, sy=sy, r=r, cpu_pct=c, sy_share=0.2, active_threads=0.0, top_thread_cpu_pct=c,
                  cs=1500.0, migrations_s=0.2, threads=2.0) for u, q, p, us, sy, r, c in rows]
+
+
+def test_a_full_host_that_kept_no_cpu_from_the_service_does_not_hide_its_cause():
+    # the same run with the target's run delay as pidstat measured it (%wait summed over its threads,
+    # 5-12 % of a CPU): 0.4-5 % of its requests' time in flight, so the full host did not disturb it
+    steps = full_host_steps()
+    for s, wait in zip(steps, [5.0, 8.0, 10.0, 12.0, 7.0]):
+        s["server"][HOST]["wait_pct"] = wait
+    result = explain(summary(steps, knee=4, logical=2, physical=2))
+    assert ids(result) == {"waiting_not_computing"}
+    assert only(result, "waiting_not_computing")["evidence"]["host_busy_pct_max"] == pytest.approx(100.5)  # at 8 users
+    # had its threads waited a tenth of that time for a CPU, the host would have disturbed it
+    for s in steps:
+        s["server"][HOST]["wait_pct"] = 0.1 * s["users"] * 100.0
+    assert ids(explain(summary(steps, knee=4, logical=2, physical=2))) == {"host_contended"}
 
 
 def test_a_host_full_of_other_work_is_contention_not_the_service():

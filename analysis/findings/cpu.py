@@ -61,6 +61,11 @@ IO_WAIT_PCT = 10.0  # issue 7 table: iowait > 10 %
 # CPU (schedstat run time + run delay).  Measured here on a host others kept full: the 7-thread
 # ONNX target at 2 users, 41 % CPU, 4 threads active, r = 9.8.)
 PROCESS_SHARE_MIN = 0.25
+# ... and disturbs the service only when its threads waited for a CPU: at least this share of its
+# requests' time in flight (Context.cpu_wait_share; not measured: assumed disturbed).  No published
+# figure: the 10 % within which Little's law holds a step's numbers to be the same.  Measured here:
+# the knee-mode target on a host others kept 100 % busy (r 8.5-10.4) waited 0.4-5 % of it.
+CPU_WAIT_DISTURBS = 0.10
 
 
 def _per_host(ctx: Context, check: Callable[[Context, str], dict[str, Any] | None]) -> list[dict[str, Any]]:
@@ -99,6 +104,13 @@ def _host_full(c: Context, s: dict[str, Any], h: str) -> bool:
     """The CPUs were full (a run queue above the CPUs counts only then: ``runnable``)."""
     busy = c.host_busy(s, h)
     return busy is not None and busy >= CPU_SATURATED_PCT
+
+
+def cpu_starved(c: Context, s: dict[str, Any], h: str) -> bool:
+    """The service's threads waited for a CPU CPU_WAIT_DISTURBS of their requests' time, or that
+    wait was not measured."""
+    share = c.cpu_wait_share(s, h)
+    return share is None or share >= CPU_WAIT_DISTURBS
 
 
 def runnable(c: Context, s: dict[str, Any], h: str) -> float | None:
@@ -150,11 +162,13 @@ def run_queue_over_cores(ctx: Context) -> list[dict[str, Any]]:
 
 
 def host_contended(ctx: Context) -> list[dict[str, Any]]:
-    """The host was full (CPU >= 90 %) but mostly with other processes' work: the service's numbers
-    may be disturbed.  Not a diagnosis of the service."""
+    """The host was full (CPU >= 90 %) but mostly with other processes' work, and the service's
+    threads waited for a CPU (``cpu_starved``): its numbers may be disturbed.  Not a diagnosis of
+    the service."""
     def check(c: Context, h: str) -> dict[str, Any] | None:
         def others(s: dict[str, Any]) -> float | None:  # the other processes' part of the busy CPU
-            return None if by_service(c, s, h) or not _host_full(c, s, h) else 1.0 - c.process_share(s, h)
+            return None if by_service(c, s, h) or not _host_full(c, s, h) or not cpu_starved(c, s, h) \
+                else 1.0 - c.process_share(s, h)
 
         hits, worst, rest = _worst(c.late(), others, lambda v: True)
         if worst is None:
@@ -162,7 +176,8 @@ def host_contended(ctx: Context) -> list[dict[str, Any]]:
         busy, r = c.host_busy(worst, h), c.metric(worst, h, "r")
         return finding("host_contended", hits, {"host": h, "users": worst["users"], "busy_pct": busy, "r": r,
                                                 "logical_cpus": c.cpu_fact(h, "logical_cpus"),
-                                                "process_share": 1.0 - rest, "threshold": PROCESS_SHARE_MIN},
+                                                "process_share": 1.0 - rest, "threshold": PROCESS_SHARE_MIN,
+                                                "cpu_wait_share": c.cpu_wait_share(worst, h)},
                        f"{h}: the host was full (CPU {busy:.0f}%" + (f", run queue {r:.1f}" if r is not None else "") + f") at {users_text(worst['users'])}, but "
                        f"the monitored process did only {1.0 - rest:.0%} of that work: other processes competed for "
                        "the CPUs, so the service's numbers may be disturbed.",

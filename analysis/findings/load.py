@@ -8,6 +8,7 @@ import logging
 from typing import Any
 
 from analysis.findings.context import Context, as_dict, num, users_text
+from analysis.findings.cpu import CPU_SATURATED_PCT, CPU_WAIT_DISTURBS
 from analysis.findings.finding import finding
 
 logger = logging.getLogger(__name__)
@@ -22,11 +23,13 @@ PUSHBACK_CATEGORIES = ("http_429", "http_503", "http_5xx")
 UNBOUNDED_LATENCY_FACTOR = 10.0
 LATENCY_RISE = 1.5  # waiting_not_computing: P99 rose >= 1.5x from the knee to the last step
 CPU_NOT_SATURATED_PCT = 70.0  # ... while the process used below 70 % of the CPUs ...
-# ... and the host had a CPU to give it: below cpu_saturated's "full" (analysis/findings/cpu.py
-# CPU_SATURATED_PCT, repeated here).  The host's busy share alone is not the service's: on a host
-# shared with the load generator, the generator's work fills it (measured: the knee-mode target at
-# 3.5 % of 2 CPUs while the host was 60-100 % busy).
-HOST_FULL_PCT = 90.0
+# ... and it was not waiting for a CPU: its threads' run delay under cpu.py CPU_WAIT_DISTURBS of
+# its requests' time (Context.cpu_wait_share); where that is not measured, the host below
+# cpu_saturated's "full" (cpu.py CPU_SATURATED_PCT).  The host's busy share alone is not the
+# service's: on a host shared with the load generator and other work, they fill it (measured: the
+# knee-mode target at 3.5 % of 2 CPUs, waiting for a CPU 0.4-5 % of its requests' time, while
+# the host was 100 % busy).
+HOST_FULL_PCT = CPU_SATURATED_PCT
 GPU_BUSY_PCT = 80.0  # ... and no GPU was busy (a busy GPU is computing, not waiting)
 # The residual rule stays silent when one of these already names the cause.
 EXPLAINED_BY = ("cpu_saturated", "run_queue_over_cores", "single_thread_bound", "gpu_serialized", "io_wait",
@@ -138,13 +141,15 @@ def _not_computing(ctx: Context, s: dict[str, Any], h: str) -> float | None:
     """The step's busy % on host h (the process's share of the CPUs where measured, else the
     host's) when it shows no computing limit, else None; not measured reads as 0.
 
-    A limit: a busy GPU, the process at CPU_NOT_SATURATED_PCT of the CPUs, or the host full
-    (HOST_FULL_PCT; without the process measured, the host at CPU_NOT_SATURATED_PCT)."""
+    A limit: a busy GPU, the process at CPU_NOT_SATURATED_PCT of the CPUs, or its threads waiting
+    for a CPU (CPU_WAIT_DISTURBS; not measured: the host at HOST_FULL_PCT); without the process
+    measured, the host at CPU_NOT_SATURATED_PCT."""
     cpus = ctx.cpu_fact(h, "logical_cpus")
     busy, proc, gpu = ctx.host_busy(s, h), ctx.metric(s, h, "cpu_pct"), ctx.metric(s, h, "sm_pct")
     if gpu is not None and gpu >= GPU_BUSY_PCT:
         return None
-    if busy is not None and busy >= HOST_FULL_PCT:
+    wait = ctx.cpu_wait_share(s, h)
+    if (wait is not None and wait >= CPU_WAIT_DISTURBS) or (wait is None and busy is not None and busy >= HOST_FULL_PCT):
         return None
     share = proc / cpus if proc is not None and cpus is not None else None
     if share is not None:
