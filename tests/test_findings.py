@@ -535,3 +535,48 @@ def test_gpu_memory_creep_from_the_h200_recording(tmp_path, creep):
     # each window's last sample is (RAMP + HOLD) s after the previous step's: 16 MB/s x 2 steps x 14 s
     assert f["evidence"]["rise_mb"] == pytest.approx(creep * 2 * (RAMP + HOLD))
     assert "model_copies" not in ids(result)
+
+
+# -- issue 16: real runs where every rule but one must stay silent -----------------------------------------
+def start_knee_run(start_demo_target, out, slots, steps, hold):
+    """A real `kneeswarm run` (its own process: Locust master and a worker, local pidstat and vmstat)
+    against a fresh knee-mode target with ``slots`` slots of 50 ms, started and not waited for."""
+    from conftest import KNEE_SERVICE_MS, start_cli
+
+    target = start_demo_target("--mode", "knee", "--slots", str(slots), "--service-ms", str(KNEE_SERVICE_MS))
+    return start_cli("run", "--target", target.url, "--steps", ",".join(map(str, steps)), "--hold", str(hold),
+                     "--ramp", "1", "--settle", "1", "--workers", "1", "--pid", str(target.pid),
+                     "--metrics-url", target.url + "/metrics", "--out", str(out), "--name", out.name, "-q")
+
+
+def finished_summary(proc, out):
+    from conftest import read_summary
+
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    [run_dir] = [p for p in out.iterdir() if p.is_dir()]
+    return read_summary(run_dir), run_dir
+
+
+@pytest.mark.slow
+def test_real_knee_target_gives_exactly_waiting_not_computing_run_after_run(knee_run, start_demo_target, tmp_path):
+    # Three knee-mode runs in a row on this 2-CPU machine, the load generator on the same host: the
+    # session's shared run (steps 1-16, 7 s held) and two shorter ones (3 s held).  At and after the
+    # knee (4 slots: 4 users) exactly one finding, waiting_not_computing, whatever else the host ran.
+    # Beside the second, an idle target (16 slots, at most 4 users: never full) gets no finding.
+    from conftest import KNEE_SLOTS, KNEE_STEPS, read_summary, side_by_side
+
+    summaries = [read_summary(knee_run.run_dir)]
+    with side_by_side() as started:
+        started["idle"] = start_knee_run(start_demo_target, tmp_path / "idle", 16, (1, 2, 4), 3)
+        for i in (1, 2):
+            started[f"knee{i}"] = start_knee_run(start_demo_target, tmp_path / f"knee{i}", KNEE_SLOTS, KNEE_STEPS, 3)
+            summaries.append(finished_summary(started[f"knee{i}"], tmp_path / f"knee{i}")[0])
+        idle, _ = finished_summary(started["idle"], tmp_path / "idle")
+    for n, s in enumerate(summaries):
+        got = [(f["id"], f["steps"]) for f in s["findings"]]
+        assert s["knee"]["users"] == KNEE_SLOTS, (n, s["knee"])
+        assert got == [("waiting_not_computing", [4, 8, 16])], (n, s["findings"])
+        assert explain(s)["findings"] == s["findings"]  # the summary carries what explain() says
+    assert idle["complete"] is True and idle["findings"] == [], idle["findings"]
+    assert idle["knee"]["users"] is None and [x["users"] for x in idle["steps"]] == [1, 2, 4]

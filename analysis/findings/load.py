@@ -14,6 +14,10 @@ from analysis.findings.finding import finding
 logger = logging.getLogger(__name__)
 
 RETROGRADE_DROP = 0.05  # issue 7 table: QPS at a higher step >= 5 % below the peak
+# ... and by more than the two steps' counting resolution: in a closed loop a window edge cuts at
+# most one request per user, so a step's QPS is known to about users / window_s (issue 16: the
+# knee-mode target, 80/s flat past 4 users, read 80.2 then 75.5/s at 8 and 16 users over 2 s
+# windows, where the resolution is 4 + 8/s): ``qps_resolution``.
 # Error categories that mean "the server refused": kneeswarm/rundir.py names http_4xx/http_5xx;
 # 429 and 503 are what bounded queues answer (the demo target: 503 when its queue is full).
 PUSHBACK_CATEGORIES = ("http_429", "http_503", "http_5xx")
@@ -36,12 +40,19 @@ EXPLAINED_BY = ("cpu_saturated", "run_queue_over_cores", "single_thread_bound", 
                 "generator_bound", "host_contended", "efficiency_falling", "latency_swinging")
 
 
+def qps_resolution(step: dict[str, Any]) -> float:
+    """users / window_s of a step (0 when either is missing)."""
+    u, w = num(step.get("users")), num(step.get("window_s"))
+    return u / w if u is not None and w is not None and w > 0 else 0.0
+
+
 def retrograde(ctx: Context) -> list[dict[str, Any]]:
     if not ctx.valid:
         return []
     peak = max(ctx.valid, key=lambda s: num(s["qps"]))
     pq, pu = num(peak["qps"]), num(peak["users"])
-    later = [s for s in ctx.valid if num(s["users"]) > pu and num(s["qps"]) <= (1 - RETROGRADE_DROP) * pq]
+    later = [s for s in ctx.valid if num(s["users"]) > pu and num(s["qps"]) <= (1 - RETROGRADE_DROP) * pq
+             and pq - num(s["qps"]) > qps_resolution(peak) + qps_resolution(s)]
     if pq <= 0 or not later:
         return []
     worst = min(later, key=lambda s: num(s["qps"]))
