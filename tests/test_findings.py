@@ -580,3 +580,18 @@ def test_real_knee_target_gives_exactly_waiting_not_computing_run_after_run(knee
         assert explain(s)["findings"] == s["findings"]  # the summary carries what explain() says
     assert idle["complete"] is True and idle["findings"] == [], idle["findings"]
     assert idle["knee"]["users"] is None and [x["users"] for x in idle["steps"]] == [1, 2, 4]
+
+
+def test_waiting_not_computing_reads_the_median_when_one_stall_holds_p99():
+    # the knee-mode target on a full host, measured (4, 8, 16 users): P50 59 -> 108 -> 203 ms while
+    # P99 read 226 -> 364 -> 308 ms (one scheduler stall in ~200 requests)
+    rows = [(1, 18.2, 58, 140), (2, 36.4, 58, 210), (4, 71.4, 59, 226), (8, 80.4, 108, 364), (16, 79.6, 203, 308)]
+    steps = [step(u, q, p99, us=88.0, sy=12.0, r=12.0, cpu_pct=3.3, wait_pct=7.0, sy_share=0.1, active_threads=0.0,
+                  top_thread_cpu_pct=3.0, cs=3000.0, migrations_s=0.3, threads=2.0) | {"p50_ms": p50, "mean_ms": p50}
+             for u, q, p50, p99 in rows]
+    f = only(explain(summary(steps, knee=4, logical=2, physical=2)), "waiting_not_computing")
+    assert (f["evidence"]["p50_ms_knee"], f["evidence"]["p50_ms_last"]) == (59, 203) and "P50 rose 3.4x" in f["text"]
+    for s in steps:  # neither quantile rose 1.5x: no finding
+        s["p50_ms"] = s["mean_ms"] = 59.0
+        s["p99_ms"] = min(s["p99_ms"], 300.0)
+    assert "waiting_not_computing" not in ids(explain(summary(steps, knee=4, logical=2, physical=2)))
