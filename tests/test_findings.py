@@ -528,7 +528,9 @@ def test_gpu_memory_creep_from_the_h200_recording(tmp_path, creep):
     result = explain(summary)
     if creep == 0.0:
         assert peaks == [1011.0] * 5  # the model loaded once and held
-        assert "gpu_memory_creep" not in ids(result) and "model_copies" not in ids(result)
+        # no GPU finding: busy half the time, memory held (synthetic_run's host model has its
+        # own switch storm: cs/s = 1000 x users)
+        assert not ids(result) & {"gpu_memory_creep", "gpu_serialized", "model_copies"}, result["findings"]
         return
     f = only(result, "gpu_memory_creep")
     assert summary["knee"]["users"] == 4 and f["steps"] == [4, 8, 16]
