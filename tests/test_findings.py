@@ -597,3 +597,14 @@ def test_waiting_not_computing_reads_the_median_when_one_stall_holds_p99():
         s["p50_ms"] = s["mean_ms"] = 59.0
         s["p99_ms"] = min(s["p99_ms"], 300.0)
     assert "waiting_not_computing" not in ids(explain(summary(steps, knee=4, logical=2, physical=2)))
+
+
+def test_switch_storm_reads_the_services_own_switches():
+    # the host's cs/s climbs 10x with other work while the service's own switches follow its QPS
+    steps = healthy_steps(cs=lambda u: 2000.0 * u * u)
+    assert "switch_storm" not in ids(explain(summary(steps, knee=4, logical=64, physical=32)))
+    # the service's own: 200 -> 51,200/s from 2 to 32 users (the step before the knee to the last)
+    # while QPS grew 16x
+    steps = healthy_steps(cswch_s=lambda u: 50.0 * u * u, nvcswch_s=lambda u: 0.0)
+    f = only(explain(summary(steps, knee=4, logical=64, physical=32)), "switch_storm")
+    assert (f["evidence"]["cs_from"], f["evidence"]["cs_to"]) == (50.0 * 4, 50.0 * 32 * 32)

@@ -278,12 +278,13 @@ def kernel_time_high(ctx: Context) -> list[dict[str, Any]]:
 
 
 def _switches(c: Context, s: dict[str, Any], h: str) -> float | None:
-    """Context switches/s: the host's (vmstat cs), else the process's (voluntary + involuntary)."""
-    cs = c.metric(s, h, "cs")
-    if cs is not None:
-        return cs
+    """Context switches/s: the process's own (voluntary + involuntary, summed over its threads)
+    where measured, else the host's (vmstat cs).  On a host shared with the load generator and
+    other work the host's count is theirs too (issue 16: read the service's signal first)."""
     v, nv = c.metric(s, h, "cswch_s"), c.metric(s, h, "nvcswch_s")
-    return None if v is None or nv is None else v + nv
+    if v is not None and nv is not None:
+        return v + nv
+    return c.metric(s, h, "cs")
 
 
 def switch_storm(ctx: Context) -> list[dict[str, Any]]:
