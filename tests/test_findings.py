@@ -608,3 +608,14 @@ def test_switch_storm_reads_the_services_own_switches():
     steps = healthy_steps(cswch_s=lambda u: 50.0 * u * u, nvcswch_s=lambda u: 0.0)
     f = only(explain(summary(steps, knee=4, logical=64, physical=32)), "switch_storm")
     assert (f["evidence"]["cs_from"], f["evidence"]["cs_to"]) == (50.0 * 4, 50.0 * 32 * 32)
+
+
+def test_unbounded_queue_only_beyond_what_the_users_explain():
+    # measured (issue 16, a 16 x 2-thread ONNX target on a busy host): P99 22 -> 233 ms from 1 to 16
+    # users at 190.8 -> 221.1/s; users / throughput alone grew 13.8x, P99 10.6x: a closed loop's queue
+    rows = [(1, 190.8, 22), (2, 121.1, 71), (4, 92.8, 124), (8, 111.1, 324), (16, 221.1, 233)]
+    steps = [step(u, q, p) for u, q, p in rows]
+    assert "unbounded_queue" not in ids(explain(summary(steps, knee=1)))
+    # the same numbers from an open loop: no bound from the users, the latency did explode
+    s = summary(steps, knee=1) | {"load": {"loop": "open"}}
+    assert only(explain(s), "unbounded_queue")["evidence"]["growth"] == pytest.approx(233 / 22, rel=1e-3)
