@@ -576,9 +576,12 @@ def test_real_knee_target_gives_exactly_waiting_not_computing_run_after_run(knee
             summaries.append(finished_summary(started[f"knee{i}"], tmp_path / f"knee{i}")[0])
         idle, _ = finished_summary(started["idle"], tmp_path / "idle")
     for n, s in enumerate(summaries):
-        got = [(f["id"], f["steps"]) for f in s["findings"]]
         assert s["knee"]["users"] == KNEE_SLOTS, (n, s["knee"])
-        assert got == [("waiting_not_computing", [4, 8, 16])], (n, s["findings"])
+        # at and after the knee: every valid step from 4 users on (a step the analysis did not trust,
+        # e.g. Little's law off by 13 % on a host others kept full, is left out of every rule)
+        late = [x["users"] for x in s["steps"] if x["valid"] and x["users"] >= KNEE_SLOTS]
+        assert late[0] == KNEE_SLOTS and late[-1] == KNEE_STEPS[-1], (n, s["steps"])
+        assert [(f["id"], f["steps"]) for f in s["findings"]] == [("waiting_not_computing", late)], (n, s["findings"])
         assert explain(s)["findings"] == s["findings"]  # the summary carries what explain() says
     assert idle["complete"] is True and idle["findings"] == [], idle["findings"]
     assert idle["knee"]["users"] is None and [x["users"] for x in idle["steps"]] == [1, 2, 4]
