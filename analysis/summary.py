@@ -6,7 +6,8 @@ p999_ms, mean_ms, error_rate, errors, valid, reasons[]), knee {users, qps, metho
 qps}; ``warnings`` [one line each] and ``lost`` {what: count} (analysis.problems: meta.json's,
 each host's, and analysis's own; ``complete`` is false when anything was lost).  Also written:
 latency_knee, totals, ended, analysis settings, per-step window/rps/generator/server facts
-(``server[host]``: vmstat, process incl. ``sy_share``, threads, GPU means, and ``target``
+(``server[host]``: vmstat, process incl. ``sy_share`` and ``wait_pct`` (its threads' run delay,
+issue 16), threads, GPU means and ``fb_peak_mb`` (the window's largest sample), and ``target``
 {key: value} from the server's /metrics), ``hosts`` {host: facts} (analysis.hostfacts),
 ``target_series`` {host: {key: series used}} (analysis.target).  Issue 7: ``findings`` [{id,
 severity, steps, evidence, text, advice}] and ``usl`` {sigma, kappa, lambda, n_star, peak,

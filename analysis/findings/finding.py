@@ -32,6 +32,9 @@ SEVERITY = {
     "generator_bound": "critical",
     "engine_oversubscribed": "warning",
     "host_contended": "warning",  # not in the issue's table: a full host that the service did not fill
+    "efficiency_falling": "warning",  # issue 16: the method's remaining rules
+    "latency_swinging": "warning",
+    "gpu_memory_creep": "warning",
 }
 FINDING_IDS = tuple(SEVERITY)
 
