@@ -40,7 +40,7 @@ from analysis.loadstats import data_loss_reasons, generator_cpu, step_stats, val
 from analysis.problems import collect
 from analysis.report import render_html
 from analysis.serverstats import server_metrics
-from analysis.streaming import count_reasons, goodput_limits, has_streaming
+from analysis.streaming import ITL_COLUMNS, count_reasons, goodput_limits, has_streaming
 from analysis.summary import build_summary, jsonable, step_records, to_json, to_markdown, workload_facts
 from analysis.target import PROMETHEUS_STREAM, target_series_used
 from analysis.trust import add_reasons, sla_error_rate, trust_reasons
@@ -64,7 +64,7 @@ def per_step(inputs: RunInputs) -> tuple[pd.DataFrame, list[dict[str, float]], l
     stats = add_reasons(stats, trust_reasons(stats, inputs.think_ms, inputs.closed_loop, inputs.clock_bounds,
                                              sla_error_rate(inputs.plan)))
     stats = add_reasons(stats, lost_worker_reasons(stats, inputs.meta, inputs.scan.t0))
-    stats = add_reasons(stats, count_reasons(stats))  # server and client token counts disagree
+    stats = add_reasons(stats, count_reasons(stats))  # usage disagrees with a tokenizer or a pinned length
     for row in stats.loc[stats["foreign_rows"] > 0].to_dict("records"):
         inputs.warnings.add(f"step {row['index']:g}: {row['foreign_rows']:,} rows in its steady window were recorded "
                             "under another step and left out")
@@ -102,14 +102,15 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
         problems=collect(inputs.meta, inputs.warnings.to_list(), inputs.lost),
         load=load_facts(inputs.plan),
         workload=workload_facts(inputs.plan),
-        **llm_extras(good, inputs.plan),
+        **llm_extras(good, inputs.plan, has_streaming(stats)),
     )
     return add_explanations(summary, inputs.plan)
 
 
-def llm_extras(good: pd.DataFrame, plan: dict[str, Any]) -> dict[str, Any]:
-    """``tokens_knee`` (runs that recorded output tokens; valid steps) and ``goodput`` {limits}."""
-    out: dict[str, Any] = {}
+def llm_extras(good: pd.DataFrame, plan: dict[str, Any], streaming: bool = False) -> dict[str, Any]:
+    """``tokens_knee`` (runs that recorded output tokens; valid steps), ``goodput`` {limits}, and in a
+    streaming run ``itl_columns`` (what each ITL column is: per chunk, per token)."""
+    out: dict[str, Any] = {"itl_columns": dict(ITL_COLUMNS)} if streaming else {}
     if good["tokens_s"].notna().any():
         out["tokens_knee"] = find_tokens_knee(good["users"].to_numpy(float), good["tokens_s"].to_numpy(float))
     limits = goodput_limits(plan.get("sla"))

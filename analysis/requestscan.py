@@ -15,7 +15,7 @@ A step whose end was not recorded and that has no next step (a crash in the last
 the last completion, known only at the end: its rows are kept until then (``open`` windows).
 
 Streamed LLM answers (analysis.streaming): the streaming columns (``ttft_ms``, ``itl_ms`` ...) are
-read only from parts whose footer says some row has a ``ttft_ms`` (``Part.streamed``), so a run
+read only from parts whose footer says some row has a ``ttft_ms`` or ``chunks_out`` (``Part.streamed``), so a run
 without streaming reads what it read before; each step reduces its streaming rows to TTFT/ITL/TPOT percentiles,
 tokens/s, token-count agreement and goodput (against the plan's ``[sla]``) as it closes.
 """
@@ -366,19 +366,21 @@ class Part:
     path: Path
     t_min: float
     t_max: float
-    streamed: bool = False  # some row has a ttft_ms (footer statistics; true when they are missing)
+    streamed: bool = False  # some row has a ttft_ms or chunks_out (footer statistics; true when they are missing)
 
 
 def footer_streamed(meta: pq.FileMetaData) -> bool:
-    """Whether a part may hold streamed rows: its ``ttft_ms`` column is not null on every row."""
-    if "ttft_ms" not in meta.schema.names:
-        return False
-    j = meta.schema.names.index("ttft_ms")
-    for i in range(meta.num_row_groups):
-        rg = meta.row_group(i)
-        st = rg.column(j).statistics
-        if st is None or st.null_count is None or st.null_count < rg.num_rows:
-            return True
+    """Whether a part may hold streamed rows: its ``ttft_ms`` or ``chunks_out`` column (a stream
+    without text has no TTFT) is not null on every row."""
+    for name in ("ttft_ms", "chunks_out"):
+        if name not in meta.schema.names:
+            continue
+        j = meta.schema.names.index(name)
+        for i in range(meta.num_row_groups):
+            rg = meta.row_group(i)
+            st = rg.column(j).statistics
+            if st is None or st.null_count is None or st.null_count < rg.num_rows:
+                return True
     return False
 
 

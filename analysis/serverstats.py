@@ -4,8 +4,8 @@ From the parsed host tables (collectors/): vmstat (host CPU, context switches, r
 process (the monitored process, summed over its pids), threads (active threads, the busiest
 thread), gpu (SM and memory %, averaged over GPUs; framebuffer and power, summed), cgroup (the
 throttled share of CFS periods, the cgroup's CPU use) and the target's own /metrics
-(analysis.target).  Each value is the mean of the samples whose ``t``
-lies in the window (analysis.windows).
+(analysis.target).  Each value is the mean of the samples whose ``t`` lies in the window
+(analysis.windows); ``fb_peak_mb`` is their largest.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ PROCESS_METRICS = {
     "cpu_pct": "cpu_pct",
     "usr_pct": "usr_pct",
     "sys_pct": "sys_pct",
+    "wait_pct": "wait_pct",  # the process's threads waiting for a CPU (run delay), % of one CPU
     "rss_mb": "rss_mb",
     "threads": "threads",
     "cswch_s": "cswch_s",
@@ -35,6 +36,9 @@ PROCESS_METRICS = {
 }
 GPU_MEAN_METRICS = {"sm_pct": "sm_pct", "mem_pct": "mem_pct"}  # mean over GPUs at each sample
 GPU_SUM_METRICS = {"fb_used_mb": "fb_used_mb", "power_w": "power_w"}  # summed over GPUs
+# the largest sample of the window, summed over GPUs: gpu_memory_creep reads the peak, as the
+# method says to watch it ("the peak over long concurrent runs")
+GPU_PEAK_METRICS = {"fb_used_mb": "fb_peak_mb"}
 ACTIVE_THREAD_CPU_PCT = 5.0  # a thread using at least this %CPU in a sample counts as active
 
 
@@ -135,6 +139,8 @@ def server_metrics(hosts: dict[str, dict[str, pd.DataFrame]], t_lo: np.ndarray, 
             thread_metrics(streams.get("threads"), t_lo, t_hi),
             window_means(streams.get("gpu"), GPU_MEAN_METRICS | GPU_SUM_METRICS, t_lo, t_hi, by="gpu",
                          sum_cols=tuple(GPU_SUM_METRICS)),
+            window_means(streams.get("gpu"), GPU_PEAK_METRICS, t_lo, t_hi, by="gpu", sum_cols=tuple(GPU_PEAK_METRICS),
+                         peak=True),
             cgroup_metrics(streams.get("cgroup"), t_lo, t_hi),
         ]
         target = target_windows(streams.get(PROMETHEUS_STREAM), t_lo, t_hi)

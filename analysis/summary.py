@@ -6,7 +6,8 @@ p999_ms, mean_ms, error_rate, errors, valid, reasons[]), knee {users, qps, metho
 qps}; ``warnings`` [one line each] and ``lost`` {what: count} (analysis.problems: meta.json's,
 each host's, and analysis's own; ``complete`` is false when anything was lost).  Also written:
 latency_knee, totals, ended, analysis settings, per-step window/rps/generator/server facts
-(``server[host]``: vmstat, process incl. ``sy_share``, threads, GPU means, and ``target``
+(``server[host]``: vmstat, process incl. ``sy_share`` and ``wait_pct`` (its threads' run delay,
+issue 16), threads, GPU means and ``fb_peak_mb`` (the window's largest sample), and ``target``
 {key: value} from the server's /metrics), ``hosts`` {host: facts} (analysis.hostfacts),
 ``target_series`` {host: {key: series used}} (analysis.target).  Issue 7: ``findings`` [{id,
 severity, steps, evidence, text, advice}] and ``usl`` {sigma, kappa, lambda, n_star, peak,
@@ -18,7 +19,8 @@ and per step ``rate`` (open loop) and ``items_s`` (batch > 1) (analysis.loop); p
 ``tokens_s`` where output tokens were recorded, ``goodput_rps``/``goodput_share`` when ``[sla]``
 limits a request (``goodput`` {limits}), and in a streaming run the TTFT/ITL/TPOT percentiles and
 token-count keys of analysis.streaming.STEP_KEYS; ``tokens_knee`` {users, tokens_s, method} in an
-LLM run.  NaN and infinities are written as null.
+LLM run.  Issue 15: ``itl_columns`` {itl, itl_token} in a streaming run says what each ITL column is
+(per chunk, per token: analysis.streaming.ITL_COLUMNS).  NaN and infinities are written as null.
 """
 
 from __future__ import annotations

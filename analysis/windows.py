@@ -60,11 +60,12 @@ def resolve_windows(steps: pd.DataFrame, last_done: pd.DataFrame | float, settle
 
 
 def window_means(df: pd.DataFrame | None, columns: dict[str, str], t_lo: np.ndarray, t_hi: np.ndarray,
-                 by: str | None = None, sum_cols: tuple[str, ...] = ()) -> list[dict[str, float]]:
+                 by: str | None = None, sum_cols: tuple[str, ...] = (), peak: bool = False) -> list[dict[str, float]]:
     """Mean of each present column over each window [t_lo, t_hi); one dict {columns[c]: mean} per window.
 
     With ``by`` (e.g. several pids or GPUs per sample), samples at the same ``t`` are first
-    combined: summed for ``sum_cols``, averaged otherwise.
+    combined: summed for ``sum_cols``, averaged otherwise.  ``peak``: the largest sample instead
+    of the mean.
     """
     n = len(t_lo)
     if df is None or df.empty:
@@ -91,6 +92,6 @@ def window_means(df: pd.DataFrame | None, columns: dict[str, str], t_lo: np.ndar
             continue
         # an all-NaN column gives NaN (dropped below); numpy's "Mean of empty slice" is expected
         with np.errstate(all="ignore"), warnings.catch_warnings(action="ignore", category=RuntimeWarning):
-            means = np.nanmean(values[lo:hi], axis=0)
+            means = (np.nanmax if peak else np.nanmean)(values[lo:hi], axis=0)
         out.append({columns[c]: float(m) for c, m in zip(cols, means) if np.isfinite(m)})
     return out

@@ -16,7 +16,8 @@ Tables:
 * ``process``: one row per interval per process, from the process (TGID) row, except:
   ``threads`` = number of thread rows in that interval (NaN without ``-t``); ``cswch_s`` and
   ``nvcswch_s`` = sum over the thread rows when there are any (the kernel's per-process counters in
-  /proc/PID/status are those of the main thread only); ``migrations_s`` = number of threads whose
+  /proc/PID/status are those of the main thread only); ``wait_pct`` likewise = sum over the thread
+  rows (the process row's %wait is the main thread's run delay, /proc/PID/schedstat); ``migrations_s`` = number of threads whose
   CPU column (the core it last ran on) changed since the previous interval, divided by the time
   between the two intervals: the cache-affinity signal (NaN on the first interval and without -t).
 * ``threads``: one row per thread per interval.
@@ -195,10 +196,12 @@ def _tables(records: dict[tuple[float, int, int | None], dict[str, object]]
             continue
         ths = by_interval.get((t, pid))
         n_threads = cswch = nvcswch = migr = NAN
+        wait = g(rec, "wait")
         if ths:
             n_threads = float(len(ths))
             cswch = sum(g(r, "cswch") for _, r in ths)
             nvcswch = sum(g(r, "nvcswch") for _, r in ths)
+            wait = sum(g(r, "wait") for _, r in ths)  # NaN without %wait (sysstat < 11.5.5)
             cores = {tid_: g(r, "core") for tid_, r in ths}
             if pid in prev:
                 t_prev, cores_prev = prev[pid]
@@ -210,7 +213,7 @@ def _tables(records: dict[tuple[float, int, int | None], dict[str, object]]
             prev[pid] = (t, cores)
         else:
             cswch, nvcswch = g(rec, "cswch"), g(rec, "nvcswch")
-        process_rows.append([t, pid, g(rec, "cpu"), g(rec, "usr"), g(rec, "sys"), g(rec, "wait"),
+        process_rows.append([t, pid, g(rec, "cpu"), g(rec, "usr"), g(rec, "sys"), wait,
                              g(rec, "rss") / 1024.0, g(rec, "vsz") / 1024.0, n_threads, cswch,
                              nvcswch, migr, g(rec, "minflt"), g(rec, "majflt")])
     return frame(process_rows, PROCESS_COLUMNS), frame(thread_rows, THREAD_COLUMNS)

@@ -54,9 +54,12 @@ REQUEST_SCHEMA = pa.schema(
         ("name", pa.string()),
         # streaming answers only (null otherwise; parts written before these columns read as null):
         ("itl_ms", pa.list_(pa.float32())),  # every inter-token gap, in arrival order (float32: ~µs precision)
-        ("tokens_counted", pa.bool_()),  # true: tokens_out is the client's chunk count (no server usage)
+        ("tokens_counted", pa.bool_()),  # true: tokens_out is the client's count, tokenizer else chunks (no usage)
         ("usage_out", pa.int64()),  # the server's usage.completion_tokens, when it sent one
-        ("chunks_out", pa.int64()),  # text chunks the client counted itself
+        ("chunks_out", pa.int64()),  # text chunks the client counted itself (a chunk may carry several tokens)
+        # independent output counts the server's usage is checked against (issue 15; null where not known):
+        ("tokens_tokenizer", pa.int64()),  # the plan's tokenizer over the streamed text, counted by the client
+        ("tokens_pinned", pa.int64()),  # the output length the request pinned (ignore_eos, or min_tokens = max_tokens)
     ]
 )
 REQUEST_COLUMNS = tuple(REQUEST_SCHEMA.names)

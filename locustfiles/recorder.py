@@ -38,10 +38,10 @@ GEN_KEY = "kneeswarm_gen"
 RECORDER_FILE = "recorder.json"
 
 # The columns of a row as it travels, one list each (worker and step are added on the master).
-# A streamed answer adds its inter-token gaps, whether tokens_out was counted from chunks, and the
-# server's and the client's counts side by side (users.StreamInfo); None for every other request.
+# A streamed answer adds its gaps between text chunks, whether tokens_out was counted by the client, the
+# server's count, the chunks, and the independent counts (users.StreamInfo); None for every other request.
 WIRE_COLUMNS = ("t_start", "latency_ms", "bytes", "ok", "status", "error", "name", "tokens_in", "tokens_out", "ttft_ms",
-                "itl_ms", "tokens_counted", "usage_out", "chunks_out")
+                "itl_ms", "tokens_counted", "usage_out", "chunks_out", "tokens_tokenizer", "tokens_pinned")
 
 
 def categorize(status: int, exception: BaseException | None) -> str | None:
@@ -133,7 +133,7 @@ class RowBuffer:
             extra = context.get("kneeswarm")  # (tokens_in, tokens_out, ttft_ms)
             if extra:
                 self._tokens.append((len(self._t_list) - 1, extra))
-            stream = context.get("kneeswarm_stream")  # users.StreamInfo(itl_ms, tokens_counted, usage_out, chunks)
+            stream = context.get("kneeswarm_stream")  # users.StreamInfo(itl_ms, tokens_counted, usage_out, chunks, ...)
             if stream:
                 self._streams.append((len(self._t_list) - 1, stream))
 
@@ -148,7 +148,7 @@ class RowBuffer:
             cols["ok"][i] = False
             cols["error"][i] = category
         _spread(cols, self._tokens, ("tokens_in", "tokens_out", "ttft_ms"))
-        _spread(cols, self._streams, ("itl_ms", "tokens_counted", "usage_out", "chunks_out"))
+        _spread(cols, self._streams, WIRE_COLUMNS[10:])
         self._reset()
         return cols
 

@@ -6,9 +6,10 @@ turns every request into a row.  This class only joins the two, and times stream
 What a request hands the recorder, in the request event's context:
 - ``context["kneeswarm"] = (tokens_in, tokens_out, ttft_ms)`` when any is known (the recorder
   writes them to the row's columns);
-- ``context["kneeswarm_stream"] = StreamInfo(...)`` for a streamed answer: every inter-token
-  gap (ms), whether tokens out were counted from chunks (no ``usage`` from the server), and the
-  server's and the client's counts side by side.  The recorder does not store it yet.
+- ``context["kneeswarm_stream"] = StreamInfo(...)`` for a streamed answer: every gap between
+  text chunks (ms), whether tokens out were counted by the client (no ``usage`` from the server),
+  the server's count, the chunks, and the independent counts usage is checked against (the
+  plan's tokenizer over the streamed text, the length the request pinned).
 
 A streamed answer is timed here, not by Locust: with ``stream=True`` Locust's response time
 covers the headers only, so the user sets ``response_time`` to the end of the stream itself.
@@ -54,9 +55,11 @@ _inflight = 0  # open-loop requests in flight in this process
 
 class StreamInfo(NamedTuple):
     itl_ms: list[float]  # every gap between text chunks, in arrival order
-    tokens_counted: bool  # True: tokens_out is the number of text chunks (no usage from the server)
+    tokens_counted: bool  # True: tokens_out is the client's count, tokenizer else chunks (no usage from the server)
     usage_out: int | None  # the server's completion_tokens, when sent
-    chunks: int  # text chunks the client saw
+    chunks: int  # text chunks the client saw (a chunk may carry several tokens)
+    tokens_tokenizer: int | None = None  # the plan's tokenizer over the streamed text
+    tokens_pinned: int | None = None  # the output length the request pinned (ignore_eos / min_tokens)
 
 
 class InferenceUser(FastHttpUser):
@@ -199,7 +202,8 @@ class InferenceUser(FastHttpUser):
             meta["context"]["kneeswarm"] = (stream.usage_in if stream.usage_in is not None else req.tokens_in,
                                             stream.tokens_out, stream.ttft_ms)
             meta["context"]["kneeswarm_stream"] = StreamInfo(stream.itl_ms, stream.tokens_counted,
-                                                             stream.usage_out, stream.chunks)
+                                                             stream.usage_out, stream.chunks,
+                                                             stream.tokens_tokenizer, req.tokens_pinned)
             if error is not None:
                 resp.failure(error)
             else:

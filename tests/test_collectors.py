@@ -101,8 +101,10 @@ def test_pidstat_threads_fixture_process_and_thread_tables():
     assert len(proc) == 6 and (proc["pid"] == 4041).all()
     first = proc.iloc[0]
     assert first["t"] == 1796002081.0 and first["cpu_pct"] == 96.0 and first["threads"] == 4
-    assert first["rss_mb"] == pytest.approx(11320 / 1024) and first["wait_pct"] == 0.0
-    # context switches: the process row holds the main thread's only; the table sums threads
+    assert first["rss_mb"] == pytest.approx(11320 / 1024)
+    # context switches and %wait (run delay): the process row holds the main thread's only (its
+    # %wait 0.00 while spin0-2 waited 3.00 each); the table sums threads
+    assert first["wait_pct"] == 3.0 + 3.0 + 3.0
     assert first["cswch_s"] == 115 + 99 + 108 and first["nvcswch_s"] == 60 + 51 + 47
     assert math.isnan(first["migrations_s"])
     spin0 = thr[(thr["name"] == "spin0") & (thr["t"] == 1796002081.0)].iloc[0]

@@ -158,6 +158,51 @@ def test_completions_stream_crlf_no_space_comments_and_counted_tokens():
     s.check_complete()  # a finish_reason without [DONE] is a complete stream
 
 
+def test_with_a_tokenizer_the_streamed_text_is_kept_and_counted():
+    """Several tokens per chunk (a detokenizing server): the tokenizer's count of the whole text is
+    the client's independent count; usage stays tokens out; chunks are only chunks."""
+    body = (b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
+            b'data: {"choices":[{"index":0,"delta":{"content":"alpha beta "},"finish_reason":null}]}\n\n'
+            b'data: {"choices":[{"index":0,"delta":{"content":"gamma \\"delta\\" "},"finish_reason":null}]}\n\n'
+            b'data: {"choices":[{"index":0,"delta":{"content":"eps"},"finish_reason":"length"}]}\n\n'
+            b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":5}}\n\ndata: [DONE]\n\n')
+    seen = []
+    s = ChatStream(0.0, count=lambda text: seen.append(text) or len(text.split()))
+    from locustfiles.protocols.sse import Arrivals
+
+    arrivals = Arrivals(s)
+    arrivals.feed(body, 1.0)  # one arrival: the block path, text kept
+    arrivals.close(1.0)
+    assert s.tokens_tokenizer == 5 and seen == ['alpha beta gamma "delta" eps']
+    assert (s.chunks, s.tokens_out, s.usage_out, s.tokens_counted) == (3, 5, 5, False)
+    assert s.itl_ms == [0.0, 0.0] and s.ttft_ms == 1000.0
+    # no usage from the server: the tokenizer's count is tokens out, not the chunks
+    no_usage = ChatStream(0.0, count=lambda text: len(text.split()))
+    for i, line in enumerate(body.split(b"\n\n")[:4]):
+        no_usage.event(line[6:], float(i))
+    assert (no_usage.chunks, no_usage.tokens_out, no_usage.tokens_counted) == (3, 5, True)
+    assert ChatStream(0.0).tokens_tokenizer is None
+
+
+def test_a_stream_of_tokens_without_text_has_no_ttft():
+    body = (b'data: {"choices":[{"index":0,"delta":{"content":""},"finish_reason":null}]}\n\n'
+            b'data: {"choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}]}\n\n'
+            b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7}}\n\ndata: [DONE]\n\n')
+    s = parse_stream(body)
+    s.check_complete()
+    assert s.ttft_ms is None and s.itl_ms == [] and (s.chunks, s.tokens_out) == (0, 7)
+
+
+def test_a_request_pins_its_length_only_with_ignore_eos_or_min_tokens_at_max_tokens():
+    from locustfiles.protocols.openai import pinned_length
+
+    assert OpenAI({"max_tokens": 12}).next_request().tokens_pinned is None
+    assert OpenAI({"max_tokens": 12, "ignore_eos": True}).next_request().tokens_pinned == 12
+    assert OpenAI({"max_tokens": 12, "min_tokens": 12}).next_request().tokens_pinned == 12
+    assert OpenAI({"max_tokens": 12, "min_tokens": 11}).next_request().tokens_pinned is None
+    assert pinned_length({"max_tokens": 4, "min_tokens": 9}) == 4 and pinned_length({"ignore_eos": True}) is None
+
+
 @pytest.mark.parametrize("body", [VLLM_CHAT[: VLLM_CHAT.index(b'data: {"choices":[{"index":0,"delta":{"content":"lo"')],
                                   b""])
 def test_a_stream_without_done_or_finish_reason_is_truncated(body):
@@ -270,6 +315,21 @@ def test_reading_per_arrival_equals_reading_line_by_line(events, cuts, crlf, fin
     except BadPayload as e:
         arr_error = type(e)
     assert ref_error == arr_error
+    # Text kept (a tokenizer): every event fully parsed, the same judgement -- or a refusal of an
+    # event of several data lines that the byte search lets pass (two JSON documents joined)
+    counting, count_error = ChatStream(0.0, count=len), None
+    try:
+        arrivals, last = Arrivals(counting), 0
+        for cut in sorted(c % (len(body) + 1) for c in cuts) + [len(body)]:
+            arrivals.feed(body[last:cut], 0.0)
+            last = cut
+        arrivals.close(0.0)
+    except BadPayload as e:
+        count_error = type(e)
+    assert ref_error is None or count_error is not None
+    if count_error is not None and ref_error is None:  # only where two data lines made one event
+        assert any(sum(line.startswith(b"data:") for line in lines) > 1 for lines in events)
     if ref_error is None:
         for attr in ("chunks", "done", "finished", "usage_in", "usage_out", "itl_ms", "first", "events"):
             assert getattr(by_arrival, attr) == getattr(reference, attr), attr
+            assert count_error is not None or getattr(counting, attr) == getattr(reference, attr), attr

@@ -22,7 +22,8 @@ event = st.fixed_dictionaries({
     "tokens": st.none() | st.tuples(st.none() | st.integers(0, 9), st.none() | st.integers(0, 9),
                                     st.none() | st.floats(0, 100)),
     "stream": st.none() | st.tuples(st.lists(st.floats(0, 50), max_size=4), st.booleans(),
-                                    st.none() | st.integers(0, 9), st.integers(0, 9)),
+                                    st.none() | st.integers(0, 9), st.integers(0, 9),
+                                    st.none() | st.integers(0, 9), st.none() | st.integers(0, 9)),
     "latency": st.floats(0, 1000),
 })
 
@@ -31,11 +32,12 @@ def expected_row(i: int, e: dict) -> dict:
     """The row written out by hand from the event, column by column (no RowBuffer code)."""
     exc = ConnectionResetError("reset") if e["failed"] else None
     tin, tout, ttft = e["tokens"] or (None, None, None)
-    itl, counted, usage, chunks = e["stream"] or (None, None, None, None)
+    itl, counted, usage, chunks, tokenizer, pinned = e["stream"] or (None,) * 6
     return {"t_start": 100.0 + i, "latency_ms": e["latency"], "bytes": i, "ok": exc is None, "status": e["status"],
             "error": None if exc is None else categorize(e["status"], exc), "name": f"n{i % 3}",
             "tokens_in": tin, "tokens_out": tout, "ttft_ms": ttft,
-            "itl_ms": itl, "tokens_counted": counted, "usage_out": usage, "chunks_out": chunks}
+            "itl_ms": itl, "tokens_counted": counted, "usage_out": usage, "chunks_out": chunks,
+            "tokens_tokenizer": tokenizer, "tokens_pinned": pinned}
 
 
 @settings(max_examples=200, deadline=None)

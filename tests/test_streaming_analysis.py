@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis import analyze
-from analysis.streaming import COUNT_MISMATCH_MAX, GapSample
+from analysis.streaming import COUNT_MISMATCH_MAX, TOKENIZER_SLACK, GapSample
 from kneeswarm.rundir import REQUEST_SCHEMA, RunDir
 
 T0 = 1_700_000_000.0
@@ -28,31 +28,42 @@ OLD_COLUMNS = ("t_start", "latency_ms", "ttft_ms", "tokens_in", "tokens_out", "b
 
 
 def stream_rows(rng: np.random.Generator, step: int, users: int, t_ramp: float, t_end: float, *,
-                usage_offset: int = 0, usage: bool = True, fail: float = 0.0) -> dict[str, list]:
-    """Closed-loop streamed requests of one step: TTFT, a gap per later token, latency = TTFT + gaps."""
+                usage_offset: int = 0, usage: bool = True, fail: float = 0.0, per_chunk: int = 1,
+                pinned: bool = False, tokenizer=None, no_text: float = 0.0) -> dict[str, list]:
+    """Closed-loop streamed requests of one step: n tokens in ceil(n / per_chunk) text chunks, TTFT,
+    a gap per later chunk, latency = TTFT + gaps.  ``pinned``: the request pinned n; ``tokenizer``:
+    (rng, n) -> the client tokenizer's count (None: no tokenizer); ``no_text``: the share of requests
+    that stream their tokens without a text chunk (no TTFT, no gaps)."""
     cols: dict[str, list] = {k: [] for k in ("t_start", "latency_ms", "ttft_ms", "tokens_out", "ok", "status",
                                              "error", "step", "users", "worker", "name", "itl_ms",
-                                             "tokens_counted", "usage_out", "chunks_out")}
+                                             "tokens_counted", "usage_out", "chunks_out", "tokens_tokenizer",
+                                             "tokens_pinned")}
     for u in range(users):
         t = t_ramp + rng.uniform(0, 0.05)
         while t < t_end:
             n = int(rng.integers(2, 24))
+            chunks = -(-n // per_chunk)
             ttft = float(rng.lognormal(np.log(40.0 * users), 0.3))
-            gaps = rng.lognormal(np.log(8.0 * users), 0.4, n - 1).astype(np.float32)
+            gaps = rng.lognormal(np.log(8.0 * users * per_chunk), 0.4, chunks - 1).astype(np.float32)
             lat = ttft + float(gaps.astype(float).sum()) + 0.3
             ok = rng.random() >= fail
+            if rng.random() < no_text:
+                ttft, gaps, chunks = None, np.empty(0, dtype=np.float32), 0
             for k, v in (("t_start", t), ("latency_ms", lat), ("ttft_ms", ttft), ("ok", ok), ("status", 200 if ok else 0),
                          ("error", None if ok else "stream_truncated"), ("step", step), ("users", users),
-                         ("worker", "w1"), ("name", "infer"), ("itl_ms", gaps.tolist()), ("chunks_out", n),
+                         ("worker", "w1"), ("name", "infer"), ("itl_ms", gaps.tolist()), ("chunks_out", chunks),
                          ("usage_out", n + usage_offset if usage else None), ("tokens_counted", not usage),
-                         ("tokens_out", n + usage_offset if usage else n)):
+                         ("tokens_out", n + usage_offset if usage else chunks),
+                         ("tokens_tokenizer", None if tokenizer is None else tokenizer(rng, n)),
+                         ("tokens_pinned", n if pinned else None)):
                 cols[k].append(v)
             t += lat / 1000.0
     return cols
 
 
 def make_stream_run(tmp_path, *, sla: str = "", usage_offset=lambda step: 0, usage: bool = True,
-                    fail: float = 0.0, seed: int = 1, old_schema: bool = False, extra_plan: str = "") -> RunDir:
+                    fail: float = 0.0, seed: int = 1, old_schema: bool = False, extra_plan: str = "",
+                    **shape) -> RunDir:
     rng = np.random.default_rng(seed)
     rd = RunDir.create(tmp_path, "stream")
     rd.plan_path.write_text(f'name = "stream"\nprotocol = "openai"\n[load]\nsteps = {list(USERS)}\nramp = {RAMP}\n'
@@ -62,7 +73,8 @@ def make_stream_run(tmp_path, *, sla: str = "", usage_offset=lambda step: 0, usa
     for i, users in enumerate(USERS):
         t_ramp, t_end = t, t + RAMP + HOLD
         steps.append([i, users, t_ramp, t_ramp + RAMP, t_end])
-        cols = stream_rows(rng, i, users, t_ramp, t_end, usage_offset=usage_offset(i), usage=usage, fail=fail)
+        cols = stream_rows(rng, i, users, t_ramp, t_end, usage_offset=usage_offset(i), usage=usage, fail=fail,
+                           **{k: v(i) if k == "tokenizer" and v is not None else v for k, v in shape.items()})
         if old_schema:  # a part as kneeswarm wrote it before the streaming columns
             schema = pa.schema([REQUEST_SCHEMA.field(c) for c in OLD_COLUMNS])
             pq.write_table(pa.table({c: pa.array(cols.get(c, [None] * len(cols["t_start"])), type=schema.field(c).type)
@@ -98,7 +110,10 @@ def test_streaming_percentiles_tokens_s_and_tpot_are_numpys_on_the_rows(tmp_path
                 assert s[f"{name}_p{q}_ms"] == pytest.approx(np.percentile(values, q), rel=1e-5), (name, q)
         assert s["tokens_s"] == pytest.approx(ok["tokens_out"].sum() / w)
         assert s["streaming_requests"] == len(ok) and s["itl_gaps"] == len(gaps) and s["itl_sampled"] is False
-        assert s["tokens_counted_share"] == 0.0 and s["tokens_mismatch_share"] == 0.0
+        # one token per chunk: the per-token ITL is the per-chunk one; no independent count, nothing compared
+        assert s["tokens_per_chunk"] == 1.0 and s["itl_token_p50_ms"] == pytest.approx(s["itl_p50_ms"])
+        assert s["tokens_counted_share"] == 0.0 and s["tokens_compared"] == 0 and s["tokens_mismatch_share"] is None
+        assert s["no_text_requests"] == 0
         assert not any("token counts" in r for r in s["reasons"]), s["reasons"]
     assert summary["steps"][0]["valid"], summary["steps"][0]["reasons"]
     # latency grows with users here (TTFT and gaps ∝ users): tokens/s never scaled past 1 user
@@ -109,6 +124,8 @@ def test_streaming_percentiles_tokens_s_and_tpot_are_numpys_on_the_rows(tmp_path
     assert "**Streaming" in md and "TTFT P99" in md and "from the server's `usage` on every streamed request" in md
     assert "Streaming (ms; tokens/s of output)" in html and "TPOT P50" in html
     assert "closed loop" in md and "**Tokens/s knee:** 1 user at" in md
+    assert "usage not checked (no pinned length, no tokenizer in the plan)" in md and "no text" not in md
+    assert set(summary["itl_columns"]) == {"itl", "itl_token"} and "ITL/chunk P50" in md and "ITL/token P50" in md
 
 
 def test_goodput_is_the_share_of_requests_meeting_every_limit(tmp_path):
@@ -129,26 +146,113 @@ def test_goodput_is_the_share_of_requests_meeting_every_limit(tmp_path):
     assert "**Goodput:**" in (rd.report_dir / "summary.md").read_text()
 
 
-def test_token_count_disagreement_is_a_reason_only_where_it_exceeds_5_percent(tmp_path):
-    rd = make_stream_run(tmp_path, usage_offset=lambda step: 3 if step == 1 else 0)
+def test_usage_off_its_pinned_length_is_a_reason_only_where_it_exceeds_5_percent(tmp_path):
+    """Every request pins its length (ignore_eos): usage 3 over it at 2 users is a reason there."""
+    rd = make_stream_run(tmp_path, usage_offset=lambda step: 3 if step == 1 else 0, pinned=True)
     summary = analyze(rd.path)
     ok_step, bad_step = summary["steps"][0], summary["steps"][1]
     _, win = window(rd, 1)
     win = win[win["ok"]]
     reason = [r for r in bad_step["reasons"] if "token counts disagree" in r]
     assert len(reason) == 1 and not bad_step["valid"]
-    assert f"{np.median(win['usage_out']):g}" in reason[0] and f"{np.median(win['chunks_out']):g}" in reason[0]
-    assert bad_step["tokens_mismatch_share"] == pytest.approx(np.mean(win["usage_out"] != win["chunks_out"]))
-    assert bad_step["tokens_mismatch_share"] > COUNT_MISMATCH_MAX
+    assert f"usage says a median of {np.median(win['usage_out']):g} output tokens" in reason[0]
+    assert f"the requests pinned a median of {np.median(win['tokens_pinned']):g}" in reason[0]
+    assert bad_step["tokens_mismatch_share"] == pytest.approx(np.mean(win["usage_out"] != win["tokens_pinned"])) == 1.0
+    assert bad_step["tokens_compared"] == len(win)
     assert ok_step["tokens_mismatch_share"] == 0.0 and not any("token counts" in r for r in ok_step["reasons"])
-    assert "disagree" in (rd.report_dir / "summary.md").read_text()
+    assert ok_step["valid"], ok_step["reasons"]
+    md = (rd.report_dir / "summary.md").read_text()
+    assert "usage **disagrees** with pinned lengths in 1 step(s)" in md
 
 
-def test_tokens_counted_from_chunks_are_said_so(tmp_path):
+def test_usage_against_the_tokenizer_disagrees_beyond_its_slack(tmp_path):
+    """The client's tokenizer re-counts the text: off by one token here and there (re-encoding), which
+    the slack forgives on long answers and not on short ones; numpy on the rows says which."""
+    def tokenizer(step):
+        return lambda rng, n: n + int(rng.integers(-1, 2)) if step == 1 else n
+
+    rd = make_stream_run(tmp_path, tokenizer=tokenizer)
+    summary = analyze(rd.path)
+    for i, s in enumerate(summary["steps"]):
+        _, win = window(rd, i)
+        win = win[win["ok"]]
+        u, t = win["usage_out"].to_numpy(float), win["tokens_tokenizer"].to_numpy(float)
+        truth = np.abs(u - t) > TOKENIZER_SLACK * np.maximum(u, t)
+        assert s["tokens_compared"] == len(win) and s["tokens_mismatch_share"] == pytest.approx(truth.mean())
+        assert s["tokenizer_out_median"] == np.median(t)
+        flagged = any("the plan's tokenizer counted a median of" in r for r in s["reasons"])
+        assert flagged == (truth.mean() > COUNT_MISMATCH_MAX), (i, truth.mean(), s["reasons"])
+    assert summary["steps"][0]["tokens_mismatch_share"] == 0.0
+    assert summary["steps"][1]["tokens_mismatch_share"] > COUNT_MISMATCH_MAX  # short answers: 1 token is > 10 %
+
+
+def test_chunks_against_usage_is_information_never_a_reason(tmp_path):
+    """Four tokens per chunk and no independent count: chunks never match usage, yet every step is
+    valid, even with a usage that is off (nothing here can contradict it); tokens per chunk and the
+    per-token ITL are numpy's on the rows."""
+    rd = make_stream_run(tmp_path, per_chunk=4, usage_offset=lambda step: 2 if step == 2 else 0)
+    summary = analyze(rd.path)
+    for i, s in enumerate(summary["steps"]):
+        _, win = window(rd, i)
+        ok = win[win["ok"]]
+        usage, chunks = ok["usage_out"].to_numpy(float), ok["chunks_out"].to_numpy(float)
+        assert (usage != chunks).mean() > 0.5 and s["valid"], s["reasons"]
+        assert not any("token" in r for r in s["reasons"])
+        assert s["tokens_per_chunk"] == pytest.approx(usage.sum() / chunks.sum())
+        assert s["chunks_out_median"] == np.median(chunks) and s["tokens_compared"] == 0
+        per_token = np.concatenate([np.asarray(g, dtype=np.float32).astype(float) * c / u
+                                    for g, c, u in zip(ok["itl_ms"], chunks, usage)])
+        chunk_gaps = np.concatenate([np.asarray(g, dtype=np.float32) for g in ok["itl_ms"]]).astype(float)
+        for q in (50, 95, 99):
+            assert s[f"itl_token_p{q}_ms"] == pytest.approx(np.percentile(per_token, q), rel=1e-5)
+            assert s[f"itl_p{q}_ms"] == pytest.approx(np.percentile(chunk_gaps, q), rel=1e-5)
+        tpot = (ok["latency_ms"] - ok["ttft_ms"]) / (ok["usage_out"] - 1)  # TPOT from the true count
+        assert s["tpot_p50_ms"] == pytest.approx(np.percentile(tpot, 50), rel=1e-5)
+    md = (rd.report_dir / "summary.md").read_text()
+    assert "tokens per chunk 3." in md and "ITL/token: each gap between text chunks divided by" in md
+
+
+def test_streams_without_text_are_counted_not_hidden(tmp_path):
+    """A tenth of the requests stream their tokens with no text chunk: they have no TTFT, are left out
+    of the percentiles, and each step counts and shows them."""
+    rd = make_stream_run(tmp_path, no_text=0.1)
+    summary = analyze(rd.path)
+    for i, s in enumerate(summary["steps"]):
+        _, win = window(rd, i)
+        ok = win[win["ok"]]
+        text = ok[ok["ttft_ms"].notna()]
+        assert s["no_text_requests"] == int(ok["ttft_ms"].isna().sum()) > 0
+        assert s["streaming_requests"] == len(text)
+        assert s["ttft_p50_ms"] == pytest.approx(np.percentile(text["ttft_ms"], 50), rel=1e-5)
+        assert s["tokens_s"] == pytest.approx(ok["tokens_out"].sum() / (s["t_hi"] - s["t_lo"]))
+    md = (rd.report_dir / "summary.md").read_text()
+    assert "**No text:**" in md and "no text" in md
+    assert f"{summary['steps'][0]['no_text_requests']:,} at 1 users" in md
+
+
+def test_tokens_counted_by_the_client_are_said_so(tmp_path):
     rd = make_stream_run(tmp_path, usage=False)
     summary = analyze(rd.path)
     assert all(s["tokens_counted_share"] == 1.0 and s["tokens_compared"] == 0 for s in summary["steps"])
-    assert "counted from the stream's chunks" in (rd.report_dir / "summary.md").read_text()
+    assert "counted by the client (the server sent no `usage`)" in (rd.report_dir / "summary.md").read_text()
+    # neither usage nor tokenizer: tokens per chunk unknown, no per-token ITL
+    assert all(s["tokens_per_chunk"] is None and s["itl_token_p50_ms"] is None for s in summary["steps"])
+
+
+def test_without_usage_the_tokenizer_gives_tokens_per_chunk_and_the_per_token_itl(tmp_path):
+    """No usage from the server, three tokens per chunk, the plan's tokenizer counted each answer:
+    tokens per chunk and the per-token gaps rest on the tokenizer's count (numpy on the rows)."""
+    rd = make_stream_run(tmp_path, usage=False, per_chunk=3, tokenizer=lambda step: lambda rng, n: n)
+    summary = analyze(rd.path)
+    for i, s in enumerate(summary["steps"]):
+        _, win = window(rd, i)
+        ok = win[win["ok"]]
+        tok, chunks = ok["tokens_tokenizer"].to_numpy(float), ok["chunks_out"].to_numpy(float)
+        assert s["tokens_per_chunk"] == pytest.approx(tok.sum() / chunks.sum()) and s["tokens_compared"] == 0
+        per_token = np.concatenate([np.asarray(g, dtype=np.float32).astype(float) * c / t
+                                    for g, c, t in zip(ok["itl_ms"], chunks, tok)])
+        assert s["itl_token_p99_ms"] == pytest.approx(np.percentile(per_token, 99), rel=1e-5)
+        assert s["valid"], s["reasons"]
 
 
 def test_a_run_written_before_the_streaming_columns_still_analyses(tmp_path):
@@ -206,8 +310,9 @@ def test_gap_sample_is_exact_under_its_cap_and_uniform_over_it():
 
 
 def test_a_streamed_answers_gaps_flag_and_counts_reach_the_part(tmp_path):
-    """The recorder's wire columns: users.StreamInfo (itl_ms, tokens_counted, usage_out, chunks) in
-    the request context becomes the row's itl_ms, tokens_counted, usage_out and chunks_out; a whole
+    """The recorder's wire columns: users.StreamInfo (itl_ms, tokens_counted, usage_out, chunks,
+    tokens_tokenizer, tokens_pinned) in the request context becomes the row's columns of those names
+    (chunks: chunks_out); a whole
     answer's row has nulls there.  (Plain tuples here: importing users.py would import Locust, whose
     gevent patching must not happen inside this test process.)"""
     from locustfiles.recorder import RequestWriter, RowBuffer
@@ -217,7 +322,7 @@ def test_a_streamed_answers_gaps_flag_and_counts_reach_the_part(tmp_path):
     buf.on_request("POST", "infer", 90.0, 10, None, {"kneeswarm": (5, 4, 30.0),
                    "kneeswarm_stream": ([20.0, 0.0, 40.125], False, 4, 4)}, None, start_time=1.0)
     buf.on_request("POST", "infer", 80.0, 10, None, {"kneeswarm": (5, 3, 25.0),
-                   "kneeswarm_stream": ([30.0, 25.0], True, None, 3)}, None, start_time=2.0)
+                   "kneeswarm_stream": ([30.0, 25.0], True, None, 3, 9, 12)}, None, start_time=2.0)
     buf.on_request("POST", "infer", 12.0, 10, None, {"kneeswarm": (5, None, None)}, None, start_time=3.0)
     writer = RequestWriter(run, lambda: [(0.0, 1)])
     writer.add("worker-0", buf.take())
@@ -227,6 +332,9 @@ def test_a_streamed_answers_gaps_flag_and_counts_reach_the_part(tmp_path):
     assert df["tokens_counted"].tolist() == [False, True, None]
     assert df["usage_out"].iloc[0] == 4 and df["usage_out"].isna().tolist() == [False, True, True]
     assert df["chunks_out"].iloc[:2].tolist() == [4, 3] and df["chunks_out"].isna().tolist() == [False, False, True]
+    # the independent counts (tokenizer, pinned length); a 4-field StreamInfo leaves them null
+    assert df["tokens_tokenizer"].isna().tolist() == [True, False, True] and df["tokens_tokenizer"].iloc[1] == 9
+    assert df["tokens_pinned"].isna().tolist() == [True, False, True] and df["tokens_pinned"].iloc[1] == 12
 
 
 def test_capacitys_sla_check_reads_the_streaming_step_keys(tmp_path):
@@ -246,7 +354,7 @@ def test_rows_in_memory_give_what_the_parts_give(tmp_path):
     from analysis.requestscan import scan_parts
     from analysis.streaming import STEP_KEYS
 
-    rd = make_stream_run(tmp_path, usage_offset=lambda step: step, fail=0.03)
+    rd = make_stream_run(tmp_path, usage_offset=lambda step: step, fail=0.03, per_chunk=3, pinned=True, no_text=0.05)
     sla = {"p99_ms": 200.0, "ttft_ms": 48.0}
     parts = scan_parts(rd, read_steps(rd), SETTLE, sla).stats
     frame = step_stats(rd.read_requests(), read_steps(rd), SETTLE)  # no SLA: no goodput

@@ -5,10 +5,10 @@ Keys read (anything missing or malformed reads as "not measured", so a rule does
 * ``steps[]``: ``users``, ``qps``, ``rps``, ``p99_ms``, ``mean_ms``, ``valid``, ``reasons``,
   ``errors`` {category: count}, ``window_s``, ``generator_cpu_max``, ``generator.cpu_pct``
   {worker: %}, ``server[host]`` {metric: mean} with the keys of analysis/steps.py
-  ``server_metrics``: vmstat ``us sy wa cs r``; process ``cpu_pct usr_pct sys_pct rss_mb threads
+  ``server_metrics``: vmstat ``us sy wa cs r``; process ``cpu_pct usr_pct sys_pct wait_pct rss_mb threads
   cswch_s nvcswch_s migrations_s sy_share``; threads ``active_threads top_thread_cpu_pct``; GPU
-  ``sm_pct mem_pct fb_used_mb power_w``; and ``target`` {``queue_length rejected_s ...``};
-* ``knee.users``; ``analysis.generator_cpu_max``;
+  ``sm_pct mem_pct fb_used_mb fb_peak_mb power_w``; and ``target`` {``queue_length rejected_s ...``};
+* ``knee.users``; ``analysis.generator_cpu_max``; ``load.loop``;
 * ``hosts[host].cpu`` {``logical_cpus physical_cores``}, ``hosts[host].process.cmdline``,
   ``hosts[host].service`` {``cpus bound memory_limit_mb``} (analysis.hostfacts: the CPUs the
   service may use, from its cgroup's quota and cpuset), and the steps' cgroup metrics
@@ -60,6 +60,7 @@ class Context:
     hosts: dict[str, dict[str, Any]]
     plan: dict[str, Any]
     generator_cpu_max: float
+    loop: str = "closed"  # summary["load"]["loop"] (analysis/loop.py): "closed" unless it says "open"
     valid: list[dict[str, Any]] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -76,8 +77,9 @@ class Context:
         knee = num(as_dict(summary.get("knee")).get("users"))
         gmax = num(as_dict(summary.get("analysis")).get("generator_cpu_max"))
         hosts = {str(h): as_dict(f) for h, f in as_dict(summary.get("hosts")).items()}
+        loop = "open" if as_dict(summary.get("load")).get("loop") == "open" else "closed"
         return cls(steps=steps, knee_users=knee, hosts=hosts, plan=as_dict(plan),
-                   generator_cpu_max=DEFAULT_GENERATOR_CPU_MAX if gmax is None else gmax)
+                   generator_cpu_max=DEFAULT_GENERATOR_CPU_MAX if gmax is None else gmax, loop=loop)
 
     # -- steps ---------------------------------------------------------------------------------
     def knee_step(self) -> dict[str, Any] | None:
@@ -145,6 +147,18 @@ class Context:
         if proc is None or cpus is None or busy is None or busy <= 0:
             return None
         return min(proc / cpus / busy, 1.0)
+
+    def cpu_wait_share(self, step: dict[str, Any], host: str) -> float | None:
+        """The share of the requests' time in flight that the process's threads spent waiting for a
+        CPU: its run delay (pidstat %wait summed over threads, CPU-seconds per second) over the
+        request-seconds in flight per second (throughput x mean latency, = the users in a closed
+        loop).  None when either is not measured."""
+        wait = self.metric(step, host, "wait_pct")
+        x, r = num(step.get("rps")), num(step.get("mean_ms"))
+        x = x if x is not None else num(step.get("qps"))
+        if wait is None or x is None or r is None or x * r <= 0:
+            return None
+        return (wait / 100.0) / (x * r / 1000.0)
 
     def host_busy(self, step: dict[str, Any], host: str) -> float | None:
         """Host CPU us + sy (vmstat), percent of all CPUs."""

@@ -34,6 +34,9 @@ SEVERITY = {
     "host_contended": "warning",  # not in the issue's table: a full host that the service did not fill
     "cpu_throttled": "warning",  # issue 16: the container's CPU quota is the bottleneck
     "memory_limit_near": "warning",  # issue 16: RSS within a margin of the container's memory limit
+    "efficiency_falling": "warning",  # issue 16: the method's remaining rules
+    "latency_swinging": "warning",
+    "gpu_memory_creep": "warning",
 }
 FINDING_IDS = tuple(SEVERITY)
 

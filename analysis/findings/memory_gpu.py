@@ -1,5 +1,6 @@
-"""Memory and GPU rules: a model copied per thread (RSS or GPU memory linear in users) and a GPU
-serialised on one stream (utilisation low and flat while QPS is flat)."""
+"""Memory and GPU rules: a model copied per thread (RSS or GPU memory linear in users), a GPU
+serialised on one stream (utilisation low and flat while QPS is flat), and GPU memory creeping
+(the peak rising step after step while the work held)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,12 @@ GPU_LOW_PCT = 50.0  # issue 7 table: GPU utilisation < 50 %
 GPU_FLAT_POINTS = 10.0  # "flat": utilisation varies by at most 10 points over the late steps
 QPS_FLAT = 0.10  # "QPS flat": the late steps' QPS within 10 % of their mean (max - min)
 MIN_LATE_STEPS_FOR_FLAT = 2
+# gpu_memory_creep: the digest, "GPU memory fragmentation after repeated load/unload: watch the
+# peak over long concurrent runs".  Read over the steps at or after the knee while their QPS held
+# (QPS_FLAT): the work per second did not grow, so memory had no reason to.  No published figures:
+GPU_CREEP_MIN_STEPS = 3  # a rise at each of at least two step changes, not one allocation
+GPU_CREEP_MIN_MB = 256.0  # the peak rose at least this much in all (a cache block or two is noise) ...
+GPU_CREEP_MIN_SHARE = 0.05  # ... and at least 5 % of the first step's peak
 
 
 def _linear(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -83,4 +90,35 @@ def gpu_serialized(ctx: Context) -> list[dict[str, Any]]:
                            "Look for one CUDA stream shared by all threads, a torch.cuda.synchronize() per request, "
                            "or no batching: one stream per thread (the article: 91% utilisation) or dynamic "
                            "batching (Triton, vLLM)."))
+    return out
+
+
+def _work_held(late: list[dict[str, Any]]) -> bool:
+    qps = np.array([num(s["qps"]) for s in late])
+    return len(late) >= GPU_CREEP_MIN_STEPS and qps.mean() > 0 and np.ptp(qps) <= QPS_FLAT * qps.mean()
+
+
+def gpu_memory_creep(ctx: Context) -> list[dict[str, Any]]:
+    late = ctx.late()
+    if ctx.knee_users is None or not _work_held(late):
+        return []
+    out = []
+    for h in ctx.server_hosts():
+        peaks = [ctx.metric(s, h, "fb_peak_mb") for s in late]
+        if any(p is None for p in peaks) or _model_copy(ctx, h, "fb_used_mb", "GPU memory") is not None:
+            continue  # memory that grows with the users is model_copies, not creep
+        rise = peaks[-1] - peaks[0]
+        rising = all(b > a for a, b in zip(peaks, peaks[1:]))
+        if not rising or rise < GPU_CREEP_MIN_MB or rise < GPU_CREEP_MIN_SHARE * peaks[0]:
+            continue
+        out.append(finding("gpu_memory_creep", late,
+                           {"host": h, "from_users": late[0]["users"], "to_users": late[-1]["users"],
+                            "peak_mb_from": peaks[0], "peak_mb_to": peaks[-1], "rise_mb": rise,
+                            "threshold_mb": GPU_CREEP_MIN_MB},
+                           f"{h}: peak GPU memory rose at every step, {peaks[0]:,.0f} -> {peaks[-1]:,.0f} MB "
+                           f"(+{rise:,.0f} MB), from {late[0]['users']} to {late[-1]['users']} users while QPS held: "
+                           "memory is fragmenting or being kept per request or thread.",
+                           "Run longer at a fixed load and watch the peak: cap the allocator's cache "
+                           "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, max_split_size_mb), load models "
+                           "once instead of per request, and keep one model instance per device."))
     return out

@@ -14,9 +14,16 @@ Output length: ``max_tokens`` (default 16, as vLLM), cut to ``--output-tokens`` 
 words, the same approximation the kneeswarm client uses without a tokenizer.
 
 ``--usage-offset K`` makes ``usage.completion_tokens`` say K tokens more than were produced (a
-server whose own count disagrees with what it streamed: the client's token-count check must say so).
+server whose own count disagrees with what it streamed: the client's token-count check must say so
+where it has an independent count -- the plan's tokenizer or a pinned length).
 
-Streams follow vLLM: a first chunk with only ``role``, one chunk per token, ``finish_reason`` on
+``--tokens-per-chunk N`` merges N tokens into each streamed chunk (the last chunk may hold fewer), sent
+when its last token is released, as a server that detokenizes incrementally does: the first chunk
+leaves D + (N-1)*G after arrival and the chunks N*G apart; ``usage`` still counts tokens.
+``--no-text-every K`` makes every K-th streamed answer (the K-th, 2K-th ... this server streams)
+send its chunks with empty text, usage still counting the tokens: a stream with no first token.
+
+Streams follow vLLM: a first chunk with only ``role``, one chunk per token (or per N), ``finish_reason`` on
 the last token's chunk, an extra ``usage`` chunk (``choices: []``) when the request asks
 ``stream_options.include_usage``, then ``data: [DONE]``.
 """
@@ -24,6 +31,7 @@ the last token's chunk, an extra ``usage`` chunk (``choices: []``) when the requ
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
@@ -60,6 +68,8 @@ class LLMConfig:
     itl_ms: float = 0.0
     output_tokens: int = 0  # 0: produce max_tokens
     usage_offset: int = 0  # usage.completion_tokens = tokens produced + this (never below 0)
+    tokens_per_chunk: int = 1  # tokens merged into one streamed chunk
+    no_text_every: int = 0  # every K-th streamed answer sends its tokens in chunks without text (0: none)
 
 
 @dataclass
@@ -121,6 +131,7 @@ class TokenChain:
 def llm_routes(model_name: str, chain: TokenChain, metrics: TargetMetrics, cfg: LLMConfig,
                ready: Any) -> list[Route]:
     """The OpenAI-compatible routes; ``ready()`` says whether the server is ready."""
+    streams = itertools.count(1)  # streamed answers so far (--no-text-every)
 
     async def health(request: Request) -> Response:
         return Response(status_code=200 if ready() else 503)
@@ -142,6 +153,8 @@ def llm_routes(model_name: str, chain: TokenChain, metrics: TargetMetrics, cfg: 
                 return _error(404, f"The model `{c.model}` does not exist.", "NotFoundError")
             metrics.prompt_tokens.inc(c.prompt_tokens)
             gen = Generation(c, chain, metrics, cfg, request.scope.get(ARRIVED))
+            if c.stream and cfg.no_text_every and next(streams) % cfg.no_text_every == 0:
+                gen.no_text = True
             if c.stream:
                 return StreamingResponse(gen.sse(), media_type="text/event-stream")
             return JSONResponse(await gen.whole())
@@ -169,6 +182,7 @@ class Generation:
         self.id = f"cmpl-{uuid.uuid4().hex[:16]}"
         self.created = int(time.time())
         self.arrived = arrived if arrived is not None else time.perf_counter()  # the schedule's origin
+        self.no_text = False  # stream the tokens in chunks with empty text (--no-text-every)
 
     async def tokens(self) -> AsyncIterator[str]:
         m, prev, last = self.metrics, self.c.prompt_tokens, 0.0
@@ -214,10 +228,13 @@ class Generation:
     async def sse(self) -> AsyncIterator[bytes]:
         if self.c.chat:
             yield self._chunk(None, None, role=True)
-        k = 0
+        k, merged, per = 0, [], self.cfg.tokens_per_chunk
         async for text in self.tokens():
             k += 1
-            yield self._chunk(text, self.c.finish if k == self.c.n else None)
+            merged.append(text)
+            if len(merged) == per or k == self.c.n:
+                yield self._chunk("" if self.no_text else "".join(merged), self.c.finish if k == self.c.n else None)
+                merged = []
         if self.c.usage:
             doc = {"id": self.id, "object": "chat.completion.chunk" if self.c.chat else "text_completion",
                    "created": self.created, "model": self.c.model, "choices": [], "usage": self._usage()}

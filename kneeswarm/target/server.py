@@ -439,6 +439,12 @@ def build_parser(prog: str = "kneeswarm target") -> argparse.ArgumentParser:
     llm.add_argument("--usage-offset", type=int, default=0,
                      help="usage.completion_tokens says this many tokens more than were produced "
                           "(a server whose own count disagrees with its stream)")
+    llm.add_argument("--tokens-per-chunk", type=_int_at_least(1), default=1,
+                     help="stream N tokens merged into each chunk, sent when its last token is released "
+                          "(a server that detokenizes incrementally); usage still counts tokens")
+    llm.add_argument("--no-text-every", type=_int_at_least(0), default=0, metavar="K",
+                     help="every K-th streamed answer sends its tokens in chunks with empty text "
+                          "(usage still counts them): a stream with no first token to time (0 = never)")
 
     gate = p.add_argument_group("credentials and fault injection (inference requests)")
     gate.add_argument("--api-key-env", metavar="NAME",
@@ -543,7 +549,8 @@ def _wrapped_app(args: argparse.Namespace, info: ModelInfo, engine: OnnxEngine |
     """The application inside the gate (API key, faults), inside the request log when asked
     (ValueError: a bad gate setting; OSError: the log cannot be opened)."""
     llm = LLMConfig(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, output_tokens=args.output_tokens,
-                    usage_offset=args.usage_offset)
+                    usage_offset=args.usage_offset, tokens_per_chunk=args.tokens_per_chunk,
+                    no_text_every=args.no_text_every)
     faults = FaultPlan(fail_rate=args.fail_rate, reset_rate=args.reset_rate, truncate_rate=args.truncate_rate,
                        stall_ms=args.stall_ms, stall_every=args.stall_every, seed=args.fault_seed)
     app: Any = Gate(build_app(info, engine, metrics, on_started=announce, llm=llm), metrics, faults,

@@ -66,6 +66,7 @@ class PreparedRequest:
     tokens_in: int | None = None
     stream: bool = False  # the answer is read as it arrives (Protocol.new_stream)
     items: int = 1  # inputs carried (the batch)
+    tokens_pinned: int | None = None  # output length the request pins (LLM: ignore_eos or min_tokens = max_tokens)
 
 
 #: Distinct random bodies pre-built per user: requests cycle through them, so building a body

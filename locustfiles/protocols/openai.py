@@ -38,6 +38,15 @@ LENGTH_VARIANTS = 256  # bodies pre-built per user from [request.lengths] draws
 __all__ = ["OpenAI", "WORDS"]
 
 
+def pinned_length(body: dict) -> int | None:
+    """The output length a request body pins, or None: ``max_tokens`` when it says ``ignore_eos``
+    or a ``min_tokens`` of at least ``max_tokens`` (the server must then make exactly that many)."""
+    n, low = body.get("max_tokens"), body.get("min_tokens")
+    if not isinstance(n, int):
+        return None
+    return n if body.get("ignore_eos") or (isinstance(low, int) and low >= n) else None
+
+
 class OpenAI(Protocol):
     name = "openai"
     health_path = "/health"
@@ -95,7 +104,8 @@ class OpenAI(Protocol):
         data = json.dumps(body, separators=(",", ":")).encode()
         if tokens_in is None:
             tokens_in = self.counter.count_record({"prompt": prompt} if messages is None else {"messages": messages})
-        return PreparedRequest("POST", self.path, data, self.headers, tokens_in=tokens_in, stream=stream)
+        return PreparedRequest("POST", self.path, data, self.headers, tokens_in=tokens_in, stream=stream,
+                               tokens_pinned=pinned_length(body))
 
     def next_request(self) -> PreparedRequest:
         self._i += 1
@@ -108,7 +118,8 @@ class OpenAI(Protocol):
         return self._requests[self._i % len(self._requests)]
 
     def new_stream(self, t0: float) -> ChatStream:
-        return ChatStream(t0, self.chat)
+        """A streamed answer's state; with the plan's tokenizer its text is kept and counted."""
+        return ChatStream(t0, self.chat, self.counter.count if self.counter.path else None)
 
     def check_response(self, body: bytes) -> Tokens | None:
         """A whole (not streamed) answer: choices with text, and usage when the server sends it."""

@@ -13,15 +13,18 @@ often carries only ``role``), the gap before every later text chunk (ITL), the e
 (``[DONE]``) and the ``finish_reason``, and the ``usage`` object (sent in one extra last chunk
 only when the request asked ``stream_options: {"include_usage": true}``; vLLM, SGLang and
 OpenAI honour it, llama.cpp sends usage on its last chunk anyway, some servers never do).
-Without usage, tokens out are counted as text chunks (one token per chunk on vLLM, TGI and
-llama.cpp; SGLang's ``--stream-interval`` > 1 puts several in one) and flagged as counted.
+A chunk is not a token: servers that detokenize incrementally, SGLang's ``--stream-interval`` > 1
+and speculative decoding put several tokens in one chunk.  Tokens out are the server's ``usage``
+where it sent one; else the plan's tokenizer over the streamed text (``count``: then every chunk's
+text is kept, and the fast paths below are skipped); else the text chunks, flagged as counted.
+The tokenizer's count is kept beside usage (``tokens_tokenizer``) as an independent check of it.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from typing import Any
+from typing import Any, Callable
 
 from locustfiles.protocols.base import BadPayload, StreamTruncated, parse_json
 
@@ -66,9 +69,9 @@ class ChatStream:
     """One streamed OpenAI answer: feed events with their arrival time, then ``result``."""
 
     __slots__ = ("t0", "text_key", "first", "last", "itl_ms", "chunks", "done", "finished",
-                 "usage_in", "usage_out", "events", "_mark")
+                 "usage_in", "usage_out", "events", "_mark", "count", "texts")
 
-    def __init__(self, t0: float, chat: bool = True):
+    def __init__(self, t0: float, chat: bool = True, count: Callable[[str], int] | None = None):
         self.t0 = t0  # perf_counter() just before the request was sent
         self.text_key = "delta" if chat else "text"
         self.first: float | None = None  # arrival of the first text chunk
@@ -81,6 +84,8 @@ class ChatStream:
         self.usage_out: int | None = None
         self.events = 0
         self._mark = b'"content":"' if chat else b'"text":"'
+        self.count = count  # the plan's tokenizer (TokenCounter.count), or None
+        self.texts: list[str] | None = [] if count is not None else None  # each text chunk, when counted
 
     def event(self, data: bytes, now: float) -> None:
         """One event's data, arrived at ``now`` (perf_counter seconds); BadPayload if it is not a chunk."""
@@ -95,7 +100,8 @@ class ChatStream:
         # reads \".  (One choice per request: kneeswarm never asks for n > 1.)
         # The same holds for the compact last chunk of a stream (a finish_reason word, no usage).
         last = data[-FAST_TAIL_LEN:] != FAST_TAIL
-        if (not last or FINISH_TAIL.search(data, max(0, len(data) - FINISH_TAIL_LEN))) and b'"usage":{' not in data:
+        if self.texts is None and (not last or FINISH_TAIL.search(data, max(0, len(data) - FINISH_TAIL_LEN))) \
+                and b'"usage":{' not in data:
             i = data.find(self._mark)
             if i >= 0:
                 if data[i + len(self._mark):i + len(self._mark) + 1] != b'"':
@@ -123,6 +129,8 @@ class ChatStream:
         if isinstance(text, dict):  # chat: the delta object
             text = text.get("content")
         if isinstance(text, str) and text:
+            if self.texts is not None:
+                self.texts.append(text)
             self._token(now)
         if choice.get("finish_reason"):
             self.finished = True
@@ -132,7 +140,7 @@ class ChatStream:
         arrived together at ``now``: the same as feeding their lines one by one, but a compact
         mid-stream chunk costs a slice, a scan and a find (a fast stream's events mostly arrive
         several per read, and per-line calls were most of the generator's cost)."""
-        if b"\r" in block:  # CRLF lines: the line-by-line path strips them
+        if b"\r" in block or self.texts is not None:  # CRLF lines, or text kept: event by event
             decoder = SSEDecoder()
             for line in (block + b"\n\n").split(b"\n"):
                 data = decoder.line(line)
@@ -194,12 +202,20 @@ class ChatStream:
 
     @property
     def tokens_counted(self) -> bool:
-        """True when tokens out come from counting chunks (the server sent no usage)."""
+        """True when tokens out were counted by the client (the server sent no usage)."""
         return self.usage_out is None
 
     @property
+    def tokens_tokenizer(self) -> int | None:
+        """The plan's tokenizer over the whole streamed text (None without a tokenizer)."""
+        return None if self.count is None or self.texts is None else self.count("".join(self.texts))
+
+    @property
     def tokens_out(self) -> int:
-        return self.chunks if self.usage_out is None else self.usage_out
+        if self.usage_out is not None:
+            return self.usage_out
+        counted = self.tokens_tokenizer
+        return self.chunks if counted is None else counted
 
     def check_complete(self) -> None:
         """StreamTruncated unless the stream ended properly ([DONE] or a finish_reason)."""
