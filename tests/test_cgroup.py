@@ -197,6 +197,11 @@ def test_cpu_rules_judge_against_the_cpus_the_service_may_use():
     assert sat["evidence"]["service_cpus"] == 0.5 and sat["evidence"]["busy_pct"] == 96.0
     host = explain(summary([(1, m), (4, m)], {"cpus": 64.0, "bound": "host", "host_cpus": 64.0}))
     assert not {"cpu_saturated", "run_queue_over_cores"} & {f["id"] for f in host["findings"]}
+    # a period is throttled only once its quota is spent: a quota throttled in every period was full,
+    # whatever the sampled CPU (here 0.40 of 0.5)
+    full = explain(summary([(1, {**m, "cpu_pct": 40.0}), (4, {**m, "cpu_pct": 40.0, "throttled_share": 1.0})], half))
+    [sat] = [f for f in full["findings"] if f["id"] == "cpu_saturated"]
+    assert sat["evidence"]["busy_pct"] == 100.0 and sat["steps"] == [4]
 
 
 # -- real runs --------------------------------------------------------------------------------
