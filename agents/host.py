@@ -137,6 +137,7 @@ class HostAgent:
             "complete": not lost and (not self.started or bool(self.fetch_info.get("verified"))),
             "lost": lost,
             "transport": self.t.kind,
+            "agent": self.link.flavor.to_dict() if self.deploy.probed else None,
             "transfer": self.t.transfer,
             "ssh": self.host.ssh,
             "jump": self.host.jump,

@@ -62,6 +62,8 @@ def select(facts: dict[str, Any], requested: list[str] | None, pid: int | None, 
             continue
         try:
             spec = c.run_spec(ctx)
+            if spec.sampler is not None and spec.sampler not in facts.get("samplers", [spec.sampler]):
+                raise Unavailable(f"sampler {spec.sampler} needs the python agent, which this host cannot run")
         except Unavailable as e:
             sel.skipped[name] = str(e)
             if requested is not None or not c.needs_gpu:  # no GPU on a CPU host is no news
