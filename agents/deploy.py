@@ -90,6 +90,8 @@ class Deployment:
         if not self.selection.enabled:
             raise AgentError(f"{self.link.label}: no collector can run "
                              f"({'; '.join(self.warnings) or 'none available'})")
+        for line in self.selection.news:  # after the checks above: a host refused is one line
+            logger.warning("%s", line)
         return self.facts
 
     def measure_clock(self) -> clock.ClockOffset | None:

@@ -123,11 +123,11 @@ def probe(t: Transport, label: str) -> AgentFlavor:
     need = f"{MIN_PYTHON[0]}.{MIN_PYTHON[1]}"
     if version is None:
         why = f"{python} is not on the host's PATH" if res.rc == 127 else f"{python} did not run ({res.err_line()})"
-        logger.warning("%s: %s: monitoring it with the shell agent", label, why)
+        logger.info("%s: %s: monitoring it with the shell agent", label, why)
         return AgentFlavor("shell", SHELL_SCRIPT, why=why)
     shown = f"{version[0]}.{version[1]}"
     if version < MIN_PYTHON:
         why = f"{python} is {shown}; the python agent needs {need} or newer"
-        logger.warning("%s: %s: monitoring it with the shell agent", label, why)
+        logger.info("%s: %s: monitoring it with the shell agent", label, why)
         return AgentFlavor("shell", SHELL_SCRIPT, why=why, python=shown)
     return AgentFlavor("python", SCRIPT_FILE, python=shown)
