@@ -110,3 +110,27 @@ def _lifecycle(tmp: object, pid: int, version: tuple[int, int], python: str) -> 
     assert len(pd.read_csv(hd / "vmstat.csv")) >= 3
     procfs = pd.read_csv(hd / "process.procfs.csv")
     assert len(procfs) >= 3 and procfs["cpu_pct"].median() > 30  # the busy thread, seen by the /proc sampler
+
+
+def test_exec_channel_file_ops_on_every_python3_here(tmp_path):
+    """ssh.EXEC_FILE_OPS (files over the exec channel, where a server has no sftp subsystem) runs
+    on the host's python3 too: put (sha256 answered), sizes, read, mkdir under each interpreter."""
+    import hashlib
+    import json
+
+    from agents.ssh import EXEC_FILE_OPS
+
+    data = bytes(range(256)) * 40
+    for v, python in PYTHONS.items():
+        d = tmp_path / f"py{v[0]}{v[1]}"
+
+        def op(*args: str, stdin: bytes | None = None) -> bytes:
+            r = subprocess.run([python, "-c", EXEC_FILE_OPS, *args], input=stdin, capture_output=True, timeout=30)
+            assert r.returncode == 0, f"python {v}: {args[0]}: {r.stderr.decode()[-300:]}"
+            return r.stdout
+
+        op("mkdir", str(d / "a" / "b"))
+        assert op("put", str(d / "a" / "f"), "640", stdin=data).decode().strip() == hashlib.sha256(data).hexdigest()
+        assert (d / "a" / "f").stat().st_mode & 0o777 == 0o640
+        assert json.loads(op("sizes", str(d / "a"))) == {"f": len(data)}
+        assert op("read", str(d / "a" / "f"), "100", "50") == data[100:150]
