@@ -44,6 +44,7 @@ class Deployment:
         if not self.probed:
             flavor = self.link.retry(lambda: shellagent.probe(self.link.t, self.link.label), 10.0, "python3 probe")
             self.link.flavor = flavor
+            self.link.t.shell_file_ops = flavor.kind == "shell"
             self.probed = True
             if flavor.note():
                 self.warnings.add(flavor.note())

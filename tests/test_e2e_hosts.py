@@ -5,7 +5,8 @@ host with neither python3 nor any collector, refused in one line.
 
 Each "host" is one key of a private sshd on loopback whose sessions get their own PATH (a forced
 command, tests/sshd_fixture.login_with_path): a directory where python3 is pyenv's 3.6, or one
-holding every tool of /usr/bin except python.
+holding every tool of /usr/bin except python (on an sshd without the sftp subsystem, so its files
+move by sh over the exec channel).
 """
 
 from __future__ import annotations
@@ -62,21 +63,25 @@ def hosts(tmp_path_factory):
         pytest.skip(f"{PYTHON36} is not installed (pyenv install 3.6.15)")
     tmp = tmp_path_factory.mktemp("e2e_hosts")
     server = SSHD.start(tmp / "sshd")
+    no_sftp = SSHD.start(tmp / "sshd-exec", sftp=False)  # an appliance: no sftp subsystem either
     py36 = tmp / "path-py36"
     py36.mkdir()
     (py36 / "python3").symlink_to(PYTHON36)
     paths = {"py36": f"{py36}:/usr/bin:/bin", "nopython": str(tool_dir(tmp / "path-nopython")),
              "bare": str(tool_dir(tmp / "path-bare", COLLECTOR_TOOLS))}
-    known_hosts = server.write_known_hosts(tmp / "known_hosts")
+    known_hosts = tmp / "known_hosts"
+    known_hosts.write_text(server.known_hosts_line() + no_sftp.known_hosts_line())
     out = {}
     for name, path in paths.items():
         key = keygen(tmp / f"key-{name}")
-        server.authorize(key, path=path)
-        out[name] = {"ssh": server.target, "key_file": str(key), "known_hosts": str(known_hosts)}
+        sshd = no_sftp if name == "nopython" else server
+        sshd.authorize(key, path=path)
+        out[name] = {"ssh": sshd.target, "key_file": str(key), "known_hosts": str(known_hosts)}
     try:
         yield tmp, out
     finally:
         server.stop()
+        no_sftp.stop()
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +154,7 @@ def test_a_host_without_python3_is_monitored_by_the_shell_agent_and_says_what_it
     agent = h["agent"]
     assert agent["kind"] == "shell" and "python3 is not on the host's PATH" in agent["why"], agent
     assert "procfs" in agent["lost"] and h["facts"]["python"] is None
+    assert h["transfer"] == "exec"  # no sftp subsystem: files moved by sh over the exec channel
     assert (run.raw_dir(HOST) / "remote.sh").exists() is False  # the script is not fetched; its output is
     assert (run.raw_dir(HOST) / "pidstat.txt").stat().st_size > 0 and (run.raw_dir(HOST) / "vmstat.txt").stat().st_size > 0
     note = [w for w in h["warnings"] if w.startswith("ran without the python agent")]
