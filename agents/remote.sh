@@ -28,7 +28,11 @@ STATUS_EVERY=4          # status.json rewritten every this many watchdog periods
 
 SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 
-now() { date +%s.%N 2>/dev/null | sed 's/\.N$//; s/%N$//'; }
+now() {  # epoch seconds with nanoseconds where date has %N (one fork: the echo answers with it)
+	_t=$(date +%s.%N 2>/dev/null)
+	case "$_t" in *N) _t=${_t%%.*} ;; esac
+	printf '%s\n' "$_t"
+}
 now_s() { date +%s; }
 
 # A JSON string literal of $1 (control characters dropped, tabs as spaces).
@@ -346,7 +350,8 @@ cmd_watch() {
 
 cmd_echo() {
 	while IFS= read -r line; do
-		t=$(now)
+		t=$(date +%s.%N 2>/dev/null)
+		case "$t" in *N) t=${t%%.*} ;; esac
 		echo "$t $t"
 	done
 }

@@ -35,6 +35,7 @@ STEPS, HOLD, RAMP, SETTLE = [1, 2], 3.0, 1.0, 0.5
 PYTHON36 = "/root/.pyenv/versions/3.6.15/bin/python3"
 TOOL_DIRS = ("/usr/bin", "/usr/sbin")
 COLLECTOR_TOOLS = ("pidstat", "vmstat", "nvidia-smi")
+CLOCK_TOL = 0.05  # seconds: the host is this machine, so a measured offset is all error
 
 
 def tool_dir(path: Path, leave_out: tuple[str, ...] = ()) -> Path:
@@ -129,7 +130,9 @@ def _common(res: subprocess.CompletedProcess, out: Path, pid: int) -> tuple[RunD
     meta = run.read_meta()
     h = meta["hosts"][HOST]
     assert h["transport"] == "ssh" and h["fetch"]["verified"] is True and h["complete"] is True, h
-    assert h["clock"]["before"] is not None and h["clock"]["after"] is not None
+    assert h["clock"]["before"] is not None and h["clock"]["after"] is not None, h["clock"]
+    for when in ("before", "after"):  # one machine: the true offset is 0
+        assert abs(h["clock"][when]["offset"]) < CLOCK_TOL, h["clock"]
     counts = server_metrics_every_step(run, pid)
     assert len(run.read_steps()) == len(STEPS)
     for table, per_step in counts.items():
