@@ -42,7 +42,7 @@ def make_transport(host: HostPlan, accept_new_host_keys: bool = False) -> Transp
     if host.ssh is None:
         from agents.local import LocalTransport
 
-        return LocalTransport(label=host.label)
+        return LocalTransport(label=host.label, python=[host.python] if host.python else None)
     from agents.ssh import SSHTransport
 
     return SSHTransport.from_plan(host, accept_new_host_keys=accept_new_host_keys)

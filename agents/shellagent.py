@@ -122,7 +122,8 @@ def probe(t: Transport, label: str) -> AgentFlavor:
     version = _version(res.stdout.decode("utf-8", "replace")) if res.rc == 0 else None
     need = f"{MIN_PYTHON[0]}.{MIN_PYTHON[1]}"
     if version is None:
-        why = f"{python} is not on the host's PATH" if res.rc == 127 else f"{python} did not run ({res.err_line()})"
+        missing = f"{python} is not on the host's PATH" if "/" not in python else f"{python} is not on the host"
+        why = missing if res.rc == 127 else f"{python} did not run ({res.err_line()})"
         logger.info("%s: %s: monitoring it with the shell agent", label, why)
         return AgentFlavor("shell", SHELL_SCRIPT, why=why)
     shown = f"{version[0]}.{version[1]}"

@@ -281,7 +281,8 @@ class SSHTransport(Transport):
     @classmethod
     def from_plan(cls, host: Any, accept_new_host_keys: bool = False) -> SSHTransport:
         return cls(host.ssh, key_file=host.key_file, passphrase_env=host.passphrase_env, jump=host.jump,
-                   known_hosts=host.known_hosts, accept_new_host_keys=accept_new_host_keys, label=host.label)
+                   known_hosts=host.known_hosts, accept_new_host_keys=accept_new_host_keys, label=host.label,
+                   python=[host.python] if host.python else None)
 
     # -- connection ------------------------------------------------------------------------
     def _passphrase(self) -> str | None:

@@ -220,3 +220,25 @@ def test_no_python3_and_no_collector_is_one_line(run, tmp_path):
     msg = str(e.value)
     assert "\n" not in msg and "not on the host's PATH" in msg
     assert all(t in msg for t in ("pidstat", "vmstat", "nvidia-smi")), msg
+
+
+def test_the_plan_names_the_hosts_python_and_a_missing_one_gets_the_shell_agent(tmp_path):
+    """[[hosts]] python = "...": the interpreter the agent runs with (RHEL 8's platform-python)."""
+    from agents.host import make_transport
+    from kneeswarm.plan import load_plan
+
+    py36 = "/root/.pyenv/versions/3.6.15/bin/python3"
+    if not os.path.exists(py36):
+        pytest.skip(f"{py36} is not installed")
+    for python, kind, version in ((py36, "python", "3.6"), ("/nonexistent/platform-python", "shell", None)):
+        plan_file = tmp_path / "p.toml"
+        plan_file.write_text(f'target = "http://127.0.0.1:9"\n[[hosts]]\npid = {os.getpid()}\n'
+                             f'collectors = ["vmstat"]\npython = "{python}"\n')
+        host = load_plan(plan_file).hosts[0]
+        run = RunDir.create(tmp_path, kind)
+        with open_agent(host, run, transport=make_transport(host)) as agent:
+            facts = agent.preflight()
+            meta = agent.meta()
+        assert meta["agent"]["kind"] == kind and meta["agent"]["python"] == version, meta["agent"]
+        assert (facts["python"] or "").startswith(version or "")
+    assert meta["agent"]["why"] == "/nonexistent/platform-python is not on the host"
