@@ -28,9 +28,33 @@ STATUS_EVERY=4          # status.json rewritten every this many watchdog periods
 
 SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 
-now() {  # epoch seconds with nanoseconds where date has %N (one fork: the echo answers with it)
+# Epoch seconds with a fraction. date +%N where date has it (GNU); busybox's prints "%N": there
+# the fraction comes from /proc/uptime (centiseconds, read without a fork), on a base taken at the
+# instant date's second turns (init_clock, once per process, in the main shell: up to a second).
+UPTIME_BASE=""
+calibrate_uptime() {
+	s0=$(date +%s)
+	while s=$(date +%s); [ "$s" = "$s0" ]; do :; done
+	read -r up _ < /proc/uptime
+	UPTIME_BASE=$((s * 100 - ${up%.*}${up#*.}))
+}
+
+init_clock() {
+	case "$(date +%N 2>/dev/null)" in *N) [ -r /proc/uptime ] && calibrate_uptime ;; esac
+}
+
+now() {
 	_t=$(date +%s.%N 2>/dev/null)
-	case "$_t" in *N) _t=${_t%%.*} ;; esac
+	case "$_t" in
+	*N)
+		if [ -n "$UPTIME_BASE" ]; then
+			read -r up _ < /proc/uptime
+			_c=$((UPTIME_BASE + ${up%.*}${up#*.}))
+			_t=${_c%??}.${_c#${_c%??}}
+		else
+			_t=${_t%%.*}
+		fi ;;
+	esac
 	printf '%s\n' "$_t"
 }
 now_s() { date +%s; }
@@ -252,6 +276,7 @@ heartbeat_key() { cat heartbeat 2>/dev/null; }
 
 cmd_daemon() {
 	cd "$1" || exit 1
+	init_clock
 	REASON=""; STARTED=$(now)
 	trap 'REASON=${REASON:-signal SIGTERM}' TERM
 	trap 'REASON=${REASON:-signal SIGINT}' INT
@@ -349,11 +374,25 @@ cmd_watch() {
 }
 
 cmd_echo() {
-	while IFS= read -r line; do
-		t=$(date +%s.%N 2>/dev/null)
-		case "$t" in *N) t=${t%%.*} ;; esac
-		echo "$t $t"
-	done
+	init_clock
+	case "$(date +%N 2>/dev/null)" in
+	*N)  # no %N: the /proc/uptime clock, without a fork per line
+		while IFS= read -r line; do
+			if [ -n "$UPTIME_BASE" ]; then
+				read -r up _ < /proc/uptime
+				c=$((UPTIME_BASE + ${up%.*}${up#*.}))
+				t=${c%??}.${c#${c%??}}
+			else
+				t=$(date +%s)
+			fi
+			echo "$t $t"
+		done ;;
+	*)
+		while IFS= read -r line; do
+			t=$(date +%s.%N)
+			echo "$t $t"
+		done ;;
+	esac
 }
 
 verb=${1:-}

@@ -218,7 +218,7 @@ def test_no_python3_and_no_collector_is_one_line(run, tmp_path):
     finally:
         os.environ["PATH"] = env_path
     msg = str(e.value)
-    assert "\n" not in msg and "not on the host's PATH" in msg
+    assert "\n" not in msg and f"{NO_PYTHON} is not on the host" in msg
     assert all(t in msg for t in ("pidstat", "vmstat", "nvidia-smi")), msg
 
 
@@ -242,3 +242,38 @@ def test_the_plan_names_the_hosts_python_and_a_missing_one_gets_the_shell_agent(
         assert meta["agent"]["kind"] == kind and meta["agent"]["python"] == version, meta["agent"]
         assert (facts["python"] or "").startswith(version or "")
     assert meta["agent"]["why"] == "/nonexistent/platform-python is not on the host"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_TOOLS, reason="pidstat/vmstat not installed")
+def test_shell_agent_on_a_busybox_userland_alone(busy, run, tmp_path, monkeypatch):
+    """A minimal container: busybox's sh and applets (its date has no %N: the clock comes from
+    /proc/uptime) and the collectors, nothing else on PATH."""
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        pytest.skip("busybox is not installed (apt-get install busybox)")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    applets = subprocess.run([busybox, "--list"], capture_output=True, text=True, check=True).stdout.split()
+    for name in applets:
+        (bindir / name).symlink_to(busybox)
+    for tool in ("pidstat", "vmstat"):
+        (bindir / tool).symlink_to(shutil.which(tool))
+    monkeypatch.setenv("PATH", str(bindir))
+    host = HostPlan(pid=busy.pid, collectors=["pidstat", "vmstat"])
+    with open_agent(host, run, AgentSettings(interval=1, max_duration=60, heartbeat_timeout=10),
+                    transport=no_python()) as agent:
+        agent.preflight()
+        agent.start()
+        remote_dir, pids = agent.remote_dir, collector_pids(agent.start_status)
+        time.sleep(3.0)
+        agent.stop()
+        agent.fetch(final=True)
+        agent.write_parsed()
+        meta = agent.meta()
+    assert wait_until_gone(remote_dir, pids, 5.0) == []
+    assert meta["complete"] and meta["fetch"]["verified"] and meta["agent"]["kind"] == "shell"
+    for when in ("before", "after"):  # one machine: the true offset is 0 (to /proc/uptime's 10 ms)
+        assert abs(meta["clock"][when]["offset"]) < 0.05, meta["clock"]
+    assert len(pd.read_csv(run.host_dir("local") / "process.csv")) >= 2
+    assert len(pd.read_csv(run.host_dir("local") / "vmstat.csv")) >= 2
