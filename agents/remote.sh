@@ -155,27 +155,22 @@ process_json() {
 	elif [ -n "${PROCESS:-}" ]; then
 		me=$$; mine=" $$ "
 		while [ -n "$me" ] && [ "$me" != 0 ]; do me=$(ppid_of "$me"); mine="$mine$me "; done
-		found=""
-		for d in /proc/[0-9]*; do
+		found=$(for d in /proc/[0-9]*; do  # "pid cmdline" lines (one fork each), one grep over them
 			p=${d#/proc/}
 			case "$mine" in *" $p "*) continue ;; esac
-			c=$(cmdline "$p")
-			case "$c" in ''|*remote.sh*|*remote.py*) continue ;; esac
-			printf '%s\n' "$c" | grep -Eq -- "$PROCESS" 2>/dev/null && found="$found $p"
-		done
+			printf '%s %s\n' "$p" "$(tr '\000\n' '  ' < "$d/cmdline" 2>/dev/null)"
+		done | awk '$2 != "" && !/remote\.(sh|py)/' | while read -r p c; do
+			printf '%s\n' "$c" | grep -Eq -- "$PROCESS" 2>/dev/null && echo "$p"
+		done)
 		BY=process pick_root "matching '$PROCESS'" $found
 	elif [ -n "${PORT:-}" ]; then
 		hex=$(printf '%04X' "$PORT")
 		inodes=$(awk -v h=":$hex" 'NR > 1 && $4 == "0A" && substr($2, length($2) - 4) == h { print $10 }' \
 			/proc/net/tcp /proc/net/tcp6 2>/dev/null | sort -u)
 		[ -n "$inodes" ] || { printf '{"error": %s}' "$(json_str "nothing listens on TCP port $PORT")"; return; }
-		found=""
-		for d in /proc/[0-9]*; do
-			for fd in "$d"/fd/*; do
-				l=$(readlink "$fd" 2>/dev/null) || continue
-				for i in $inodes; do [ "$l" = "socket:[$i]" ] && { found="$found ${d#/proc/}"; break 2; }; done
-			done
-		done
+		found=$(ls -l /proc/[0-9]*/fd 2>/dev/null | awk -v want=" $(echo $inodes) " '
+			/^\/proc\/[0-9]+\/fd:$/ { split($0, a, "/"); pid = a[3] }
+			/ -> socket:\[/ { i = $NF; gsub(/[^0-9]/, "", i); if (index(want, " " i " ")) print pid }' | sort -u)
 		BY=port pick_root "listening on TCP port $PORT" $found
 	else
 		printf '{"pid": null, "by": null}'
