@@ -35,7 +35,6 @@ PROBE_TIMEOUT = 30.0
 #: Prints "major.minor" on any python (2.x included); no -I: older than 3.4 does not know it.
 PROBE_CODE = "import sys; sys.stdout.write('%d.%d' % sys.version_info[:2])"
 SHELL_SCRIPT = "remote.sh"
-SHELL_SOURCE = Path(__file__).with_name(SHELL_SCRIPT)
 SHELL_PREFLIGHT_FILE = "preflight.conf"
 SHELL_CONFIG_FILE = "agent.conf"
 
