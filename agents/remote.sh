@@ -50,7 +50,7 @@ now() {
 		if [ -n "$UPTIME_BASE" ]; then
 			read -r up _ < /proc/uptime
 			_c=$((UPTIME_BASE + ${up%.*}${up#*.}))
-			_t=${_c%??}.${_c#${_c%??}}
+			_t=${_c%??}.${_c#"${_c%??}"}
 		else
 			_t=${_t%%.*}
 		fi ;;
@@ -376,7 +376,7 @@ cmd_echo() {
 			if [ -n "$UPTIME_BASE" ]; then
 				read -r up _ < /proc/uptime
 				c=$((UPTIME_BASE + ${up%.*}${up#*.}))
-				t=${c%??}.${c#${c%??}}
+				t=${c%??}.${c#"${c%??}"}
 			else
 				t=$(date +%s)
 			fi
