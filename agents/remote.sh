@@ -1,8 +1,9 @@
 #!/bin/sh
 # kneeswarm shell agent: the stand-in for remote.py on a host without python3 (or with one older
 # than 3.6): minimal and distroless containers, appliances. POSIX sh and the tools such a host has
-# (date, awk, sed, stat, sha256sum, setsid); the same verbs, files and JSON answers as remote.py,
-# so the controller (agents/deploy.py, heartbeat.py, fetch.py, clock.py) drives it unchanged:
+# (date, awk, sed, tr, grep, sha256sum; setsid, timeout where present: coreutils or busybox); the
+# same verbs, files and JSON answers as remote.py, so the controller (agents/deploy.py,
+# heartbeat.py, fetch.py, clock.py) drives it unchanged:
 #
 #   remote.sh preflight CONF    facts about the host, as JSON (the tool checks are CONF's lines)
 #   remote.sh start CONF        start the daemon, which starts the collectors CONF names
