@@ -9,9 +9,12 @@ The interpreters run side by side (one thread each), so the test costs one lifec
 from __future__ import annotations
 
 import glob
+import http.server
+import json
 import re
 import shutil
 import subprocess
+import threading
 import time
 
 import pandas as pd
@@ -73,20 +76,42 @@ def test_agent_lifecycle_on_every_python3_here(tmp_path):
     if OLDEST not in PYTHONS:
         pytest.skip(f"no python {OLDEST[0]}.{OLDEST[1]} on this machine (pyenv install 3.6)")
     busy = start_busy()
+    metrics = metrics_server()  # the prometheus sampler's urllib scrape, under each interpreter too
+    url = f"http://127.0.0.1:{metrics.server_address[1]}/metrics"
     try:
-        results = each(list(PYTHONS.items()), lambda item: _lifecycle(tmp_path, busy.pid, *item))
+        results = each(list(PYTHONS.items()), lambda item: _lifecycle(tmp_path, busy.pid, url, *item))
     finally:
         stop_proc(busy)
+        metrics.shutdown()
     failed = {v: r for (v, _), r in zip(PYTHONS.items(), results) if isinstance(r, BaseException)}
     assert not failed, {f"{v[0]}.{v[1]}": f"{type(e).__name__}: {e}" for v, e in failed.items()}
 
 
-def _lifecycle(tmp: object, pid: int, version: tuple[int, int], python: str) -> None:
+METRICS_TEXT = b"# TYPE probe_total counter\nprobe_total 42\n"
+
+
+def metrics_server() -> http.server.ThreadingHTTPServer:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(METRICS_TEXT)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _lifecycle(tmp: object, pid: int, url: str, version: tuple[int, int], python: str) -> None:
     name = f"py{version[0]}{version[1]}"
     run = RunDir.create(tmp, name)  # type: ignore[arg-type]
-    host = HostPlan(pid=pid, collectors=["pidstat", "vmstat", "procfs"])
+    host = HostPlan(pid=pid, collectors=["pidstat", "vmstat", "procfs", "prometheus"])
     transport = LocalTransport(label="local", python=[python, "-I", "-S"])
-    settings = AgentSettings(interval=0.5, max_duration=60, heartbeat_timeout=10)
+    settings = AgentSettings(interval=0.5, max_duration=60, heartbeat_timeout=10, metrics_url=url)
     with open_agent(host, run, settings, transport=transport) as agent:
         facts = agent.preflight()
         assert facts["python"].startswith(f"{version[0]}.{version[1]}."), facts["python"]
@@ -110,13 +135,14 @@ def _lifecycle(tmp: object, pid: int, version: tuple[int, int], python: str) -> 
     assert len(pd.read_csv(hd / "vmstat.csv")) >= 3
     procfs = pd.read_csv(hd / "process.procfs.csv")
     assert len(procfs) >= 3 and procfs["cpu_pct"].mean() > 1  # the busy thread, seen by the /proc sampler (contended)
+    scrapes = [json.loads(x) for x in (run.raw_dir("local") / "prometheus.jsonl").read_text().splitlines()]
+    assert len(scrapes) >= 3 and all(s.get("text") == METRICS_TEXT.decode() for s in scrapes), scrapes[:2]
 
 
 def test_exec_channel_file_ops_on_every_python3_here(tmp_path):
     """ssh.EXEC_FILE_OPS (files over the exec channel, where a server has no sftp subsystem) runs
     on the host's python3 too: put (sha256 answered), sizes, read, mkdir under each interpreter."""
     import hashlib
-    import json
 
     from agents.ssh import EXEC_FILE_OPS
 
