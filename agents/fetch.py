@@ -78,8 +78,12 @@ class Fetcher:
                 added += len(data)
         return added
 
+    def _not_fetched(self, name: str) -> bool:
+        """The agent's own script (remote.py or remote.sh) and its bookkeeping stay on the host."""
+        return name in NOT_FETCHED or name == self.link.flavor.script
+
     def _wanted(self, name: str, size: int, final: bool) -> bool:
-        if name in NOT_FETCHED or ".tmp" in name:
+        if self._not_fetched(name) or ".tmp" in name:
             return False
         if self._sizes_seen.get(name) != size or not (self.raw_dir / name).exists():
             return True
@@ -155,7 +159,7 @@ class Fetcher:
             self._unverified(max(1, len(self._sizes_seen)),
                              "no readable MANIFEST.json fetched (was the agent stopped?)")
             return
-        bad = sorted(n for n, m in files.items() if n not in NOT_FETCHED and not self._matches(n, m))
+        bad = sorted(n for n, m in files.items() if not self._not_fetched(n) and not self._matches(n, m))
         total = sum(int(m.get("size") or 0) for m in files.values())
         self.info = {"verified": not bad, "files": len(files), "bytes": total, "remote_dir": self.link.remote_dir,
                      "kept": bool(self.keep_remote or bad)}

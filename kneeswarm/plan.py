@@ -105,6 +105,7 @@ class HostPlan:
     port: int | None = None  # the process listening on this TCP port
     collectors: list[str] | None = None  # default: every one the preflight finds
     keep_remote: bool = False  # keep the remote run directory after the verified fetch
+    python: str | None = None  # the host's python3 (default "python3" on its PATH; RHEL 8: /usr/libexec/platform-python)
 
     @property
     def label(self) -> str:
