@@ -218,12 +218,13 @@ def refusal_hint(status: int, body: bytes, headers: dict[str, str]) -> str:
         return ": the server requires a client certificate (endpoint.client_cert)"
     host = next((v for k, v in headers.items() if k.lower() == "host"), None)
     if status in (404, 421) and host is not None:
-        return f": sent Host: {host} (endpoint.headers): does the server route that name?"
+        return f": sent Host: {host} (endpoint.headers): does the server route that name and path (endpoint.base_path)?"
     return ""
 
 
 def detail(body: bytes) -> str:
-    """A server's error text for a one-line message: the JSON error/message field, or the start of the body."""
+    """A server's error text for a one-line message: the JSON error/message field, an HTML page's
+    title (what a proxy such as nginx says), or the start of the body."""
     text = ""
     try:
         doc = json.loads(body)
@@ -233,7 +234,8 @@ def detail(body: bytes) -> str:
                 err = err.get("message", err)
             text = str(err) if err is not None else ""
     except (ValueError, TypeError):
-        text = body[:MAX_DETAIL].decode("utf-8", "replace") if body else ""
+        title = re.search(rb"<title>(.*?)</title>", body[:4096], re.I | re.S) if body else None  # a proxy's HTML page
+        text = (title.group(1) if title else body[:MAX_DETAIL]).decode("utf-8", "replace") if body else ""
     text = " ".join(text.split())[:MAX_DETAIL]
     return f" ({text})" if text else ""
 

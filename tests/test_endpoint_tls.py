@@ -1,0 +1,259 @@
+"""The plan's [endpoint] through a real TLS-terminating proxy (Debian's nginx, tests/tls_proxy.py)
+in front of the real demo target, all on loopback: a private CA, a virtual server routed by Host
+under a gateway prefix with a secret header, and a server that requires a client certificate.
+
+Truth is the target's own request counter (read from the target directly, not through the
+proxy) and nginx's access log (which Host each request carried)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kneeswarm import cli, conductor
+from kneeswarm.cli import start_target, stop_target
+from kneeswarm.plan import PlanError, load_plan, plan_from_dict
+from kneeswarm.rundir import RunDir
+
+from conftest import KNEESWARM, REPO, read_summary, side_by_side
+from tls_proxy import BASE_PATH, DEMO_HOST, TOKEN, TOKEN_HEADER, TlsProxy, make_pki
+
+TOKEN_ENV = "KS_TEST_GATEWAY_TOKEN"
+SERVED = "kneeswarm_target_requests_total"
+
+
+class Proxied:
+    def __init__(self, tmp: Path):
+        self.pki = make_pki(tmp / "pki")
+        self.target, self.target_url = start_target(["--mode", "knee", "--slots", "4", "--service-ms", "20"])
+        try:
+            self.proxy = TlsProxy.start(tmp / "nginx", self.pki, int(self.target_url.rsplit(":", 1)[1]))
+        except BaseException:
+            stop_target(self.target)
+            raise
+
+    def served(self) -> float:
+        """Inference requests the target answered 200 (its own counter, read directly)."""
+        import requests
+
+        from collectors.prometheus import parse_exposition
+
+        m = parse_exposition(requests.get(self.target_url + "/metrics", timeout=5).text)
+        return sum(v for k, v in m.items() if k.startswith(SERVED) and 'code="200"' in k)
+
+    def stop(self) -> None:
+        self.proxy.stop()
+        stop_target(self.target)
+
+
+@pytest.fixture(scope="module")
+def proxied(tmp_path_factory):
+    p = Proxied(tmp_path_factory.mktemp("tls"))
+    yield p
+    p.stop()
+
+
+def routed_plan(p: Proxied, path: Path, **endpoint: object) -> Path:
+    """A plan for the Host-routed server: CA, Host, secret token header, base path (``endpoint``
+    keys replace these; None drops one)."""
+    e = {"ca_bundle": str(p.pki.ca), "headers": {"Host": DEMO_HOST}, "headers_env": {TOKEN_HEADER: TOKEN_ENV},
+         "base_path": BASE_PATH, **endpoint}
+    return write_plan(path, p.proxy.url, {k: v for k, v in e.items() if v is not None},
+                      metrics_url=p.proxy.url + BASE_PATH + "/metrics")
+
+
+def write_plan(path: Path, target: str, endpoint: dict, steps: list[int] = (1, 2), hold: float = 3.0,
+               **top: str) -> Path:
+    import tomli_w
+
+    path.write_text(tomli_w.dumps({"name": "tls", "target": target, "protocol": "kserve", **top,
+                                   "load": {"steps": list(steps), "hold": hold, "ramp": 1.0, "settle": 1.0, "workers": 1},
+                                   "endpoint": endpoint}))
+    return path
+
+
+@pytest.fixture
+def token(monkeypatch):
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+
+
+@pytest.fixture
+def quick_health(monkeypatch):
+    monkeypatch.setattr(conductor, "HEALTH_TIMEOUT", 2.0)
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "Traceback" not in err[0]
+    return err[0]
+
+
+# -- real runs through the proxy ------------------------------------------------------------
+@pytest.mark.slow
+def test_runs_through_the_tls_proxy_count_what_the_target_served(proxied, tmp_path):
+    """Two real runs side by side, one after the other's truth is read would cost twice: the
+    Host-routed server (private CA, Host, secret header, base path, /metrics through the proxy)
+    and the client-certificate server with verify = false.  Every step valid; the target's own
+    counter moved by the rows; each request reached nginx with the plan's Host; the secret is
+    nowhere in the run directory; the report says which TLS each run had."""
+    routed = routed_plan(proxied, tmp_path / "routed.toml")
+    mtls = write_plan(tmp_path / "mtls.toml", proxied.proxy.mtls_url,
+                      {"verify": False, "client_cert": str(proxied.pki.client_cert),
+                       "client_key": str(proxied.pki.client_key)}, steps=[1], hold=3.0)
+    before = proxied.served()
+    env = {**os.environ, "PYTHONPATH": str(REPO), TOKEN_ENV: TOKEN}
+    with side_by_side() as runs:
+        for name, plan in (("routed", routed), ("mtls", mtls)):
+            runs[name] = subprocess.Popen([KNEESWARM, "run", str(plan), "--out", str(tmp_path / name), "-q"],
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+        done = {name: p.communicate(timeout=180) for name, p in runs.items()}
+        codes = {name: p.returncode for name, p in runs.items()}
+    assert codes == {"routed": 0, "mtls": 0}, {n: d[1][-2000:] for n, d in done.items()}
+    served = proxied.served() - before
+    ok, rows = 0, 0
+    for name, steps in (("routed", 2), ("mtls", 1)):
+        (run_dir,) = [d for d in (tmp_path / name).iterdir() if d.is_dir()]
+        s = read_summary(run_dir)
+        assert s["complete"] is True and len(s["steps"]) == steps
+        assert all(st["valid"] for st in s["steps"]), [st["reasons"] for st in s["steps"]]
+        table = RunDir(run_dir).read_requests()
+        assert table["ok"].all() and len(table) > 50, table["error"].value_counts()
+        ok, rows = ok + int(table["ok"].sum()), rows + len(table)
+        for f in run_dir.rglob("*"):  # the token's value is never written; its variable's name is
+            assert not f.is_file() or TOKEN.encode() not in f.read_bytes(), f
+        md = (run_dir / "report" / "summary.md").read_text()
+        if name == "routed":
+            assert TOKEN_ENV in (run_dir / "plan.toml").read_text()
+            assert s["endpoint"] == {"scheme": "https", "tls": "verified", "ca_bundle": str(proxied.pki.ca),
+                                     "client_cert": False, "headers": sorted(["Host", TOKEN_HEADER]),
+                                     "base_path": BASE_PATH}
+            metrics = json.loads((run_dir / "meta.json").read_text())["target_metrics"]
+            assert metrics["ok"] >= 5 and metrics["failed"] == 0, metrics  # /metrics through the proxy too
+            assert "TLS verified against" in md
+        else:
+            assert s["endpoint"]["tls"] == "unverified" and s["endpoint"]["client_cert"] is True
+            assert "**unverified TLS**" in md
+    # Requests in flight when the load stopped were served but never recorded (<= 2 + 1 users).
+    assert 0 <= served - ok <= 3, (served, ok, rows)
+    infer = [line for line in proxied.proxy.access_log() if "/infer" in line]
+    assert sum(1 for line in infer if line.startswith(f"{DEMO_HOST} 200 \"POST {BASE_PATH}/v2/models/demo/infer")) \
+        + sum(1 for line in infer if line.startswith("127.0.0.1 200 \"POST /v2/models/demo/infer")) == served
+    assert not [line for line in infer if " 200 " not in line and " 499 " not in line], infer
+
+
+# -- each wrong setting: one line naming what failed, exit 2, before any load, no run dir ----
+WRONG = [
+    ("no CA given", {"ca_bundle": None},
+     "TLS: the server's certificate is signed by a CA not trusted here (give that CA in endpoint.ca_bundle) "
+     "(unable to get local issuer certificate)"),
+    ("another CA", {"ca_bundle": "OTHER_CA"}, "TLS: the server's certificate is signed by a CA not trusted here"),
+    ("wrong Host", {"headers": {"Host": "wrong.kneeswarm.test"}},
+     "-> HTTP 404 (404 Not Found)"),
+    ("no gateway token", {"headers_env": None}, "-> HTTP 401"),
+    ("no base path", {"base_path": None}, "-> HTTP 404"),
+]
+
+
+@pytest.mark.parametrize("case, endpoint, said", WRONG, ids=[w[0] for w in WRONG])
+def test_a_wrong_endpoint_setting_is_one_line_before_any_load(proxied, tmp_path, capsys, token, quick_health,
+                                                              case, endpoint, said):
+    endpoint = {k: (str(proxied.pki.other_ca) if v == "OTHER_CA" else v) for k, v in endpoint.items()}
+    plan = routed_plan(proxied, tmp_path / "p.toml", **endpoint)
+    before, lines = proxied.served(), len(proxied.proxy.access_log())
+    assert cli.main(["run", str(plan), "--out", str(tmp_path / "runs")]) == 2
+    line = one_error_line(capsys)
+    assert said in line, line
+    assert proxied.proxy.url in line, line
+    if case == "wrong Host":
+        assert ("model 'demo' is not served" in line and "sent Host: wrong.kneeswarm.test (endpoint.headers): "
+                "does the server route that name and path (endpoint.base_path)?" in line), line
+    assert TOKEN not in line
+    assert not (tmp_path / "runs").exists()
+    assert proxied.served() == before  # not one inference request
+    assert not [x for x in proxied.proxy.access_log()[lines:] if "/infer" in x]
+
+
+def test_a_missing_client_certificate_is_named(proxied, tmp_path, capsys, quick_health):
+    plan = write_plan(tmp_path / "p.toml", proxied.proxy.mtls_url, {"ca_bundle": str(proxied.pki.ca)})
+    assert cli.main(["run", str(plan), "--out", str(tmp_path / "runs")]) == 2
+    line = one_error_line(capsys)
+    assert line == (f"kneeswarm: error: target {proxied.proxy.mtls_url}: health check "
+                    f"{proxied.proxy.mtls_url}/v2/health/ready -> HTTP 400 (400 No required SSL certificate was sent): "
+                    f"the server requires a client certificate (endpoint.client_cert)"), line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_unset_header_variable_is_named(proxied, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    assert cli.main(["run", str(routed_plan(proxied, tmp_path / "p.toml")), "--out", str(tmp_path / "runs")]) == 2
+    assert one_error_line(capsys) == (f"kneeswarm: error: endpoint.headers_env: environment variable {TOKEN_ENV} "
+                                      f"(header {TOKEN_HEADER}) is not set (or empty)")
+    assert not (tmp_path / "runs").exists()
+
+
+# -- the plan's keys ------------------------------------------------------------------------
+def test_endpoint_files_are_checked(tmp_path):
+    pki = make_pki(tmp_path / "pki")
+    not_pem = tmp_path / "notes.txt"
+    not_pem.write_text("not a certificate\n")
+    cases = [
+        ({"ca_bundle": str(tmp_path / "nope.pem")}, f"endpoint.ca_bundle: {tmp_path / 'nope.pem'}: no such file"),
+        ({"ca_bundle": str(not_pem)}, f"endpoint.ca_bundle: {not_pem}: no PEM certificate in it"),
+        ({"client_cert": str(pki.client_cert)}, f"endpoint.client_cert: {pki.client_cert}: not a PEM certificate "
+                                                f"with its private key"),
+        ({"client_cert": str(pki.client_cert), "client_key": str(pki.server_key)},
+         "not a PEM certificate with its private key (KEY_VALUES_MISMATCH)"),
+    ]
+    for endpoint, said in cases:
+        plan = write_plan(tmp_path / "p.toml", "https://127.0.0.1:1", endpoint)
+        with pytest.raises(PlanError) as e:
+            load_plan(plan)
+        assert str(e.value).startswith(str(plan)) and said in str(e.value), (endpoint, str(e.value))
+    os.chmod(not_pem, 0)
+    if not os.access(not_pem, os.R_OK):  # root reads anything
+        with pytest.raises(PlanError, match="not readable"):
+            load_plan(write_plan(tmp_path / "p.toml", "https://127.0.0.1:1", {"ca_bundle": str(not_pem)}))
+    plan = load_plan(write_plan(tmp_path / "p.toml", "https://127.0.0.1:1", {
+        "client_cert": str(pki.client_cert), "client_key": str(pki.client_key), "ca_bundle": str(pki.ca)}))
+    assert plan.endpoint.client_key == str(pki.client_key)
+
+
+@pytest.mark.parametrize("target, endpoint, said", [
+    ("https://h:1", {"verify": False, "ca_bundle": "x.pem"}, "endpoint.verify = false checks no certificate"),
+    ("https://h:1", {"client_key": "k.pem"}, "endpoint.client_key needs endpoint.client_cert"),
+    ("http://h:1", {"ca_bundle": "x.pem"}, "endpoint.ca_bundle is for TLS, but the target is not https://"),
+    ("http://h:1", {"verify": False}, "endpoint.verify is for TLS"),
+    ("https://h:1", {"base_path": "serving"}, "endpoint.base_path must be a path starting with '/'"),
+    ("https://h:1", {"headers": {"Bad Name": "x"}}, "endpoint.headers: 'Bad Name' is not a valid header name"),
+    ("https://h:1", {"headers": {"Host": "a\r\nX: y"}}, "endpoint.headers.Host must be a one-line string"),
+    ("https://h:1", {"headers": {"Host": 3}}, "endpoint.headers.Host must be a one-line string"),
+    ("https://h:1", {"headers_env": {"X-Token": "not a name"}}, "endpoint.headers_env.X-Token must name an environment variable"),
+    ("https://h:1", {"headers": {"host": "a"}, "headers_env": {"Host": "H"}}, "header 'Host' is given twice"),
+    ("https://h:1", {"headers": 3}, "endpoint.headers must be a table"),
+    ("https://h:1", {"cafile": "x"}, "unknown key 'endpoint.cafile'"),
+])
+def test_endpoint_keys_are_validated(target, endpoint, said):
+    with pytest.raises(PlanError) as e:
+        plan_from_dict({"target": target, "endpoint": endpoint})
+    assert said in str(e.value), str(e.value)
+
+
+def test_the_endpoint_travels_to_workers_and_plan_toml_without_secrets(monkeypatch):
+    monkeypatch.setenv("KS_T", "s3cr3t-value")
+    plan = plan_from_dict({"target": "https://h:8443/", "endpoint": {
+        "verify": False, "headers": {"Host": "m.example"}, "headers_env": {"X-Token": "KS_T"},
+        "base_path": "/serving/m/"}})
+    again = plan_from_dict(plan.to_dict())  # what a worker gets from the master
+    assert again.endpoint == plan.endpoint and again.base_url == "https://h:8443/serving/m"
+    assert "s3cr3t-value" not in plan.to_toml() and "KS_T" in plan.to_toml()
+    assert plan.endpoint.resolved_headers() == {"Host": "m.example", "X-Token": "s3cr3t-value"}
+    # the scrape of metrics_url gets the headers only on the target's own origin
+    plan.metrics_url = "https://h:8443/serving/m/metrics"
+    assert plan.metrics_headers() == {"Host": "m.example", "X-Token": "s3cr3t-value"}
+    plan.metrics_url = "http://h:9090/metrics"
+    assert plan.metrics_headers() == {}
