@@ -257,3 +257,61 @@ def test_the_endpoint_travels_to_workers_and_plan_toml_without_secrets(monkeypat
     assert plan.metrics_headers() == {"Host": "m.example", "X-Token": "s3cr3t-value"}
     plan.metrics_url = "http://h:9090/metrics"
     assert plan.metrics_headers() == {}
+
+
+# -- the load's own client: InferenceUser in a Locust environment (a child process) ---------
+USERS_SCRIPT = r"""
+import json, os, sys
+from locust.env import Environment  # first: Locust monkey-patches before requests loads ssl
+import gevent
+from kneeswarm.plan import plan_from_dict
+from locustfiles import state
+from locustfiles.users import InferenceUser
+
+host, cases = sys.argv[1], json.loads(sys.argv[2])
+out = {}
+for name, plan in cases.items():
+    state.set_plan(plan_from_dict(plan, name))
+    seen = {"ok": 0, "failed": 0, "errors": set()}
+
+    def on_request(exception=None, **_kw):
+        seen["failed" if exception else "ok"] += 1
+        if exception:
+            seen["errors"].add(str(exception)[:200])
+
+    InferenceUser.host = host  # as Locust sets it from --host or the web UI's Host field
+    env = Environment(user_classes=[InferenceUser], host=host)
+    env.events.request.add_listener(on_request)
+    runner = env.create_local_runner()
+    runner.start(2, spawn_rate=100)
+    gevent.sleep(1.0)
+    runner.stop()
+    out[name] = {"ok": seen["ok"], "failed": seen["failed"], "errors": sorted(seen["errors"])}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_the_load_verifies_tls_and_follows_the_host_locust_gives(proxied, token):
+    """The load's client (geventhttpclient through InferenceUser) verifies the server's
+    certificate against the plan's trust, where Locust's own default is not to verify; it sends
+    to the host Locust gives it (the web UI's Host field, --host), with the plan's base path."""
+    routed = {"target": "https://127.0.0.1:1",  # not used: Locust's host wins, as a web UI Host field does
+              "load": {"steps": [2]},
+              "endpoint": {"headers": {"Host": DEMO_HOST}, "headers_env": {TOKEN_HEADER: TOKEN_ENV},
+                           "base_path": BASE_PATH}}
+    cases = {
+        "our CA": {**routed, "endpoint": {**routed["endpoint"], "ca_bundle": str(proxied.pki.ca)}},
+        "another CA": {**routed, "endpoint": {**routed["endpoint"], "ca_bundle": str(proxied.pki.other_ca)}},
+        "system CAs": routed,
+        "verify = false": {**routed, "endpoint": {**routed["endpoint"], "verify": False}},
+    }
+    res = subprocess.run([os.sys.executable, "-c", USERS_SCRIPT, proxied.proxy.url, json.dumps(cases)],
+                         capture_output=True, text=True, timeout=60, cwd=REPO, env={**os.environ, TOKEN_ENV: TOKEN})
+    assert res.returncode == 0, res.stderr[-2000:]
+    seen = json.loads(res.stdout.strip().splitlines()[-1])
+    for name in ("our CA", "verify = false"):
+        assert seen[name]["ok"] > 5 and seen[name]["failed"] == 0, (name, seen[name])
+    for name in ("another CA", "system CAs"):
+        assert seen[name]["ok"] == 0 and seen[name]["failed"] > 0, (name, seen[name])
+        assert all("CERTIFICATE_VERIFY_FAILED" in e for e in seen[name]["errors"]), seen[name]
