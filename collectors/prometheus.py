@@ -140,7 +140,7 @@ class PrometheusCollector(Collector):
     def sampler_params(self, ctx: HostContext) -> dict[str, Any]:
         if not ctx.metrics_url:
             raise Unavailable("no metrics_url")
-        return {"url": ctx.metrics_url}
+        return {"url": ctx.metrics_url, **({"tls": dict(ctx.metrics_tls)} if ctx.metrics_tls else {})}
 
     def parse_text(self, text: str, tz: tzinfo | None, t0: float | None, interval: float) -> Parsed:
         return parse_prometheus_jsonl(text)

@@ -254,11 +254,14 @@ class Plan:
         """The target with endpoint.base_path: what every protocol path is appended to."""
         return join_base(self.target, self.endpoint.base_path)
 
-    def metrics_headers(self) -> dict[str, str]:
+    def metrics_headers(self, secrets: bool = True) -> dict[str, str]:
         """The endpoint's headers for the scrape of metrics_url: only when it is the target's
-        origin (scheme, host, port), so that a secret header never goes to another server."""
+        origin (scheme, host, port), so that a secret header never goes to another server;
+        ``secrets=False``: without headers_env's (ValueError only for an unset one of those)."""
         if not self.metrics_url or _origin(self.metrics_url) != _origin(self.target):
             return {}
+        if not secrets:
+            return {str(k): str(v) for k, v in (self.endpoint.headers or {}).items()}
         return self.endpoint.resolved_headers()
 
     def step_durations(self) -> float:

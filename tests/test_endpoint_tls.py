@@ -315,3 +315,34 @@ def test_the_load_verifies_tls_and_follows_the_host_locust_gives(proxied, token)
     for name in ("another CA", "system CAs"):
         assert seen[name]["ok"] == 0 and seen[name]["failed"] > 0, (name, seen[name])
         assert all("CERTIFICATE_VERIFY_FAILED" in e for e in seen[name]["errors"]), seen[name]
+
+
+# -- a monitored host's own scrape (agents/remote.py's sampler, as the agent builds it) -------
+def test_a_hosts_own_scrape_goes_through_the_endpoint(proxied, token, tmp_path):
+    """A host that lists the ``prometheus`` collector scrapes metrics_url itself (urllib, in the
+    agent): it gets the plan's CA (as text: the file is on the load machine) and the plan's
+    literal headers, never a headers_env value."""
+    import threading
+    import time
+
+    from agents import AgentSettings, remote
+    from collectors.base import HostContext
+    from collectors.prometheus import COLLECTOR
+
+    plan = plan_from_dict({"target": proxied.proxy.url, "metrics_url": proxied.proxy.url + BASE_PATH + "/metrics",
+                           "endpoint": {"ca_bundle": str(proxied.pki.ca), "headers": {"Host": DEMO_HOST},
+                                        "headers_env": {TOKEN_HEADER: TOKEN_ENV}, "base_path": BASE_PATH}})
+    settings = AgentSettings.from_plan(plan)
+    spec = COLLECTOR.run_spec(HostContext({}, None, 1.0, settings.metrics_url, settings.metrics_tls))
+    assert TOKEN not in json.dumps(spec.params) and spec.params["tls"]["headers"] == {"Host": DEMO_HOST}
+
+    def scrape(**params):
+        return remote.PrometheusSampler("prometheus", str(tmp_path / "p.jsonl"), 1.0, threading.Event(),
+                                        **params).sample(time.time())[0]
+
+    assert SERVED in scrape(**spec.params).get("text", ""), scrape(**spec.params)
+    assert "CERTIFICATE_VERIFY_FAILED" in scrape(url=spec.params["url"])["error"]  # without the plan's CA
+    no_host = {**spec.params, "tls": {"cadata": spec.params["tls"]["cadata"]}}
+    assert "HTTP Error 404" in scrape(**no_host)["error"]  # without the plan's Host
+    unverified = {**spec.params, "tls": {"verify": False, "headers": {"Host": DEMO_HOST}}}
+    assert SERVED in scrape(**unverified).get("text", "")

@@ -9,7 +9,8 @@
 Virtual servers on ``proxy.url``:
 - the default server (any other Host) answers 404, as an ingress with no route for a name does;
 - ``Host: DEMO_HOST`` serves the target under the gateway prefix ``BASE_PATH`` (stripped before
-  it reaches the target) and requires ``TOKEN_HEADER: TOKEN`` (401 otherwise).
+  it reaches the target) and requires ``TOKEN_HEADER: TOKEN`` (401 otherwise), except on its
+  /metrics (open, as a scrape route on an internal network often is).
 ``proxy.mtls_url`` serves the target at / to a client presenting a certificate of the private CA
 (nginx answers 400 "No required SSL certificate was sent" to one without).
 
@@ -132,6 +133,9 @@ http {{
   server {{
     listen 127.0.0.1:{port} ssl;
     server_name {host};
+    location = {base}/metrics {{
+      proxy_pass http://target/metrics;
+    }}
     location {base}/ {{
       if ($http_{token_var} != "{token}") {{ return 401; }}
       proxy_pass http://target/;
