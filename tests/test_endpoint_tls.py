@@ -67,7 +67,7 @@ def routed_plan(p: Proxied, path: Path, **endpoint: object) -> Path:
 
 
 def write_plan(path: Path, target: str, endpoint: dict, steps: list[int] = (1, 2), hold: float = 3.0,
-               **top: str) -> Path:
+               **top: object) -> Path:
     import tomli_w
 
     path.write_text(tomli_w.dumps({"name": "tls", "target": target, "protocol": "kserve", **top,
@@ -354,3 +354,48 @@ def test_a_hosts_own_scrape_goes_through_the_endpoint(proxied, token, tmp_path):
     assert "HTTP Error 404" in scrape(**no_host)["error"]  # without the plan's Host
     unverified = {**spec.params, "tls": {"verify": False, "headers": {"Host": DEMO_HOST}}}
     assert SERVED in scrape(**unverified).get("text", "")
+
+
+@pytest.mark.slow
+def test_the_web_ui_host_field_goes_through_the_endpoint(proxied, tmp_path):
+    """Start pressed in the web UI (over HTTP) with the proxy typed into its Host field: the plan's
+    [endpoint] (CA, Host, secret header, base path) carries the load there, and the run is valid."""
+    import requests
+
+    from conftest import wait_for
+    from kneeswarm.conductor import free_port
+
+    plan = write_plan(tmp_path / "plan.toml", "https://127.0.0.1:1",  # replaced by the Host field
+                      {"ca_bundle": str(proxied.pki.ca), "headers": {"Host": DEMO_HOST},
+                       "headers_env": {TOKEN_HEADER: TOKEN_ENV}, "base_path": BASE_PATH}, steps=[1], hold=3.0,
+                      analysis={"min_requests": 40})  # ~45 requests/s in a 2 s steady window
+    port, out, logged = free_port(), tmp_path / "runs", len(proxied.proxy.access_log())
+    ui = subprocess.Popen([os.sys.executable, "-m", "locust", "-f", str(REPO / "locustfiles" / "swarm.py"),
+                           "--web-host", "127.0.0.1", "--web-port", str(port), "--kneeswarm-plan", str(plan),
+                           "--kneeswarm-out", str(out)], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, env={**os.environ, TOKEN_ENV: TOKEN})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        def up() -> bool:
+            try:
+                return requests.get(base + "/", timeout=1).status_code == 200
+            except requests.RequestException:
+                return False
+
+        wait_for(up, 60, "the web UI")
+        r = requests.post(base + "/swarm", data={"user_count": 1, "spawn_rate": 1, "host": proxied.proxy.url},
+                          timeout=10)
+        assert r.status_code == 200 and r.json()["success"], r.text
+        wait_for(lambda: out.exists() and any(out.glob("*/report/summary.json")), 90, "the run's report")
+    finally:
+        ui.terminate()
+        ui.wait(timeout=30)
+    (run_dir,) = [d for d in out.iterdir() if d.is_dir()]
+    s = read_summary(run_dir)
+    assert s["complete"] is True and all(st["valid"] for st in s["steps"]), [st["reasons"] for st in s["steps"]]
+    rows = RunDir(run_dir).read_requests()
+    assert rows["ok"].all() and len(rows) > 25
+    infer = [x for x in proxied.proxy.access_log()[logged:] if "/infer" in x]
+    assert all(x.startswith(f'{DEMO_HOST} 200 "POST {BASE_PATH}/v2/models/demo/infer') for x in infer), infer[:3]
+    assert 0 <= len(infer) - len(rows) <= 1
+    assert s["endpoint"]["tls"] == "verified" and f"target = \"{proxied.proxy.url}\"" in (run_dir / "plan.toml").read_text()
