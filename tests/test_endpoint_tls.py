@@ -399,3 +399,16 @@ def test_the_web_ui_host_field_goes_through_the_endpoint(proxied, tmp_path):
     assert all(x.startswith(f'{DEMO_HOST} 200 "POST {BASE_PATH}/v2/models/demo/infer') for x in infer), infer[:3]
     assert 0 <= len(infer) - len(rows) <= 1
     assert s["endpoint"]["tls"] == "verified" and f"target = \"{proxied.proxy.url}\"" in (run_dir / "plan.toml").read_text()
+
+
+def test_a_certificate_for_another_name_is_named(proxied, tmp_path, capsys, token):
+    """The server's certificate names 127.0.0.1 and DEMO_HOST, not localhost."""
+    url = proxied.proxy.url.replace("127.0.0.1", "localhost")
+    plan = write_plan(tmp_path / "p.toml", url, {"ca_bundle": str(proxied.pki.ca), "headers": {"Host": DEMO_HOST},
+                                                 "headers_env": {TOKEN_HEADER: TOKEN_ENV}, "base_path": BASE_PATH})
+    assert cli.main(["run", str(plan), "--out", str(tmp_path / "runs")]) == 2
+    assert one_error_line(capsys) == (
+        f"kneeswarm: error: target {url}: health check {url}{BASE_PATH}/v2/health/ready failed (TLS: the server's "
+        f"certificate is not valid for the target's host name (Hostname mismatch, certificate is not valid for "
+        f"'localhost'.))")
+    assert not (tmp_path / "runs").exists()

@@ -197,7 +197,7 @@ def connection_problem(e: BaseException) -> str:
     text = str(e)
     low = text.lower()
     if "ssl" in type(e).__name__.lower() or "[ssl" in low or "certificate" in low:
-        reason = re.search(r"certificate verify failed: ([^(\'\"]+)", text) or re.search(r"\] ([^(\'\"]+) \(_ssl", text)
+        reason = re.search(r"certificate verify failed: (.+?) \(_ssl", text) or re.search(r"\] ([^\]]+?) \(_ssl", text)
         said = f" ({reason.group(1).strip()})" if reason else ""
         for needle, meaning in TLS_FAILURES:
             if needle in low:
