@@ -199,6 +199,18 @@ def test_a_missing_client_certificate_is_named(proxied, tmp_path, capsys, quick_
     assert not (tmp_path / "runs").exists()
 
 
+def test_unverified_tls_still_fails_in_one_line(proxied, tmp_path):
+    """verify = false: no warning from the HTTP library beside the one line (a real process:
+    pytest would keep a warning from stderr)."""
+    from conftest import run_cli
+
+    plan = write_plan(tmp_path / "p.toml", proxied.proxy.mtls_url, {"verify": False})
+    res = run_cli("run", str(plan), "--out", str(tmp_path / "runs"), timeout=60)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert res.stderr.strip().endswith("the server requires a client certificate (endpoint.client_cert)")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_an_unset_header_variable_is_named(proxied, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv(TOKEN_ENV, raising=False)
     assert cli.main(["run", str(routed_plan(proxied, tmp_path / "p.toml")), "--out", str(tmp_path / "runs")]) == 2
