@@ -23,8 +23,11 @@ from conftest import KNEESWARM, REPO, read_summary, side_by_side
 from tls_proxy import BASE_PATH, DEMO_HOST, TOKEN, TOKEN_HEADER, TlsProxy, make_pki
 
 TOKEN_ENV = "KS_TEST_GATEWAY_TOKEN"
-#: 1 user on the knee target's 20 ms slots makes ~45 requests/s through the proxy, ~90 in a 2 s
-#: steady window: a step is trusted from 40 (half that rate, for a busy 2-core machine)
+#: The knee target's service time (KServe) and token gap (OpenAI, 8 tokens): requests of 30-40 ms,
+#: long enough that a worker clock's error bound (a few ms on a busy machine) stays under 10 % of
+#: P50 (analysis.trust).  1 user then makes ~30 requests/s, ~60 in a 2 s steady window: a step is
+#: trusted from 40.
+SERVICE_MS, ITL_MS = 30, 5
 SMALL_STEPS = {"min_requests": 40}
 SERVED = "kneeswarm_target_requests_total"
 
@@ -32,7 +35,8 @@ SERVED = "kneeswarm_target_requests_total"
 class Proxied:
     def __init__(self, tmp: Path):
         self.pki = make_pki(tmp / "pki")
-        self.target, self.target_url = start_target(["--mode", "knee", "--slots", "4", "--service-ms", "20"])
+        self.target, self.target_url = start_target(["--mode", "knee", "--slots", "4", "--service-ms",
+                                                      str(SERVICE_MS), "--itl-ms", str(ITL_MS)])
         try:
             self.proxy = TlsProxy.start(tmp / "nginx", self.pki, int(self.target_url.rsplit(":", 1)[1]))
         except BaseException:
@@ -99,15 +103,16 @@ def one_error_line(capsys) -> str:
 # -- real runs through the proxy ------------------------------------------------------------
 @pytest.mark.slow
 def test_runs_through_the_tls_proxy_count_what_the_target_served(proxied, tmp_path):
-    """Two real runs side by side, one after the other's truth is read would cost twice: the
-    Host-routed server (private CA, Host, secret header, base path, /metrics through the proxy)
-    and the client-certificate server with verify = false.  Every step valid; the target's own
+    """Two real runs side by side (one after the other would cost twice): the Host-routed server
+    (private CA, Host, secret header, base path, /metrics through the proxy; KServe v2) and the
+    client-certificate server with verify = false (OpenAI chat, streamed).  Every step valid; the target's own
     counter moved by the rows; each request reached nginx with the plan's Host; the secret is
     nowhere in the run directory; the report says which TLS each run had."""
     routed = routed_plan(proxied, tmp_path / "routed.toml")
     mtls = write_plan(tmp_path / "mtls.toml", proxied.proxy.mtls_url,
                       {"verify": False, "client_cert": str(proxied.pki.client_cert),
-                       "client_key": str(proxied.pki.client_key)}, steps=[1], hold=3.0, analysis=SMALL_STEPS)
+                       "client_key": str(proxied.pki.client_key)}, steps=[1], hold=4.0, analysis=SMALL_STEPS,
+                      protocol="openai", request={"max_tokens": 8})  # streamed (SSE) through TLS
     before, logged = proxied.served(), len(proxied.proxy.access_log())
     env = {**os.environ, "PYTHONPATH": str(REPO), TOKEN_ENV: TOKEN}
     with side_by_side() as runs:
@@ -126,6 +131,8 @@ def test_runs_through_the_tls_proxy_count_what_the_target_served(proxied, tmp_pa
         assert all(st["valid"] for st in s["steps"]), [st["reasons"] for st in s["steps"]]
         table = RunDir(run_dir).read_requests()
         assert table["ok"].all() and len(table) > 50, table["error"].value_counts()
+        if name == "mtls":  # every answer streamed: its first token timed through the proxy
+            assert table["ttft_ms"].notna().all() and (table["tokens_out"] == 8).all()
         ok, rows = ok + int(table["ok"].sum()), rows + len(table)
         for f in run_dir.rglob("*"):  # the token's value is never written; its variable's name is
             assert not f.is_file() or TOKEN.encode() not in f.read_bytes(), f
@@ -144,7 +151,7 @@ def test_runs_through_the_tls_proxy_count_what_the_target_served(proxied, tmp_pa
         else:
             assert s["endpoint"]["tls"] == "unverified" and s["endpoint"]["client_cert"] is True
             assert "**unverified TLS**" in md
-    infer = [line for line in proxied.proxy.access_log()[logged:] if "/infer" in line]
+    infer = [line for line in proxied.proxy.access_log()[logged:] if "/infer" in line or "/completions" in line]
     abandoned = len(infer) - ok
     print(f"target served {served:.0f}, rows ok {ok}, rows {rows}, nginx saw {len(infer)}")
     # Every request the target served is a row, but those the users abandoned when the load
@@ -152,7 +159,7 @@ def test_runs_through_the_tls_proxy_count_what_the_target_served(proxied, tmp_pa
     assert ok <= served <= len(infer) and 0 <= abandoned <= 3, (served, ok, rows, len(infer))
     # and every request went through nginx with the plan's Host, under the base path
     routed = [x for x in infer if x.startswith(f"{DEMO_HOST} ") and f'"POST {BASE_PATH}/v2/models/demo/infer' in x]
-    mtls = [x for x in infer if x.startswith("127.0.0.1 ") and '"POST /v2/models/demo/infer' in x]
+    mtls = [x for x in infer if x.startswith("127.0.0.1 ") and '"POST /v1/chat/completions' in x]
     assert len(routed) + len(mtls) == len(infer) and len(routed) > 50 and len(mtls) > 25, infer[:5]
     assert all(" 200 " in x or " 499 " in x for x in infer), [x for x in infer if " 200 " not in x]
 
