@@ -119,10 +119,11 @@ def check_target(plan: Plan, timeout: float | None = None) -> None:
     url = plan.base_url + protocol.health_path
     deadline = time.monotonic() + timeout
     problem = "no answer"
+    session = plan.endpoint.requests_session()
     while time.monotonic() < deadline:
         try:
-            r = requests.get(url, timeout=min(2.0, timeout), headers=protocol.headers,
-                             **plan.endpoint.requests_kwargs())
+            r = session.get(url, timeout=min(2.0, timeout), headers=protocol.headers,
+                            **plan.endpoint.requests_kwargs())
             # 404: up, but the health path is the model's own (TF Serving): the preflight says why
             if 200 <= r.status_code < 300 or r.status_code == 404:
                 try:  # the plan's model must be served (one line, exit 2, no run directory)

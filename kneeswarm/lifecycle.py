@@ -118,12 +118,13 @@ class Lifecycle:
             self.scraper.start()
 
     def metrics_session(self) -> Any:
-        """A requests session for metrics_url with the plan's [endpoint] headers where metrics_url
-        is the target's origin (Plan.metrics_headers); its TLS settings go with each request
-        (``request_kw``: a Session's own ``verify`` loses to REQUESTS_CA_BUNDLE)."""
+        """A requests session for metrics_url with the plan's [endpoint] headers and server_name
+        where metrics_url is the target's origin (Plan.metrics_headers); its TLS settings go with
+        each request (``request_kw``: a Session's own ``verify`` loses to REQUESTS_CA_BUNDLE)."""
         import requests
 
-        session = requests.Session()
+        same = self.plan.metrics_origin_is_target()
+        session = self.plan.endpoint.requests_session() if same else requests.Session()
         try:
             session.headers.update(self.plan.metrics_headers())
         except ValueError as e:  # an unset variable: the health check said it before; said again here

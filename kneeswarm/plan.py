@@ -91,6 +91,7 @@ class RequestPlan:
 #: A header name as HTTP allows it (RFC 9110 token)
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SERVER_NAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62}))*\.?$")
 
 
 @dataclass
@@ -107,10 +108,11 @@ class EndpointPlan:
     headers: dict | None = None  # header name -> value on every request, e.g. {Host = "demo.example.com"}
     headers_env: dict | None = None  # header name -> NAME of the env var holding its value (secrets)
     base_path: str | None = None  # prefix of every path the protocol sends, e.g. "/serving/demo" (a gateway's route)
+    server_name: str | None = None  # the name TLS asks for (SNI) and checks in the certificate, where target is an address
 
     def tls_keys(self) -> list[str]:
         """The TLS keys set (they mean something for an https:// URL only)."""
-        return [k for k in ("ca_bundle", "client_cert", "client_key") if getattr(self, k)] + \
+        return [k for k in ("ca_bundle", "client_cert", "client_key", "server_name") if getattr(self, k)] + \
             ([] if self.verify else ["verify"])
 
     def resolved_headers(self) -> dict[str, str]:
@@ -140,6 +142,25 @@ class EndpointPlan:
         if self.client_cert:
             kw["cert"] = (self.client_cert, self.client_key) if self.client_key else self.client_cert
         return kw
+
+    def requests_session(self) -> Any:
+        """A requests Session for the target's origin: with ``server_name``, its https
+        connections ask for that name (SNI) and check it in the certificate (urllib3's
+        ``server_hostname`` / ``assert_hostname``), whatever address the URL holds."""
+        import requests
+        from requests.adapters import HTTPAdapter
+
+        name = self.server_name
+
+        class _ServerName(HTTPAdapter):
+            def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+                kwargs.update(server_hostname=name, assert_hostname=name)
+                super().init_poolmanager(*args, **kwargs)
+
+        session = requests.Session()
+        if name:
+            session.mount("https://", _ServerName())
+        return session
 
     def ssl_context(self, create: Any = ssl.create_default_context) -> ssl.SSLContext:
         """An SSL context for https:// (``create``: ssl's or gevent.ssl's create_default_context)."""
@@ -260,11 +281,15 @@ class Plan:
         """The target with endpoint.base_path: what every protocol path is appended to."""
         return join_base(self.target, self.endpoint.base_path)
 
+    def metrics_origin_is_target(self) -> bool:
+        """metrics_url has the target's scheme, host and port."""
+        return bool(self.metrics_url) and _origin(self.metrics_url) == _origin(self.target)
+
     def metrics_headers(self, secrets: bool = True) -> dict[str, str]:
         """The endpoint's headers for the scrape of metrics_url: only when it is the target's
         origin (scheme, host, port), so that a secret header never goes to another server;
         ``secrets=False``: without headers_env's (ValueError only for an unset one of those)."""
-        if not self.metrics_url or _origin(self.metrics_url) != _origin(self.target):
+        if not self.metrics_origin_is_target():
             return {}
         if not secrets:
             return {str(k): str(v) for k, v in (self.endpoint.headers or {}).items()}
@@ -483,6 +508,8 @@ def _validate_endpoint(plan: Plan, source: str) -> None:
         raise PlanError(f"{source}: endpoint.base_path must be a path starting with '/', got {e.base_path!r}")
     if e.ca_bundle and not e.verify:
         raise PlanError(f"{source}: endpoint.verify = false checks no certificate: give it or endpoint.ca_bundle, not both")
+    if e.server_name is not None and not _SERVER_NAME.match(e.server_name):
+        raise PlanError(f"{source}: endpoint.server_name must be a DNS name, got {e.server_name!r}")
     if e.client_key and not e.client_cert:
         raise PlanError(f"{source}: endpoint.client_key needs endpoint.client_cert (the certificate it belongs to)")
     urls = [u for u in (plan.target, plan.metrics_url) if u]

@@ -69,15 +69,19 @@ class InferenceUser(FastHttpUser):
     def __init__(self, environment: Any) -> None:
         """The plan's [endpoint] on this user's client: the base path after the host Locust
         gives (the plan's target, --host or the web UI's Host field), and for https:// the
-        endpoint's TLS context (CA bundle, client certificate; unverified only where the plan
-        says verify = false -- Locust's own default is not to verify).  Its headers come with
+        endpoint's TLS context (CA bundle, client certificate, server_name; unverified only where
+        the plan says verify = false -- Locust's own default is not to verify).  Its headers come with
         every request from the protocol (``PreparedRequest.headers``)."""
         endpoint = state.plan().endpoint
         self.host = join_base(self.host or state.plan().target, endpoint.base_path)
-        if self.host.startswith("https://"):
+        https = self.host.startswith("https://")
+        if https:
             self.insecure = not endpoint.verify
             self.ssl_context_factory = _ssl_factory(endpoint)
         super().__init__(environment)
+        if https and endpoint.server_name:  # SNI and the certificate's name: geventhttpclient's ssl_options,
+            #  read when the pool makes its client for the host, at the first request
+            self.client.client.clientpool.client_args["ssl_options"] = {"server_hostname": endpoint.server_name}
 
     def wait_time(self) -> float:
         return state.plan().load.wait_ms / 1000.0

@@ -266,6 +266,8 @@ def test_endpoint_files_are_checked(tmp_path):
     ("https://h:1", {"headers": {"host": "a"}, "headers_env": {"Host": "H"}}, "header 'Host' is given twice"),
     ("https://h:1", {"headers": 3}, "endpoint.headers must be a table"),
     ("https://h:1", {"cafile": "x"}, "unknown key 'endpoint.cafile'"),
+    ("https://h:1", {"server_name": "a b"}, "endpoint.server_name must be a DNS name"),
+    ("http://h:1", {"server_name": "a.example"}, "endpoint.server_name is for TLS"),
 ])
 def test_endpoint_keys_are_validated(target, endpoint, said):
     with pytest.raises(PlanError) as e:
@@ -301,6 +303,7 @@ from locustfiles.users import InferenceUser
 host, cases = sys.argv[1], json.loads(sys.argv[2])
 out = {}
 for name, plan in cases.items():
+    host = plan.pop("_host", host)
     state.set_plan(plan_from_dict(plan, name))
     seen = {"ok": 0, "failed": 0, "errors": set()}
 
@@ -335,14 +338,19 @@ def test_the_load_verifies_tls_and_follows_the_host_locust_gives(proxied, token)
         "another CA": {**routed, "endpoint": {**routed["endpoint"], "ca_bundle": str(proxied.pki.other_ca)}},
         "system CAs": routed,
         "verify = false": {**routed, "endpoint": {**routed["endpoint"], "verify": False}},
+        # a certificate that names DEMO_HOST only, reached by its address: the name asked for (SNI)
+        "server_name": {"_host": proxied.proxy.named_url, "target": "https://127.0.0.1:1", "load": {"steps": [2]},
+                        "endpoint": {"ca_bundle": str(proxied.pki.ca), "server_name": DEMO_HOST}},
+        "no server_name": {"_host": proxied.proxy.named_url, "target": "https://127.0.0.1:1", "load": {"steps": [2]},
+                           "endpoint": {"ca_bundle": str(proxied.pki.ca)}},
     }
     res = subprocess.run([os.sys.executable, "-c", USERS_SCRIPT, proxied.proxy.url, json.dumps(cases)],
                          capture_output=True, text=True, timeout=60, cwd=REPO, env={**os.environ, TOKEN_ENV: TOKEN})
     assert res.returncode == 0, res.stderr[-2000:]
     seen = json.loads(res.stdout.strip().splitlines()[-1])
-    for name in ("our CA", "verify = false"):
+    for name in ("our CA", "verify = false", "server_name"):
         assert seen[name]["ok"] > 5 and seen[name]["failed"] == 0, (name, seen[name])
-    for name in ("another CA", "system CAs"):
+    for name in ("another CA", "system CAs", "no server_name"):
         assert seen[name]["ok"] == 0 and seen[name]["failed"] > 0, (name, seen[name])
         assert all("CERTIFICATE_VERIFY_FAILED" in e for e in seen[name]["errors"]), seen[name]
 
@@ -431,6 +439,22 @@ def test_a_certificate_for_another_name_is_named(proxied, tmp_path, capsys, toke
     assert cli.main(["run", str(plan), "--out", str(tmp_path / "runs")]) == 2
     assert one_error_line(capsys) == (
         f"kneeswarm: error: target {url}: health check {url}{BASE_PATH}/v2/health/ready failed (TLS: the server's "
-        f"certificate is not valid for the target's host name (Hostname mismatch, certificate is not valid for "
-        f"'localhost'.))")
+        f"certificate is not valid for the name asked for (the target's host, or endpoint.server_name) (Hostname "
+        f"mismatch, certificate is not valid for 'localhost'.))")
     assert not (tmp_path / "runs").exists()
+
+
+def test_server_name_asks_for_the_certificates_name(proxied, tmp_path, capsys, quick_health):
+    """An ingress reached by its address whose certificate names the service only: without
+    server_name one line says so; with it the health check and preflight pass."""
+    base = {"target": proxied.proxy.named_url, "endpoint": {"ca_bundle": str(proxied.pki.ca)}}
+    with pytest.raises(conductor.ConductorError) as e:
+        conductor.check_target(plan_from_dict(base))
+    assert str(e.value) == (f"target {proxied.proxy.named_url}: health check {proxied.proxy.named_url}/v2/health/ready "
+                            f"failed (TLS: the server's certificate is not valid for the name asked for (the target's "
+                            f"host, or endpoint.server_name) (IP address mismatch, certificate is not valid for "
+                            f"'127.0.0.1'.))")
+    before = proxied.served()
+    named = plan_from_dict({**base, "endpoint": {**base["endpoint"], "server_name": DEMO_HOST}})
+    assert conductor.check_target(named) is None
+    assert proxied.served() == before  # a health check and a model's readiness: no inference

@@ -4,6 +4,7 @@
     proxy = TlsProxy.start(tmp_path / "nginx", pki, upstream_port=target_port)
     proxy.url        # https://127.0.0.1:PORT          routes by Host, as an ingress does
     proxy.mtls_url   # https://127.0.0.1:PORT2         requires a client certificate
+    proxy.named_url  # https://127.0.0.1:PORT3         a certificate for DEMO_HOST only (no address)
     proxy.stop()
 
 Virtual servers on ``proxy.url``:
@@ -12,7 +13,9 @@ Virtual servers on ``proxy.url``:
   it reaches the target) and requires ``TOKEN_HEADER: TOKEN`` (401 otherwise), except on its
   /metrics (open, as a scrape route on an internal network often is).
 ``proxy.mtls_url`` serves the target at / to a client presenting a certificate of the private CA
-(nginx answers 400 "No required SSL certificate was sent" to one without).
+(nginx answers 400 "No required SSL certificate was sent" to one without).  ``proxy.named_url``
+serves it at / with a certificate that names DEMO_HOST only, as an ingress reached by its address
+does (a client must ask for that name: SNI, endpoint.server_name).
 
 nginx runs from its own config in a temp dir (``nginx -p DIR -c DIR/nginx.conf``), one process
 (``master_process off``, so no user switch), in the foreground as the test's child; never the
@@ -45,6 +48,8 @@ class Pki:
     client_cert: Path
     client_key: Path
     other_ca: Path  # a CA that signed nothing here (a wrong ca_bundle)
+    named_cert: Path  # a server certificate for DEMO_HOST only (no address), as an ingress has
+    named_key: Path
 
 
 def _key():
@@ -104,8 +109,10 @@ def make_pki(d: Path) -> Pki:
     _write(d / "client", cli_key, _cert("kneeswarm load generator", cli_key, ca.subject, ca_key, client=True))
     other_key = _key()
     _write(d / "other-ca", None, _cert("some other CA", other_key, None, other_key, ca=True))
+    named_key = _key()
+    _write(d / "named", named_key, _cert(DEMO_HOST, named_key, ca.subject, ca_key, sans=[x509.DNSName(DEMO_HOST)]))
     return Pki(d / "ca.pem", d / "server.pem", d / "server.key", d / "client.pem", d / "client.key",
-               d / "other-ca.pem")
+               d / "other-ca.pem", d / "named.pem", d / "named.key")
 
 
 CONFIG = """
@@ -145,6 +152,17 @@ http {{
     }}
   }}
   server {{
+    listen 127.0.0.1:{named_port} ssl;
+    server_name {host};
+    ssl_certificate {pki.named_cert};
+    ssl_certificate_key {pki.named_key};
+    location / {{
+      proxy_pass http://target;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+    }}
+  }}
+  server {{
     listen 127.0.0.1:{mtls_port} ssl;
     ssl_client_certificate {pki.ca};
     ssl_verify_client on;
@@ -171,25 +189,28 @@ class TlsProxy:
     dir: Path
     port: int
     mtls_port: int
+    named_port: int
 
     url = property(lambda self: f"https://127.0.0.1:{self.port}")
     mtls_url = property(lambda self: f"https://127.0.0.1:{self.mtls_port}")
+    named_url = property(lambda self: f"https://127.0.0.1:{self.named_port}")
 
     @classmethod
     def start(cls, d: Path, pki: Pki, upstream_port: int) -> TlsProxy:
         (d / "tmp").mkdir(parents=True, exist_ok=True)
-        port, mtls_port = _free_port(), _free_port()
+        port, mtls_port, named_port = _free_port(), _free_port(), _free_port()
         (d / "nginx.conf").write_text(CONFIG.format(
-            d=d, pki=pki, upstream=upstream_port, port=port, mtls_port=mtls_port, host=DEMO_HOST, base=BASE_PATH,
+            d=d, pki=pki, upstream=upstream_port, port=port, mtls_port=mtls_port, named_port=named_port,
+            host=DEMO_HOST, base=BASE_PATH,
             token_var=TOKEN_HEADER.lower().replace("-", "_"), token=TOKEN))
         proc = subprocess.Popen([NGINX, "-p", str(d), "-c", str(d / "nginx.conf"), "-e", str(d / "error.log")],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        proxy = cls(proc, d, port, mtls_port)
+        proxy = cls(proc, d, port, mtls_port, named_port)
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise RuntimeError(f"nginx exited: {proc.stderr.read().decode(errors='replace')[-2000:]}")
-            if all(_listening(p) for p in (port, mtls_port)):
+            if all(_listening(p) for p in (port, mtls_port, named_port)):
                 return proxy
             time.sleep(0.05)
         proxy.stop()

@@ -162,8 +162,9 @@ class Protocol:
         import requests  # here: the request hot path never needs it
 
         try:
-            return requests.request(method, base_url.rstrip("/") + path, headers=self.headers,
-                                    timeout=timeout, **self.endpoint.requests_kwargs(), **kw)
+            with self.endpoint.requests_session() as session:
+                return session.request(method, base_url.rstrip("/") + path, headers=self.headers,
+                                       timeout=timeout, **self.endpoint.requests_kwargs(), **kw)
         except requests.RequestException as e:
             raise PreflightError(self.redact(f"{base_url}: {method} {path} failed ({connection_problem(e)})")) from None
 
@@ -185,7 +186,8 @@ TLS_FAILURES = (
                                 "(give that CA in endpoint.ca_bundle)"),
     ("self signed certificate", "the server's certificate is self-signed or signed by a CA not trusted here "
                                 "(give that CA in endpoint.ca_bundle)"),
-    ("mismatch", "the server's certificate is not valid for the target's host name"),
+    ("mismatch", "the server's certificate is not valid for the name asked for (the target's host, or "
+                 "endpoint.server_name)"),
     ("certificate has expired", "the server's certificate has expired"),
     ("wrong version number", "the server does not speak TLS on that port (is the target http://?)"),
 )
