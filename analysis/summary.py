@@ -231,7 +231,7 @@ def endpoint_facts(plan: dict[str, Any]) -> dict[str, Any]:
             "tls": ("verified" if e.get("verify", True) else "unverified") if https else None,
             "ca_bundle": e.get("ca_bundle"), "client_cert": bool(e.get("client_cert")),
             "headers": sorted([*(e.get("headers") or {}), *(e.get("headers_env") or {})]),
-            "base_path": e.get("base_path")}
+            "base_path": e.get("base_path"), "server_name": e.get("server_name")}
 
 
 def endpoint_lines(summary: dict[str, Any]) -> list[str]:
@@ -250,6 +250,8 @@ def endpoint_lines(summary: dict[str, Any]) -> list[str]:
         parts.append("headers " + ", ".join(e["headers"]))
     if e.get("base_path"):
         parts.append(f"base path {e['base_path']}")
+    if e.get("server_name"):
+        parts.append(f"server name {e['server_name']}")
     return ["**Endpoint:** " + "; ".join(parts)]
 
 

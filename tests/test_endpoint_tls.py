@@ -141,7 +141,7 @@ def test_runs_through_the_tls_proxy_count_what_the_target_served(proxied, tmp_pa
             assert TOKEN_ENV in (run_dir / "plan.toml").read_text()
             assert s["endpoint"] == {"scheme": "https", "tls": "verified", "ca_bundle": str(proxied.pki.ca),
                                      "client_cert": False, "headers": sorted(["Host", TOKEN_HEADER]),
-                                     "base_path": BASE_PATH}
+                                     "base_path": BASE_PATH, "server_name": None}
             metrics = json.loads((run_dir / "meta.json").read_text())["target_metrics"]
             # /metrics through the proxy too: every scrape answered, but one cut at its 0.8 s
             # deadline (two runs side by side on 2 busy cores) is the scraper's rule, not a TLS fault
