@@ -119,26 +119,26 @@ def check_target(plan: Plan, timeout: float | None = None) -> None:
     url = plan.base_url + protocol.health_path
     deadline = time.monotonic() + timeout
     problem = "no answer"
-    session = plan.endpoint.requests_session()
-    while time.monotonic() < deadline:
-        try:
-            r = session.get(url, timeout=min(2.0, timeout), headers=protocol.headers,
-                            **plan.endpoint.requests_kwargs())
-            # 404: up, but the health path is the model's own (TF Serving): the preflight says why
-            if 200 <= r.status_code < 300 or r.status_code == 404:
-                try:  # the plan's model must be served (one line, exit 2, no run directory)
-                    return protocol.preflight(plan.base_url, timeout=min(HEALTH_TIMEOUT, timeout))
-                except PreflightError as e:
-                    raise ConductorError(str(e)) from None
-            problem = f"HTTP {r.status_code}"
-            if 400 <= r.status_code < 500 and r.status_code not in RETRY_STATUS:
-                said = detail(r.content) + refusal_hint(r.status_code, r.content, protocol.headers)
-                raise ConductorError(protocol.redact(f"target {plan.target}: health check {url} -> {problem}{said}"))
-        except requests.exceptions.SSLError as e:
-            raise ConductorError(f"target {plan.target}: health check {url} failed ({connection_problem(e)})") from None
-        except requests.RequestException as e:
-            problem = connection_problem(e)
-        time.sleep(0.5)
+    with plan.endpoint.requests_session() as session:
+        while time.monotonic() < deadline:
+            try:
+                r = session.get(url, timeout=min(2.0, timeout), headers=protocol.headers,
+                                **plan.endpoint.requests_kwargs())
+                # 404: up, but the health path is the model's own (TF Serving): the preflight says why
+                if 200 <= r.status_code < 300 or r.status_code == 404:
+                    try:  # the plan's model must be served (one line, exit 2, no run directory)
+                        return protocol.preflight(plan.base_url, timeout=min(HEALTH_TIMEOUT, timeout))
+                    except PreflightError as e:
+                        raise ConductorError(str(e)) from None
+                problem = f"HTTP {r.status_code}"
+                if 400 <= r.status_code < 500 and r.status_code not in RETRY_STATUS:
+                    said = detail(r.content) + refusal_hint(r.status_code, r.content, protocol.headers)
+                    raise ConductorError(protocol.redact(f"target {plan.target}: health check {url} -> {problem}{said}"))
+            except requests.exceptions.SSLError as e:
+                raise ConductorError(f"target {plan.target}: health check {url} failed ({connection_problem(e)})") from None
+            except requests.RequestException as e:
+                problem = connection_problem(e)
+            time.sleep(0.5)
     raise ConductorError(f"target {plan.target}: health check {url} failed ({problem}) within {timeout:.0f}s")
 
 
