@@ -1,6 +1,7 @@
 """The plan's [endpoint] through a real TLS-terminating proxy (Debian's nginx, tests/tls_proxy.py)
 in front of the real demo target, all on loopback: a private CA, a virtual server routed by Host
-under a gateway prefix with a secret header, and a server that requires a client certificate.
+under a gateway prefix with a secret header, a server that requires a client certificate, and one
+whose certificate names the service only.
 
 Truth is the target's own request counter (read from the target directly, not through the
 proxy) and nginx's access log (which Host each request carried)."""
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -344,7 +346,7 @@ def test_the_load_verifies_tls_and_follows_the_host_locust_gives(proxied, token)
         "no server_name": {"_host": proxied.proxy.named_url, "target": "https://127.0.0.1:1", "load": {"steps": [2]},
                            "endpoint": {"ca_bundle": str(proxied.pki.ca)}},
     }
-    res = subprocess.run([os.sys.executable, "-c", USERS_SCRIPT, proxied.proxy.url, json.dumps(cases)],
+    res = subprocess.run([sys.executable, "-c", USERS_SCRIPT, proxied.proxy.url, json.dumps(cases)],
                          capture_output=True, text=True, timeout=60, cwd=REPO, env={**os.environ, TOKEN_ENV: TOKEN})
     assert res.returncode == 0, res.stderr[-2000:]
     seen = json.loads(res.stdout.strip().splitlines()[-1])
@@ -400,7 +402,7 @@ def test_the_web_ui_host_field_goes_through_the_endpoint(proxied, tmp_path):
                        "headers_env": {TOKEN_HEADER: TOKEN_ENV}, "base_path": BASE_PATH}, steps=[1], hold=3.0,
                       analysis=SMALL_STEPS)
     port, out, logged = free_port(), tmp_path / "runs", len(proxied.proxy.access_log())
-    ui = subprocess.Popen([os.sys.executable, "-m", "locust", "-f", str(REPO / "locustfiles" / "swarm.py"),
+    ui = subprocess.Popen([sys.executable, "-m", "locust", "-f", str(REPO / "locustfiles" / "swarm.py"),
                            "--web-host", "127.0.0.1", "--web-port", str(port), "--kneeswarm-plan", str(plan),
                            "--kneeswarm-out", str(out)], cwd=tmp_path, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True, env={**os.environ, TOKEN_ENV: TOKEN})
