@@ -6,8 +6,9 @@ STAMP   = $(VENV)/.installed-stamp
 # Debian packages the tests run for real: pidstat (sysstat), vmstat (procps), a real sshd
 # (openssh-server), clock-shifted agents (faketime), network namespaces (iproute2), the web UI
 # in a headless browser (chromium, driven by playwright with its executable path: never
-# `playwright install`), a minimal container's userland for the shell agent (busybox).
-DEBS    = sysstat procps openssh-server faketime iproute2 chromium busybox
+# `playwright install`), a minimal container's userland for the shell agent (busybox), a
+# TLS-terminating proxy (nginx, run from a test's own config, never the system service).
+DEBS    = sysstat procps openssh-server faketime iproute2 chromium busybox nginx
 PYTEST_ARGS ?=
 
 .PHONY: demo test test-fast bench debs clean
@@ -41,6 +42,7 @@ debs:
 	command -v ip >/dev/null 2>&1      || missing="$$missing iproute2"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v busybox >/dev/null 2>&1 || missing="$$missing busybox"; \
+	command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx || missing="$$missing nginx"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \

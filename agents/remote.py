@@ -386,17 +386,30 @@ class ProcfsSampler(Sampler):
 
 
 class PrometheusSampler(Sampler):
-    """Scrapes a /metrics URL (Prometheus text) with urllib; one JSON line per scrape."""
+    """Scrapes a /metrics URL (Prometheus text) with urllib; one JSON line per scrape.  ``tls``
+    (the plan's [endpoint] as agents/settings.py passes it): ``verify`` false checks no
+    certificate, ``cadata`` is the PEM text of the CAs to trust, ``headers`` go on each scrape."""
 
-    def __init__(self, name, path, interval, stopping, url: str):
+    def __init__(self, name, path, interval, stopping, url: str, tls: dict = None):
         super().__init__(name, path, interval, stopping)
         self.url = url
+        tls = tls or {}
+        self.headers = dict(tls.get("headers") or {})
+        self.context = None
+        if url.startswith("https://") and (tls.get("cadata") or tls.get("verify") is False):
+            import ssl
+
+            self.context = ssl.create_default_context(cadata=tls.get("cadata") or None)
+            if tls.get("verify") is False:
+                self.context.check_hostname = False
+                self.context.verify_mode = ssl.CERT_NONE
 
     def sample(self, t: float) -> "list[dict]":
         import urllib.request
 
         try:
-            with urllib.request.urlopen(self.url, timeout=max(0.5, self.interval * 0.8)) as r:
+            req = urllib.request.Request(self.url, headers=self.headers)
+            with urllib.request.urlopen(req, timeout=max(0.5, self.interval * 0.8), context=self.context) as r:
                 text = r.read(PROMETHEUS_MAX_BYTES).decode("utf-8", "replace")
             return [{"t": round(t, 3), "url": self.url, "text": text}]
         except Exception as e:

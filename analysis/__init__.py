@@ -41,7 +41,8 @@ from analysis.problems import collect
 from analysis.report import render_html
 from analysis.serverstats import server_metrics
 from analysis.streaming import ITL_COLUMNS, count_reasons, goodput_limits, has_streaming
-from analysis.summary import build_summary, jsonable, step_records, to_json, to_markdown, workload_facts
+from analysis.summary import (build_summary, endpoint_facts, jsonable, step_records, to_json, to_markdown,
+                              workload_facts)
 from analysis.target import PROMETHEUS_STREAM, target_series_used
 from analysis.trust import add_reasons, sla_error_rate, trust_reasons
 from analysis.workers import lost_worker_reasons, worker_table
@@ -101,6 +102,7 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
         problems=collect(inputs.meta, inputs.warnings.to_list(), inputs.lost),
         load=load_facts(inputs.plan),
         workload=workload_facts(inputs.plan),
+        endpoint=endpoint_facts(inputs.plan),
         **llm_extras(good, inputs.plan, has_streaming(stats)),
     )
     return add_explanations(summary, inputs.plan)

@@ -222,9 +222,45 @@ def workload_facts(plan: dict[str, Any]) -> dict[str, Any]:
     return {"inputs": inputs, "token_counts": f"tokenizer {tok}" if tok else "words (approximation)"}
 
 
+def endpoint_facts(plan: dict[str, Any]) -> dict[str, Any]:
+    """``endpoint``: how the target was reached (the plan's [endpoint]).  ``tls`` is "verified"
+    (the server's certificate checked, against ``ca_bundle`` or the system's CAs), "unverified"
+    (``verify = false``: nothing checked) or None (http://); ``headers`` names the headers sent
+    (never their values)."""
+    e = plan.get("endpoint") if isinstance(plan.get("endpoint"), dict) else {}
+    https = str(plan.get("target", "")).startswith("https://")
+    return {"scheme": "https" if https else "http",
+            "tls": ("verified" if e.get("verify", True) else "unverified") if https else None,
+            "ca_bundle": e.get("ca_bundle"), "client_cert": bool(e.get("client_cert")),
+            "headers": sorted([*(e.get("headers") or {}), *(e.get("headers_env") or {})]),
+            "base_path": e.get("base_path"), "server_name": e.get("server_name")}
+
+
+def endpoint_lines(summary: dict[str, Any]) -> list[str]:
+    """One line on how the target was reached, when it was over TLS or with [endpoint] settings."""
+    e = summary.get("endpoint") or {}
+    if not e or (e.get("tls") is None and not e.get("headers") and not e.get("base_path")):
+        return []
+    parts = []
+    if e.get("tls") == "unverified":
+        parts.append("**unverified TLS** (endpoint.verify = false: the server's certificate was not checked)")
+    elif e.get("tls") == "verified":
+        parts.append(f"TLS verified against {e['ca_bundle'] or 'the system CAs'}")
+    if e.get("client_cert"):
+        parts.append("client certificate presented")
+    if e.get("headers"):
+        parts.append("headers " + ", ".join(e["headers"]))
+    if e.get("base_path"):
+        parts.append(f"base path {e['base_path']}")
+    if e.get("server_name"):
+        parts.append(f"server name {e['server_name']}")
+    return ["**Endpoint:** " + "; ".join(parts)]
+
+
 def workload_lines(summary: dict[str, Any]) -> list[str]:
     w = summary.get("workload") or {}
-    return [f"**Inputs:** {w['inputs']}; token counts: {w['token_counts']}"] if w.get("token_counts") else []
+    inputs = [f"**Inputs:** {w['inputs']}; token counts: {w['token_counts']}"] if w.get("token_counts") else []
+    return inputs + endpoint_lines(summary)
 
 
 def malformed_lines(summary: dict[str, Any]) -> list[str]:

@@ -140,7 +140,7 @@ class PrometheusCollector(Collector):
     def sampler_params(self, ctx: HostContext) -> dict[str, Any]:
         if not ctx.metrics_url:
             raise Unavailable("no metrics_url")
-        return {"url": ctx.metrics_url}
+        return {"url": ctx.metrics_url, **({"tls": dict(ctx.metrics_tls)} if ctx.metrics_tls else {})}
 
     def parse_text(self, text: str, tz: tzinfo | None, t0: float | None, interval: float) -> Parsed:
         return parse_prometheus_jsonl(text)
@@ -163,13 +163,16 @@ class PrometheusScraper(threading.Thread):
     """
 
     def __init__(self, url: str, path: str | Path, interval: float = SCRAPE_INTERVAL,
-                 timeout: float | None = None, session: requests.Session | None = None):
+                 timeout: float | None = None, session: requests.Session | None = None,
+                 request_kw: dict[str, Any] | None = None):
         super().__init__(name="prometheus-scraper", daemon=True)
         self.url = url
         self.path = Path(path)
         self.interval = float(interval)
         self.timeout = float(timeout) if timeout is not None else min(SCRAPE_TIMEOUT, 0.8 * self.interval)
         self.session = session or requests.Session()
+        #: per-request keywords (``verify``, ``cert``): a Session's own verify loses to REQUESTS_CA_BUNDLE
+        self.request_kw = dict(request_kw or {})
         self._stopping = threading.Event()
         self.scrapes = self.ok = self.failed = 0
         self.bytes = 0
@@ -184,7 +187,8 @@ class PrometheusScraper(threading.Thread):
         rec: dict[str, Any] = {"t": round(t, 6), "url": self.url}
         deadline = time.monotonic() + self.timeout
         try:
-            with self.session.get(self.url, stream=True, timeout=(SCRAPE_CONNECT_TIMEOUT, self.timeout)) as r:
+            with self.session.get(self.url, stream=True, timeout=(SCRAPE_CONNECT_TIMEOUT, self.timeout),
+                                  **self.request_kw) as r:
                 if r.status_code != 200:
                     raise _ScrapeError(f"HTTP {r.status_code}")
                 body = bytearray()

@@ -54,6 +54,9 @@ from locustfiles.recorder import RECORDER_FILE
 logger = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT = 10.0  # seconds the target has to pass its health check before the run
+#: 4xx answers to the health check that may change within HEALTH_TIMEOUT (a timeout, a rate
+#: limit); any other 4xx is a refusal, said at once
+RETRY_STATUS = (408, 425, 429)
 WORKER_WAIT = 60.0  # seconds for all workers to connect
 FETCH_PERIOD = 5.0  # seconds between incremental fetches from the host agents
 RUN_MARGIN = 120.0  # seconds beyond the planned duration before the master is killed
@@ -100,39 +103,43 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def check_target(plan: Plan, timeout: float | None = None) -> None:
-    """Wait until the target's health check answers 2xx, or raise ConductorError."""
-    from locustfiles.protocols import PreflightError, ProtocolError, for_plan
+    """Wait until the target's health check answers 2xx, or raise ConductorError.
+
+    Through the plan's [endpoint] (TLS trust, client certificate, headers, base path), as the
+    load will go.  A refusal (4xx other than 404) or a TLS failure ends the wait at once: the
+    server is up and will not answer differently in a second; it is said in one line naming
+    what failed.  Connection errors and 5xx are retried until ``timeout`` (a server starting)."""
+    from locustfiles.protocols import PreflightError, ProtocolError, connection_problem, detail, for_plan, refusal_hint
 
     timeout = HEALTH_TIMEOUT if timeout is None else timeout
     try:
         protocol = for_plan(plan)
     except ProtocolError as e:
         raise ConductorError(str(e)) from None
-    url = plan.target.rstrip("/") + protocol.health_path
+    url = plan.base_url + protocol.health_path
     deadline = time.monotonic() + timeout
     problem = "no answer"
-    while time.monotonic() < deadline:
-        try:
-            r = requests.get(url, timeout=min(2.0, timeout), headers=protocol.headers)
-            # 404: up, but the health path is the model's own (TF Serving): the preflight says why
-            if 200 <= r.status_code < 300 or r.status_code == 404:
-                try:  # the plan's model must be served (one line, exit 2, no run directory)
-                    return protocol.preflight(plan.target, timeout=min(HEALTH_TIMEOUT, timeout))
-                except PreflightError as e:
-                    raise ConductorError(str(e)) from None
-            problem = f"HTTP {r.status_code}"
-        except requests.RequestException as e:
-            problem = _short_reason(e)
-        time.sleep(0.5)
+    with plan.endpoint.requests_session() as session:
+        while time.monotonic() < deadline:
+            try:
+                r = session.get(url, timeout=min(2.0, timeout), headers=protocol.headers,
+                                **plan.endpoint.requests_kwargs())
+                # 404: up, but the health path is the model's own (TF Serving): the preflight says why
+                if 200 <= r.status_code < 300 or r.status_code == 404:
+                    try:  # the plan's model must be served (one line, exit 2, no run directory)
+                        return protocol.preflight(plan.base_url, timeout=min(HEALTH_TIMEOUT, timeout))
+                    except PreflightError as e:
+                        raise ConductorError(str(e)) from None
+                problem = f"HTTP {r.status_code}"
+                if 400 <= r.status_code < 500 and r.status_code not in RETRY_STATUS:
+                    said = detail(r.content) + refusal_hint(r.status_code, r.content, protocol.headers)
+                    raise ConductorError(protocol.redact(f"target {plan.target}: health check {url} -> {problem}{said}"))
+            except requests.exceptions.SSLError as e:
+                raise ConductorError(f"target {plan.target}: health check {url} failed ({connection_problem(e)})") from None
+            except requests.RequestException as e:
+                problem = connection_problem(e)
+            time.sleep(0.5)
     raise ConductorError(f"target {plan.target}: health check {url} failed ({problem}) within {timeout:.0f}s")
-
-
-def _short_reason(e: Exception) -> str:
-    text = str(e)
-    for key in ("Connection refused", "Name or service not known", "timed out", "No route to host"):
-        if key in text:
-            return key.lower()
-    return type(e).__name__
 
 
 def default_hosts(plan: Plan, pid: int | None, process: str | None) -> list[HostPlan]:

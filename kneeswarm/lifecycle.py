@@ -113,8 +113,23 @@ class Lifecycle:
             if host != TARGET_HOST:
                 self.warn(f"a monitored host is called {TARGET_HOST!r}: the target's metrics go to hosts/{host}/")
             self.scraper = PrometheusScraper(self.plan.metrics_url, self.run.raw_dir(host) / "prometheus.jsonl",
-                                             interval=METRICS_INTERVAL)
+                                             interval=METRICS_INTERVAL, session=self.metrics_session(),
+                                             request_kw=self.plan.endpoint.requests_kwargs())
             self.scraper.start()
+
+    def metrics_session(self) -> Any:
+        """A requests session for metrics_url with the plan's [endpoint] headers and server_name
+        where metrics_url is the target's origin (Plan.metrics_headers); its TLS settings go with
+        each request (``request_kw``: a Session's own ``verify`` loses to REQUESTS_CA_BUNDLE)."""
+        import requests
+
+        same = self.plan.metrics_origin_is_target()
+        session = self.plan.endpoint.requests_session() if same else requests.Session()
+        try:
+            session.headers.update(self.plan.metrics_headers())
+        except ValueError as e:  # an unset variable: the health check said it before; said again here
+            self.warn(f"metrics {self.plan.metrics_url}: {e}")
+        return session
 
     def fetch(self, parse: bool = False) -> None:
         """An incremental fetch of every agent (and, for the live view, their parsed CSVs
