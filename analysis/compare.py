@@ -75,10 +75,16 @@ def load_summary(run: RunDir) -> dict[str, Any]:
 
 
 def load_plan(run: RunDir) -> dict[str, Any] | None:
+    """The run's plan.toml; None when the run has none (its findings use the default settings).
+    One that is there but cannot be read is bad input (RunDirError, one line): comparing with
+    the defaults in its place would judge the run by limits it did not set."""
     try:
         return tomllib.loads(run.plan_path.read_text())
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+    except FileNotFoundError:
         return None
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        why = " ".join(str(exc).split()) or type(exc).__name__
+        raise RunDirError(f"{run.plan_path}: unreadable ({why})") from None
 
 
 def _num(x: Any) -> float | None:
@@ -226,7 +232,8 @@ def _run_info(run: RunDir, summary: dict[str, Any]) -> dict[str, Any]:
 
 def compare_runs(base_dir: str | Path, new_dir: str | Path, *, resamples: int = bootstrap.RESAMPLES,
                  seed: int = bootstrap.SEED, max_rows: int = bootstrap.MAX_ROWS_PER_STEP) -> dict[str, Any]:
-    """Compare two run directories; raises RunDirError (one line) when one is not a run directory.
+    """Compare two run directories; raises RunDirError (one line) when one is not a run directory
+    or its plan.toml is unreadable.
 
     Returns ``{base, new, settings, steps[], unmatched {base_only, new_only}, knee, peak, usl,
     findings {appeared, vanished, persisted, rule_errors}, verdict, reasons[], warnings[]}``; each
@@ -234,6 +241,7 @@ def compare_runs(base_dir: str | Path, new_dir: str | Path, *, resamples: int = 
     ``{base, new, delta, rel, ci [lo, hi], significant, direction, min_relative_change}``.
     """
     runs = [RunDir.open(base_dir), RunDir.open(new_dir)]
+    plans = [load_plan(r) for r in runs]  # before any work: an unreadable plan is bad input
     summaries = [load_summary(r) for r in runs]
     by = [steps_by_users(s) for s in summaries]
     common = sorted(set(by[0]) & set(by[1]))
@@ -252,8 +260,11 @@ def compare_runs(base_dir: str | Path, new_dir: str | Path, *, resamples: int = 
                            "max_rows_per_step": max_rows, "min_relative_change": dict(MIN_RELATIVE_CHANGE)},
               "steps": steps, "unmatched": {"base_only": [by[0][u].get("users") for u in sorted(set(by[0]) - set(by[1]))],
                                             "new_only": [by[1][u].get("users") for u in sorted(set(by[1]) - set(by[0]))]},
-              **compare_summaries(summaries[0], summaries[1], load_plan(runs[0]), load_plan(runs[1])),
+              **compare_summaries(summaries[0], summaries[1], plans[0], plans[1]),
               "verdict": verdict, "reasons": reasons, "warnings": warnings}
+    for which, run, plan in (("base", runs[0], plans[0]), ("new", runs[1], plans[1])):
+        if plan is None:
+            warnings.append(f"the {which} run has no plan.toml ({run.plan_path}): its findings used the default settings")
     for which, s in (("base", summaries[0]), ("new", summaries[1])):
         if s.get("complete") is False:
             lost = ", ".join(f"{k}={v}" for k, v in sorted((s.get("lost") or {}).items()))

@@ -11,7 +11,8 @@ Exit codes (of `run`, `demo` and `analyze`): 0 the load completed and the report
 1 the load did not complete, no request succeeded, or the analysis failed (the reason on stderr,
 one line); 2 bad input (plan, flags, target, host, process); 3 with --fail-on-sla: the SLA failed
 (1 and 2 take precedence); 130 interrupted.  `compare`: 0, 4 a regression with
---fail-on-regression, 2 bad input (not run directories, no step valid in both), 130 interrupted.
+--fail-on-regression, 2 bad input (not run directories, an unreadable plan.toml, no step valid in
+both), 130 interrupted.
 """
 
 from __future__ import annotations
