@@ -34,7 +34,7 @@ from analysis.findings import explain
 from analysis.gates import add_gates, write_junit
 from analysis.hostfacts import host_facts
 from analysis.inputs import RunInputs, load_inputs
-from analysis.knee import find_knee, find_latency_knee, find_peak, find_tokens_knee
+from analysis.knee import find_knee, find_latency_knee, find_peak, find_tokens_knee, kneedle_warnings
 from analysis.loop import load_facts
 from analysis.loadstats import data_loss_reasons, generator_cpu, step_stats, validate_steps
 from analysis.problems import collect
@@ -84,13 +84,16 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
         rec["workers"] = per_worker
     if n and not n_ok:
         inputs.warnings.add(f"no request succeeded ({n:,} requests, all failed): no step is valid")
+    knee, latency_knee, extras = find_knee(users, qps), find_latency_knee(users, p99), llm_extras(good, inputs.plan)
+    for line in kneedle_warnings(knee=knee, latency_knee=latency_knee, tokens_knee=extras.get("tokens_knee")):
+        inputs.warnings.add(line)
     summary = build_summary(
         run_id=inputs.run_id,
         meta=inputs.meta,
         settings={"settle": s.settle, "min_requests": s.min_requests, "generator_cpu_max": s.generator_cpu_max},
         steps=records,
-        knee=find_knee(users, qps),
-        latency_knee=find_latency_knee(users, p99),
+        knee=knee,
+        latency_knee=latency_knee,
         peak=find_peak(users, qps),
         totals={"requests": n, "errors": n - n_ok,
                 "steps": len(stats), "valid_steps": int(stats["valid"].sum())},
@@ -101,7 +104,7 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
         problems=collect(inputs.meta, inputs.warnings.to_list(), inputs.lost),
         load=load_facts(inputs.plan),
         workload=workload_facts(inputs.plan),
-        **llm_extras(good, inputs.plan),
+        **extras,
     )
     return add_explanations(summary, inputs.plan)
 
