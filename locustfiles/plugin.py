@@ -47,6 +47,7 @@ FETCH_PERIOD = 5.0  # seconds between incremental fetches of the host agents (no
 #: seconds after a web UI Stop before the recording closes (workers' last reports arrive)
 REPORT_WAIT = 4.0
 WORKER_WATCH_PERIOD = 1.0  # seconds between looks at the master's list of workers
+EXIT_OUTCOME_UNWRITTEN = 1  # Locust's exit code when the recording's outcome could not be written
 
 
 _plan_loaded = False  # the form shows the loaded plan's values once there is one
@@ -368,9 +369,12 @@ class TestHosts:
             self.run.update_meta(hosts=done["hosts"], target_metrics=done["target_metrics"], warnings=warnings)
             self.live = self.child.call("live")["live"]
             self._reported(self.child.call("report"))
-        except (LifecycleError, OSError) as e:
+        except (LifecycleError, OSError) as e:  # meta.json may lack the hosts: not only logged, exit 1
             logger.error("kneeswarm: finishing the test failed: %s", e)
             self.report = {"report_error": str(e)}
+            env = self.recording.env
+            if not env.process_exit_code:
+                env.process_exit_code = EXIT_OUTCOME_UNWRITTEN
         finally:
             self.child.close()
 
@@ -434,6 +438,7 @@ class Recording:
         self.lost_workers: list[dict[str, Any]] = []  # workers that went missing: {worker, t, step}
         self.stopped = False
         self.generator_rows_lost = 0
+        self.outcome_errors: list[tuple[str, str]] = []  # (file, why) of the last write_outcome's failures
         self.local_sampler = GeneratorSampler(lambda: env.runner.user_count) if local_buffer is not None else None
         self._flusher = gevent.spawn(self._flush_loop)
         self._sampler = gevent.spawn(self.local_sampler.run_forever) if self.local_sampler else None
@@ -524,25 +529,46 @@ class Recording:
 
     def write_outcome(self, final: bool) -> None:
         """generator/clocks.json and generator/recorder.json (the conductor copies both to meta.json);
-        with no conductor, meta.json itself. A write that fails here is logged: nothing is left to hold it."""
+        with no conductor, meta.json itself.  A write that fails is not only logged: what could
+        still be written says so, and the process exits 1 (``environment.process_exit_code``), so
+        that a Locust-launched run ends with its ``ended`` in meta.json or a non-zero exit."""
         summary = {
             "request_rows": {"received": self.writer.rows_received, "written": self.writer.rows_written,
                              "held": self.writer.rows_held, "lost": self.writer.rows_lost},
             "lost": self.lost(), "warnings": self.warnings(), "final": final,
             "workers_lost": self.lost_workers,
         }
+        failed: list[str] = []
+        offsets = self.worker_clocks.summary()
+        if offsets:
+            self._try_write(failed, CLOCKS_FILE, lambda: write_json(self.run.generator_dir / CLOCKS_FILE, offsets))
+        self._try_write(failed, RECORDER_FILE, lambda: write_json(self.run.generator_dir / RECORDER_FILE, summary))
+        if self.owns_meta:
+            done = self.schedule.done and len(self.schedule.log) == len(self.schedule.steps)
+            warnings = summary["warnings"] + [f"load generator: could not write generator/{what} ({why})"
+                                              for what, why in failed]
+            self._try_write(failed, "meta.json", lambda: self.run.update_meta(
+                ended="completed" if done else "stopped", complete=done and not failed, finished=time.time(),
+                worker_clocks=offsets, lost=summary["lost"], warnings=warnings, workers_lost=self.lost_workers))
+        self._outcome_failed(failed)
+
+    def _try_write(self, failed: list[tuple[str, str]], what: str, write: Any) -> None:
         try:
-            offsets = self.worker_clocks.summary()
-            if offsets:
-                write_json(self.run.generator_dir / CLOCKS_FILE, offsets)
-            write_json(self.run.generator_dir / RECORDER_FILE, summary)
-            if self.owns_meta:
-                done = self.schedule.done and len(self.schedule.log) == len(self.schedule.steps)
-                self.run.update_meta(ended="completed" if done else "stopped", complete=done, finished=time.time(),
-                                     worker_clocks=offsets, lost=summary["lost"], warnings=summary["warnings"],
-                                     workers_lost=self.lost_workers)
+            write()
         except OSError as e:
-            logger.error("kneeswarm: could not write the recording's outcome: %s (%s)", e, summary)
+            failed.append((what, " ".join(str(e).split())))
+            logger.error("kneeswarm: could not write %s: %s", what, e)
+
+    def _outcome_failed(self, failed: list[tuple[str, str]]) -> None:
+        """The exit code follows the last outcome written: 1 while any part of it could not be."""
+        if failed:
+            self.outcome_errors = failed
+            if not self.env.process_exit_code:
+                self.env.process_exit_code = EXIT_OUTCOME_UNWRITTEN
+        elif self.outcome_errors:
+            self.outcome_errors = []
+            if self.env.process_exit_code == EXIT_OUTCOME_UNWRITTEN:
+                self.env.process_exit_code = None
 
     def end(self) -> None:
         """The test stopped (shape finished, or Stop pressed): flush, and say how it ended."""
