@@ -139,12 +139,13 @@ def analyze(run_dir: str | Path) -> dict[str, Any]:
     """Analyse a run directory; write report/summary.json, summary.md, index.html; return the summary."""
     inputs = load_inputs(run_dir)
     summary = summarize(inputs)
-    report = inputs.run_dir.report_dir
+    run = inputs.run_dir
+    report = run.report_dir
     write_junit(summary, report)
-    write_text(report / "summary.json", to_json(summary))
-    write_text(report / "summary.md", to_markdown(summary))
+    write_text(run.summary_path, to_json(summary))
+    write_text(run.summary_md_path, to_markdown(summary))
     scan = inputs.scan
-    write_text(report / "index.html", render_html(summary, scan.timeline, inputs.generator, inputs.hosts, scan.t0,
+    write_text(run.report_path, render_html(summary, scan.timeline, inputs.generator, inputs.hosts, scan.t0,
                                                   scan.bin_s))
     logger.info("%s: knee %s, peak %s; report in %s", inputs.run_id, summary["knee"], summary["peak"], report)
     return summary

@@ -33,19 +33,16 @@ from analysis import bootstrap
 from analysis.compare_report import compare_html, compare_markdown
 from analysis.findings import explain
 from analysis.usl import fit_usl
-from kneeswarm.rundir import RunDir, RunDirError
+from kneeswarm.outcome import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REGRESSION
+from kneeswarm.rundir import COMPARE_DIR, COMPARE_HTML, COMPARE_JSON, COMPARE_MD, JUNIT_FILE, RunDir, RunDirError
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["compare_runs", "compare_summaries", "compare_markdown", "compare_html", "main_compare",
            "EXIT_REGRESSION", "MIN_RELATIVE_CHANGE"]
 
-# Exit code of `compare --fail-on-regression` on a regression: distinct from 0 done, 1 incomplete,
-# 2 bad input, 130 interrupted (DESIGN.md) and from the SLA gate's 3 (analysis.capacity).
-EXIT_REGRESSION = 4
-EXIT_INCOMPLETE = 1
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
+# Exit codes (kneeswarm.outcome, the one table): EXIT_REGRESSION of `compare --fail-on-regression`
+# on a regression; EXIT_FAILED when the comparison could not be written.
 # A change smaller than this share of the base is not significant, however narrow its interval:
 # the interval measures the sampling noise within a run, not the drift between two runs of the same
 # configuration.  Measured here (tests/test_compare.py, knee-mode demo target run twice on a shared
@@ -62,7 +59,7 @@ USL_KEYS = ("sigma", "kappa", "lambda", "n_star", "peak", "r2")
 # -- loading -------------------------------------------------------------------------------------
 def load_summary(run: RunDir) -> dict[str, Any]:
     """report/summary.json, or, when the run was never analysed, the summary computed now."""
-    path = run.report_dir / "summary.json"
+    path = run.summary_path
     if path.exists():
         try:
             return json.loads(path.read_text())
@@ -314,10 +311,10 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
     """compare.json, compare.md, compare.html and junit.xml in ``out``."""
     from analysis.junit import junit_xml
 
-    _write(out / "compare.json", json.dumps(plain(result), indent=2, default=str, allow_nan=False) + "\n")
-    _write(out / "compare.md", compare_markdown(result))
-    _write(out / "compare.html", compare_html(result))
-    _write(out / "junit.xml", junit_xml(None, result))
+    _write(out / COMPARE_JSON, json.dumps(plain(result), indent=2, default=str, allow_nan=False) + "\n")
+    _write(out / COMPARE_MD, compare_markdown(result))
+    _write(out / COMPARE_HTML, compare_html(result))
+    _write(out / JUNIT_FILE, junit_xml(None, result))
 
 
 def main_compare(argv: list[str] | None = None) -> int:
@@ -330,18 +327,18 @@ def main_compare(argv: list[str] | None = None) -> int:
         if result["verdict"] == NOT_COMPARABLE:
             print(f"kneeswarm compare: {args.base} and {args.new}: no step is valid in both runs", file=sys.stderr)
             return EXIT_BAD_INPUT
-        write_outputs(result, Path(args.out) if args.out else RunDir(args.new).report_dir / "compare")
+        write_outputs(result, Path(args.out) if args.out else RunDir(args.new).report_dir / COMPARE_DIR)
     except RunDirError as exc:
         print(f"kneeswarm compare: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except OSError as exc:  # the output folder cannot be written: the comparison did not complete
         print(f"kneeswarm compare: cannot write the comparison: {exc}", file=sys.stderr)
-        return EXIT_INCOMPLETE
+        return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     if not args.quiet:
         print(compare_markdown(result))
-    return EXIT_REGRESSION if args.fail_on_regression and result["verdict"] == REGRESSED else 0
+    return EXIT_REGRESSION if args.fail_on_regression and result["verdict"] == REGRESSED else EXIT_OK
 
 
 if __name__ == "__main__":

@@ -15,11 +15,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from kneeswarm.outcome import Ended
 from kneeswarm.rundir import WarningLog
 
 logger = logging.getLogger(__name__)
 
-RUNNING = "running"  # meta.json "ended" while the controller runs; still there if it was killed
+RUNNING = Ended.RUNNING  # meta.json "ended" while the controller runs; still there if it was killed
 
 
 @dataclass

@@ -39,6 +39,7 @@ from analysis.serverstats import energy_per_request
 from analysis.streaming import step_keys as streaming_keys, streaming_lines, streaming_table, tokens_knee_line
 from analysis.target import TARGET_METRICS, target_source_note
 from analysis.workers import worker_tables
+from kneeswarm.outcome import Ended
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +178,7 @@ def status_line(summary: dict[str, Any]) -> str:
     if summary.get("complete"):
         return "complete"
     ended = summary.get("ended")
-    if ended == "completed":
+    if ended == Ended.COMPLETED:
         return "INCOMPLETE (the load completed, but see the warnings)"
     return f"INCOMPLETE (ended: {ended})" if ended else "INCOMPLETE (no record of how it ended)"
 

@@ -48,6 +48,7 @@ from kneeswarm.lifecycle import Lifecycle, analyze_run  # noqa: F401  (analyze_r
 from kneeswarm.lifeline import die_with_parent
 from kneeswarm.plan import HostPlan, Plan
 from kneeswarm.progress import Progress
+from kneeswarm.outcome import Ended
 from kneeswarm.rundir import CLOCKS_FILE, RunDir, WarningLog
 from locustfiles.recorder import RECORDER_FILE
 
@@ -84,13 +85,13 @@ class ConductorError(RuntimeError):
 @dataclass
 class RunResult:
     run: RunDir
-    ended: str  # "completed", "interrupted", "load_failed"
+    ended: Ended  # COMPLETED, INTERRUPTED or LOAD_FAILED
     summary: dict[str, Any] | None  # None when the analysis failed or was not run
     analysis_error: str | None = None  # one line, when the analysis raised
 
     @property
     def complete(self) -> bool:
-        return self.ended == "completed"
+        return self.ended == Ended.COMPLETED
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -243,7 +244,7 @@ class Conductor:
             run.plan_path.write_text(self.plan.to_toml())
             started = time.time()
             run.update_meta(
-                run_id=run.path.name, complete=False, ended="running", started=started,
+                run_id=run.path.name, complete=False, ended=Ended.RUNNING, started=started,
                 started_utc=dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(),
                 launcher="kneeswarm run", target=self.plan.target, protocol=self.plan.protocol,
                 load_host=socket.gethostname(), workers=self.workers, versions=versions(),
@@ -272,7 +273,7 @@ class Conductor:
             self._record_meta(run, hosts=done["hosts"], target_metrics=done["target_metrics"], lost=lost,
                               warnings=self.warnings.to_list())
         finished = time.time()
-        self._record_meta(run, ended=ended, complete=ended == "completed", finished=finished,
+        self._record_meta(run, ended=ended, complete=ended == Ended.COMPLETED, finished=finished,
                           worker_clocks=_read_json(run.generator_dir / CLOCKS_FILE))
         if self._interrupts >= 2:  # asked twice to stop: the data is safe, the report can wait
             print(f"kneeswarm: killed; no report written (`kneeswarm analyze {run.path}` writes it)",
@@ -353,25 +354,25 @@ class Conductor:
                   f"~{self.plan.step_durations():.0f}s; recording to {run.path}")
 
         deadline = time.monotonic() + self.dist.wait + self.plan.step_durations() * 2 + RUN_MARGIN
-        ended = "completed"
+        ended = Ended.COMPLETED
         progress = None if self.quiet else Progress(run, self.plan)
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             last_fetch = time.monotonic()
             while master.poll() is None:
-                if self._interrupts == 1 and ended != "interrupted":
-                    ended = "interrupted"
+                if self._interrupts == 1 and ended != Ended.INTERRUPTED:
+                    ended = Ended.INTERRUPTED
                     self._say("stopping (Ctrl-C again to kill at once) ...")
                     master.send_signal(signal.SIGTERM)
                     deadline = min(deadline, time.monotonic() + STOP_GRACE)
                 if self._interrupts >= 2:
                     self._kill_all()
-                    ended = "interrupted"
+                    ended = Ended.INTERRUPTED
                     break
                 if time.monotonic() > deadline:
                     logger.error("the Locust master overran its time; killing it")
                     self._kill_all()
-                    ended = "load_failed"
+                    ended = Ended.LOAD_FAILED
                     break
                 if time.monotonic() - last_fetch > FETCH_PERIOD:
                     life.fetch()
@@ -385,8 +386,8 @@ class Conductor:
                 signal.signal(s, h)
         if progress is not None:
             progress.finish()
-        if ended == "completed" and not self._all_steps_ran(run):
-            ended = "load_failed"
+        if ended == Ended.COMPLETED and not self._all_steps_ran(run):
+            ended = Ended.LOAD_FAILED
             came = workers_connected(logs / "master.log")
             if came is not None and came < self.expect_workers:
                 self._warn(f"only {came} of {self.expect_workers} workers connected within {self.dist.wait:.0f}s; "

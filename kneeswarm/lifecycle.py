@@ -36,7 +36,7 @@ from collectors.prometheus import PrometheusScraper, write_prometheus_csv
 from kneeswarm.lifeline import die_with_parent
 from kneeswarm.plan import Plan, plan_from_dict
 from kneeswarm.progress import Progress
-from kneeswarm.rundir import TARGET_HOST, RunDir, WarningLog, safe_name
+from kneeswarm.rundir import PROMETHEUS_RAW, TARGET_HOST, RunDir, WarningLog, safe_name
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class Lifecycle:
             host = self.metrics_host()
             if host != TARGET_HOST:
                 self.warn(f"a monitored host is called {TARGET_HOST!r}: the target's metrics go to hosts/{host}/")
-            self.scraper = PrometheusScraper(self.plan.metrics_url, self.run.raw_dir(host) / "prometheus.jsonl",
+            self.scraper = PrometheusScraper(self.plan.metrics_url, self.run.raw_dir(host) / PROMETHEUS_RAW,
                                              interval=METRICS_INTERVAL)
             self.scraper.start()
 
@@ -177,7 +177,7 @@ class Lifecycle:
         host, url = self.metrics_host(), self.plan.metrics_url
         out: dict[str, Any] = {**stats, "host": host, "clock": "master"}
         try:
-            out["parse"] = write_prometheus_csv(self.run.raw_dir(host) / "prometheus.jsonl",
+            out["parse"] = write_prometheus_csv(self.run.raw_dir(host) / PROMETHEUS_RAW,
                                                 self.run.host_dir(host) / "prometheus.csv")
         except Exception as e:  # noqa: BLE001 - a bad scrape must not end the run; the raw file stays
             self.warn(f"metrics {url}: parse failed: {e}")
@@ -287,7 +287,7 @@ class Child:
             return {**done, "warnings": life.all_warnings()}
         if op == "report":
             summary, error = analyze_run(life.run)
-            report = life.run.report_dir / "index.html"
+            report = life.run.report_path
             return {"summary": summary, "error": error, "report": str(report) if report.is_file() else None}
         raise RuntimeError(f"unknown command {op!r}")
 

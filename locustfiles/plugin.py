@@ -28,8 +28,10 @@ from locust.env import Environment
 from locust.runners import (HEARTBEAT_INTERVAL, HEARTBEAT_LIVENESS, STATE_MISSING, STATE_RUNNING, STATE_SPAWNING,
                             MasterRunner, WorkerRunner)
 
+from kneeswarm.outcome import EXIT_BAD_INPUT, EXIT_FAILED, Ended
 from kneeswarm.plan import PlanError, load_plan, plan_from_dict
-from kneeswarm.rundir import CLOCKS_FILE, GENERATOR_COLUMNS, RunDir, safe_name, write_json
+from kneeswarm.rundir import (CLOCKS_FILE, GENERATOR_COLUMNS, META_FILE, REPORT_HTML, STEPS_FILE, RunDir, safe_name,
+                              write_json)
 
 from kneeswarm.lifecycle import LifecycleError, open_in_child
 from locustfiles import clocks, state, webui
@@ -47,7 +49,7 @@ FETCH_PERIOD = 5.0  # seconds between incremental fetches of the host agents (no
 #: seconds after a web UI Stop before the recording closes (workers' last reports arrive)
 REPORT_WAIT = 4.0
 WORKER_WATCH_PERIOD = 1.0  # seconds between looks at the master's list of workers
-EXIT_OUTCOME_UNWRITTEN = 1  # Locust's exit code when the recording's outcome could not be written
+EXIT_OUTCOME_UNWRITTEN = EXIT_FAILED  # Locust's exit code when the recording's outcome could not be written
 
 
 _plan_loaded = False  # the form shows the loaded plan's values once there is one
@@ -80,12 +82,12 @@ def _on_init(environment: Environment, **_kw: Any) -> None:
     problem = webui.check_binding(environment) if not isinstance(environment.runner, WorkerRunner) else None
     if problem:
         logger.error("kneeswarm: %s", problem)
-        raise SystemExit(2)
+        raise SystemExit(EXIT_BAD_INPUT)
     try:
         _load_plan(environment)
     except PlanError as e:
         logger.error("kneeswarm: %s", e)
-        raise SystemExit(2) from None
+        raise SystemExit(EXIT_BAD_INPUT) from None
     runner = environment.runner
     if isinstance(runner, WorkerRunner):
         WorkerListeners(environment, runner)
@@ -382,7 +384,7 @@ class TestHosts:
         from kneeswarm.lifecycle import analyze_run
 
         summary, error = analyze_run(self.run)
-        report = self.run.report_dir / "index.html"
+        report = self.run.report_path
         self._reported({"error": error, "report": str(report) if report.is_file() else None})
 
     def _reported(self, answer: dict[str, Any]) -> None:
@@ -396,7 +398,7 @@ class TestHosts:
                            requests=st.get("requests", row.get("requests")),
                            valid="yes" if st.get("valid") else "no: " + "; ".join(st.get("reasons") or []))
         if answer.get("report"):
-            self.report = {"report_url": f"/kneeswarm/runs/{self.run.path.name}/report/index.html"}
+            self.report = {"report_url": f"/kneeswarm/runs/{self.run.path.name}/report/{REPORT_HTML}"}
         else:
             self.report = {"report_error": answer.get("error") or "no report written"}
 
@@ -478,7 +480,7 @@ class Recording:
         try:
             self.run.write_steps(s.row() for s in log)
         except OSError as e:  # the next change rewrites the whole file
-            self._failed("steps.csv", e)
+            self._failed(STEPS_FILE, e)
 
     def add_generator_rows(self, worker: str, rows: list) -> None:
         if not rows:
@@ -547,8 +549,8 @@ class Recording:
             done = self.schedule.done and len(self.schedule.log) == len(self.schedule.steps)
             warnings = summary["warnings"] + [f"load generator: could not write generator/{what} ({why})"
                                               for what, why in failed]
-            self._try_write(failed, "meta.json", lambda: self.run.update_meta(
-                ended="completed" if done else "stopped", complete=done and not failed, finished=time.time(),
+            self._try_write(failed, META_FILE, lambda: self.run.update_meta(
+                ended=Ended.COMPLETED if done else Ended.STOPPED, complete=done and not failed, finished=time.time(),
                 worker_clocks=offsets, lost=summary["lost"], warnings=warnings, workers_lost=self.lost_workers))
         self._outcome_failed(failed)
 

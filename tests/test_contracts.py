@@ -1,0 +1,117 @@
+"""The shared spellings have one owner each, and nothing types them again.
+
+kneeswarm.outcome owns meta.json's ``ended`` values (``Ended``) and the exit codes of every
+command; kneeswarm.rundir owns the run directory's file names.  These tests read the sources
+(ast) and the README, so that a new bare "completed", a new ``EXIT_X = 5`` or a new
+``/ "index.html"`` elsewhere fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from kneeswarm import outcome, rundir
+from test_layout import ROOT, module_name, sources
+
+ENDED = {e.value for e in outcome.Ended}
+#: every file name rundir spells (COMPARE_DIR, "compare", is also the subcommand's name: left out)
+FILE_NAMES = {v for k, v in vars(rundir).items()
+              if k.isupper() and isinstance(v, str) and "." in v and k != "COMPARE_DIR"}
+#: the agent runs on the server with the standard library alone (its names are its own)
+EXEMPT = {"agents.remote"}
+
+
+def checked_sources() -> list[Path]:
+    return [p for p in sources() if not module_name(p).startswith("kneeswarm.target") and module_name(p) not in EXEMPT]
+
+
+def docstrings(tree: ast.AST) -> set[int]:
+    """ids of the Constant nodes that are docstrings (prose may name a file)."""
+    out = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            out.add(id(body[0].value))
+    return out
+
+
+def string_constants(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text())
+    skip = docstrings(tree)
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip]
+
+
+def test_the_file_names_are_found():
+    assert {"plan.toml", "meta.json", "steps.csv", "summary.json", "summary.md", "index.html", "junit.xml",
+            "prometheus.jsonl", "recorder.json", "compare.json"} <= FILE_NAMES
+
+
+@pytest.mark.parametrize("path", checked_sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_file_names_are_spelled_only_in_rundir(path):
+    if module_name(path) == "kneeswarm.rundir":
+        return
+    found = [f"line {line}: {text!r}" for line, text in string_constants(path) if text in FILE_NAMES]
+    assert not found, f"{path.relative_to(ROOT)}: use the kneeswarm.rundir names: " + "; ".join(found)
+
+
+def _ended_literals(path: Path) -> list[str]:
+    """Where a str literal that is an Ended value is given to, or compared with, an ``ended``."""
+    tree = ast.parse(path.read_text())
+    found = []
+
+    def named_ended(node: ast.AST) -> bool:
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+        return "ended" in name.lower()
+
+    def literal(node: ast.AST) -> bool:
+        return isinstance(node, ast.Constant) and node.value in ENDED
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg == "ended":
+            if any(literal(n) for n in ast.walk(node.value)):
+                found.append(f"line {node.value.lineno}: ended=<literal>")
+        elif isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(named_ended(s) for s in sides) and any(literal(s) for s in sides):
+                found.append(f"line {node.lineno}: compared with a literal")
+        elif isinstance(node, ast.Assign) and any(named_ended(t) for t in node.targets) and literal(node.value):
+            found.append(f"line {node.lineno}: assigned a literal")
+    return found
+
+
+@pytest.mark.parametrize("path", checked_sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_ended_values_come_from_the_enum(path):
+    found = _ended_literals(path)
+    assert not found, f"{path.relative_to(ROOT)}: use kneeswarm.outcome.Ended: " + "; ".join(found)
+
+
+def test_the_ended_check_catches_a_bare_string(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text('def f(run, ended):\n    run.update_meta(ended="completed")\n    return ended == "stopped"\n')
+    assert len(_ended_literals(probe)) == 2
+
+
+@pytest.mark.parametrize("path", checked_sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_exit_codes_are_defined_only_in_outcome(path):
+    if module_name(path) == "kneeswarm.outcome":
+        return
+    tree = ast.parse(path.read_text())
+    found = [f"line {n.lineno}" for n in ast.walk(tree) if isinstance(n, ast.Assign)
+             and any(isinstance(t, ast.Name) and t.id.startswith("EXIT_") for t in n.targets)
+             and isinstance(n.value, ast.Constant) and isinstance(n.value.value, int)]
+    assert not found, f"{path.relative_to(ROOT)}: an exit code spelled outside kneeswarm.outcome: {found}"
+
+
+def test_readme_lists_every_exit_code():
+    text = (ROOT / "README.md").read_text()
+    para = text[text.index("Exit codes ("):]
+    para = para[: para.index("\n\n")]
+    listed = {int(n) for n in re.findall(r"`(\d+)`", para)}
+    assert listed == set(outcome.EXIT_CODES.values()), para
+    assert len(set(outcome.EXIT_CODES.values())) == len(outcome.EXIT_CODES)  # no two meanings share a code
