@@ -8,7 +8,7 @@ same code a Locust master started from the web UI or plain `locust --headless` u
     start       run directory (plan.toml, meta.json), host agents, the target's /metrics scraper
                 (plan.metrics_url, 1 Hz, from this machine), Locust master + N workers
     load        the step shape runs on the master; rows stream into requests/*.parquet; host
-                agents are fetched every FETCH_PERIOD seconds; progress on stderr (progress.py)
+                agents are fetched every lifecycle.FETCH_PERIOD seconds; progress on stderr (progress.py)
     stop        agents stopped and fetched (verified), parsed CSVs, meta.json says how it ended
                 (with the master's generator/recorder.json merged into "lost" and "warnings")
     analyze     report/summary.json, summary.md, index.html
@@ -44,6 +44,7 @@ from typing import Any
 
 import requests
 
+from kneeswarm import lifecycle
 from kneeswarm.lifecycle import Lifecycle, analyze_run  # noqa: F401  (analyze_run: cli imports it from here)
 from kneeswarm.lifeline import die_with_parent
 from kneeswarm.plan import HostPlan, Plan
@@ -56,7 +57,6 @@ logger = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT = 10.0  # seconds the target has to pass its health check before the run
 WORKER_WAIT = 60.0  # seconds for all workers to connect
-FETCH_PERIOD = 5.0  # seconds between incremental fetches from the host agents
 RUN_MARGIN = 120.0  # seconds beyond the planned duration before the master is killed
 STOP_GRACE = 20.0  # seconds the master has to quit after SIGTERM
 #: Prefix of each worker's command line, e.g. ["taskset", "-c", "1"] to pin the load generator
@@ -374,7 +374,7 @@ class Conductor:
                     self._kill_all()
                     ended = Ended.LOAD_FAILED
                     break
-                if time.monotonic() - last_fetch > FETCH_PERIOD:
+                if time.monotonic() - last_fetch > lifecycle.FETCH_PERIOD:
                     life.fetch()
                     last_fetch = time.monotonic()
                 if progress is not None:

@@ -41,6 +41,9 @@ from kneeswarm.rundir import PROMETHEUS_RAW, TARGET_HOST, RunDir, WarningLog, sa
 logger = logging.getLogger(__name__)
 
 METRICS_INTERVAL = 1.0  # seconds between scrapes of plan.metrics_url
+#: seconds between incremental fetches of the host agents during a test, whoever drives it (the
+#: conductor, or the Locust plugin without one); both read it at call time, so tests patch it here
+FETCH_PERIOD = 5.0
 ANSWER_TIMEOUT = {"open": 120.0, "start": 120.0, "fetch": 60.0, "live": 30.0, "finish": 300.0,
                   "report": 300.0, "quit": 10.0}  # seconds the child has to answer each command
 LIVE_TABLES = ("vmstat", "threads", "gpu")  # hosts/<host>/<table>.csv read for the live view

@@ -84,10 +84,15 @@ class RequestPlan:
     success_path: str | None = None  # dotted JSON path that must be present in a 2xx answer (http)
 
 
+#: Seconds of controller silence after which a host agent stops everything (the plan's default;
+#: agents/settings.py takes it from here, and agents/remote.py's fallback is checked against it).
+HEARTBEAT_TIMEOUT = 30.0
+
+
 @dataclass
 class MonitorPlan:
     interval: float = 1.0  # collector sampling interval, seconds (whole seconds for pidstat/vmstat)
-    heartbeat_timeout: float = 30.0  # agents stop everything when the controller is silent this long
+    heartbeat_timeout: float = HEARTBEAT_TIMEOUT  # agents stop everything when the controller is silent this long
 
 
 @dataclass

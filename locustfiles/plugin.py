@@ -33,6 +33,7 @@ from kneeswarm.plan import PlanError, load_plan, plan_from_dict
 from kneeswarm.rundir import (CLOCKS_FILE, GENERATOR_COLUMNS, META_FILE, REPORT_HTML, STEPS_FILE, RunDir, safe_name,
                               write_json)
 
+from kneeswarm import lifecycle
 from kneeswarm.lifecycle import LifecycleError, open_in_child
 from locustfiles import clocks, state, webui
 from locustfiles.recorder import (FLUSH_INTERVAL, GEN_KEY, RECORDER_FILE, REPORT_KEY, GeneratorSampler,
@@ -45,7 +46,6 @@ logger = logging.getLogger(__name__)
 
 PLAN_MESSAGE = "kneeswarm_plan"
 LIVE_PERIOD = 2.0  # seconds between live views asked of the lifecycle process
-FETCH_PERIOD = 5.0  # seconds between incremental fetches of the host agents (no conductor)
 #: seconds after a web UI Stop before the recording closes (workers' last reports arrive)
 REPORT_WAIT = 4.0
 WORKER_WATCH_PERIOD = 1.0  # seconds between looks at the master's list of workers
@@ -329,7 +329,7 @@ class TestHosts:
             gevent.sleep(LIVE_PERIOD)
             if self.finished:
                 return
-            fetch = self.child is not None and time.monotonic() - last_fetch >= FETCH_PERIOD
+            fetch = self.child is not None and time.monotonic() - last_fetch >= lifecycle.FETCH_PERIOD
             self._ask("fetch" if fetch else "live")
             if fetch:
                 last_fetch = time.monotonic()

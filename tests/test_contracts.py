@@ -115,3 +115,29 @@ def test_readme_lists_every_exit_code():
     listed = {int(n) for n in re.findall(r"`(\d+)`", para)}
     assert listed == set(outcome.EXIT_CODES.values()), para
     assert len(set(outcome.EXIT_CODES.values())) == len(outcome.EXIT_CODES)  # no two meanings share a code
+
+
+#: tunables shared by several parts, and their one owner
+SHARED_TUNABLES = {"FETCH_PERIOD": "kneeswarm.lifecycle", "HEARTBEAT_TIMEOUT": "kneeswarm.plan"}
+
+
+def test_shared_tunables_are_defined_once():
+    owners: dict[str, list[str]] = {}
+    for path in sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign):
+                for t in node.targets:
+                    if isinstance(t, ast.Name) and t.id in SHARED_TUNABLES:
+                        owners.setdefault(t.id, []).append(module_name(path))
+    assert owners == {name: [owner] for name, owner in SHARED_TUNABLES.items()}
+
+
+def test_the_remote_agents_heartbeat_fallback_is_the_plans(tmp_path):
+    """agents/remote.py (standard library only, cannot import the plan) falls back to the same
+    heartbeat timeout as the plan's default when agent.json gives none."""
+    from agents.remote import Agent
+    from agents.settings import AgentSettings
+    from kneeswarm.plan import HEARTBEAT_TIMEOUT, MonitorPlan
+
+    assert Agent(str(tmp_path), {}).heartbeat_timeout == HEARTBEAT_TIMEOUT
+    assert MonitorPlan().heartbeat_timeout == AgentSettings().heartbeat_timeout == HEARTBEAT_TIMEOUT
