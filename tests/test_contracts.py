@@ -141,3 +141,47 @@ def test_the_remote_agents_heartbeat_fallback_is_the_plans(tmp_path):
 
     assert Agent(str(tmp_path), {}).heartbeat_timeout == HEARTBEAT_TIMEOUT
     assert MonitorPlan().heartbeat_timeout == AgentSettings().heartbeat_timeout == HEARTBEAT_TIMEOUT
+
+
+# -- summary.json: every key written is declared (analysis.summary.Summary and its parts) ------------
+def _summaries(tmp_path, knee_run) -> dict[str, dict]:
+    """Summaries of different shapes: a synthetic closed loop with host samples and GPU power, a
+    streamed open-loop batch run with an SLA (tokens, goodput, rate, items/s), and the session's
+    real run (conductor, Locust, the knee target, pidstat/vmstat, its /metrics)."""
+    import numpy as np
+
+    import analysis
+    from conftest import read_summary
+    from kneeswarm.rundir import write_csv
+    from synthetic_run import HOLD, RAMP, T0, closed_loop, make_run
+    from test_streaming_analysis import make_stream_run
+
+    rd = make_run(tmp_path / "closed", closed_loop(k=4))
+    write_csv(rd.host_dir("server-1") / "gpu.csv", ("t", "gpu", "sm_pct", "power_w"),
+              [(t, 0, 50.0, 150.0) for t in np.arange(T0, T0 + 5 * (RAMP + HOLD), 1.0)])
+    closed = analysis.analyze(rd.path)
+    stream = analysis.analyze(make_stream_run(
+        tmp_path / "stream", sla="[sla]\np99_ms = 5000.0\nttft_ms = 1000.0\n",
+        extra_plan='mode = "open"\nrates = [2.0, 4.0, 8.0]\nsource_rate = 2.0\narrival = "constant"\n'
+                   "[request]\nbatch = 8\n").path)
+    return {"closed": closed, "stream": stream, "real": read_summary(knee_run.run_dir)}
+
+
+@pytest.mark.slow
+def test_every_key_written_to_summary_json_is_declared(tmp_path, knee_run):
+    from analysis.summary import undeclared_keys
+
+    summaries = _summaries(tmp_path, knee_run)
+    assert "tokens_knee" in summaries["stream"] and "goodput" in summaries["stream"]  # the shapes are covered
+    assert "rate" in summaries["stream"]["steps"][0] and summaries["real"]["steps"][0]["server"]
+    assert "energy_j_per_request" in summaries["closed"]["steps"][0]
+    for name, summary in summaries.items():
+        assert undeclared_keys(summary) == [], f"{name}: keys no contract declares (analysis.summary.Summary)"
+
+
+def test_an_undeclared_summary_key_is_named():
+    from analysis.summary import undeclared_keys
+
+    summary = {"run_id": "r", "complete": True, "bogus": 1, "steps": [{"users": 1, "qps": 2.0, "qpz": 3}],
+               "knee": {"users": 4, "method": "saturation", "why": "x"}, "totals": {"requests": 1, "lost": 0}}
+    assert undeclared_keys(summary) == ["bogus", "steps[0].qpz", "knee.why", "totals.lost"]
