@@ -50,7 +50,7 @@ from kneeswarm.lifeline import die_with_parent
 from kneeswarm.plan import HostPlan, Plan
 from kneeswarm.progress import Progress
 from kneeswarm.outcome import Ended
-from kneeswarm.rundir import CLOCKS_FILE, RunDir, WarningLog
+from kneeswarm.rundir import CLOCKS_FILE, MASTER_FILE, RunDir, WarningLog
 from locustfiles.recorder import RECORDER_FILE
 
 logger = logging.getLogger(__name__)
@@ -155,19 +155,15 @@ def default_hosts(plan: Plan, pid: int | None, process: str | None) -> list[Host
     return [HostPlan(name="local")]  # the load machine itself: vmstat only
 
 
-def workers_connected(master_log: Path) -> int | None:
-    """How many workers the master said were connected while it waited for them (its last
-    "Waiting for workers to be ready, X of N connected" line), or None if it never waited."""
-    import re
-
-    try:
-        text = master_log.read_text(errors="replace")
-    except OSError:
+def workers_connected(run: RunDir) -> int | None:
+    """How many workers were connected to a master whose test never started (its own account,
+    generator/master.json, kept from Locust's events by locustfiles.plugin.MasterState), or None
+    when the test started or the master left no account."""
+    state = _read_json(run.generator_dir / MASTER_FILE)
+    if not isinstance(state, dict) or state.get("test_started") is not False:
         return None
-    found = re.findall(r"Waiting for workers to be ready, (\d+) of \d+ connected", text)
-    if "Gave up waiting for workers" in text:
-        return int(found[-1]) if found else 0
-    return None
+    n = state.get("workers_connected")
+    return n if isinstance(n, int) else None
 
 
 def versions() -> dict[str, str]:
@@ -388,7 +384,7 @@ class Conductor:
             progress.finish()
         if ended == Ended.COMPLETED and not self._all_steps_ran(run):
             ended = Ended.LOAD_FAILED
-            came = workers_connected(logs / "master.log")
+            came = workers_connected(run)
             if came is not None and came < self.expect_workers:
                 self._warn(f"only {came} of {self.expect_workers} workers connected within {self.dist.wait:.0f}s; "
                            f"no load was sent")

@@ -89,6 +89,7 @@ JUNIT_FILE = "junit.xml"  # report/ (and the comparison's folder)
 COMPARE_DIR = "compare"  # report/compare/: `kneeswarm compare`'s default output folder
 COMPARE_JSON, COMPARE_MD, COMPARE_HTML = "compare.json", "compare.md", "compare.html"
 RECORDER_FILE = "recorder.json"  # generator/recorder.json: what the master's recording could not write
+MASTER_FILE = "master.json"  # generator/master.json: the master's workers and test, from Locust's events
 PROMETHEUS_RAW = "prometheus.jsonl"  # hosts/<host>/raw/: one JSON line per scrape of a /metrics
 
 

@@ -36,6 +36,7 @@ from kneeswarm.rundir import (CLOCKS_FILE, GENERATOR_COLUMNS, META_FILE, REPORT_
 from kneeswarm import lifecycle
 from kneeswarm.lifecycle import LifecycleError, open_in_child
 from locustfiles import clocks, state, webui
+from locustfiles.master_state import MasterState
 from locustfiles.recorder import (FLUSH_INTERVAL, GEN_KEY, RECORDER_FILE, REPORT_KEY, GeneratorSampler,
                                   RequestWriter, RowBuffer)
 from locustfiles.shape import StepShape
@@ -187,6 +188,8 @@ class MasterListeners:
             gevent.spawn(self.ping_loop)
             self.known_workers: dict[str, str] = {}  # client id -> worker name, of every worker seen
             self.last_heard: dict[str, float] = {}  # client id -> when its last heartbeat was seen
+            self.state = MasterState(env)
+            env.events.worker_connect.add_listener(self.on_worker_connect)
             gevent.spawn(self.watch_workers)
         env.events.test_start.add_listener(self.on_test_start)
         env.events.spawning_complete.add_listener(self.on_spawning_complete)
@@ -222,8 +225,12 @@ class MasterListeners:
         """What the Knee tabs show: the current (or last) test's tables and its report link."""
         return self.test.view() if self.test is not None else {"steps": [], "hosts": []}
 
+    def on_worker_connect(self, client_id: str, **_kw: Any) -> None:
+        self.state.connected(client_id)
+
     def on_test_start(self, environment: Environment, **_kw: Any) -> None:
         if self.is_master:
+            self.state.test_started()
             for client in self.runner.clients.all:
                 self.runner.send_message(PLAN_MESSAGE, {"plan": state.plan().to_dict()}, client.id)
             gevent.spawn(self.ping_round)  # measured before the first request is sent
@@ -266,6 +273,7 @@ class MasterListeners:
             for cid, name in list(self.known_workers.items()):
                 if cid not in present:
                     del self.known_workers[cid]
+                    self.state.gone(cid)
                     if loading and self.recording is not None and not self.recording.stopped:
                         self.recording.worker_lost(name, now, self.last_heard.get(cid, now), before)
 
