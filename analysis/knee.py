@@ -50,7 +50,8 @@ def _clean(users: Sequence[float], y: Sequence[float]) -> tuple[np.ndarray, np.n
     return u[order], v[order]
 
 
-def kneedle(users: np.ndarray, y: np.ndarray, curve: str, direction: str = "increasing") -> tuple[float | None, str | None]:
+def kneedle(users: np.ndarray, y: np.ndarray, curve: str,
+            direction: str = "increasing") -> tuple[float | None, str | None]:
     """Kneedle on (log2 users, y): (the users at the knee or None, None), or (None, why) when
     kneed raised -- a failure the caller records (``kneedle_error``), never a silent "no knee"."""
     if len(users) < KNEEDLE_MIN_POINTS or np.ptp(y) <= 0:
