@@ -548,7 +548,7 @@ class Recording:
             "lost": self.lost(), "warnings": self.warnings(), "final": final,
             "workers_lost": self.lost_workers,
         }
-        failed: list[str] = []
+        failed: list[tuple[str, str]] = []
         offsets = self.worker_clocks.summary()
         if offsets:
             self._try_write(failed, CLOCKS_FILE, lambda: write_json(self.run.generator_dir / CLOCKS_FILE, offsets))
@@ -560,7 +560,7 @@ class Recording:
             self._try_write(failed, META_FILE, lambda: self.run.update_meta(
                 ended=Ended.COMPLETED if done else Ended.STOPPED, complete=done and not failed, finished=time.time(),
                 worker_clocks=offsets, lost=summary["lost"], warnings=warnings, workers_lost=self.lost_workers))
-        self._outcome_failed(failed)
+        self._outcome_failed(failed, summary)
 
     def _try_write(self, failed: list[tuple[str, str]], what: str, write: Any) -> None:
         try:
@@ -569,9 +569,10 @@ class Recording:
             failed.append((what, " ".join(str(e).split())))
             logger.error("kneeswarm: could not write %s: %s", what, e)
 
-    def _outcome_failed(self, failed: list[tuple[str, str]]) -> None:
+    def _outcome_failed(self, failed: list[tuple[str, str]], summary: dict[str, Any]) -> None:
         """The exit code follows the last outcome written: 1 while any part of it could not be."""
         if failed:
+            logger.error("kneeswarm: the recording's outcome, as far as it was not written: %s", summary)
             self.outcome_errors = failed
             if not self.env.process_exit_code:
                 self.env.process_exit_code = EXIT_OUTCOME_UNWRITTEN
