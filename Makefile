@@ -3,6 +3,8 @@ VENV   ?= .venv
 PYTHON ?= python3
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-stamp
+# the versions the suite passes with: make and CI install them; pyproject.toml keeps users' ranges
+CONSTRAINTS = constraints.txt
 # Debian packages the tests run for real: pidstat (sysstat), vmstat (procps), a real sshd
 # (openssh-server), clock-shifted agents (faketime), network namespaces (iproute2), the web UI
 # in a headless browser (chromium, driven by playwright with its executable path: never
@@ -11,12 +13,12 @@ STAMP   = $(VENV)/.installed-stamp
 DEBS    = sysstat procps openssh-server faketime iproute2 chromium busybox nginx
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast bench debs clean
+.PHONY: demo test test-fast bench debs clean constraints
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[demo,test]'
+	$(PY) -m pip install -q -e '.[demo,test]' -c $(CONSTRAINTS)
 	touch $@
 
 demo: $(STAMP)
@@ -48,6 +50,11 @@ debs:
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
+
+# After a change of dependencies: record the versions of a venv the whole suite passed in.
+constraints: $(STAMP)
+	{ sed -n '/^#/p' $(CONSTRAINTS); $(PY) -m pip freeze --exclude-editable | grep -v '^#'; } > $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

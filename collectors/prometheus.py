@@ -34,6 +34,7 @@ import pandas as pd
 import requests
 
 from collectors.base import Collector, HostContext, Parsed, Unavailable, finite, json_records, to_float
+from kneeswarm.rundir import PROMETHEUS_RAW
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ def parse_prometheus_jsonl(text: str) -> Parsed:
 
 class PrometheusCollector(Collector):
     name = "prometheus"
-    raw_file = "prometheus.jsonl"
+    raw_file = PROMETHEUS_RAW
     kind = "sampler"
     tables = ("prometheus",)
     output_tz = None
@@ -152,7 +153,7 @@ COLLECTOR = PrometheusCollector()
 class PrometheusScraper(threading.Thread):
     """Scrapes ``url`` every ``interval`` seconds into ``path`` (JSON lines, format above).
 
-        scraper = PrometheusScraper(url, run.raw_dir("target") / "prometheus.jsonl")
+        scraper = PrometheusScraper(url, run.raw_dir("target") / PROMETHEUS_RAW)
         scraper.start(); ...; scraper.stop()
         scraper.stats()    # {"url", "scrapes", "ok", "failed", "last_error", ...}
 

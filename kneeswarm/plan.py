@@ -88,6 +88,11 @@ class RequestPlan:
     success_path: str | None = None  # dotted JSON path that must be present in a 2xx answer (http)
 
 
+#: Seconds of controller silence after which a host agent stops everything (the plan's default;
+#: agents/settings.py takes it from here, and agents/remote.py's fallback is checked against it).
+HEARTBEAT_TIMEOUT = 30.0
+
+
 #: A header name as HTTP allows it (RFC 9110 token)
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -176,7 +181,7 @@ class EndpointPlan:
 @dataclass
 class MonitorPlan:
     interval: float = 1.0  # collector sampling interval, seconds (whole seconds for pidstat/vmstat)
-    heartbeat_timeout: float = 30.0  # agents stop everything when the controller is silent this long
+    heartbeat_timeout: float = HEARTBEAT_TIMEOUT  # agents stop everything when the controller is silent this long
 
 
 @dataclass
