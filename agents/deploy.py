@@ -3,23 +3,19 @@ offset, agent.json, ``remote.py start``), and stop (``remote.py stop``, clock of
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 from typing import Any
 
 from kneeswarm.plan import HostPlan
 from kneeswarm.rundir import WarningLog
 
-from agents import clock, selection
+from agents import clock, selection, shellagent
 from agents.errors import AgentError
 from agents.link import HostLink
-from agents.remote import CONFIG_FILE, PREFLIGHT_FILE, SCRIPT_FILE
 from agents.settings import AgentSettings
 
 logger = logging.getLogger(__name__)
 
-REMOTE_SCRIPT = Path(__file__).with_name(SCRIPT_FILE)
 PREFLIGHT_TIMEOUT = 60.0
 START_TIMEOUT = 40.0
 STOP_TIMEOUT = 60.0
@@ -40,19 +36,33 @@ class Deployment:
         self.start_status: dict[str, Any] | None = None
         self.stop_info: dict[str, Any] | None = None
         self.started = self.stopped = False
+        self.probed = False
+
+    def probe(self) -> shellagent.AgentFlavor:
+        """Which agent this host runs (once): remote.py, or remote.sh where python3 is absent or
+        older than MIN_PYTHON (the host's warnings then say what that lost)."""
+        if not self.probed:
+            flavor = self.link.retry(lambda: shellagent.probe(self.link.t, self.link.label), 10.0, "python3 probe")
+            self.link.flavor = flavor
+            self.link.t.shell_file_ops = flavor.kind == "shell"
+            self.probed = True
+            if flavor.note():
+                self.warnings.add(flavor.note())
+        return self.link.flavor
 
     def upload(self) -> None:
-        """remote.py into the per-run agent directory (once)."""
+        """remote.py (or remote.sh) into the per-run agent directory (once)."""
         if self.link.remote_dir is not None:
             return
+        flavor = self.probe()
         remote_dir = self.link.t.run_root(self.link.run_id, self.link.label)
-        script = REMOTE_SCRIPT.read_bytes()
+        script = flavor.source()
 
         def up() -> None:
             self.link.t.makedirs(remote_dir)
-            self.link.t.put(f"{remote_dir}/{SCRIPT_FILE}", script, 0o755)
+            self.link.t.put(f"{remote_dir}/{flavor.script}", script, 0o755)
 
-        self.link.retry(up, 10.0, f"upload of {SCRIPT_FILE}")
+        self.link.retry(up, 10.0, f"upload of {flavor.script}")
         self.link.remote_dir = remote_dir
 
     def preflight(self) -> dict[str, Any]:
@@ -60,8 +70,9 @@ class Deployment:
         self.upload()
         h = self.host
         cfg = {"checks": selection.check_argvs(), "pid": h.pid, "process": h.process, "port": h.port}
-        self.link.put(PREFLIGHT_FILE, json.dumps(cfg).encode())
-        facts = self.link.call("preflight", self.link.path(PREFLIGHT_FILE), PREFLIGHT_TIMEOUT, wrapper=[])
+        name, data = self.link.flavor.preflight_config(cfg)
+        self.link.put(name, data)
+        facts = self.link.call("preflight", self.link.path(name), PREFLIGHT_TIMEOUT, wrapper=[])
         proc = facts.get("process") or {}
         if proc.get("error"):
             raise AgentError(f"{self.link.label}: monitored process: {proc['error']}")
@@ -73,9 +84,15 @@ class Deployment:
         for name, reason in self.selection.skipped.items():
             if name not in self.selection.quiet:
                 self.warnings.add(f"collector {name} skipped: {reason}")
+        if not self.selection.enabled and self.link.flavor.kind == "shell":
+            tools = sorted({argv[0] for argv in cfg["checks"].values()})
+            raise AgentError(f"{self.link.label}: cannot be monitored: {self.link.flavor.why} and none of "
+                             f"{', '.join(tools)} is installed (without python3 only those can run)")
         if not self.selection.enabled:
             raise AgentError(f"{self.link.label}: no collector can run "
                              f"({'; '.join(self.warnings) or 'none available'})")
+        for line in self.selection.news:  # after the checks above: a host refused is one line
+            logger.warning("%s", line)
         return self.facts
 
     def measure_clock(self) -> clock.ClockOffset | None:
@@ -104,8 +121,9 @@ class Deployment:
         assert self.selection is not None
         self.clock.before = self.measure_clock()
         cfg = selection.agent_config(self.selection, self.settings, self.link.run_id, self.pid)
-        self.link.put(CONFIG_FILE, json.dumps(cfg, indent=1).encode())
-        out = self.link.call("start", self.link.path(CONFIG_FILE), START_TIMEOUT)
+        name, data = self.link.flavor.start_config(cfg)
+        self.link.put(name, data)
+        out = self.link.call("start", self.link.path(name), START_TIMEOUT)
         self.started = True
         self.start_status = out.get("status") or {}
         for name, c in (self.start_status.get("collectors") or {}).items():

@@ -42,7 +42,7 @@ def make_transport(host: HostPlan, accept_new_host_keys: bool = False) -> Transp
     if host.ssh is None:
         from agents.local import LocalTransport
 
-        return LocalTransport(label=host.label)
+        return LocalTransport(label=host.label, python=[host.python] if host.python else None)
     from agents.ssh import SSHTransport
 
     return SSHTransport.from_plan(host, accept_new_host_keys=accept_new_host_keys)
@@ -137,6 +137,7 @@ class HostAgent:
             "complete": not lost and (not self.started or bool(self.fetch_info.get("verified"))),
             "lost": lost,
             "transport": self.t.kind,
+            "agent": self.link.flavor.to_dict() if self.deploy.probed else None,
             "transfer": self.t.transfer,
             "ssh": self.host.ssh,
             "jump": self.host.jump,
@@ -148,6 +149,8 @@ class HostAgent:
             "clock": {**self.clock.to_dict(), "errors": self.deploy.clock_errors},
             "stop": self.deploy.stop_info,
             "fetch": self.fetch_info,
+            # a verified agent directory that could not be removed: still on the server
+            "left_on_server": self.remote_dir if self.fetch_info.get("removal_error") else None,
             "parse": self.parse_info,
             "parsed_verified": self.parsed_verified,
             "reconnects": self.link.reconnects,

@@ -13,7 +13,7 @@ import time
 from typing import Any, Callable, TypeVar
 
 from agents.errors import AgentError, HostKeyError, TransportError
-from agents.remote import SCRIPT_FILE
+from agents.shellagent import PYTHON_AGENT, AgentFlavor
 from agents.transport import EchoChannel, Transport
 
 logger = logging.getLogger(__name__)
@@ -38,6 +38,8 @@ class HostLink:
         self.t = transport
         self.run_id = run_id
         self.remote_dir: str | None = None
+        #: remote.py, or remote.sh where the host's python3 is absent or too old (agents.shellagent)
+        self.flavor: AgentFlavor = PYTHON_AGENT
         self.lock = threading.RLock()
         self.reconnects = 0
         #: Called after every successful reconnect (the heartbeat reopens its channel at once).
@@ -48,8 +50,10 @@ class HostLink:
         return f"{self.remote_dir}/{name}"
 
     def argv(self, *args: str, wrapper: list[str] | None = None) -> list[str]:
-        """The command line of ``remote.py ARGS`` on the host (AGENT_WRAPPER unless ``wrapper``)."""
-        return [*(AGENT_WRAPPER if wrapper is None else wrapper), *self.t.python, self.path(SCRIPT_FILE), *args]
+        """The command line of ``remote.py ARGS`` (or ``sh remote.sh ARGS``) on the host (AGENT_WRAPPER
+        unless ``wrapper``)."""
+        return [*(AGENT_WRAPPER if wrapper is None else wrapper), *self.flavor.interpreter(self.t),
+                self.path(self.flavor.script), *args]
 
     def bare(self, e: BaseException) -> str:
         """The message of e without a leading '<label>: ' (messages name the host once)."""
@@ -105,19 +109,19 @@ class HostLink:
              wrapper: list[str] | None = None) -> dict[str, Any]:
         """Run ``remote.py VERB [ARG]`` and return the JSON object it printed; AgentError otherwise."""
         argv = self.argv(verb, *([arg] if arg else []), wrapper=wrapper)
-        res = self.retry(lambda: self.t.run(argv, timeout), window, f"remote.py {verb}")
+        res = self.retry(lambda: self.t.run(argv, timeout), window, f"{self.flavor.script} {verb}")
         text = res.stdout.decode("utf-8", "replace").strip()
         if res.rc == 127 or (res.rc != 0 and not text):
             line = res.err_line()
             if "python3" in line and ("not found" in line or "No such file" in line):
                 raise AgentError(f"{self.label}: python3 is not installed on the host ({line})")
-            raise AgentError(f"{self.label}: remote.py {verb} failed: {line}")
+            raise AgentError(f"{self.label}: {self.flavor.script} {verb} failed: {line}")
         try:
             out = json.loads(text.splitlines()[-1])
         except (ValueError, IndexError):
-            raise AgentError(f"{self.label}: remote.py {verb} printed no JSON ({res.err_line()})") from None
+            raise AgentError(f"{self.label}: {self.flavor.script} {verb} printed no JSON ({res.err_line()})") from None
         if not isinstance(out, dict):
-            raise AgentError(f"{self.label}: remote.py {verb} printed {text[:80]!r}")
+            raise AgentError(f"{self.label}: {self.flavor.script} {verb} printed {text[:80]!r}")
         if out.get("ok") is False:
-            raise AgentError(f"{self.label}: remote.py {verb}: {out.get('error')}")
+            raise AgentError(f"{self.label}: {self.flavor.script} {verb}: {out.get('error')}")
         return out

@@ -1,6 +1,11 @@
 #!/usr/bin/env python3
 """kneeswarm remote agent: one file, python3 standard library only (pynvml used when present).
 
+It runs on every python3 from 3.6 up (RHEL 8's and Ubuntu 18.04's default): no syntax or library
+call newer than 3.6 -- no ``from __future__ import annotations`` (annotations that name newer types
+are strings), no walrus, no dataclasses, no ``capture_output``/``text=`` -- checked by
+tests/test_agent_pythons.py under every interpreter the machine has.
+
 It is uploaded (by SFTP, through the exec channel, or copied for ``local``) into a per-run
 directory on the monitored server and driven by the controller (agents/host.py) through verbs:
 
@@ -32,8 +37,6 @@ the start time recorded for it.
 Timed waits use select() rather than time.sleep()/Event.wait(): libfaketime (used in the tests to
 shift this host's clock) breaks clock_nanosleep and timed condition waits.
 """
-
-from __future__ import annotations
 
 import hashlib
 import json
@@ -109,7 +112,7 @@ def _write_json_atomic(path: str, obj: object) -> None:
     _write_text_atomic(path, json.dumps(obj, indent=1, sort_keys=True))
 
 
-def _read_json(path: str) -> dict | None:
+def _read_json(path: str) -> "dict | None":
     try:
         with open(path) as f:
             return json.load(f)
@@ -143,7 +146,7 @@ class Stat:
         return self.field(3) == "Z"
 
 
-def _stat(path: str) -> Stat | None:
+def _stat(path: str) -> "Stat | None":
     """Stat of a /proc/.../stat file, None when it is gone or unreadable."""
     try:
         st = Stat(_read_text(path))
@@ -153,7 +156,7 @@ def _stat(path: str) -> Stat | None:
         return None
 
 
-def _proc_start_time(pid: int) -> int | None:
+def _proc_start_time(pid: int) -> "int | None":
     """Start time of ``pid`` in clock ticks since boot (field 22), None if gone or a zombie."""
     st = _stat(f"/proc/{pid}/stat")
     try:
@@ -162,7 +165,7 @@ def _proc_start_time(pid: int) -> int | None:
         return None
 
 
-def _ppid(pid: int) -> int | None:
+def _ppid(pid: int) -> "int | None":
     st = _stat(f"/proc/{pid}/stat")
     try:
         return None if st is None else st.int(4)
@@ -170,11 +173,11 @@ def _ppid(pid: int) -> int | None:
         return None
 
 
-def _is_ours(pid: int | None, start_time: int | None) -> bool:
+def _is_ours(pid: "int | None", start_time: "int | None") -> bool:
     return bool(pid) and start_time is not None and _proc_start_time(pid) == start_time
 
 
-def _signal_group(pid: int, start_time: int | None, sig: int) -> bool:
+def _signal_group(pid: int, start_time: "int | None", sig: int) -> bool:
     """Signal the process group led by ``pid`` (started with setsid) if it is still ours."""
     if not _is_ours(pid, start_time):
         return False
@@ -191,7 +194,7 @@ def _signal_group(pid: int, start_time: int | None, sig: int) -> bool:
             return False
 
 
-def stop_groups(groups: list[tuple[int, int | None]], grace: float = STOP_GRACE) -> None:
+def stop_groups(groups: "list[tuple[int, int | None]]", grace: float = STOP_GRACE) -> None:
     """SIGINT, then SIGTERM, then SIGKILL each (pid, start time) process group still ours, waiting
     up to ``grace`` seconds after each signal; then SIGKILL anything left in those groups."""
     pending = [(p, s) for p, s in groups if _is_ours(p, s)]
@@ -213,7 +216,7 @@ def stop_groups(groups: list[tuple[int, int | None]], grace: float = STOP_GRACE)
                     pass
 
 
-def _group_members(pgid: int) -> list[int]:
+def _group_members(pgid: int) -> "list[int]":
     out = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -268,7 +271,7 @@ class Sampler(threading.Thread):
     def setup(self) -> None:  # may raise: the sampler then does not run
         pass
 
-    def sample(self, t: float) -> list[dict]:
+    def sample(self, t: float) -> "list[dict]":
         raise NotImplementedError
 
     def teardown(self) -> None:
@@ -305,7 +308,7 @@ class Sampler(threading.Thread):
                 pass
 
 
-def _status_nums(text: str) -> dict[str, int]:
+def _status_nums(text: str) -> "dict[str, int]":
     out = {}
     for line in text.splitlines():
         k, _, v = line.partition(":")
@@ -326,7 +329,7 @@ class ProcfsSampler(Sampler):
         self.page_kb = os.sysconf("SC_PAGE_SIZE") // 1024
         self._gone_reported = False
 
-    def _tasks(self, base: str) -> tuple[list[list], int, int, int]:
+    def _tasks(self, base: str) -> "tuple[list[list], int, int, int]":
         """Per-thread rows [tid, comm, utime, stime, processor, vol cs, invol cs] and the summed
         voluntary / involuntary switches and run-queue wait (ns)."""
         vol = invol = wait_ns = 0
@@ -356,7 +359,7 @@ class ProcfsSampler(Sampler):
                 pass
         return tasks, vol, invol, wait_ns
 
-    def sample(self, t: float) -> list[dict]:
+    def sample(self, t: float) -> "list[dict]":
         base = f"/proc/{self.pid}"
         st = _stat(f"{base}/stat")
         try:
@@ -383,17 +386,30 @@ class ProcfsSampler(Sampler):
 
 
 class PrometheusSampler(Sampler):
-    """Scrapes a /metrics URL (Prometheus text) with urllib; one JSON line per scrape."""
+    """Scrapes a /metrics URL (Prometheus text) with urllib; one JSON line per scrape.  ``tls``
+    (the plan's [endpoint] as agents/settings.py passes it): ``verify`` false checks no
+    certificate, ``cadata`` is the PEM text of the CAs to trust, ``headers`` go on each scrape."""
 
-    def __init__(self, name, path, interval, stopping, url: str):
+    def __init__(self, name, path, interval, stopping, url: str, tls: dict = None):
         super().__init__(name, path, interval, stopping)
         self.url = url
+        tls = tls or {}
+        self.headers = dict(tls.get("headers") or {})
+        self.context = None
+        if url.startswith("https://") and (tls.get("cadata") or tls.get("verify") is False):
+            import ssl
 
-    def sample(self, t: float) -> list[dict]:
+            self.context = ssl.create_default_context(cadata=tls.get("cadata") or None)
+            if tls.get("verify") is False:
+                self.context.check_hostname = False
+                self.context.verify_mode = ssl.CERT_NONE
+
+    def sample(self, t: float) -> "list[dict]":
         import urllib.request
 
         try:
-            with urllib.request.urlopen(self.url, timeout=max(0.5, self.interval * 0.8)) as r:
+            req = urllib.request.Request(self.url, headers=self.headers)
+            with urllib.request.urlopen(req, timeout=max(0.5, self.interval * 0.8), context=self.context) as r:
                 text = r.read(PROMETHEUS_MAX_BYTES).decode("utf-8", "replace")
             return [{"t": round(t, 3), "url": self.url, "text": text}]
         except Exception as e:
@@ -419,7 +435,7 @@ class NvmlSampler(Sampler):
         except Exception:
             pass
 
-    def sample(self, t: float) -> list[dict]:
+    def sample(self, t: float) -> "list[dict]":
         since = self.last_t if self.last_t is not None else t - 2 * self.interval
         self.last_t = t
         return [self._gpu(i, h, t, since) for i, h in enumerate(self.handles)]
@@ -679,8 +695,8 @@ class CgroupSampler(Sampler):
 
 
 #: The samplers this agent implements, by the name a collector's ``sampler`` gives.
-SAMPLERS: dict[str, type[Sampler]] = {"procfs": ProcfsSampler, "nvml": NvmlSampler, "prometheus": PrometheusSampler,
-                                      "cgroup": CgroupSampler}
+SAMPLERS: "dict[str, type[Sampler]]" = {"procfs": ProcfsSampler, "nvml": NvmlSampler, "prometheus": PrometheusSampler,
+                                        "cgroup": CgroupSampler}
 
 
 # -- the agent daemon ------------------------------------------------------------------------
@@ -792,7 +808,7 @@ class Agent:
             _sleep(0.05)
 
     # the watchdog ---------------------------------------------------------------------------
-    def _why_stop(self, t0: float, beat_at: float, now: float) -> str | None:
+    def _why_stop(self, t0: float, beat_at: float, now: float) -> "str | None":
         if now - beat_at > self.heartbeat_timeout:
             return f"heartbeat lost ({now - beat_at:.1f}s > {self.heartbeat_timeout:g}s)"
         if now - t0 > self.max_duration:
@@ -817,7 +833,7 @@ class Agent:
                 self.write_status("running")
                 last_status = now
 
-    def run(self, ready_fd: int | None) -> int:
+    def run(self, ready_fd: "int | None") -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
             signal.signal(sig, self._on_signal)
         _write_text_atomic(self.path(PID_FILE), f"{os.getpid()} {self.my_start}\n")
@@ -843,7 +859,7 @@ class Agent:
         return 0
 
 
-def _report(fd: int | None, msg: dict) -> None:  # returns None: the fd is closed
+def _report(fd: "int | None", msg: dict) -> None:  # returns None: the fd is closed
     """Send ``start`` its one-line answer through the ready pipe (once)."""
     if fd is not None:
         os.write(fd, json.dumps(msg).encode() + b"\n")
@@ -851,7 +867,7 @@ def _report(fd: int | None, msg: dict) -> None:  # returns None: the fd is close
     return None
 
 
-def _size(path: str | None) -> int:
+def _size(path: "str | None") -> int:
     try:
         return os.path.getsize(path) if path else 0
     except OSError:
@@ -897,7 +913,7 @@ def write_manifest(run_dir: str) -> dict:
     return manifest
 
 
-def _read_pidfile(run_dir: str) -> tuple[int | None, int | None]:
+def _read_pidfile(run_dir: str) -> "tuple[int | None, int | None]":
     try:
         with open(os.path.join(run_dir, PID_FILE)) as f:
             parts = f.read().split()
@@ -906,7 +922,7 @@ def _read_pidfile(run_dir: str) -> tuple[int | None, int | None]:
         return None, None
 
 
-def _agent_alive(run_dir: str) -> tuple[bool, int | None, int | None]:
+def _agent_alive(run_dir: str) -> "tuple[bool, int | None, int | None]":
     pid, start = _read_pidfile(run_dir)
     return _is_ours(pid, start), pid, start
 
@@ -1016,7 +1032,7 @@ def cmd_stop(run_dir: str) -> int:
     return 0
 
 
-def _read_lines(fd: int, timeout: float) -> list[bytes] | None:
+def _read_lines(fd: int, timeout: float) -> "list[bytes] | None":
     """Complete lines read from ``fd`` within ``timeout`` ([] if none); None at EOF."""
     ready, _, _ = select.select([fd], [], [], timeout)
     if not ready:
@@ -1086,7 +1102,7 @@ def cmd_echo() -> int:
 
 
 # -- preflight ---------------------------------------------------------------------------------
-def _run_capture(argv: list[str], timeout: float) -> tuple[int | None, str]:
+def _run_capture(argv: "list[str]", timeout: float) -> "tuple[int | None, str]":
     """Run argv with stdout+stderr captured, bounded by ``timeout`` (killed after it).
 
     Written with select() and poll() rather than subprocess.run(timeout=...), which sleeps with
@@ -1124,7 +1140,7 @@ def _run_capture(argv: list[str], timeout: float) -> tuple[int | None, str]:
     return rc, out.decode("utf-8", "replace")
 
 
-def _run_check(argv: list[str]) -> dict:
+def _run_check(argv: "list[str]") -> dict:
     path = shutil.which(argv[0])
     if path is None:
         return {"found": False, "error": f"{argv[0]}: not found on PATH"}
@@ -1193,7 +1209,7 @@ def _cpu_topology() -> dict:
     return topo
 
 
-def _memory_total_kb() -> int | None:
+def _memory_total_kb() -> "int | None":
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -1204,7 +1220,7 @@ def _memory_total_kb() -> int | None:
     return None
 
 
-def _gpus() -> tuple[list[dict], dict]:
+def _gpus() -> "tuple[list[dict], dict]":
     gpus: list[dict] = []
     nvml: dict = {"available": False}
     if shutil.which("nvidia-smi"):
@@ -1254,7 +1270,7 @@ def _num(text: str):
             return None
 
 
-def _cmdline(pid: int) -> str | None:
+def _cmdline(pid: int) -> "str | None":
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
@@ -1262,7 +1278,7 @@ def _cmdline(pid: int) -> str | None:
         return None
 
 
-def _ancestors() -> set[int]:
+def _ancestors() -> "set[int]":
     out, pid = set(), os.getpid()
     while pid and pid not in out:
         out.add(pid)
@@ -1270,7 +1286,7 @@ def _ancestors() -> set[int]:
     return out
 
 
-def _pick_root(pids: list[int], what: str) -> tuple[int | None, str | None]:
+def _pick_root(pids: "list[int]", what: str) -> "tuple[int | None, str | None]":
     """One process out of several: the one whose parent is not also a candidate."""
     if not pids:
         return None, f"no process {what}"
@@ -1282,7 +1298,7 @@ def _pick_root(pids: list[int], what: str) -> tuple[int | None, str | None]:
     return None, f"{len(roots)} unrelated processes {what}: {shown}; give pid = ... to choose one"
 
 
-def _listening_inodes(port: int) -> set[str]:
+def _listening_inodes(port: int) -> "set[str]":
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -1351,7 +1367,7 @@ def resolve_process(pid=None, process=None, port=None) -> dict:
     return {"pid": None, "by": None}
 
 
-def cmd_preflight(arg: str | None) -> int:
+def cmd_preflight(arg: "str | None") -> int:
     cfg: dict = {}
     if arg:
         cfg = json.loads(arg) if arg.lstrip().startswith("{") else (_read_json(arg) or {})
@@ -1376,7 +1392,7 @@ def cmd_preflight(arg: str | None) -> int:
     return 0
 
 
-def main(argv: list[str]) -> int:
+def main(argv: "list[str]") -> int:
     usage = "usage: remote.py {preflight [CONFIG]|start CONFIG|watch DIR|stop DIR|echo}"
     if not argv:
         print(usage, file=sys.stderr)

@@ -24,6 +24,7 @@ class Selection:
     enabled: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {"version", "raw_file", "kind"}
     skipped: dict[str, str] = field(default_factory=dict)  # name -> reason
     quiet: set[str] = field(default_factory=set)  # skipped as planned (a stand-in not needed): no warning
+    news: list[str] = field(default_factory=list)  # skips worth a log line (logged once the host can run)
     specs: list[RunSpec] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -52,7 +53,7 @@ def select(facts: dict[str, Any], requested: list[str] | None, pid: int | None, 
                              f"(known: {', '.join(sorted(COLLECTORS))})")
     names = list(requested) if requested is not None else [n for n, c in COLLECTORS.items() if c.default]
     names.sort(key=lambda n: COLLECTORS[n].instead_of is not None)  # stand-ins after what they stand in for
-    ctx = HostContext(facts, pid, settings.interval, settings.metrics_url)
+    ctx = HostContext(facts, pid, settings.interval, settings.metrics_url, settings.metrics_tls)
     sel = Selection()
     for name in names:
         c = COLLECTORS[name]
@@ -62,10 +63,12 @@ def select(facts: dict[str, Any], requested: list[str] | None, pid: int | None, 
             continue
         try:
             spec = c.run_spec(ctx)
+            if spec.sampler is not None and spec.sampler not in facts.get("samplers", [spec.sampler]):
+                raise Unavailable(f"sampler {spec.sampler} needs the python agent, which this host cannot run")
         except Unavailable as e:
             sel.skipped[name] = str(e)
             if requested is not None or not c.needs_gpu:  # no GPU on a CPU host is no news
-                logger.warning("%s: collector %s skipped: %s", label, name, e)
+                sel.news.append(f"{label}: collector {name} skipped: {e}")
             continue
         sel.specs.append(spec)
         sel.enabled[name] = {"version": spec.version, "raw_file": c.raw_file, "kind": c.kind}

@@ -10,7 +10,7 @@ default keys.  No password or passphrase ever goes into argv, logs or the run di
 Commands read stdout and stderr together (no deadlock on large outputs) against a deadline;
 files move by SFTP with a socket timeout, or, where the server has no sftp subsystem, through the
 exec channel (``python3 -c`` reading stdin, the written file's sha256 checked: Ansible's piped
-transfer); ``transfer`` says which. ProxyJump opens a direct-tcpip channel on the bastion's
+transfer; ``sh -c`` with coreutils on a host without python3); ``transfer`` says which. ProxyJump opens a direct-tcpip channel on the bastion's
 connection.
 """
 
@@ -75,6 +75,27 @@ try:
 except FileNotFoundError as e:
     sys.stderr.write(f"{e}\n")
     sys.exit(3)
+"""
+
+
+#: The same operations in POSIX sh, for a host without python3 (the shell agent's hosts):
+#: ``sh -c EXEC_FILE_OPS_SH sh OP PATH [ARGS]``; exit 3 means "no such file or directory".
+EXEC_FILE_OPS_SH = r"""
+op=$1; path=$2
+case $op in
+put) tmp="$path.tmp-upload"; cat > "$tmp" && chmod "$3" "$tmp" && mv -f "$tmp" "$path" && sha256sum "$path" | cut -d' ' -f1 ;;
+sizes) [ -d "$path" ] || { echo "$path: no such directory" >&2; exit 3; }
+  cd "$path" || exit 1; printf '{'; s=
+  for f in * .[!.]*; do
+    [ -f "$f" ] && [ ! -L "$f" ] || continue
+    printf '%s"%s": %s' "$s" "$f" "$(wc -c < "$f" | tr -d ' ')"; s=', '
+  done
+  printf '}\n' ;;
+read) [ -f "$path" ] || { echo "$path: no such file" >&2; exit 3; }
+  tail -c +"$(($3 + 1))" "$path" | head -c "$4" ;;
+mkdir) mkdir -p -m 700 "$path" ;;
+*) echo "unknown op $op" >&2; exit 2 ;;
+esac
 """
 
 
@@ -260,7 +281,8 @@ class SSHTransport(Transport):
     @classmethod
     def from_plan(cls, host: Any, accept_new_host_keys: bool = False) -> SSHTransport:
         return cls(host.ssh, key_file=host.key_file, passphrase_env=host.passphrase_env, jump=host.jump,
-                   known_hosts=host.known_hosts, accept_new_host_keys=accept_new_host_keys, label=host.label)
+                   known_hosts=host.known_hosts, accept_new_host_keys=accept_new_host_keys, label=host.label,
+                   python=[host.python] if host.python else None)
 
     # -- connection ------------------------------------------------------------------------
     def _passphrase(self) -> str | None:
@@ -366,7 +388,8 @@ class SSHTransport(Transport):
         return self.transfer == "exec"
 
     def _exec_op(self, op: str, path: str, *args: str, stdin: bytes | None = None) -> bytes:
-        res = self.run([*self.python, "-c", EXEC_FILE_OPS, op, path, *args], EXEC_OP_TIMEOUT, stdin=stdin)
+        argv = (["sh", "-c", EXEC_FILE_OPS_SH, "sh"] if self.shell_file_ops else [*self.python, "-c", EXEC_FILE_OPS])
+        res = self.run([*argv, op, path, *args], EXEC_OP_TIMEOUT, stdin=stdin)
         if res.rc == 3:
             raise FileNotFoundError(path)
         if res.rc != 0:

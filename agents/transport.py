@@ -57,6 +57,8 @@ class Transport(ABC):
     python: list[str] = ["python3"]
     #: How files move: "local", "sftp" or "exec" (no sftp subsystem); None until first used.
     transfer: str | None = None
+    #: File operations through the exec channel in sh rather than python3 (a host without it).
+    shell_file_ops: bool = False
 
     @abstractmethod
     def run_root(self, run_id: str, label: str) -> str:

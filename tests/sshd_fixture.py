@@ -56,6 +56,7 @@ class SSHD:
     proc: subprocess.Popen | None = None
     netns: str | None = None  # run inside this network namespace (ip netns exec)
     extra_keys: list[Path] = field(default_factory=list)
+    forced: dict[Path, str] = field(default_factory=dict)  # authorized_keys command="..." per key
 
     host_key = property(lambda self: self.dir / "ssh_host_ed25519_key")
     user_key = property(lambda self: self.dir / "id_ed25519")
@@ -82,13 +83,19 @@ class SSHD:
     def fingerprint(self) -> str:
         return fingerprint_of(self.host_key.with_name(self.host_key.name + ".pub"))
 
-    def authorize(self, key: Path) -> None:
+    def authorize(self, key: Path, path: str | None = None) -> None:
+        """Let ``key`` log in; ``path``: the PATH its sessions get (a host whose python3 is another,
+        or absent), set by a forced command (login_with_path) after root's shell startup files."""
         self.extra_keys.append(key)
+        if path is not None:
+            self.forced[key] = str(login_with_path(self.dir / f"login-{key.name}", path))
         self._write_authorized()
 
     def _write_authorized(self) -> None:
         keys = [self.user_key, *self.extra_keys]
-        self.authorized_keys.write_text("".join(k.with_name(k.name + ".pub").read_text() for k in keys))
+        self.authorized_keys.write_text("".join(
+            (f'command="{self.forced[k]}" ' if k in self.forced else "") + k.with_name(k.name + ".pub").read_text()
+            for k in keys))
 
     @classmethod
     def start(cls, dir: Path, listen: str = "127.0.0.1", port: int | None = None, netns: str | None = None,
@@ -178,6 +185,22 @@ class SSHD:
         if new_host_key:
             keygen(self.host_key)
         self.run()
+
+
+SFTP_SERVER = "/usr/lib/openssh/sftp-server"
+
+
+def login_with_path(script: Path, path: str) -> Path:
+    """A forced command that runs the client's command (or the sftp subsystem, which sshd names
+    in SSH_ORIGINAL_COMMAND) under ``path``:
+    root's .bashrc here puts pyenv's shims first, so an environment= PATH would not hold."""
+    script.write_text(f"""#!/bin/sh
+PATH='{path}'; export PATH
+case "${{SSH_ORIGINAL_COMMAND:-}}" in ""|internal-sftp|*/sftp-server) exec {SFTP_SERVER} ;; esac
+exec /bin/sh -c "$SSH_ORIGINAL_COMMAND"
+""")
+    script.chmod(0o755)
+    return script
 
 
 @pytest.fixture(scope="session")
