@@ -1,0 +1,134 @@
+"""``[load] hold = "auto"``: steps held until steady (MSER-5) and known (95 % CIs), on real runs.
+
+Everything is asserted from steps.csv and the request rows, never from wall-clock timing of the
+test: how long a step was held is t_end − t_steady as the master recorded it, and the warm-up is
+the rows' own latency before and after the step's t_cut.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kneeswarm.cli import start_target, stop_target
+from locustfiles.steady import judge, mser_cut, p99_half_width, qps_half_width
+from tests.conftest import read_summary, run_cli, side_by_side, start_cli
+
+FIXED_HOLD = 20.0  # the fixed hold the steady steps must beat (the plan's default hold)
+SERVICE_MS, SLOTS = 10, 8
+WARMUP_S, WARMUP_EXTRA_MS = 8, 40  # the drifting target: +40 ms falling to 0 over its first 8 s of load
+AUTO = '[load]\nhold = "auto"\nmin_hold = 3\nmax_hold = {max_hold}\nsettle = 1\nci = 0.10\n'
+
+
+# -- the statistics alone (independent truths: numpy, a closed form) ---------------------------
+def test_mser_finds_a_warm_up_and_refuses_a_trend():
+    rng = np.random.default_rng(1)
+    warm = np.r_[np.linspace(50, 12, 20), np.full(60, 12.0)] + rng.normal(0, 0.3, 80)
+    d = mser_cut(warm, 0.10)
+    assert d is not None and 15 <= d <= 25  # the drift is 20 long
+    assert mser_cut(np.linspace(10, 40, 80) + rng.normal(0, 0.3, 80), 0.10) is None  # trending to the end
+    assert mser_cut(12 + rng.normal(0, 0.3, 80), 0.10) == 0  # steady: nothing cut
+
+
+def test_order_statistic_interval_of_p99():
+    x = np.arange(1, 1001, dtype=float)  # P99 of 1..1000 is ~990; ranks 990 ∓ 1.96·√9.9 = 984 .. 997(+1)
+    hw = p99_half_width(x)
+    assert hw == pytest.approx((997 - 983) / 2 / np.quantile(x, 0.99), abs=0.002)
+    assert math.isinf(p99_half_width(np.arange(100.0)))  # 100 rows: no upper rank for a P99 interval
+    assert qps_half_width(np.array([100.0, 100.0, 100.0])) == 0.0
+    assert math.isinf(qps_half_width(np.array([100.0, 100.0])))
+
+
+def test_judge_cuts_a_drift_and_waits_for_a_trend():
+    rng = np.random.default_rng(2)
+    t = np.sort(rng.uniform(0, 20, 8000))
+    lat = 10 + np.where(t < 6, 40 * (1 - t / 6), 0) + rng.exponential(0.5, len(t))
+    v = judge(t, lat, 0.0, 20.0, 0.10)
+    assert v.steady and v.known and 5.0 <= v.t_cut <= 8.0, v
+    early = judge(t, lat, 0.0, 9.0, 0.10)  # 9 s of data, 6 of them drifting: not steady yet
+    assert not early.steady and "not steady" in early.why
+
+
+# -- real runs ----------------------------------------------------------------------------------
+def _steps(run_dir: Path) -> pd.DataFrame:
+    st = pd.read_csv(run_dir / "steps.csv")
+    st["held"] = st["t_end"] - st["t_steady"]
+    return st
+
+
+def _rows(run_dir: Path) -> pd.DataFrame:
+    df = pd.concat([pd.read_parquet(p) for p in sorted((run_dir / "requests").glob("part-*.parquet"))])
+    return df[df["ok"] == True]  # noqa: E712
+
+
+@pytest.mark.slow
+def test_auto_hold_ends_steady_steps_early_and_holds_a_warming_one_longer(tmp_path):
+    targets = {"steady": start_target(["--mode", "knee", "--slots", str(SLOTS), "--service-ms", str(SERVICE_MS)]),
+               "drift": start_target(["--mode", "knee", "--slots", str(SLOTS), "--service-ms", str(SERVICE_MS),
+                                      "--warmup-s", str(WARMUP_S), "--warmup-extra-ms", str(WARMUP_EXTRA_MS)]),
+               "short": start_target(["--mode", "knee", "--slots", str(SLOTS), "--service-ms", str(SERVICE_MS),
+                                      "--warmup-s", "30", "--warmup-extra-ms", str(WARMUP_EXTRA_MS)])}
+    runs = {"steady": ("3,6", 30), "drift": ("3", 30), "short": ("3", 12)}  # short: max_hold 12 s, still drifting
+    try:
+        with side_by_side() as started:
+            for name, (steps, max_hold) in runs.items():
+                plan = tmp_path / f"{name}.toml"
+                plan.write_text(AUTO.format(max_hold=max_hold))
+                started[name] = start_cli("run", str(plan), "--target", targets[name][1], "--steps", steps,
+                                          "--ramp", "1", "--workers", "1", "--out", str(tmp_path / name), "-q")
+            outs = {name: p.communicate(timeout=240) for name, p in started.items()}
+            codes = {name: p.returncode for name, p in started.items()}
+    finally:
+        for proc, _ in targets.values():
+            stop_target(proc)
+    assert codes == {"steady": 0, "drift": 0, "short": 0}, outs
+    dirs = {name: next((tmp_path / name).iterdir()) for name in runs}
+    steady, drift, short = (_steps(dirs[n]) for n in ("steady", "drift", "short"))
+    print(steady[["users", "held", "t_cut", "hold_reason"]], drift[["users", "held", "t_cut", "hold_reason"]],
+          short[["users", "held", "hold_reason"]], sep="\n")
+
+    # steady target: every step ends before a fixed 20 s hold would, steady and known (no reason)
+    assert (steady["held"] < FIXED_HOLD).all() and steady["hold_reason"].isna().all()
+    assert all(s["valid"] for s in read_summary(dirs["steady"])["steps"])
+
+    # drifting target: the warm-up is cut, and the step held longer than the steady one
+    d = drift.iloc[0]
+    assert pd.isna(d["hold_reason"]) and d["held"] > steady.iloc[0]["held"]
+    rows = _rows(dirs["drift"])
+    rows = rows[(rows["step"] == 0) & (rows["t_start"] >= d["t_steady"] + 1)]
+    before = rows.loc[rows["t_start"] < d["t_cut"], "latency_ms"]
+    after = rows.loc[rows["t_start"] >= d["t_cut"], "latency_ms"]
+    assert len(before) > 50 and d["t_cut"] - d["t_steady"] > 2.0  # a real cut, seconds into the step
+    # the cut rows carry the drift (tens of ms), the kept rows are the service time plus noise
+    assert np.median(before) > np.median(after) + WARMUP_EXTRA_MS / 8, (np.median(before), np.median(after))
+    assert np.median(after) < SERVICE_MS + WARMUP_EXTRA_MS / 4
+    # the analysis starts the step's window at the cut: its request count is the kept rows'
+    step0 = read_summary(dirs["drift"])["steps"][0]
+    assert step0["requests"] == len(rows[(rows["t_start"] >= d["t_cut"]) & (rows["t_start"] < d["t_end"])])
+
+    # max_hold reached while still drifting: ended there, with the reason in steps[].reasons
+    s = short.iloc[0]
+    assert s["held"] == pytest.approx(12.0, abs=1.5) and "max_hold" in str(s["hold_reason"])
+    reasons = read_summary(dirs["short"])["steps"][0]["reasons"]
+    assert any("max_hold" in r and "not steady" in r for r in reasons), reasons
+    assert not read_summary(dirs["short"])["steps"][0]["valid"]
+
+
+@pytest.mark.parametrize("load,needle", [
+    ('hold = "auto"\nmin_hold = 1\nsettle = 2', "load.min_hold"),
+    ('hold = "auto"\nmin_hold = 30\nmax_hold = 10', "load.max_hold"),
+    ('hold = "auto"\nci = 0', "load.ci"),
+    ('hold = "soon"', "load.hold"),
+])
+def test_bad_auto_hold_bounds_are_one_line_exit_2_no_run_dir(tmp_path, load, needle):
+    plan = tmp_path / "plan.toml"
+    plan.write_text(f'target = "http://127.0.0.1:9"\n[load]\n{load}\n')
+    res = run_cli("run", str(plan), "--out", str(tmp_path / "out"), timeout=60)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in res.stderr, res.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
