@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_flags(sub.add_parser("run", help="run a stepped load test and write its report"))
     demo = sub.add_parser("demo", help="start the bundled target and run a ~2 minute stepped test against it")
     demo.add_argument("--out", default="runs", help="where run directories go (default: runs)")
-    demo.add_argument("--hold", type=float, default=DEMO_HOLD, help=f"seconds per step (default {DEMO_HOLD:g})")
+    demo.add_argument("--hold", type=_hold, default=DEMO_HOLD, help=f"seconds per step, or auto (default {DEMO_HOLD:g})")
     demo.add_argument("--steps", type=_steps, default=DEMO_STEPS, help="user counts (default 1,2,4,8,16)")
     sub.add_parser("target", help="the bundled demo inference server (see `kneeswarm target --help`)", add_help=False)
     wk = sub.add_parser("worker", help="a Locust worker for a master on another machine (kneeswarm's locustfile)")

@@ -13,6 +13,9 @@ with batch medians rather than means so one stalled request does not pass for a 
 successful requests of each second (QPS).  The step's steady data begin at the later of the two
 cuts (``t_cut``).  A "warm-up" whose level is within ``ci`` of the rest is not one (no cut): on a
 busy host the median moves by a few per cent, significant to MSER, not to a user who asked ±10 %.
+What is kept must then have no trend: the least-squares line through each kept series may change
+by at most ``ci`` of its mean over the window (a slope test of magnitude; MSER alone passes a
+steady climb whose points all sit near its mean).
 
 Known: after the cut, QPS within ``ci`` (relative half-width of a 95 % interval) from the mean and
 spread of the per-second counts (batch means of one second), and P99 within ``ci`` from the
@@ -124,6 +127,11 @@ def judge(t_start: np.ndarray, latency_ms: np.ndarray, t_lo: float, horizon: flo
     if d_qps is None or d_lat is None:
         what = " and ".join(w for w, d in (("QPS", d_qps), ("median latency", d_lat)) if d is None)
         return Verdict(False, False, None, f"not steady: {what} still trending (MSER-5 cut in the second half)")
+    drifts = [(w, c) for w, c in (("QPS", _drift(counts[d_qps:])), ("median latency", _drift(batches[d_lat:])))
+              if c > ci]
+    if drifts:
+        what = " and ".join(f"{w} by {c:.0%}" for w, c in drifts)
+        return Verdict(False, False, None, f"not steady: {what} over the kept window (least-squares line, > ±{ci:.0%})")
     t_cut = max(t_lo + d_qps, float(t[d_lat * MSER_BATCH]))
     after = t >= t_cut
     whole = int(math.floor(horizon - t_cut))
@@ -133,6 +141,15 @@ def judge(t_start: np.ndarray, latency_ms: np.ndarray, t_lo: float, horizon: flo
     why = (f"QPS ±{_pct(hw_qps)}, P99 ±{_pct(hw_p99)} (95 % CI, want ±{ci:.0%}) over {int(after.sum())} requests "
            f"after a {t_cut - t_lo:.1f} s warm-up cut")
     return Verdict(True, known, t_cut, why)
+
+
+def _drift(y: np.ndarray) -> float:
+    """How much the least-squares line through ``y`` changes from its first point to its last,
+    relative to the mean (0 for fewer than 3 points or a mean of 0)."""
+    if len(y) < 3 or float(np.mean(y)) == 0:
+        return 0.0
+    slope = float(np.polyfit(np.arange(len(y), dtype=float), y, 1)[0])
+    return abs(slope) * (len(y) - 1) / abs(float(np.mean(y)))
 
 
 def _pct(x: float) -> str:

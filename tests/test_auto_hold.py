@@ -54,6 +54,8 @@ def test_judge_cuts_a_drift_and_waits_for_a_trend():
     assert v.steady and v.known and 5.0 <= v.t_cut <= 8.0, v
     early = judge(t, lat, 0.0, 9.0, 0.10)  # 9 s of data, 6 of them drifting: not steady yet
     assert not early.steady and "not steady" in early.why
+    climb = judge(t, 50 + 1.0 * t + rng.exponential(0.5, len(t)), 0.0, 20.0, 0.10)  # +1 ms/s, never levels
+    assert not climb.steady and "median latency" in climb.why, climb
 
 
 # -- real runs ----------------------------------------------------------------------------------
@@ -140,3 +142,44 @@ def test_bad_auto_hold_bounds_are_one_line_exit_2_no_run_dir(tmp_path, load, nee
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in res.stderr, res.stderr
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_schedule_under_auto_hold_waits_for_min_hold_and_stops_at_max_hold():
+    """StepSchedule with a real AutoHold fed synthetic rows (no Locust): a steady, well-known step
+    ends at the first tick past min_hold where the verdict is in; a drifting one at max_hold,
+    with the reason in its steps.csv row."""
+    from locustfiles.steady import AutoHold
+    from locustfiles.steps import StepSchedule
+
+    rng = np.random.default_rng(3)
+    auto = AutoHold(min_hold=3.0, max_hold=20.0, settle=1.0, ci=0.10, lag_s=2.0)
+    s = StepSchedule([2, 4], ramp=0.0, hold=20.0, auto=auto)
+    assert s.tick(100.0, 0) == (2, 2.0)
+    s.spawned(100.0)
+    t = np.sort(rng.uniform(100.0, 130.0, 30 * 400))  # 400/s, steady 50 ms ± noise
+    lat = 50 + rng.exponential(1.0, len(t))
+    ended = None
+    for now in np.arange(101.0, 125.0, 1.0):
+        done = t < now - 0.5  # what has arrived by now
+        auto._t, auto._lat = [], []
+        auto.add({"t_start": list(t[done]), "latency_ms": list(lat[done]), "ok": [True] * int(done.sum())})
+        if s.tick(float(now), 2)[0] == 4:
+            ended = now
+            break
+    assert ended is not None and 103.0 <= ended < 120.0, ended
+    step = s.log[0]
+    assert step.t_end == ended and step.hold_reason is None and step.t_cut == pytest.approx(101.0, abs=1.0)
+    assert step.full_row()[:5] == step.row() and len(step.full_row()) == 7
+
+    # the next step drifts for good: it ends at max_hold with the reason
+    s.spawned(ended)
+    lat2 = 50 + 3.0 * (t - ended)  # rising 3 ms a second, without end
+    for now in np.arange(ended + 1, ended + 25, 1.0):
+        done = (t >= ended) & (t < now - 0.5)
+        auto._t, auto._lat = [], []
+        auto.add({"t_start": list(t[done]), "latency_ms": list(lat2[done]), "ok": [True] * int(done.sum())})
+        if s.tick(float(now), 4) is None:
+            break
+    last = s.log[1]
+    assert s.done and last.t_end - last.t_steady == pytest.approx(20.0, abs=1.0)
+    assert "max_hold" in last.hold_reason and "not steady" in last.hold_reason
