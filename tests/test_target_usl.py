@@ -65,12 +65,13 @@ def test_engine_samples_n_at_each_requests_start():
 
 
 # S, K and T chosen so that the run is short and the fit well conditioned on a loaded 2-core
-# machine: σ large enough that the client's turn-around (a few ms on T = 80 ms) moves it little,
-# N* = √(0.7/0.02) = 5.9 users with steps on both sides of it, the retrograde region clear.
-USL_SIGMA, USL_KAPPA, USL_SERVICE_MS = 0.3, 0.02, 80
+# machine: T long beside the client's turn-around (1-10 ms per request on a busy host, which reads
+# as a lower σ: at T = 80 ms one run gave σ 0.248), σ large enough that what is left moves it
+# little, N* = √(0.7/0.02) = 5.9 users with steps on both sides of it, the retrograde region clear.
+USL_SIGMA, USL_KAPPA, USL_SERVICE_MS = 0.3, 0.02, 200
 USL_STEPS = (1, 2, 4, 6, 8, 11, 14)
 # The last step is a tail, left out of the fit: when the load stops, requests started in its last
-# ~R seconds (R = 0.68 s at 14 users) are still in flight and never recorded, so its QPS reads low
+# ~R seconds (R = 1.7 s at 14 users) are still in flight and never recorded, so its QPS reads low
 # by R / window (its Little's-law check marks it invalid for the same reason).
 USL_FIT_STEPS = USL_STEPS[:-1]
 
@@ -83,7 +84,7 @@ def test_fit_usl_recovers_the_usl_targets_sigma_kappa_and_peak(tmp_path):
         plan = tmp_path / "plan.toml"
         plan.write_text("[analysis]\nmin_requests = 10\n")  # the fit needs QPS, not P99: low N is few rows
         res = subprocess.run([KNEESWARM, "run", str(plan), "--target", url, "--steps", ",".join(map(str, USL_STEPS)),
-                              "--hold", "4", "--ramp", "1", "--settle", "1", "--workers", "1",
+                              "--hold", "5", "--ramp", "1", "--settle", "1", "--workers", "1",
                               "--out", str(tmp_path / "out"), "--name", "usl", "-q"],
                              capture_output=True, text=True, timeout=240, cwd=REPO,
                              env={**os.environ, "PYTHONPATH": str(REPO)})
