@@ -183,3 +183,12 @@ def test_schedule_under_auto_hold_waits_for_min_hold_and_stops_at_max_hold():
     last = s.log[1]
     assert s.done and last.t_end - last.t_steady == pytest.approx(20.0, abs=1.0)
     assert "max_hold" in last.hold_reason and "not steady" in last.hold_reason
+
+
+def test_web_form_takes_auto_as_the_hold():
+    from locustfiles.webui import form_overrides
+
+    assert form_overrides({"kneeswarm_hold": "auto"}) == {"load.hold": "auto"}
+    assert form_overrides({"kneeswarm_hold": "12"}) == {"load.hold": 12.0}
+    with pytest.raises(ValueError, match="hold"):
+        form_overrides({"kneeswarm_hold": "soon"})
