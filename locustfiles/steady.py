@@ -36,6 +36,9 @@ P99 = 0.99
 MSER_BATCH = 5  # MSER-5: batches of 5 observations (White, Cobb & Spratt 2000)
 MSER_END_SHARE = 4  # the last 1/4 of the series is never a truncation point (end effect)
 MIN_BATCHES = 10  # fewer latency batches than this: too little to judge a trend
+# the walk back over a flat tail looks at the median of the last max(5, n/10) points before the cut,
+# so a stall shorter than half of that (a busy host's hiccup) does not stop it; a warm-up does
+MIN_SPAN, ROBUST_SPAN_SHARE = 5, 10
 MIN_SECONDS = 4  # fewer whole seconds than this: too little to judge a trend in QPS
 MIN_CI_SECONDS = 3  # fewer whole seconds after the cut than this: QPS spread unknown
 
@@ -59,8 +62,9 @@ def mser_cut(y: np.ndarray, tolerance: float = 0.0) -> int | None:
     "Automating warm-up length estimation", J. Oper. Res. Soc. 61(9)).  A cut whose truncated part's
     mean is within ``tolerance`` (relative) of the rest's is no warm-up: 0 (a shift smaller than the
     precision asked for is not worth the data it would throw away, nor a longer hold), and the cut
-    is moved back over the points just before it that are already within ``tolerance`` of that
-    level (past the warm-up MSER's minimum wanders over a flat tail)."""
+    is moved back while the median of the points just before it (max(5, n/10) of them) is already
+    within ``tolerance`` of that level: past the warm-up MSER's minimum wanders over a flat tail,
+    and lands just after a one-off stall (a busy host's hiccup is no warm-up)."""
     y = np.asarray(y, dtype=float)
     n = len(y)
     if n < 2:
@@ -76,8 +80,10 @@ def mser_cut(y: np.ndarray, tolerance: float = 0.0) -> int | None:
     level = float(np.mean(y[d:]))
     if d > 0 and abs(float(np.mean(y[:d])) - level) <= tolerance * abs(level):
         return 0
-    # MSER's minimum wanders over a flat tail: move the cut back over points already at the level
-    while d > 0 and abs(float(y[d - 1]) - level) <= tolerance * abs(level):
+    # MSER's minimum wanders over a flat tail, and lands just after a one-off stall of a busy host:
+    # move the cut back while the median of the points just before it is already at the level
+    k = max(MIN_SPAN, n // ROBUST_SPAN_SHARE)
+    while d > 0 and abs(float(np.median(y[max(0, d - k):d])) - level) <= tolerance * abs(level):
         d -= 1
     return d if d <= n // 2 else None
 
