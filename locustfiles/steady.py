@@ -13,9 +13,9 @@ with batch medians rather than means so one stalled request does not pass for a 
 successful requests of each second (QPS).  The step's steady data begin at the later of the two
 cuts (``t_cut``).  A "warm-up" whose level is within ``ci`` of the rest is not one (no cut): on a
 busy host the median moves by a few per cent, significant to MSER, not to a user who asked ±10 %.
-What is kept must then have no trend: the least-squares line through each kept series may change
-by at most ``ci`` of its mean over the window (a slope test of magnitude; MSER alone passes a
-steady climb whose points all sit near its mean).
+What is kept must then have no trend: the median of the last third of each kept series may differ
+from that of its first third by at most ``ci`` of the series' median (a trend test of magnitude,
+robust to a stall near either end; MSER alone passes a steady climb whose points sit near its mean).
 
 Known: after the cut, QPS within ``ci`` (relative half-width of a 95 % interval) from the mean and
 spread of the per-second counts (batch means of one second), and P99 within ``ci`` from the
@@ -137,7 +137,7 @@ def judge(t_start: np.ndarray, latency_ms: np.ndarray, t_lo: float, horizon: flo
               if c > ci]
     if drifts:
         what = " and ".join(f"{w} by {c:.0%}" for w, c in drifts)
-        return Verdict(False, False, None, f"not steady: {what} over the kept window (least-squares line, > ±{ci:.0%})")
+        return Verdict(False, False, None, f"not steady: {what} over the kept window (median of its last third against its first, > ±{ci:.0%})")
     t_cut = max(t_lo + d_qps, float(t[d_lat * MSER_BATCH]))
     after = t >= t_cut
     whole = int(math.floor(horizon - t_cut))
@@ -150,12 +150,14 @@ def judge(t_start: np.ndarray, latency_ms: np.ndarray, t_lo: float, horizon: flo
 
 
 def _drift(y: np.ndarray) -> float:
-    """How much the least-squares line through ``y`` changes from its first point to its last,
-    relative to the mean (0 for fewer than 3 points or a mean of 0)."""
-    if len(y) < 3 or float(np.mean(y)) == 0:
+    """How much the kept series moves: the median of its last third against its first third,
+    relative to its median (0 for fewer than 6 points or a median of 0).  Medians, not a
+    least-squares line: one stall near an end of the window tilts a line, not a median."""
+    n = len(y) // 3
+    mid = float(np.median(y)) if len(y) else 0.0
+    if n < 2 or mid == 0:
         return 0.0
-    slope = float(np.polyfit(np.arange(len(y), dtype=float), y, 1)[0])
-    return abs(slope) * (len(y) - 1) / abs(float(np.mean(y)))
+    return abs(float(np.median(y[-n:])) - float(np.median(y[:n]))) / abs(mid)
 
 
 def _pct(x: float) -> str:
