@@ -45,7 +45,8 @@ PERCENTILES = ("p50_ms", "p95_ms", "p99_ms", "p999_ms")
 INPUT_LENGTH_CHANGE = 0.10
 # Host facts that change every run without meaning anything changed (when, which pid, what the
 # agent found to run): left out of the index and of "what changed".
-VOLATILE_FACTS = ("time", "agent_version", "collectors", "tools", "nvml", "procfs", "process.pid")
+VOLATILE_FACTS = ("time", "agent_version", "collectors", "tools", "nvml", "procfs", "process.pid",
+                  "process.candidates")
 VOLATILE_PLAN_LEAVES = ("pid",)  # [[hosts]] pid: the process of this run
 WATCHED_FILES = ("meta.json", "plan.toml", "report/summary.json")
 COLUMNS = {"path": "TEXT PRIMARY KEY", "fingerprint": "TEXT", "status": "TEXT", "reason": "TEXT", "run_id": "TEXT",

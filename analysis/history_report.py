@@ -70,8 +70,9 @@ def history_markdown(result: dict[str, Any]) -> str:
              f"Drift: Mann–Kendall p < {th['alpha']} and the Theil–Sen line moving ≥ {th['min_relative_drift']:.0%} "
              f"of the median over the last {result['window']} runs (at least {th['min_runs']}).", ""]
     if result["drift_worse"]:
-        lines += ["**Drifted worse:** " + "; ".join(f"{d['plan']} {d['figure']}" for d in result["drift_worse"]), ""]
+        lines += ["**Drifted worse:** " + "; ".join(f"plan `{d['plan']}`: {d['figure']}" for d in result["drift_worse"]), ""]
     lines += [f"- skipped: `{s['path']}`: {s['reason']}" for s in result["skipped"]]
+    lines += [""] if result["skipped"] else []
     for g in result["groups"]:
         lines += group_markdown(g)
     return "\n".join(lines) + "\n"
