@@ -40,6 +40,12 @@ EXIT_DRIFT = 5
 INDEX_NAME = "kneeswarm-history.sqlite"  # the index file, next to the runs
 DRIFT_WINDOW = 20  # the drift test looks at the last this-many runs of a group (--last)
 PERCENTILES = ("p50_ms", "p95_ms", "p99_ms", "p999_ms")
+TAIL_SHARE = {"p50_ms": 0.5, "p95_ms": 0.05, "p99_ms": 0.01, "p999_ms": 0.001}
+# A percentile enters the drift test only where the step had at least this many requests beyond it
+# (P99: 1,000 requests; P99.9: 10,000): below that it is the largest of a handful of rows, and on a
+# shared machine those rose together with the load of the other runs (measured here: the P99.9 of
+# 2-user steps of ~200 requests against an unchanged target "drifted" +35 % over 5 runs, p 0.017).
+MIN_TAIL_ROWS = 10
 # Input length changed between two runs when its mean, median or P95 moved by this share or more:
 # a synthetic prompt's length is exact, and a drawn one's mean over 100+ requests moves far less.
 INPUT_LENGTH_CHANGE = 0.10
@@ -160,7 +166,7 @@ def _num(x: Any) -> float | None:
 
 
 def _steps(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    keys = ("users", "qps", *PERCENTILES)
+    keys = ("users", "requests", "qps", *PERCENTILES)
     return [{**{k: _num(s.get(k)) for k in keys}, "valid": bool(s.get("valid"))}
             for s in summary.get("steps") or [] if isinstance(s, dict) and _num(s.get("users")) is not None]
 
@@ -298,6 +304,14 @@ def _value(row: dict[str, Any], users: float | None, metric: str, figure: str) -
     return step.get(metric) if step else None
 
 
+def measured(row: dict[str, Any], users: float | None, metric: str, figure: str) -> bool:
+    """Whether the value rests on at least MIN_TAIL_ROWS requests beyond the percentile."""
+    if metric not in TAIL_SHARE:
+        return True
+    step = _step_at(row, row.get("sla_users") if figure.endswith("SLA boundary") else users)
+    return bool(step) and (step.get("requests") or 0) * TAIL_SHARE[metric] >= MIN_TAIL_ROWS
+
+
 def series(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One entry per figure: values in run order, the drift test, the change point and what changed
     between the runs on either side of it."""
@@ -308,13 +322,18 @@ def series(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         values = [_value(r, users, metric, figure) for r in rows]
         if sum(v is not None for v in values) == 0:
             continue
-        cp = trend.change_point(values)
+        tested = [v if measured(r, users, metric, figure) else None for v, r in zip(values, rows)]
+        cp = trend.change_point(tested)
         if cp is not None:
-            before = max(i for i in range(cp["index"]) if values[i] is not None)
+            before = max(i for i in range(cp["index"]) if tested[i] is not None)
             cp.update(run=rows[cp["index"]]["run_id"], previous_run=rows[before]["run_id"],
                       changes=changes(rows[before], rows[cp["index"]]))
-        out.append({"figure": figure, "users": users, "metric": metric, "values": values,
-                    "drift": trend.drift(values, worse), "change_point": cp})
+        d = trend.drift(tested, worse)
+        if sum(v is not None for v in tested) < sum(v is not None for v in values):
+            d["unmeasured"] = sum(v is not None for v in values) - sum(v is not None for v in tested)
+            left = f"{d['unmeasured']} runs had < {MIN_TAIL_ROWS} requests beyond this percentile"
+            d["reason"] = f"{left}; {d['reason']}" if d["reason"] else left
+        out.append({"figure": figure, "users": users, "metric": metric, "values": values, "drift": d, "change_point": cp})
     return out
 
 
@@ -355,7 +374,8 @@ def history(rows: list[dict[str, Any]], since: str | None = None, plan: str | No
     skipped = [{"path": r["path"], "reason": r["reason"]} for r in chosen if r["status"] == "skipped"]
     return {"groups": out, "drift_worse": worse, "skipped": skipped, "window": last,
             "thresholds": {"alpha": trend.DRIFT_ALPHA, "min_relative_drift": trend.MIN_RELATIVE_DRIFT,
-                           "min_runs": trend.MIN_RUNS, "input_length_change": INPUT_LENGTH_CHANGE}}
+                           "min_runs": trend.MIN_RUNS, "input_length_change": INPUT_LENGTH_CHANGE,
+                           "min_tail_rows": MIN_TAIL_ROWS}}
 
 
 def write_outputs(result: dict[str, Any], out: Path) -> Path:
@@ -371,8 +391,9 @@ def write_outputs(result: dict[str, Any], out: Path) -> Path:
 
 
 def run_history(paths: list[str], index: str | None = None, out: str | None = None, since: str | None = None,
-                plan: str | None = None, last: int = DRIFT_WINDOW) -> tuple[dict[str, Any], Path]:
+                plan: str | None = None, last: int | None = None) -> tuple[dict[str, Any], Path]:
     """``kneeswarm history``: index, trend, report; (result, path of history.html)."""
+    last = DRIFT_WINDOW if last is None else last
     db = Path(index) if index else default_index(paths)
     indexed = update_index(paths, db)
     result = history(load_index(db, indexed["paths"]), since, plan, last)

@@ -31,8 +31,9 @@ def _drift_cell(d: dict[str, Any]) -> str:
     if d.get("p") is None:
         return d.get("reason") or "–"
     verdict = f"**drift {d['direction']}**" if d["drifting"] else "no drift"
+    left = f" (left out: {d['reason']})" if d.get("unmeasured") else ""
     return (f"{verdict}: Theil–Sen {d['slope']:+.3g}/run ({_f(d['rel_change'], '{:+.1%}')} over the window), "
-            f"Mann–Kendall S {d['s']}, p {d['p']:.3g}")
+            f"Mann–Kendall S {d['s']}, p {d['p']:.3g}{left}")
 
 
 def _changed_lines(cp: dict[str, Any]) -> list[str]:
@@ -68,7 +69,8 @@ def history_markdown(result: dict[str, Any]) -> str:
     th = result["thresholds"]
     lines = ["# Run history", "",
              f"Drift: Mann–Kendall p < {th['alpha']} and the Theil–Sen line moving ≥ {th['min_relative_drift']:.0%} "
-             f"of the median over the last {result['window']} runs (at least {th['min_runs']}).", ""]
+             f"of the median over the last {result['window']} runs (at least {th['min_runs']}); a percentile only where "
+             f"the step had ≥ {th['min_tail_rows']} requests beyond it.", ""]
     if result["drift_worse"]:
         lines += ["**Drifted worse:** " + "; ".join(f"plan `{d['plan']}`: {d['figure']}" for d in result["drift_worse"]), ""]
     lines += [f"- skipped: `{s['path']}`: {s['reason']}" for s in result["skipped"]]

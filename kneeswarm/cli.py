@@ -104,16 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_history(sub: Any) -> None:
-    from analysis.history import DRIFT_WINDOW, EXIT_DRIFT, INDEX_NAME
-
+    """`history` (analysis.history; not imported here: the analysis package loads pandas)."""
     hi = sub.add_parser("history", help="index runs, trend report and drift test over them")
     hi.add_argument("paths", nargs="+", metavar="RUNS_ROOT|RUN_DIR", help="run directories or folders holding them")
-    hi.add_argument("--index", help=f"the SQLite index (default: {INDEX_NAME} next to the runs)")
+    hi.add_argument("--index", help="the SQLite index (default: kneeswarm-history.sqlite next to the runs)")
     hi.add_argument("--out", help="where history.md/.html/.json go (default: history/ beside the index)")
     hi.add_argument("--since", help="only runs started at or after this ISO date or time (UTC unless it says)")
     hi.add_argument("--plan", help="only runs of this plan name")
-    hi.add_argument("--last", type=int, default=DRIFT_WINDOW, help=f"runs per drift test (default {DRIFT_WINDOW})")
-    hi.add_argument("--fail-on-drift", action="store_true", help=f"exit {EXIT_DRIFT} when a figure drifted worse")
+    hi.add_argument("--last", type=int, help="runs per drift test (default: analysis.history.DRIFT_WINDOW, 20)")
+    hi.add_argument("--fail-on-drift", action="store_true",
+                    help="exit with the drift code (analysis.history.EXIT_DRIFT, 5) when a figure drifted worse")
     hi.add_argument("-q", "--quiet", action="store_true", help="print only the report path")
 
 

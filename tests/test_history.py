@@ -12,12 +12,12 @@ The truth is what the test configured: the service times, the prompt lengths, wh
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import shutil
 import sqlite3
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +48,8 @@ max_tokens = 1
 prompt_tokens = {prompt}
 [analysis]
 min_requests = 20
+[sla]
+p99_ms = 1000
 """
 
 
@@ -135,6 +137,8 @@ def test_history_finds_the_drift_and_names_input_length_at_the_change_point(buil
     steady = _series(result, "steady", f"p50_ms at {USERS} users")
     assert steady["drift"]["p"] is not None and not steady["drift"]["drifting"]
     assert len(steady["values"]) == STEADY_RUNS
+    # the SLA (P99 under 1 s) is met at the only step: its boundary is that step
+    assert _series(result, "drift", "p50_ms at the SLA boundary")["values"] == p50["values"]
     html = (built.root / "history" / "history.html").read_text()
     assert "plotly" in html and "change point" in html and "<script src=" not in html  # offline
     # --plan steady alone: nothing drifted worse, exit 0 even with --fail-on-drift
@@ -180,6 +184,20 @@ def test_history_names_a_run_without_a_summary_as_skipped(built: History, tmp_pa
 
 
 @pytest.mark.slow
+def test_history_since_keeps_the_runs_started_then_or_later(built: History, tmp_path):
+    started = {d.resolve(): json.loads((d / "meta.json").read_text())["started"]
+               for plan in built.runs.values() for d in plan}
+    since = int(started[built.runs["drift"][2].resolve()])  # whole seconds: the ISO text holds them exactly
+    when = dt.datetime.fromtimestamp(since, dt.timezone.utc).isoformat()
+    res = _history(str(built.root), "--since", when, "--index", str(tmp_path / "h.sqlite"), "--out", str(tmp_path))
+    assert res.returncode in (0, EXIT_DRIFT), res.stderr
+    result = json.loads((tmp_path / "history.json").read_text())
+    kept = {r["path"] for g in result["groups"] for r in g["runs"]}
+    assert kept == {str(p) for p, t in started.items() if t >= since}
+    assert len([r for g in result["groups"] if g["plan"] == "drift" for r in g["runs"]]) == len(DRIFT_TTFT_MS) - 2
+
+
+@pytest.mark.slow
 def test_history_bad_input_is_one_line_exit_2(built: History, tmp_path):
     bad_index = tmp_path / "bad.sqlite"
     bad_index.write_text("not a database, but long enough to be read as one" * 40)
@@ -195,4 +213,5 @@ def test_history_bad_input_is_one_line_exit_2(built: History, tmp_path):
 def test_history_exit_code_is_documented():
     readme = (REPO / "README.md").read_text()
     assert f"`{EXIT_DRIFT}` a figure drifted worse" in readme
-    assert sys.modules["analysis.history"].EXIT_DRIFT not in (0, 1, 2, 3, 4, 130)
+    assert EXIT_DRIFT not in (0, 1, 2, 3, 4, 130)  # the other codes of the README's list
+    assert f"EXIT_DRIFT, {EXIT_DRIFT})" in " ".join(_history("--help").stdout.split())
