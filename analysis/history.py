@@ -208,6 +208,10 @@ def _connect(db: Path) -> sqlite3.Connection:
         con.execute("SELECT count(*) FROM sqlite_master").fetchone()
     except sqlite3.Error as exc:
         raise HistoryError(f"{db}: not a usable SQLite index ({exc})") from None
+    have = [r[1] for r in con.execute("PRAGMA table_info(runs)")]
+    if have and have != list(COLUMNS):  # an index of another version: it is a cache, rebuilt
+        logger.warning("%s: columns %s differ from this version's; rebuilding the index", db, have)
+        con.execute("DROP TABLE runs")
     cols = ", ".join(f"{k} {t}" for k, t in COLUMNS.items())
     con.execute(f"CREATE TABLE IF NOT EXISTS runs ({cols})")
     return con
@@ -220,21 +224,29 @@ def update_index(paths: list[str | Path], db: Path) -> dict[str, Any]:
         raise HistoryError(f"no run directory (a folder with meta.json) below {', '.join(map(str, paths))}")
     con = _connect(db)
     try:
-        known = dict(con.execute("SELECT path, fingerprint FROM runs").fetchall())
-        read = 0
-        for run in runs:
-            if known.get(str(run)) == fingerprint(run):
-                continue
-            row = read_run(run)
-            values = [json.dumps(row.get(k)) if k in JSON_COLUMNS else row.get(k) for k in COLUMNS]
-            con.execute(f"INSERT OR REPLACE INTO runs VALUES ({', '.join('?' * len(COLUMNS))})", values)
-            read += 1
-        con.commit()
-        skipped = [{"path": p, "reason": r} for p, r in
-                   con.execute("SELECT path, reason FROM runs WHERE status = 'skipped' ORDER BY path")
-                   if Path(p) in set(runs)]
+        return _update(con, runs, db)
+    except sqlite3.OperationalError as exc:  # the disk, not the input: exit 1 (cli's OSError)
+        raise OSError(f"{db}: cannot write the index: {exc}") from None
     finally:
         con.close()
+
+
+def _update(con: sqlite3.Connection, runs: list[Path], db: Path) -> dict[str, Any]:
+    """Read the runs whose fingerprint changed into ``con``; the counts and the skipped runs."""
+    known = dict(con.execute("SELECT path, fingerprint FROM runs").fetchall())
+    read = 0
+    for run in runs:
+        if known.get(str(run)) == fingerprint(run):
+            continue
+        row = read_run(run)
+        values = [json.dumps(row.get(k)) if k in JSON_COLUMNS else row.get(k) for k in COLUMNS]
+        con.execute(f"INSERT OR REPLACE INTO runs VALUES ({', '.join('?' * len(COLUMNS))})", values)
+        read += 1
+    con.commit()
+    wanted = {str(r) for r in runs}
+    skipped = [{"path": p, "reason": r} for p, r in
+               con.execute("SELECT path, reason FROM runs WHERE status = 'skipped' ORDER BY path") if p in wanted]
+    logger.debug("%s: %d runs, %d read", db, len(runs), read)
     return {"runs": len(runs), "read": read, "unchanged": len(runs) - read, "skipped": skipped,
             "paths": [str(r) for r in runs]}
 

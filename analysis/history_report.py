@@ -111,7 +111,7 @@ def group_figures(g: dict[str, Any]) -> list[go.Figure]:
 
 def history_html(result: dict[str, Any]) -> str:
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>kneeswarm run history</title>",
-             "<style>body{font-family:sans-serif;margin:2em} td,th{padding:2px 8px;border-bottom:1px solid #ddd}</style>",
+             "<style>body{font-family:sans-serif;margin:2em} pre{white-space:pre-wrap}</style>",
              "</head><body>"]
     first = True
     parts.append("<pre>" + html.escape(history_markdown(result)) + "</pre>")  # the tables, as in history.md

@@ -175,12 +175,27 @@ def test_history_index_is_one_table_read_again_only_where_a_run_changed(built: H
 
 
 @pytest.mark.slow
-def test_history_names_a_run_without_a_summary_as_skipped(built: History, tmp_path):
-    copy = tmp_path / "runs" / built.runs["steady"][-1].name
-    shutil.copytree(built.runs["steady"][-1], copy)
-    (copy / "report" / "summary.json").unlink()
-    res = _history(str(built.root), str(copy), "--index", str(tmp_path / "h.sqlite"), "--out", str(tmp_path / "out"))
-    assert res.returncode == 0 and "skipped" in res.stdout and "kneeswarm analyze" in res.stdout, res.stdout
+def test_history_names_runs_without_a_summary_or_incomplete(built: History, tmp_path):
+    """A run without a summary is named as skipped; an incomplete one is named as left out of the
+    trend; an index of another schema is rebuilt, not an error."""
+    no_summary = tmp_path / "runs" / built.runs["steady"][-1].name
+    shutil.copytree(built.runs["steady"][-1], no_summary)
+    (no_summary / "report" / "summary.json").unlink()
+    incomplete = tmp_path / "runs" / (built.runs["steady"][-1].name + "-incomplete")
+    shutil.copytree(built.runs["steady"][-1], incomplete)
+    summary = json.loads((incomplete / "report" / "summary.json").read_text())
+    (incomplete / "report" / "summary.json").write_text(json.dumps({**summary, "complete": False}))
+    index = tmp_path / "h.sqlite"
+    with sqlite3.connect(index) as con:
+        con.execute("CREATE TABLE runs (path TEXT PRIMARY KEY, figures TEXT)")  # an older index
+    res = _history(str(built.root), str(tmp_path / "runs"), "--index", str(index), "--out", str(tmp_path / "out"))
+    assert res.returncode == 0, res.stderr
+    assert "skipped" in res.stdout and "kneeswarm analyze" in res.stdout, res.stdout
+    result = json.loads((tmp_path / "out" / "history.json").read_text())
+    assert [s["path"] for s in result["skipped"]] == [str(no_summary.resolve())]
+    steady = next(g for g in result["groups"] if g["plan"] == "steady")
+    assert steady["left_out"] == [{"run": summary["run_id"], "reason": "incomplete run"}]
+    assert result["index"]["runs"] == len(built.runs["drift"]) + len(built.runs["steady"]) + 2
 
 
 @pytest.mark.slow
