@@ -27,7 +27,9 @@ from analysis.history import EXIT_DRIFT, INDEX_NAME
 from kneeswarm.cli import start_target, stop_target
 from tests.conftest import REPO, run_cli, side_by_side, start_cli
 
-DRIFT_TTFT_MS = (20, 23, 26, 29, 45, 48)  # rising 3 ms a run, and +16 ms where the inputs grow
+# rising 4 ms a run, and +18 ms where the inputs grow: steps above the few ms by which a busy
+# 2-core machine lifts one run's median (seen: +5 ms)
+DRIFT_TTFT_MS = (20, 24, 28, 32, 50, 54)
 DRIFT_PROMPT = (32, 32, 32, 32, 512, 512)
 CHANGED_AT = 4  # the run where the prompts grew
 STEADY_TTFT_MS, STEADY_RUNS = 20, 5
@@ -125,7 +127,7 @@ def test_history_finds_the_drift_and_names_input_length_at_the_change_point(buil
     assert p50["drift"]["drifting"] and p50["drift"]["direction"] == "worse"
     # each run's median latency is its configured service time plus the loopback round trip
     for value, ttft in zip(p50["values"], DRIFT_TTFT_MS):
-        assert ttft <= value < ttft + 10, (p50["values"], DRIFT_TTFT_MS)
+        assert ttft <= value < ttft + 15, (p50["values"], DRIFT_TTFT_MS)
     cp = p50["change_point"]
     assert cp["run"] == built.runs["drift"][CHANGED_AT].name
     assert cp["previous_run"] == built.runs["drift"][CHANGED_AT - 1].name
