@@ -376,7 +376,11 @@ def cmd_history(args: argparse.Namespace) -> int:
         print(f"kneeswarm history: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(f"report: {html_path}" if args.quiet else Path(html_path).with_suffix(".md").read_text())
-    return EXIT_DRIFT if args.fail_on_drift and result["drift_worse"] else EXIT_OK
+    if not (args.fail_on_drift and result["drift_worse"]):
+        return EXIT_OK
+    print("kneeswarm history: drifted worse: " + "; ".join(f"{d['plan']} {d['figure']} {d['rel_change']:+.0%} (p {d['p']:.2g})"
+                                                          for d in result["drift_worse"]), file=sys.stderr)
+    return EXIT_DRIFT
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -122,6 +122,8 @@ def _series(result: dict, plan: str, figure: str) -> dict:
 def test_history_finds_the_drift_and_names_input_length_at_the_change_point(built: History):
     res = _history(str(built.root), "--fail-on-drift")
     assert res.returncode == EXIT_DRIFT, res.stderr
+    assert res.stderr.startswith("kneeswarm history: drifted worse: drift p50_ms at 2 users +")  # one line for CI
+    assert len(res.stderr.strip().splitlines()) == 1
     result = _result(built.root)
     p50 = _series(result, "drift", f"p50_ms at {USERS} users")
     assert p50["drift"]["drifting"] and p50["drift"]["direction"] == "worse"
