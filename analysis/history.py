@@ -40,6 +40,7 @@ EXIT_DRIFT = 5
 INDEX_NAME = "kneeswarm-history.sqlite"  # the index file, next to the runs
 DRIFT_WINDOW = 20  # the drift test looks at the last this-many runs of a group (--last)
 PERCENTILES = ("p50_ms", "p95_ms", "p99_ms", "p999_ms")
+FIGURES = (*PERCENTILES, "peak_qps")  # what --figures may choose (all by default)
 TAIL_SHARE = {"p50_ms": 0.5, "p95_ms": 0.05, "p99_ms": 0.01, "p999_ms": 0.001}
 # A percentile enters the drift test only where the step had at least this many requests beyond it
 # (P99: 1,000 requests; P99.9: 10,000): below that it is the largest of a handful of rows, and on a
@@ -324,13 +325,15 @@ def measured(row: dict[str, Any], users: float | None, metric: str, figure: str)
     return bool(step) and (step.get("requests") or 0) * TAIL_SHARE[metric] >= MIN_TAIL_ROWS
 
 
-def series(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def series(rows: list[dict[str, Any]], figures: tuple[str, ...] = FIGURES) -> list[dict[str, Any]]:
     """One entry per figure: values in run order, the drift test, the change point and what changed
     between the runs on either side of it."""
     from analysis import trend  # numpy and scipy: not for `kneeswarm --help`
 
     out = []
     for figure, users, metric, worse in _series_specs(rows):
+        if metric not in figures:
+            continue
         values = [_value(r, users, metric, figure) for r in rows]
         if sum(v is not None for v in values) == 0:
             continue
@@ -359,13 +362,23 @@ def _since(text: str | None) -> float | None:
     return (when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)).timestamp()
 
 
+def _figures_chosen(text: str | None) -> tuple[str, ...]:
+    if not text:
+        return FIGURES
+    chosen = tuple(x.strip() for x in text.split(",") if x.strip())
+    unknown = [x for x in chosen if x not in FIGURES]
+    if unknown or not chosen:
+        raise HistoryError(f"--figures {text!r}: choose from {', '.join(FIGURES)}")
+    return chosen
+
+
 def history(rows: list[dict[str, Any]], since: str | None = None, plan: str | None = None,
-            last: int = DRIFT_WINDOW) -> dict[str, Any]:
+            last: int = DRIFT_WINDOW, figures: str | None = None) -> dict[str, Any]:
     """{groups[{plan, target, runs[], left_out[], series[]}], drift_worse[], skipped[]} of the
     indexed ``rows``; groups by (plan name, target), each over its last ``last`` complete runs."""
     from analysis import trend
 
-    t0 = _since(since)
+    t0, chosen_figures = _since(since), _figures_chosen(figures)
     if last < trend.MIN_RUNS:
         raise HistoryError(f"--last {last}: the trend test needs at least {trend.MIN_RUNS} runs")
     chosen = [r for r in rows if (t0 is None or (r.get("started") or 0) >= t0) and (plan is None or r.get("plan") == plan)]
@@ -379,12 +392,12 @@ def history(rows: list[dict[str, Any]], since: str | None = None, plan: str | No
     for (name, target), members in sorted(groups.items()):
         complete = [r for r in members if r.get("complete")][-last:]
         left = [{"run": r["run_id"], "reason": "incomplete run"} for r in members if not r.get("complete")]
-        out.append({"plan": name, "target": target, "left_out": left, "series": series(complete),
+        out.append({"plan": name, "target": target, "left_out": left, "series": series(complete, chosen_figures),
                     "runs": [{"run_id": r["run_id"], "started": r["started"], "path": r["path"]} for r in complete]})
     worse = [{"plan": g["plan"], "target": g["target"], "figure": s["figure"], **s["drift"]}
              for g in out for s in g["series"] if s["drift"]["direction"] == "worse"]
     skipped = [{"path": r["path"], "reason": r["reason"]} for r in chosen if r["status"] == "skipped"]
-    return {"groups": out, "drift_worse": worse, "skipped": skipped, "window": last,
+    return {"groups": out, "drift_worse": worse, "skipped": skipped, "window": last, "figures": list(chosen_figures),
             "thresholds": {"alpha": trend.DRIFT_ALPHA, "min_relative_drift": trend.MIN_RELATIVE_DRIFT,
                            "min_runs": trend.MIN_RUNS, "input_length_change": INPUT_LENGTH_CHANGE,
                            "min_tail_rows": MIN_TAIL_ROWS}}
@@ -403,11 +416,12 @@ def write_outputs(result: dict[str, Any], out: Path) -> Path:
 
 
 def run_history(paths: list[str], index: str | None = None, out: str | None = None, since: str | None = None,
-                plan: str | None = None, last: int | None = None) -> tuple[dict[str, Any], Path]:
+                plan: str | None = None, last: int | None = None,
+                figures: str | None = None) -> tuple[dict[str, Any], Path]:
     """``kneeswarm history``: index, trend, report; (result, path of history.html)."""
     last = DRIFT_WINDOW if last is None else last
     db = Path(index) if index else default_index(paths)
     indexed = update_index(paths, db)
-    result = history(load_index(db, indexed["paths"]), since, plan, last)
+    result = history(load_index(db, indexed["paths"]), since, plan, last, figures)
     result["index"] = {"path": str(db), **{k: indexed[k] for k in ("runs", "read", "unchanged")}}
     return result, write_outputs(result, Path(out) if out else db.parent / "history")

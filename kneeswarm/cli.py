@@ -112,6 +112,7 @@ def _add_history(sub: Any) -> None:
     hi.add_argument("--since", help="only runs started at or after this ISO date or time (UTC unless it says)")
     hi.add_argument("--plan", help="only runs of this plan name")
     hi.add_argument("--last", type=int, help="runs per drift test (default: analysis.history.DRIFT_WINDOW, 20)")
+    hi.add_argument("--figures", metavar="A,B", help="figures to trend: p50_ms, p95_ms, p99_ms, p999_ms, peak_qps (default all)")
     hi.add_argument("--fail-on-drift", action="store_true",
                     help="exit with the drift code (analysis.history.EXIT_DRIFT, 5) when a figure drifted worse")
     hi.add_argument("-q", "--quiet", action="store_true", help="print only the report path")
@@ -371,7 +372,8 @@ def cmd_history(args: argparse.Namespace) -> int:
     from analysis.history import EXIT_DRIFT, HistoryError, run_history
 
     try:
-        result, html_path = run_history(args.paths, args.index, args.out, args.since, args.plan, args.last)
+        result, html_path = run_history(args.paths, args.index, args.out, args.since, args.plan, args.last,
+                                        args.figures)
     except HistoryError as e:
         print(f"kneeswarm history: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

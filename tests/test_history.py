@@ -145,6 +145,11 @@ def test_history_finds_the_drift_and_names_input_length_at_the_change_point(buil
     assert _series(result, "drift", "p50_ms at the SLA boundary")["values"] == p50["values"]
     html = (built.root / "history" / "history.html").read_text()
     assert "plotly" in html and "change point" in html and "<script src=" not in html  # offline
+    # --figures p99_ms: the drift plan's P99 rests on ~2 rows per step (< MIN_TAIL_ROWS): not tested, exit 0
+    p99 = _history(str(built.root), "--plan", "drift", "--figures", "p99_ms", "--fail-on-drift",
+                   "--out", str(built.root.parent / "p99"))
+    assert p99.returncode == 0, p99.stdout + p99.stderr
+    assert "requests beyond this percentile" in p99.stdout and "p50_ms" not in p99.stdout
     # --plan steady alone: nothing drifted worse, exit 0 even with --fail-on-drift
     only = _history(str(built.root), "--plan", "steady", "--fail-on-drift", "--out", str(built.root.parent / "steady"))
     assert only.returncode == 0, only.stdout + only.stderr
@@ -222,7 +227,7 @@ def test_history_bad_input_is_one_line_exit_2(built: History, tmp_path):
     bad_index.write_text("not a database, but long enough to be read as one" * 40)
     for args in ([str(tmp_path / "nowhere")], [str(tmp_path)], [str(built.root), "--since", "yesterday"],
                  [str(built.root), "--last", "3"], [str(built.root), "--plan", "nosuchplan"],
-                 [str(built.root), "--index", str(bad_index)]):
+                 [str(built.root), "--index", str(bad_index)], [str(built.root), "--figures", "p42_ms"]):
         res = _history(*args, "--out", str(tmp_path / "out"))
         assert res.returncode == 2, (args, res.stdout, res.stderr)
         assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr, res.stderr
