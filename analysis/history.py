@@ -14,7 +14,8 @@ and of the peak QPS, over the last ``last`` runs; each series with the drift tes
 point of analysis.trend, and beside the change point what changed between the runs on either side
 (versions, host facts, plan keys, input length: ``changes``).
 
-``EXIT_DRIFT``: the exit code of ``kneeswarm history --fail-on-drift`` when a figure drifted worse.
+``EXIT_DRIFT`` (kneeswarm.outcome): the exit code of ``kneeswarm history --fail-on-drift`` when a
+figure drifted worse.
 """
 
 from __future__ import annotations
@@ -30,13 +31,13 @@ import tomllib
 from pathlib import Path
 from typing import Any, Iterable
 
+from kneeswarm.rundir import META_FILE, PLAN_FILE, SUMMARY_JSON
+from kneeswarm.outcome import EXIT_DRIFT  # `history --fail-on-drift` when a figure drifted worse (the one table)
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["update_index", "history", "changes", "HistoryError", "EXIT_DRIFT", "INDEX_NAME", "DRIFT_WINDOW"]
 
-# Exit code of `history --fail-on-drift` when a figure drifted worse: distinct from 0 done, 1
-# incomplete, 2 bad input, 130 interrupted (DESIGN.md), the SLA gate's 3 and compare's 4.
-EXIT_DRIFT = 5
 INDEX_NAME = "kneeswarm-history.sqlite"  # the index file, next to the runs
 DRIFT_WINDOW = 20  # the drift test looks at the last this-many runs of a group (--last)
 PERCENTILES = ("p50_ms", "p95_ms", "p99_ms", "p999_ms")
@@ -55,7 +56,7 @@ INPUT_LENGTH_CHANGE = 0.10
 VOLATILE_FACTS = ("time", "agent_version", "collectors", "tools", "nvml", "procfs", "process.pid",
                   "process.candidates")
 VOLATILE_PLAN_LEAVES = ("pid",)  # [[hosts]] pid: the process of this run
-WATCHED_FILES = ("meta.json", "plan.toml", "report/summary.json")
+WATCHED_FILES = (META_FILE, PLAN_FILE, f"report/{SUMMARY_JSON}")
 COLUMNS = {"path": "TEXT PRIMARY KEY", "fingerprint": "TEXT", "status": "TEXT", "reason": "TEXT", "run_id": "TEXT",
            "started": "REAL", "plan": "TEXT", "target": "TEXT", "complete": "INTEGER", "knee_users": "REAL",
            "knee_qps": "REAL", "peak_users": "REAL", "peak_qps": "REAL", "sla_users": "REAL", "sla_qps": "REAL",
@@ -75,11 +76,11 @@ def find_runs(paths: Iterable[str | Path]) -> list[Path]:
     for p in map(Path, paths):
         if not p.is_dir():
             raise HistoryError(f"{p}: not a directory")
-        if (p / "meta.json").exists():
+        if (p / META_FILE).exists():
             found.add(p.resolve())
             continue
         for root, dirs, files in os.walk(p):
-            if "meta.json" in files:
+            if META_FILE in files:
                 found.add(Path(root).resolve())
                 dirs[:] = []  # a run's insides hold no runs
             else:
@@ -90,7 +91,7 @@ def find_runs(paths: Iterable[str | Path]) -> list[Path]:
 def default_index(paths: list[str | Path]) -> Path:
     """The index next to the runs: in the folder given, or beside the first run directory given."""
     first = Path(paths[0])
-    return (first.parent if (first / "meta.json").exists() else first) / INDEX_NAME
+    return (first.parent if (first / META_FILE).exists() else first) / INDEX_NAME
 
 
 def fingerprint(run: Path) -> str:
@@ -175,16 +176,16 @@ def _steps(summary: dict[str, Any]) -> list[dict[str, Any]]:
 def read_run(run: Path) -> dict[str, Any]:
     """One row of the index (JSON columns as Python objects)."""
     row: dict[str, Any] = {"path": str(run), "fingerprint": fingerprint(run), "indexed_at": time.time()}
-    meta = _read_json(run / "meta.json") or {}
+    meta = _read_json(run / META_FILE) or {}
     try:
-        plan = tomllib.loads((run / "plan.toml").read_text())
+        plan = tomllib.loads((run / PLAN_FILE).read_text())
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
         plan = {}
     row.update(run_id=meta.get("run_id") or run.name, started=_num(meta.get("started")),
                plan=plan.get("name") or meta.get("name"), target=plan.get("target") or meta.get("target"),
                versions=meta.get("versions") or {}, hosts=host_facts(meta),
                plan_keys={k: v for k, v in flatten(plan).items() if not _volatile(k, VOLATILE_PLAN_LEAVES)})
-    summary = _read_json(run / "report" / "summary.json")
+    summary = _read_json(run / "report" / SUMMARY_JSON)
     if not meta:
         return {**row, "status": "skipped", "reason": "meta.json missing or unreadable"}
     if summary is None:

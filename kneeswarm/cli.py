@@ -12,9 +12,9 @@ Exit codes (of `run`, `demo` and `analyze`): 0 the load completed and the report
 1 the load did not complete, no request succeeded, or the analysis failed (the reason on stderr,
 one line); 2 bad input (plan, flags, target, host, process); 3 with --fail-on-sla: the SLA failed
 (1 and 2 take precedence); 130 interrupted.  `compare`: 0, 4 a regression with
---fail-on-regression, 2 bad input (not run directories, no step valid in both), 130 interrupted.
-`history`: 0, 5 a figure drifted worse with --fail-on-drift (analysis.history.EXIT_DRIFT), 1 the
-report could not be written, 2 bad input, 130 interrupted.
+--fail-on-regression, 2 bad input (not run directories, an unreadable plan.toml, no step valid in
+both), 130 interrupted.  `history`: 0, 5 a figure drifted worse with --fail-on-drift
+(kneeswarm.outcome.EXIT_DRIFT), 1 the report could not be written, 2 bad input, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -29,11 +29,10 @@ import sys
 from typing import Any
 
 from kneeswarm.lifeline import die_with_parent
+from kneeswarm.outcome import EXIT_BAD_INPUT, EXIT_DRIFT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_SLA_FAILED, Ended
 
 logger = logging.getLogger(__name__)
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
-EXIT_SLA_FAILED = 3  # analysis.capacity.EXIT_SLA_FAILED (a test checks they agree)
 DEMO_STEPS = [1, 2, 4, 8, 16]
 DEMO_TARGET_ARGS = ["--mode", "onnx", "--request-threads", "4"]
 DEMO_HOLD, DEMO_RAMP, DEMO_SETTLE = 16.0, 2.0, 2.0
@@ -114,7 +113,7 @@ def _add_history(sub: Any) -> None:
     hi.add_argument("--last", type=int, help="runs per drift test (default: analysis.history.DRIFT_WINDOW, 20)")
     hi.add_argument("--figures", metavar="A,B", help="figures to trend: p50_ms, p95_ms, p99_ms, p999_ms, peak_qps (default all)")
     hi.add_argument("--fail-on-drift", action="store_true",
-                    help="exit with the drift code (analysis.history.EXIT_DRIFT, 5) when a figure drifted worse")
+                    help=f"exit {EXIT_DRIFT} when a figure drifted worse")
     hi.add_argument("-q", "--quiet", action="store_true", help="print only the report path")
 
 
@@ -153,7 +152,7 @@ def sla_gate(code: int, run: Any, summary: dict[str, Any] | None, fail_on_sla: b
         print(f"kneeswarm: error: --fail-on-sla, but {run.plan_path} has no [sla] table", file=sys.stderr)
         return EXIT_BAD_INPUT
     if sla.get("passed") is not True:
-        print(f"kneeswarm: SLA failed: {sla.get('text')} ({run.report_dir / 'junit.xml'})", file=sys.stderr)
+        print(f"kneeswarm: SLA failed: {sla.get('text')} ({run.junit_path})", file=sys.stderr)
         return EXIT_SLA_FAILED
     return code
 
@@ -172,7 +171,7 @@ def verdict(run: Any, summary: dict[str, Any] | None, analysis_error: str | None
 
     interrupted -> 130; the analysis failed, the load did not complete, or no request
     succeeded (counted from the request rows themselves) -> 1; otherwise 0."""
-    if ended == "interrupted":
+    if ended == Ended.INTERRUPTED:
         return EXIT_INTERRUPTED, None
     if analysis_error is not None or summary is None:
         return EXIT_FAILED, f"analysis failed: {analysis_error or 'no summary'}"
@@ -188,7 +187,7 @@ def verdict(run: Any, summary: dict[str, Any] | None, analysis_error: str | None
 
 def _incomplete(summary: dict[str, Any]) -> str:
     ended = summary.get("ended")
-    if ended != "completed":
+    if ended != Ended.COMPLETED:
         return f"the load did not complete (ended: {ended or 'unknown'})"
     lost = ", ".join(f"{what} {n}" for what, n in sorted((summary.get("lost") or {}).items()))
     why = f"lost: {lost}" if lost else "see the report's warnings"
@@ -218,9 +217,9 @@ def _report(run: Any, summary: dict[str, Any] | None, analysis_error: str | None
             quiet: bool) -> int:
     """Print summary.md (unless quiet) and the report's path when it was written; the reason of a
     non-zero exit goes to stderr, one line."""
-    report = run.report_dir / "index.html"
+    report = run.report_path
     if summary is not None:
-        md = run.report_dir / "summary.md"
+        md = run.summary_md_path
         if not quiet and md.is_file():
             print(md.read_text())
         if report.is_file():
@@ -369,7 +368,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 def cmd_history(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from analysis.history import EXIT_DRIFT, HistoryError, run_history
+    from analysis.history import HistoryError, run_history
 
     try:
         result, html_path = run_history(args.paths, args.index, args.out, args.since, args.plan, args.last,
