@@ -146,6 +146,8 @@ def test_history_finds_the_drift_and_names_input_length_at_the_change_point(buil
     assert _series(result, "drift", "p50_ms at the SLA boundary")["values"] == p50["values"]
     html = (built.root / "history" / "history.html").read_text()
     assert "plotly" in html and "change point" in html and "<script src=" not in html  # offline
+    for name in ("P50", "P95", "P99", "P99.9"):  # one line per percentile on each latency chart
+        assert html.count(f'"name":"{name}"') == 4, name  # 2 plans x (2 users, the SLA boundary)
     # --figures p99_ms: the drift plan's P99 rests on ~2 rows per step (< MIN_TAIL_ROWS): not tested, exit 0
     p99 = _history(str(built.root), "--plan", "drift", "--figures", "p99_ms", "--fail-on-drift",
                    "--out", str(built.root.parent / "p99"))
