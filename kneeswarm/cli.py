@@ -5,6 +5,7 @@
     kneeswarm target [flags]            the bundled demo inference server
     kneeswarm analyze RUN_DIR           (re)write the report of a run directory
     kneeswarm compare BASE NEW          did NEW regress against BASE? (analysis.compare)
+    kneeswarm history RUNS_ROOT|RUN_DIR...   index the runs, trend report, drift test (analysis.history)
     kneeswarm worker --master HOST[:PORT] [--processes N]   a worker for a master on another machine
 
 Exit codes (of `run`, `demo` and `analyze`): 0 the load completed and the report is written;
@@ -12,7 +13,8 @@ Exit codes (of `run`, `demo` and `analyze`): 0 the load completed and the report
 one line); 2 bad input (plan, flags, target, host, process); 3 with --fail-on-sla: the SLA failed
 (1 and 2 take precedence); 130 interrupted.  `compare`: 0, 4 a regression with
 --fail-on-regression, 2 bad input (not run directories, an unreadable plan.toml, no step valid in
-both), 130 interrupted.
+both), 130 interrupted.  `history`: 0, 5 a figure drifted worse with --fail-on-drift
+(kneeswarm.outcome.EXIT_DRIFT), 1 the report could not be written, 2 bad input, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import sys
 from typing import Any
 
 from kneeswarm.lifeline import die_with_parent
-from kneeswarm.outcome import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_SLA_FAILED, Ended
+from kneeswarm.outcome import EXIT_BAD_INPUT, EXIT_DRIFT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_SLA_FAILED, Ended
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +108,23 @@ def build_parser() -> argparse.ArgumentParser:
     an = sub.add_parser("analyze", help="(re)write report/ of a run directory")
     an.add_argument("run_dir")
     _add_gates(sub)
+    _add_history(sub)
     return parser
+
+
+def _add_history(sub: Any) -> None:
+    """`history` (analysis.history; not imported here: the analysis package loads pandas)."""
+    hi = sub.add_parser("history", help="index runs, trend report and drift test over them")
+    hi.add_argument("paths", nargs="+", metavar="RUNS_ROOT|RUN_DIR", help="run directories or folders holding them")
+    hi.add_argument("--index", help="the SQLite index (default: kneeswarm-history.sqlite next to the runs)")
+    hi.add_argument("--out", help="where history.md/.html/.json go (default: history/ beside the index)")
+    hi.add_argument("--since", help="only runs started at or after this ISO date or time (UTC unless it says)")
+    hi.add_argument("--plan", help="only runs of this plan name")
+    hi.add_argument("--last", type=int, help="runs per drift test (default: analysis.history.DRIFT_WINDOW, 20)")
+    hi.add_argument("--figures", metavar="A,B", help="figures to trend: p50_ms, p95_ms, p99_ms, p999_ms, peak_qps (default all)")
+    hi.add_argument("--fail-on-drift", action="store_true",
+                    help=f"exit {EXIT_DRIFT} when a figure drifted worse")
+    hi.add_argument("-q", "--quiet", action="store_true", help="print only the report path")
 
 
 def _add_gates(sub: Any) -> None:
@@ -357,6 +375,25 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return sla_gate(_report(run, summary, error, None, quiet=False), run, summary, args.fail_on_sla)
 
 
+def cmd_history(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from analysis.history import HistoryError, run_history
+
+    try:
+        result, html_path = run_history(args.paths, args.index, args.out, args.since, args.plan, args.last,
+                                        args.figures)
+    except HistoryError as e:
+        print(f"kneeswarm history: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"report: {html_path}" if args.quiet else Path(html_path).with_suffix(".md").read_text())
+    if not (args.fail_on_drift and result["drift_worse"]):
+        return EXIT_OK
+    print("kneeswarm history: drifted worse: " + "; ".join(f"{d['plan']} {d['figure']} {d['rel_change']:+.0%} (p {d['p']:.2g})"
+                                                          for d in result["drift_worse"]), file=sys.stderr)
+    return EXIT_DRIFT
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "target":  # the target has its own parser; it stands apart
@@ -375,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     from kneeswarm.plan import PlanError
     from kneeswarm.rundir import RunDirError
 
-    commands = {"run": cmd_run, "demo": cmd_demo, "analyze": cmd_analyze, "worker": cmd_worker}
+    commands = {"run": cmd_run, "demo": cmd_demo, "analyze": cmd_analyze, "worker": cmd_worker, "history": cmd_history}
     try:
         return commands[args.command](args)
     except (PlanError, ConductorError, AgentError, RunDirError) as e:

@@ -24,7 +24,8 @@ EXIT_FAILED = 1  # the load or the analysis did not complete, nothing succeeded,
 EXIT_BAD_INPUT = 2  # bad input: one line on stderr, no run directory left behind
 EXIT_SLA_FAILED = 3  # --fail-on-sla: the plan's [sla] was not met
 EXIT_REGRESSION = 4  # compare --fail-on-regression: the new run regressed
+EXIT_DRIFT = 5  # history --fail-on-drift: a figure drifted worse over the runs (analysis.history)
 EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM
 EXIT_CODES = {"ok": EXIT_OK, "failed": EXIT_FAILED, "bad input": EXIT_BAD_INPUT, "SLA failed": EXIT_SLA_FAILED,
-              "regression": EXIT_REGRESSION, "interrupted": EXIT_INTERRUPTED}
+              "regression": EXIT_REGRESSION, "drift": EXIT_DRIFT, "interrupted": EXIT_INTERRUPTED}
 
