@@ -127,6 +127,8 @@ class Summary(TypedDict, total=False):
     workers: dict[str, Any]  # analysis.workers
     load: dict[str, Any]  # analysis.loop.load_facts
     workload: dict[str, Any]  # workload_facts
+    endpoint: dict[str, Any]  # endpoint_facts: scheme, tls (verified|unverified|None), headers named, base_path
+    itl_columns: dict[str, str]  # streaming runs: what each ITL column is (analysis.streaming.ITL_COLUMNS)
     tokens_knee: Knee  # runs that recorded output tokens
     goodput: dict[str, Any]  # {"limits": {...}} when [sla] limits a request
     findings: list[dict[str, Any]]  # analysis.findings: {id, severity, steps, evidence, text, advice}
