@@ -10,7 +10,7 @@ STAMP   = $(VENV)/.installed-stamp
 DEBS    = sysstat procps openssh-server faketime iproute2 chromium
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast bench debs clean
+.PHONY: demo test test-fast conformance bench debs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,12 @@ test: $(STAMP) debs
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
+
+# Real inference servers (llama.cpp, ...) driven by a real run: tests_conformance/.  Each server is
+# installed by the suite itself into ~/.cache/kneeswarm-conformance/<server>-<version> (reused when
+# there; KNEESWARM_CONFORMANCE_CACHE moves it); a server that cannot be installed fails.
+conformance: $(STAMP) debs
+	$(PY) -m pytest tests_conformance -p no:cacheprovider $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) bench/generator.py
