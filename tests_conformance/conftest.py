@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 FIGURES: dict[str, dict[str, str]] = {}  # server -> column -> text, printed at the end
 COLUMNS = ("server", "version", "protocol", "requests client/server", "P50 ms client/server", "knee (users)",
-           "expected knee", "cold install s", "run s")
+           "expected knee", "findings", "cold install s", "run s")
 
 
 TEST_TIMEOUT_S = 3600  # a test's first fixture may build its server (pyproject's 300 s is for tests/)

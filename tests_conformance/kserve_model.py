@@ -1,11 +1,12 @@
-"""A KServe Python model server with a tiny model of known cost: each request holds the server's
-one event loop for BUSY_MS of CPU (a spin, as a model's Python pre-processing would) and then
-waits WAIT_MS without it (as a call to a backend would).  One process, so QPS is capped at
-1000 / (BUSY_MS + the server's own per-request cost) and a closed loop saturates at about
-(BUSY_MS + WAIT_MS) / BUSY_MS users.
+"""A KServe Python model server with a tiny model of known capacity: at most SLOTS requests are
+served at once (an asyncio semaphore, as a model with a fixed pool of backend sessions has), each
+taking BUSY_MS of the event loop's CPU time (a spin, as a model's Python pre-processing would)
+and then WAIT_MS without it.  So a closed loop saturates at SLOTS users, with QPS at most
+SLOTS * 1000 / (BUSY_MS + WAIT_MS), wherever the CPU is: the knee does not move when the host is
+shared (the suite runs on two cores beside its own load generator).
 
 Serves v2 (/v2/models/spin/infer: FP32 input -> its sum, FP32) and v1 (/v1/models/spin:predict).
-Run: python kserve_model.py --http_port PORT --busy-ms 20 --wait-ms 60
+Run: python kserve_model.py --http_port PORT --slots 4 --busy-ms 2 --wait-ms 48
 """
 
 import argparse
@@ -18,16 +19,20 @@ from kserve import InferOutput, InferRequest, InferResponse
 
 
 class Spin(kserve.Model):
-    def __init__(self, name: str, busy_ms: float, wait_ms: float):
+    def __init__(self, name: str, slots: int, busy_ms: float, wait_ms: float):
         super().__init__(name)
-        self.busy_s, self.wait_s = busy_ms / 1000.0, wait_ms / 1000.0
+        self.slots, self.busy_s, self.wait_s = slots, busy_ms / 1000.0, wait_ms / 1000.0
+        self.sem: asyncio.Semaphore | None = None
         self.ready = True
 
     async def predict(self, payload, headers=None, response_headers=None):
-        end = time.thread_time() + self.busy_s
-        while time.thread_time() < end:  # BUSY_MS of this thread's CPU time, on the event loop
-            pass
-        await asyncio.sleep(self.wait_s)  # the loop is free meanwhile
+        if self.sem is None:  # made on the server's own event loop
+            self.sem = asyncio.Semaphore(self.slots)
+        async with self.sem:
+            end = time.thread_time() + self.busy_s
+            while time.thread_time() < end:  # BUSY_MS of this thread's CPU time, on the event loop
+                pass
+            await asyncio.sleep(self.wait_s)  # the loop is free meanwhile
         if isinstance(payload, InferRequest):
             data = payload.inputs[0].data
             out = InferOutput(name="output", shape=[1], datatype="FP32", data=[float(sum(data))])
@@ -37,7 +42,8 @@ class Spin(kserve.Model):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(parents=[kserve.model_server.parser])
-    parser.add_argument("--busy-ms", type=float, default=20.0)
-    parser.add_argument("--wait-ms", type=float, default=60.0)
+    parser.add_argument("--slots", type=int, default=4)
+    parser.add_argument("--busy-ms", type=float, default=2.0)
+    parser.add_argument("--wait-ms", type=float, default=48.0)
     args, _ = parser.parse_known_args()
-    kserve.ModelServer().start([Spin("spin", args.busy_ms, args.wait_ms)])
+    kserve.ModelServer().start([Spin("spin", args.slots, args.busy_ms, args.wait_ms)])
