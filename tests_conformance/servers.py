@@ -38,6 +38,8 @@ INSTALL_TIMEOUT_S = 2400  # a cold llama.cpp build on 2 busy cores is minutes, n
 # only the `llama-server` target is built.  Its gguf-py writes the tiny model.
 LLAMA_CPP_PYTHON = "0.3.36"
 KSERVE = "0.21.0"  # KServe's Python model server (the version tests/fixtures/scrapes/ was recorded with)
+TORCHSERVE = "0.12.0"  # with torch-model-archiver 0.12.0, pyyaml (imported, not declared) and Java 17 (Debian)
+TORCH = "2.13.0"  # the CPU wheel this machine's pip takes from its own disk; any other torch is a CUDA build
 
 
 @dataclass
@@ -129,6 +131,16 @@ def kserve() -> Installed:
     return venv("kserve", KSERVE, [f"kserve=={KSERVE}"])
 
 
+def torchserve() -> Installed:
+    if shutil.which("java") is None:
+        pytest.fail("TorchServe needs Java (Debian: openjdk-17-jre-headless); `java` is not on PATH", pytrace=False)
+    inst = venv("torchserve", TORCHSERVE, [f"torch=={TORCH}", f"torchserve=={TORCHSERVE}",
+                                             f"torch-model-archiver=={TORCHSERVE}", "pyyaml"])
+    inst.paths["torchserve"] = inst.home / "venv" / "bin" / "torchserve"
+    inst.paths["archiver"] = inst.home / "venv" / "bin" / "torch-model-archiver"
+    return inst
+
+
 # -- a running server ------------------------------------------------------------------------------
 def free_port() -> int:
     with socket.socket() as s:
@@ -142,8 +154,10 @@ class Server:
 
     def __init__(self, cmd: list[str], url: str, health: str, env: dict | None = None, cwd: Path | None = None):
         self.url, self.cmd = url, cmd
+        # its own process group: a launcher's children (TorchServe's Java frontend and its Python
+        # workers) are stopped with it
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     errors="replace", env=env, cwd=cwd, bufsize=1)
+                                     errors="replace", env=env, cwd=cwd, bufsize=1, start_new_session=True)
         self.pid = self.proc.pid
         self.lines: list[tuple[float, str]] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -171,12 +185,29 @@ class Server:
     def log_text(self) -> str:
         return "\n".join(line for _, line in self.lines)
 
+    def serving_pid(self, name: str) -> int:
+        """The pid of the launched process's descendant whose name is NAME (e.g. TorchServe's java)."""
+        import psutil
+
+        for child in psutil.Process(self.pid).children(recursive=True):
+            if child.name() == name:
+                return child.pid
+        pytest.fail(f"no {name!r} process under {self.cmd[0]} (pid {self.pid})", pytrace=False)
+
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
+        import signal
+
+        group = os.getpgid(self.pid) if self.proc.poll() is None else self.pid
+        for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, sig)
             try:
-                self.proc.wait(timeout=15)
+                self.proc.wait(timeout=wait)
+                time.sleep(0.5)  # children of the group (workers) end after the launcher
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(group, 0)
+                    continue  # some of the group still runs: kill them
+                break
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                continue
         self._reader.join(timeout=5)
