@@ -30,6 +30,7 @@ import requests
 
 CACHE = Path(os.environ.get("KNEESWARM_CONFORMANCE_CACHE", Path.home() / ".cache" / "kneeswarm-conformance"))
 NICE = ["nice", "-n", "10"]
+DEBIAN_PYTHON = "/usr/bin/python3.11"
 BUILD_JOBS = 2  # the machine's two cores
 INSTALL_TIMEOUT_S = 2400  # a cold llama.cpp build on 2 busy cores is minutes, not hours
 
@@ -39,6 +40,7 @@ INSTALL_TIMEOUT_S = 2400  # a cold llama.cpp build on 2 busy cores is minutes, n
 LLAMA_CPP_PYTHON = "0.3.36"
 KSERVE = "0.21.0"  # KServe's Python model server (the version tests/fixtures/scrapes/ was recorded with)
 TORCHSERVE = "0.12.0"  # with torch-model-archiver 0.12.0, pyyaml (imported, not declared) and Java 17 (Debian)
+PYTRITON = "0.7.0"  # bundles tritonserver 2.51.0 (CPU; Python backend)
 TORCH = "2.13.0"  # the CPU wheel this machine's pip takes from its own disk; any other torch is a CUDA build
 
 
@@ -104,11 +106,15 @@ def llama_cpp() -> Installed:
         with tarfile.open(home / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz") as tar:
             tar.extractall(home, filter="data")
         build = home / "build"
-        # Only the server; no web UI (it would be fetched), no TLS, no CPU-specific code (the cache
-        # may move to another machine of the kind).
+        # Only the server; no web UI (it would be fetched), no TLS.  x86-64-v3 code (AVX2, FMA, F16C)
+        # rather than GGML_NATIVE: the cache may move to another machine of the kind, and without
+        # SIMD (GGML_NATIVE=OFF alone is SSE2) a decode step is compute-bound, so continuous
+        # batching would not scale at all.
         _run([*NICE, "cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
               "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_UI=OFF",
-              "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF", "-DGGML_NATIVE=OFF", "-DLLAMA_BUILD_APP=OFF"], log)
+              "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF", "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+              "-DGGML_BMI2=ON", "-DLLAMA_BUILD_APP=OFF",
+              "-DBUILD_SHARED_LIBS=OFF"], log)  # one binary, no build-tree RPATH: the cache may move
         _run([*NICE, "cmake", "--build", str(build), "--target", "llama-server", f"-j{BUILD_JOBS}"], log)
 
     return _installed("llama.cpp", LLAMA_CPP_PYTHON, home, paths, install)
@@ -139,6 +145,15 @@ def torchserve() -> Installed:
     inst.paths["torchserve"] = inst.home / "venv" / "bin" / "torchserve"
     inst.paths["archiver"] = inst.home / "venv" / "bin" / "torch-model-archiver"
     return inst
+
+
+def pytriton() -> Installed:
+    """nvidia-pytriton in a venv of Debian's own Python 3.11: its Python-backend stub links the
+    system's libpython3.11, and a venv of another 3.11.x fails to load any model
+    (tests/fixtures/scrapes/README.md)."""
+    if not Path(DEBIAN_PYTHON).exists():
+        pytest.fail(f"Triton's Python backend needs Debian's {DEBIAN_PYTHON} (package python3.11-venv)", pytrace=False)
+    return venv("pytriton", PYTRITON, [f"nvidia-pytriton=={PYTRITON}"], python=DEBIAN_PYTHON)
 
 
 # -- a running server ------------------------------------------------------------------------------
