@@ -42,7 +42,8 @@ SLOTS = 4  # --parallel: beyond it requests are deferred
 KNEE = 1  # one compute thread, no gain from batching on the CPU (module docstring) ...
 KNEE_AT_MOST = 2  # ... or 2: at one user the compute thread idles while an answer's end and the next
 #                   request cross the loopback, and a second user fills that gap
-STEPS = (1, 2, 4, 8)  # at the knee, above it, at the slots and above them
+STEPS = (1, 2, 4, 6)  # at the knee, above it, at the slots and above them (6: two deferred; at 8 the
+#                      one load-generator process beside a busy server fell short of Little's law)
 HOLD_S = 10.0
 MAX_TOKENS = 32  # pinned (ignore_eos): every answer is exactly this long
 LAYERS = 64  # the tiny model's depth: ~1.5-2.5 ms per token alone, a request ~50-80 ms (module docstring)
@@ -54,6 +55,7 @@ TPOT_SHARE = 0.85  # ... on most requests, NOT all: with TCP_QUICKACK (locustfil
 #                    with the load generator a reader descheduled for a few ms moves others.  The
 #                    median is checked to TPOT_MEDIAN_REL.
 TPOT_MEDIAN_REL = 0.05
+PAIR_S = 0.030  # a row's end and its server line's stamp: well under one request (~80 ms) apart
 
 TIMING = re.compile(r"task (\d+) \|.*?prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens.*?"
                     r"\n.*?eval time =\s*([\d.]+) ms /\s*(\d+) tokens \(\s*([\d.]+) ms per token", re.S)
@@ -222,15 +224,19 @@ def test_usage_tokens_equal_the_server_counter(which, request):
 # -- per request: TTFT and TPOT against the server's own timings ---------------------------------
 @pytest.mark.parametrize("which", ["chat", "completions"])
 def test_one_user_ttft_and_tpot_against_the_server_timings(which, request):
-    """At one user the requests run one after another: the i-th row of the step and the i-th
-    timing block the server logged in it are the same request."""
+    """At one user the requests run one after another (~80 ms each): each row of the step's steady
+    part and the timing block the server logged when it ended (its line stamped within PAIR_S of
+    the row's last byte, and no other) are the same request."""
     r: LlamaRun = request.getfixturevalue(which)
     rows, steps = rows_of(r)
     st = steps.iloc[0]
     assert st.users == 1
-    one = rows[(ends(rows) >= st.t_ramp) & (ends(rows) < st.t_end)].sort_values("t_start")
-    srv = [t for t in r.server_timings if st.t_ramp <= t.t < st.t_end]
-    assert len(one) == len(srv) > 20, (len(one), len(srv))
+    one = rows[(rows["t_start"] >= st.t_steady) & (ends(rows) < st.t_end)].sort_values("t_start")
+    stamps = np.array([t.t for t in r.server_timings])
+    nearest = [int(np.argmin(np.abs(stamps - e))) for e in ends(one)]
+    gaps = np.abs(stamps[nearest] - ends(one))
+    assert len(set(nearest)) == len(nearest) > 20 and (gaps < PAIR_S).all(), (len(nearest), sorted(gaps)[-3:])
+    srv = [r.server_timings[i] for i in nearest]
     ttft = one["ttft_ms"].to_numpy()
     tpot = (one["latency_ms"].to_numpy() - ttft) / (one["usage_out"].to_numpy() - 1)
     prompt = np.array([t.prompt_ms for t in srv])
@@ -290,8 +296,9 @@ def test_target_metrics_matched_on_the_live_scrape(chat):
     target = {u: target_of(st) for u, st in by.items()}
     # above the slots the server defers requests, at one user never
     assert target[1]["queue_length"] == pytest.approx(0.0, abs=0.2), target[1]
-    assert target[8]["queue_length"] == pytest.approx(8 - SLOTS, abs=1.0), target[8]
-    assert target[8]["in_flight"] == pytest.approx(SLOTS, abs=0.5), target[8]
+    top = max(STEPS)
+    assert target[top]["queue_length"] == pytest.approx(top - SLOTS, abs=1.0), target[top]
+    assert target[top]["in_flight"] == pytest.approx(SLOTS, abs=0.5), target[top]
     # its tokens/s is the client's: usage tokens of the step's requests per second
     for u, st in by.items():
         rel = 0.05 + st["p50_ms"] / 1000.0 / st["window_s"]  # tokens as generated vs requests as started
