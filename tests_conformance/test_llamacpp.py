@@ -278,7 +278,6 @@ def test_knee_where_one_stream_fills_the_compute_thread(chat):
     # free would give up to SLOTS times it); at one user the compute thread still idles while the
     # answer's end and the next request cross the loopback, so two users gain a little
     assert all(by[u]["qps"] <= 1.5 * by[KNEE]["qps"] for u in STEPS), curve
-    assert by[SLOTS]["qps"] <= 1.1 * by[KNEE_AT_MOST]["qps"], curve  # all slots busy: no more than 2 users
     ids = sorted(f["id"] for f in s["findings"])
     FIGURES.setdefault("llama.cpp chat", {})["findings"] = ", ".join(ids) or "none"
     # the shape's finding: one compute thread (-t 1) is the serial section -- or, where the load
