@@ -13,7 +13,7 @@ CONSTRAINTS = constraints.txt
 DEBS    = sysstat procps openssh-server faketime iproute2 chromium busybox nginx
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast bench debs clean constraints
+.PHONY: demo test test-fast conformance conformance-debs bench debs clean constraints
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,28 @@ test: $(STAMP) debs
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
+
+# Real inference servers (llama.cpp, ...) driven by a real run: tests_conformance/.  Each server is
+# installed by the suite itself into ~/.cache/kneeswarm-conformance/<server>-<version> (reused when
+# there; KNEESWARM_CONFORMANCE_CACHE moves it); a server that cannot be installed fails.
+conformance: $(STAMP) debs conformance-debs
+	$(PY) -m pytest tests_conformance -p no:cacheprovider $(PYTEST_ARGS)
+
+# What the conformance servers need from Debian: a C++ toolchain, CMake and Ninja to build
+# llama.cpp's server, Java for TorchServe, Debian's own Python 3.11 with venv for Triton's Python
+# backend (pytriton's stub links the system's libpython3.11).
+conformance-debs:
+	@missing=""; \
+	command -v cmake >/dev/null 2>&1 || missing="$$missing cmake"; \
+	command -v ninja >/dev/null 2>&1 || missing="$$missing ninja-build"; \
+	command -v g++ >/dev/null 2>&1   || missing="$$missing g++"; \
+	command -v java >/dev/null 2>&1 || missing="$$missing openjdk-17-jre-headless"; \
+	/usr/bin/python3.11 -c 'import ensurepip' >/dev/null 2>&1 || missing="$$missing python3.11 python3.11-venv"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
 
 bench: $(STAMP)
 	$(PY) bench/generator.py

@@ -28,18 +28,38 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+import socket
 import time
 from typing import Any, NamedTuple
 
 import gevent
 import gevent.ssl
 from gevent.pool import Group
+from geventhttpclient.response import HTTPConnectionClosed
 from locust import FastHttpUser, task
 
 from kneeswarm.plan import EndpointPlan, join_base
 from locustfiles.protocols import BadPayload, PreparedRequest, for_plan
 from locustfiles.protocols.sse import Arrivals
 from locustfiles import state
+
+# A request the server closed its kept-alive connection on (a clean close, FIN) before a single
+# byte of answer is sent once more, on a new connection, and only the second attempt is recorded;
+# a reset (RST) stays a `conn_reset` failure.  llama.cpp's
+# llama-server closes the connection after every streamed answer, a moment after its last chunk;
+# a user's next request sent in that moment finds the socket closed ("connection closed.") --
+# 16 % of requests at one user in the conformance suite (tests_conformance/test_llamacpp.py),
+# none of which the server had seen (its own count of requests equals the rows).  Browsers resend
+# in this case too; a connection that closes again is a failure, recorded as such.
+STALE_CONNECTION_RETRIES = 1
+# A stream's reader acknowledges every arrival at once (Linux TCP_QUICKACK, re-armed after each
+# read: the kernel clears it).  A server that writes its chunks with Nagle's algorithm on --
+# llama.cpp's llama-server: cpp-httplib's CPPHTTPLIB_TCP_NODELAY is false -- holds each small write
+# until the previous one is acknowledged, and a reader's delayed ACK (up to 40 ms) then bunches a
+# whole answer's tokens into one or two arrivals: TTFT came out as the whole latency and TPOT as
+# ~0 in the conformance suite (1.2 ms per token on the server).  Acknowledging at once lets each
+# chunk leave when the server writes it.
+QUICKACK = getattr(socket, "TCP_QUICKACK", None)
 
 logger = logging.getLogger(__name__)
 
@@ -162,13 +182,20 @@ class InferenceUser(FastHttpUser):
 
     def _send(self, req: PreparedRequest, intended: float | None) -> None:
         """One request; with ``intended`` (open loop, epoch seconds) timed from that instant."""
-        late = max(0.0, time.time() - intended) if intended is not None else 0.0
-        if req.stream:
-            self._streamed(req, late, intended)
-            return
+        for attempt in range(1 + STALE_CONNECTION_RETRIES):
+            late = max(0.0, time.time() - intended) if intended is not None else 0.0
+            sent = (self._streamed(req, late, intended, attempt) if req.stream
+                    else self._whole(req, late, intended, attempt))
+            if sent:
+                return
+
+    def _whole(self, req: PreparedRequest, late: float, intended: float | None, attempt: int) -> bool:
+        """One not-streamed request; False when it is to be sent again (``_closed_unanswered``)."""
         with self.client.request(
             req.method, req.path, data=req.body, headers=req.headers, catch_response=True, name="infer"
         ) as resp:
+            if _closed_unanswered(resp, attempt):
+                return False
             if intended is not None:
                 resp.request_meta["start_time"] = intended
                 resp.request_meta["response_time"] = resp.request_meta.get("response_time", 0.0) + late * 1000.0
@@ -187,26 +214,31 @@ class InferenceUser(FastHttpUser):
             elif status:
                 resp.failure(f"HTTP {status}")
             # status 0: a network error; Locust already carries the exception
+        return True
 
-    def _streamed(self, req: PreparedRequest, late: float = 0.0, intended: float | None = None) -> None:
+    def _streamed(self, req: PreparedRequest, late: float = 0.0, intended: float | None = None,
+                  attempt: int = STALE_CONNECTION_RETRIES) -> bool:
+        """One streamed request; False when it is to be sent again (``_closed_unanswered``)."""
         t0 = time.perf_counter() - late  # open loop: the clock starts at the intended send time
         with self.client.request(
             req.method, req.path, data=req.body, headers=req.headers, catch_response=True, name="infer",
             stream=True,
         ) as resp:
+            if _closed_unanswered(resp, attempt):
+                return False
             if intended is not None:
                 resp.request_meta["start_time"] = intended
                 resp.request_meta["response_time"] = resp.request_meta.get("response_time", 0.0) + late * 1000.0
             status = resp.status_code
             if not status:
-                return  # a network error before the headers; Locust carries the exception
+                return True  # a network error before the headers; Locust carries the exception
             if not 200 <= status < 300:
                 _ = resp.content  # read the error body so the connection can be reused
                 resp.failure(f"HTTP {status}")
-                return
+                return True
             if not (resp.headers.get("content-type") or "").startswith("text/event-stream"):
                 self._whole_instead(req, resp, t0)  # a server that ignores "stream": true
-                return
+                return True
             stream = self.protocol.new_stream(t0)
             nbytes, error = read_stream(resp, stream)
             end = time.perf_counter()
@@ -227,6 +259,7 @@ class InferenceUser(FastHttpUser):
                 resp.failure(error)
             else:
                 resp.success()
+        return True
 
 
     def _whole_instead(self, req: PreparedRequest, resp: Any, t0: float) -> None:
@@ -260,6 +293,36 @@ def _ssl_factory(endpoint: EndpointPlan) -> Any:
     return lambda cafile=None, **_kw: ctx
 
 
+def _closed_unanswered(resp: Any, attempt: int) -> bool:
+    """The server closed the connection cleanly before a byte of answer (geventhttpclient's
+    HTTPConnectionClosed for an empty read; for a reset it raises the same class from inside its
+    ECONNRESET handler) and a retry is left: the attempt
+    is not reported (Locust reports a with-block whose manual result is False as nothing) and the
+    caller sends the request again (STALE_CONNECTION_RETRIES)."""
+    err = resp.request_meta.get("exception")
+    if attempt >= STALE_CONNECTION_RETRIES or resp.status_code or not isinstance(err, HTTPConnectionClosed):
+        return False
+    if isinstance(err.__context__, OSError):  # geventhttpclient raised it for an ECONNRESET: a reset
+        return False
+    resp._manual_result = False  # Locust's ResponseContextManager: neither success nor failure is fired
+    return True
+
+
+def _quickack(sock: Any) -> Any:
+    """A call that (re-)arms TCP_QUICKACK on ``sock`` (see QUICKACK); a no-op where there is none."""
+    if QUICKACK is None or sock is None:
+        return lambda: None
+    set_opt = sock.setsockopt
+
+    def arm() -> None:
+        try:
+            set_opt(socket.IPPROTO_TCP, QUICKACK, 1)
+        except OSError:
+            pass
+
+    return arm
+
+
 def read_stream(resp: Any, stream: Any) -> tuple[int, BaseException | None]:
     """Feed ``stream`` every SSE event of ``resp`` as it arrives: (bytes read, error or None).
 
@@ -276,6 +339,7 @@ def read_stream(resp: Any, stream: Any) -> tuple[int, BaseException | None]:
     arrivals, nbytes = Arrivals(stream), 0
     clock = time.perf_counter
     now = clock()
+    quickack = _quickack(raw._sock)
     try:
         while True:
             if buf:
@@ -285,6 +349,7 @@ def read_stream(resp: Any, stream: Any) -> tuple[int, BaseException | None]:
                 arrivals.feed(chunk, now)
             if raw.message_complete or raw._sock is None:
                 break
+            quickack()
             chunk = raw._sock.recv(raw.block_size)
             now = clock()
             raw.feed(chunk)  # b"" (closed early): the parser raises "Incomplete response"

@@ -5,6 +5,11 @@ Response: {"predictions": [...]}       (errors: {"error": "..."})
 Health and preflight: GET /v1/models/{model}[/versions/{v}] -> {"model_version_status":
 [{"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK"}}]}; a model that is not
 AVAILABLE, or a 404, stops the run before any load.
+
+KServe's v1 protocol is the same REST shape (``:predict``, ``instances`` -> ``predictions``), but its
+model status is ``{"name": "m", "ready": true}`` (kserve.protocol.rest.v1_endpoints): ``ready``
+true counts as AVAILABLE (found by the conformance suite against KServe 0.21.0, whose v1 model
+was refused as "not AVAILABLE (states [])").
 """
 
 from __future__ import annotations
@@ -55,8 +60,13 @@ class TFServing(Protocol):
         if not 200 <= r.status_code < 300:
             raise PreflightError(self._refusal(base_url, what, r))
         try:
-            states = [s.get("state") for s in r.json().get("model_version_status", [])]
+            doc = r.json()
+            states = [s.get("state") for s in doc.get("model_version_status", [])]
         except (ValueError, AttributeError):
-            states = []
+            doc, states = None, []
+        if isinstance(doc, dict) and "model_version_status" not in doc and isinstance(doc.get("ready"), bool):
+            if not doc["ready"]:  # KServe v1
+                raise PreflightError(self.redact(f"{base_url}: model {model!r} is not ready ({what}: ready false)"))
+            return
         if "AVAILABLE" not in states:
             raise PreflightError(self.redact(f"{base_url}: model {model!r} is not AVAILABLE ({what}: states {states})"))

@@ -1,0 +1,114 @@
+"""The conformance suite: real inference servers driven by a real `kneeswarm run`.
+
+Run with ``make conformance`` (not part of ``make test``).  Each server's figures -- requests
+counted by the client and by the server, P50 latency of both, the knee -- are collected in
+``FIGURES`` by the tests and printed as one table at the end of the session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+KNEESWARM = str(Path(sys.executable).with_name("kneeswarm"))  # the console script of this venv
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+FIGURES: dict[str, dict[str, str]] = {}  # server -> column -> text, printed at the end
+COLUMNS = ("server", "version", "protocol", "requests client/server", "P50 ms client/server", "knee (users)",
+           "expected knee", "findings", "cold install s", "run s")
+
+
+TEST_TIMEOUT_S = 3600  # a test's first fixture may build its server (pyproject's 300 s is for tests/)
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        item.add_marker(pytest.mark.conformance)
+        item.add_marker(pytest.mark.timeout(TEST_TIMEOUT_S))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not FIGURES:
+        return
+    tr = terminalreporter
+    tr.section("conformance figures")
+    tr.write_line("| " + " | ".join(COLUMNS) + " |")
+    tr.write_line("|" + "---|" * len(COLUMNS))
+    for row in FIGURES.values():
+        tr.write_line("| " + " | ".join(row.get(c, "") for c in COLUMNS) + " |")
+    out = os.environ.get("KNEESWARM_CONFORMANCE_FIGURES")
+    if out:
+        Path(out).write_text(json.dumps(FIGURES, indent=1))
+
+
+@dataclass
+class Run:
+    run_dir: Path
+    res: subprocess.CompletedProcess
+    seconds: float
+
+
+def kneeswarm_run(plan: str, out: Path, *args: str, timeout: float = 600) -> Run:
+    """The installed `kneeswarm` console script on PLAN (TOML text), its run directory under OUT."""
+    import time
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan.toml").write_text(plan)
+    t0 = time.monotonic()
+    res = subprocess.run([KNEESWARM, "run", str(out / "plan.toml"), "--out", str(out / "runs"), *args],
+                         capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    seconds = time.monotonic() - t0
+    runs = sorted(p for p in (out / "runs").iterdir() if p.is_dir()) if (out / "runs").exists() else []
+    assert res.returncode == 0 and len(runs) == 1, (res.returncode, runs, res.stderr[-4000:])
+    return Run(runs[0], res, seconds)
+
+
+def read_summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "report" / "summary.json").read_text())
+
+
+COUNT_REL = 0.01  # requests per step: the client's rows vs the server's own count within 1 % ...
+COUNT_EDGE = 2  # ... or two requests (ending within a few ms of a step's edge: the server's line and the
+#                client's last byte may fall on either side of it)
+
+
+def rows_and_steps(run_dir: Path):
+    from kneeswarm.rundir import RunDir
+
+    return RunDir(run_dir).read_requests(), RunDir(run_dir).read_steps()
+
+
+def row_ends(rows):
+    """When each request ended (its answer's last byte), on the master's clock."""
+    return rows["t_start"].to_numpy() + rows["latency_ms"].to_numpy() / 1000.0
+
+
+def per_step_counts(rows, steps, server_t) -> list[tuple[int, int, int]]:
+    """[(users, client rows, server count)] per step, both counted by when the request ended,
+    over the whole step [t_ramp, t_end); asserts each within COUNT_REL (or COUNT_EDGE)."""
+    import numpy as np
+
+    ends, srv = row_ends(rows[rows["ok"]]), np.asarray(server_t)
+    out = []
+    for _, st in steps.iterrows():
+        client = int(((ends >= st.t_ramp) & (ends < st.t_end)).sum())
+        server = int(((srv >= st.t_ramp) & (srv < st.t_end)).sum())
+        out.append((int(st.users), client, server))
+        assert abs(client - server) <= max(COUNT_REL * server, COUNT_EDGE), (st.users, client, server)
+    return out
+
+
+def target_of(step: dict) -> dict:
+    """The server's own metrics (analysis/target.py keys) of one summary step, from its scrape."""
+    for host in (step.get("server") or {}).values():
+        if isinstance(host, dict) and host.get("target"):
+            return host["target"]
+    return {}

@@ -1,0 +1,304 @@
+"""llama.cpp's `llama-server` (OpenAI-compatible, continuous batching over --parallel slots),
+driven by a real `kneeswarm run` and checked against the server's own numbers.
+
+The server: built from the llama.cpp source the pinned llama-cpp-python sdist carries
+(servers.llama_cpp), serving a tiny llama-architecture GGUF written here (tiny_gguf.py: random
+weights, ASCII vocabulary), one compute thread (-t 1), SLOTS slots.  On the CPU a decode step of
+N sequences costs about N times one (measured on this machine's x86-64-v3 build: 0.57 ms per token
+alone, 4.1-5.3 ms with 4 at once; a 512-wide model 3.8 vs 13-16 ms), so continuous batching adds
+no throughput: one stream keeps the compute thread busy and the server stops scaling at ONE user
+(KNEE); QPS then holds, and beyond SLOTS users the rest wait ("deferred", its queue gauge).
+
+The truths, all the server's own:
+- its log: one timing block per finished request ("prompt eval time = X ms / N tokens",
+  "eval time = Y ms / M tokens (Z ms per token ...)"), each line stamped by this test as it
+  arrives -- requests per step, the server's latency per request, and at one user (requests one
+  after another) a one-to-one pairing with the client's rows: TTFT >= the server's prompt time,
+  TPOT within 10 % of its time per generated token;
+- its /metrics (--metrics): llamacpp:tokens_predicted_total against the sum of `usage`, and the
+  metric names analysis/target.py must match on the live scrape.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+
+from conftest import FIGURES, Run, kneeswarm_run, per_step_counts, read_summary, row_ends, rows_and_steps, target_of
+from servers import Installed, Server, free_port, llama_cpp
+
+pytestmark = pytest.mark.slow
+
+SLOTS = 4  # --parallel: beyond it requests are deferred
+KNEE = 1  # one compute thread, no gain from batching on the CPU (module docstring) ...
+KNEE_AT_MOST = 2  # ... or 2: at one user the compute thread idles while an answer's end and the next
+#                   request cross the loopback, and a second user fills that gap
+STEPS = (1, 2, 4, 6)  # at the knee, above it, at the slots and above them (6: two deferred; at 8 the
+#                      one load-generator process beside a busy server fell short of Little's law)
+HOLD_S = 10.0
+MAX_TOKENS = 32  # pinned (ignore_eos): every answer is exactly this long
+LAYERS = 64  # the tiny model's depth: ~1.5-2.5 ms per token alone, a request ~50-80 ms (module docstring)
+CTX_PER_SLOT = 128  # prompt (~20 tokens) + answer; a small KV cache keeps a decode step cheap
+TPOT_REL = 0.10  # the issue's bound: client TPOT within 10 % of the server's time per token ...
+TPOT_SHARE = 0.75  # ... on most requests, NOT all (measured 83-99 % over five runs): with
+#                    TCP_QUICKACK (locustfiles/users.py) some answers still arrive bunched (the server writes with Nagle on
+#                    and the first segment's ACK is delayed; TTFT ~ latency); on two cores shared
+#                    with the load generator a reader descheduled for a few ms moves others.  The
+#                    median is checked to TPOT_MEDIAN_REL.
+TPOT_MEDIAN_REL = 0.05
+PAIR_S = 0.030  # a row's end and its server line's stamp: well under one request (~80 ms) apart
+
+TIMING = re.compile(r"task (\d+) \|.*?prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens.*?"
+                    r"\n.*?eval time =\s*([\d.]+) ms /\s*(\d+) tokens \(\s*([\d.]+) ms per token", re.S)
+
+
+@dataclass
+class Timing:
+    t: float  # when its log line arrived (this machine's clock = the run's master clock)
+    task: int
+    prompt_ms: float
+    prompt_n: int
+    gen_ms: float
+    gen_n: int
+    per_token_ms: float
+
+    @property
+    def total_ms(self) -> float:
+        return self.prompt_ms + self.gen_ms
+
+
+def timings(server: Server) -> list[Timing]:
+    """The server's per-request timing blocks, each stamped with the arrival of its first line."""
+    text, stamps, pos = "", [], 0
+    for t, line in server.lines:
+        stamps.append((pos, t))
+        text += line + "\n"
+        pos = len(text)
+    out = []
+    for m in TIMING.finditer(text):
+        t = max(ts for p, ts in stamps if p <= m.start(2))
+        out.append(Timing(t, int(m[1]), float(m[2]), int(m[3]), float(m[4]), int(m[5]), float(m[6])))
+    return out
+
+
+def scrape(url: str) -> dict[str, float]:
+    from collectors.prometheus import parse_exposition
+
+    return parse_exposition(requests.get(url + "/metrics", timeout=5).text)
+
+
+@dataclass
+class LlamaRun:
+    installed: Installed
+    run: Run
+    server_timings: list[Timing]
+    before: dict[str, float]
+    after: dict[str, float]
+    log: str
+
+
+@pytest.fixture(scope="module")
+def llama() -> Installed:
+    return llama_cpp()
+
+
+@pytest.fixture(scope="module")
+def model(llama, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    subprocess.run([sys.executable, str(Path(__file__).with_name("tiny_gguf.py")), str(out), "--layers", str(LAYERS)],
+                   check=True, timeout=120, env={**os.environ, "PYTHONPATH": str(llama.paths["gguf_py"])})
+    return out
+
+
+def start_llama(llama: Installed, model: Path) -> Server:
+    port = free_port()
+    return Server([str(llama.paths["server"]), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+                   "--parallel", str(SLOTS), "-c", str(SLOTS * CTX_PER_SLOT), "-t", "1", "-tb", "1",
+                   "--metrics", "--alias", "tiny", "--no-warmup"],
+                  f"http://127.0.0.1:{port}", "/health")
+
+
+def plan(url: str, endpoint: str, steps: tuple[int, ...], hold: float) -> str:
+    return f"""name = "llamacpp-{endpoint}"
+target = "{url}"
+protocol = "openai"
+metrics_url = "{url}/metrics"
+
+[load]
+steps = [{", ".join(map(str, steps))}]
+ramp = 1.0
+hold = {hold}
+settle = 1.0
+workers = 1
+
+[request]
+model = "tiny"
+endpoint = "{endpoint}"
+max_tokens = {MAX_TOKENS}
+ignore_eos = true
+prompt_tokens = 16
+timeout = 30.0
+
+[analysis]
+min_requests = 30
+"""
+
+
+def llama_run(llama: Installed, model: Path, out: Path, endpoint: str, steps: tuple[int, ...], hold: float) -> LlamaRun:
+    server = start_llama(llama, model)
+    try:
+        before = scrape(server.url)
+        run = kneeswarm_run(plan(server.url, endpoint, steps, hold), out, "--pid", str(server.pid))
+        time.sleep(1.0)  # the last answers' log lines
+        after = scrape(server.url)
+    finally:
+        server.stop()
+    return LlamaRun(llama, run, timings(server), before, after, server.log_text())
+
+
+@pytest.fixture(scope="module")
+def chat(llama, model, tmp_path_factory) -> LlamaRun:
+    return llama_run(llama, model, tmp_path_factory.mktemp("llama-chat"), "chat", STEPS, HOLD_S)
+
+
+@pytest.fixture(scope="module")
+def completions(llama, model, tmp_path_factory) -> LlamaRun:
+    return llama_run(llama, model, tmp_path_factory.mktemp("llama-completions"), "completions", (1, 2), 8.0)
+
+
+def rows_of(r: LlamaRun):
+    return rows_and_steps(r.run.run_dir)
+
+
+ends = row_ends
+
+
+# -- every step valid, zero errors ---------------------------------------------------------------
+@pytest.mark.parametrize("which", ["chat", "completions"])
+def test_every_step_valid_and_no_errors(which, request):
+    r: LlamaRun = request.getfixturevalue(which)
+    s = read_summary(r.run.run_dir)
+    assert s["complete"] is True, s.get("warnings")
+    rows, _ = rows_of(r)
+    assert rows["ok"].all() and rows["error"].isna().all(), rows[~rows["ok"]].head()
+    for st in s["steps"]:
+        assert st["valid"] is True, (st["users"], st["reasons"])
+        assert st["error_rate"] == 0.0
+    # ignore_eos pins the length, and the server's usage says so on every answer
+    assert (rows["usage_out"] == MAX_TOKENS).all(), rows["usage_out"].value_counts()
+
+
+# -- requests: the client's rows against the server's own log and counters -----------------------
+@pytest.mark.parametrize("which", ["chat", "completions"])
+def test_requests_per_step_equal_the_server_log(which, request):
+    r: LlamaRun = request.getfixturevalue(which)
+    rows, steps = rows_of(r)
+    figures = per_step_counts(rows, steps, [t.t for t in r.server_timings])
+    # The whole run: every request the server finished is a row, but those in flight when the load
+    # stopped (at most the last step's users) -- they were cut, not recorded.
+    assert 0 <= len(r.server_timings) - len(rows) <= max(STEPS), (len(r.server_timings), len(rows))
+    FIGURES.setdefault(f"llama.cpp {which}", {})["requests client/server"] = (
+        f"{sum(c for _, c, _ in figures)}/{sum(s for _, _, s in figures)}")
+
+
+@pytest.mark.parametrize("which", ["chat", "completions"])
+def test_usage_tokens_equal_the_server_counter(which, request):
+    r: LlamaRun = request.getfixturevalue(which)
+    rows, _ = rows_of(r)
+    key = "llamacpp:tokens_predicted_total"
+    served = r.after[key] - r.before.get(key, 0.0)
+    recorded = int(rows["usage_out"].sum())
+    # tokens of the requests cut at the stop were generated but never recorded
+    assert 0 <= served - recorded <= max(STEPS) * MAX_TOKENS, (served, recorded)
+
+
+# -- per request: TTFT and TPOT against the server's own timings ---------------------------------
+@pytest.mark.parametrize("which", ["chat", "completions"])
+def test_one_user_ttft_and_tpot_against_the_server_timings(which, request):
+    """At one user the requests run one after another (~80 ms each): each row of the step's steady
+    part and the timing block the server logged when it ended (its line stamped within PAIR_S of
+    the row's last byte, and no other) are the same request."""
+    r: LlamaRun = request.getfixturevalue(which)
+    rows, steps = rows_of(r)
+    st = steps.iloc[0]
+    assert st.users == 1
+    one = rows[(rows["t_start"] >= st.t_steady) & (ends(rows) < st.t_end)].sort_values("t_start")
+    stamps = np.array([t.t for t in r.server_timings])
+    nearest = [int(np.argmin(np.abs(stamps - e))) for e in ends(one)]
+    gaps = np.abs(stamps[nearest] - ends(one))
+    assert len(set(nearest)) == len(nearest) > 20 and (gaps < PAIR_S).all(), (len(nearest), sorted(gaps)[-3:])
+    srv = [r.server_timings[i] for i in nearest]
+    ttft = one["ttft_ms"].to_numpy()
+    tpot = (one["latency_ms"].to_numpy() - ttft) / (one["usage_out"].to_numpy() - 1)
+    prompt = np.array([t.prompt_ms for t in srv])
+    per_token = np.array([t.per_token_ms for t in srv])
+    assert (np.array([t.gen_n for t in srv]) == MAX_TOKENS).all()
+    assert (ttft >= prompt).all(), list(zip(ttft[ttft < prompt], prompt[ttft < prompt]))
+    rel = np.abs(tpot - per_token) / per_token
+    within = float((rel <= TPOT_REL).mean())
+    print(f"{which}: TPOT within {TPOT_REL:.0%} of the server's on {within:.1%} of {len(rel)} requests; "
+          f"median |rel| {np.median(rel):.3f}")
+    assert within >= TPOT_SHARE and np.median(rel) <= TPOT_MEDIAN_REL, sorted(zip(rel, tpot, per_token))[-5:]
+
+
+# -- latency: the client's P50 is never below the server's ------------------------------------------
+def test_client_p50_at_least_the_server_p50(chat):
+    s = read_summary(chat.run.run_dir)
+    figs = []
+    for st in s["steps"]:
+        srv = [t.total_ms for t in chat.server_timings if st["t_lo"] <= t.t < st["t_hi"]]
+        server_p50 = float(np.percentile(srv, 50))
+        figs.append((st["users"], st["p50_ms"], server_p50))
+        assert st["p50_ms"] >= server_p50, (st["users"], st["p50_ms"], server_p50)
+    knee = s["knee"]["users"] if s.get("knee") else None
+    FIGURES.setdefault("llama.cpp chat", {}).update({
+        "server": "llama.cpp llama-server (chat, streamed)", "version": chat.installed.version,
+        "protocol": "openai",
+        "P50 ms client/server": " ".join(f"{u}u {c:.0f}/{v:.0f}" for u, c, v in figs),
+        "knee (users)": str(knee), "expected knee": f"{KNEE}-{KNEE_AT_MOST}",
+        "cold install s": str(chat.installed.cold_s), "run s": f"{chat.run.seconds:.0f}"})
+
+
+# -- the knee where the slots run out -------------------------------------------------------------
+def test_knee_where_one_stream_fills_the_compute_thread(chat):
+    s = read_summary(chat.run.run_dir)
+    curve = [(st["users"], round(st["qps"], 1)) for st in s["steps"]]
+    assert s["knee"] is not None and KNEE <= s["knee"]["users"] <= KNEE_AT_MOST, (s["knee"], curve)
+    by = {st["users"]: st for st in s["steps"]}
+    # the server did not scale: no step serves half again the knee's QPS (a server that batched for
+    # free would give up to SLOTS times it); at one user the compute thread still idles while the
+    # answer's end and the next request cross the loopback, so two users gain a little
+    assert all(by[u]["qps"] <= 1.5 * by[KNEE]["qps"] for u in STEPS), curve
+    ids = sorted(f["id"] for f in s["findings"])
+    FIGURES.setdefault("llama.cpp chat", {})["findings"] = ", ".join(ids) or "none"
+    # the shape's finding: one compute thread (-t 1) is the serial section -- or, where the load
+    # generator on the same two cores left no CPU idle to tell, the CPU as a whole
+    assert {"single_thread_bound", "cpu_saturated"} & set(ids), ids
+
+
+# -- the server's metric names, matched on the live scrape ------------------------------------------
+def test_target_metrics_matched_on_the_live_scrape(chat):
+    s = read_summary(chat.run.run_dir)
+    used = {k: v for host in s["target_series"].values() for k, v in host.items()}
+    assert {k for k, v in used.items() if v["server"] == "llamacpp"} >= {"in_flight", "queue_length", "gen_tokens_s",
+                                                                          "prompt_tokens_s", "tpot_ms"}, used
+    by = {st["users"]: st for st in s["steps"]}
+    target = {u: target_of(st) for u, st in by.items()}
+    # above the slots the server defers requests, at one user never
+    assert target[1]["queue_length"] == pytest.approx(0.0, abs=0.2), target[1]
+    top = max(STEPS)
+    assert target[top]["queue_length"] == pytest.approx(top - SLOTS, abs=1.0), target[top]
+    assert target[top]["in_flight"] == pytest.approx(SLOTS, abs=0.5), target[top]
+    # its tokens/s is the client's: usage tokens of the step's requests per second
+    for u, st in by.items():
+        rel = 0.05 + st["p50_ms"] / 1000.0 / st["window_s"]  # tokens as generated vs requests as started
+        assert target[u]["gen_tokens_s"] == pytest.approx(st["qps"] * MAX_TOKENS, rel=rel), (u, target[u], st["qps"])
