@@ -109,6 +109,10 @@ SGLANG = partial(Candidate, "sglang", source=DOCS, ref=(
 TRITON = partial(Candidate, "triton", source=SCRAPE, ref=FIXTURES + "triton-2.51.0.txt")
 TORCHSERVE = partial(Candidate, "torchserve", source=SCRAPE, ref=FIXTURES + "torchserve-0.12.0.txt")
 KSERVE = partial(Candidate, "kserve", source=SCRAPE, ref=FIXTURES + "kserve-0.21.0.txt")
+# llama.cpp's llama-server (--metrics): recorded from the server built from the llama-cpp-python
+# 0.3.36 sdist (tests_conformance/, ggml 0.25.3); meanings from tools/server/server-task.cpp
+# (server_task_result_metrics::to_metrics).  It counts no requests and no failures.
+LLAMACPP = partial(Candidate, "llamacpp", source=SCRAPE, ref=FIXTURES + "llamacpp-0.3.36.txt")
 
 US = 1e-6  # microseconds -> seconds
 # Counters exposed without the ``_total`` suffix (Triton, TGI, TorchServe: their exporters are not
@@ -127,12 +131,14 @@ TARGET_METRICS: tuple[TargetMetric, ...] = (
         TRITON(r"nv_inference_pending_request_count"),
         TGI(r"tgi_queue_size"),
         SGLANG(r"sglang:num_queue_reqs"),
+        LLAMACPP(r"llamacpp:requests_deferred"),  # requests waiting for a free slot
     )),
     TargetMetric("in_flight", "in flight", "gauge", (
         KNEESWARM(r"kneeswarm_target_inflight"),
         VLLM(r"vllm:num_requests_running"),
         TGI(r"tgi_batch_current_size"),
         SGLANG(r"sglang:num_running_reqs"),
+        LLAMACPP(r"llamacpp:requests_processing"),  # busy slots
     )),
     TargetMetric("rejected_s", "rejections/s", "counter", (
         KNEESWARM(r"kneeswarm_target_rejected_total"),
@@ -208,16 +214,21 @@ TARGET_METRICS: tuple[TargetMetric, ...] = (
              r"vllm:request_time_per_output_token_seconds_count"),
         # TGI: inference time / generated tokens of each request (prefill included)
         TGI(r"tgi_request_mean_time_per_token_duration_sum", r"tgi_request_mean_time_per_token_duration_count"),
+        # llama.cpp: each slot's generation seconds over the tokens it generated (its timings'
+        # predicted_ms / predicted_n, summed over requests)
+        LLAMACPP(r"llamacpp:tokens_predicted_seconds_total", r"llamacpp:tokens_predicted_total"),
     ), scale=1000.0),
     TargetMetric("gen_tokens_s", "server gen tok/s", "counter", (
         VLLM(r"vllm:generation_tokens_total"),
         SGLANG(r"sglang:generation_tokens_total"),
         TGI(r"tgi_request_generated_tokens_sum"),  # histogram sum: tokens of finished requests
+        LLAMACPP(r"llamacpp:tokens_predicted_total"),
     )),
     TargetMetric("prompt_tokens_s", "server prompt tok/s", "counter", (
         VLLM(r"vllm:prompt_tokens_total"),
         SGLANG(r"sglang:prompt_tokens_total"),
         TGI(r"tgi_request_input_length_sum"),  # histogram sum: prompt tokens of requests
+        LLAMACPP(r"llamacpp:prompt_tokens_total"),  # prompt tokens processed, cached ones left out
     )),
     TargetMetric("gen_throughput", "server gen tok/s (own)", "gauge", (
         SGLANG(r"sglang:gen_throughput"),  # the scheduler's own estimate over its last interval

@@ -130,6 +130,15 @@ def expected(fixture: str, x: Truth) -> dict[str, tuple[float, str]]:
             "batch_size": (x.ratio("kneeswarm_target_batch_size_sum", "kneeswarm_target_batch_size_count"),
                            "kneeswarm"),
         }
+    if fixture == "llamacpp-0.3.36.txt":
+        return {
+            "queue_length": (x.gauge("llamacpp:requests_deferred"), "llamacpp"),
+            "in_flight": (x.gauge("llamacpp:requests_processing"), "llamacpp"),
+            "tpot_ms": (x.ratio("llamacpp:tokens_predicted_seconds_total", "llamacpp:tokens_predicted_total", ms),
+                        "llamacpp"),
+            "gen_tokens_s": (x.rate("llamacpp:tokens_predicted_total"), "llamacpp"),
+            "prompt_tokens_s": (x.rate("llamacpp:prompt_tokens_total"), "llamacpp"),
+        }
     if fixture == "kserve-0.21.0.txt":
         return {
             "requests_s": (x.rate("request_predict_seconds_count"), "kserve"),
@@ -221,9 +230,10 @@ def expected(fixture: str, x: Truth) -> dict[str, tuple[float, str]]:
     raise KeyError(fixture)
 
 
-RECORDED = ["kneeswarm-0.1.0.txt", "kserve-0.21.0.txt", "torchserve-0.12.0.txt", "triton-2.51.0.txt"]
+RECORDED = ["kneeswarm-0.1.0.txt", "kserve-0.21.0.txt", "torchserve-0.12.0.txt", "triton-2.51.0.txt",
+            "llamacpp-0.3.36.txt"]
 FROM_DOCS = ["vllm-docs.txt", "tgi-docs.txt", "sglang-docs.txt", "triton-docs.txt"]
-NAMES_SOURCE = {"kneeswarm": SCRAPE, "kserve": SCRAPE, "torchserve": SCRAPE, "triton": SCRAPE,
+NAMES_SOURCE = {"kneeswarm": SCRAPE, "kserve": SCRAPE, "torchserve": SCRAPE, "triton": SCRAPE, "llamacpp": SCRAPE,
                 "vllm": DOCS, "tgi": DOCS, "sglang": DOCS}
 
 
