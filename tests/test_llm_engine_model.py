@@ -151,3 +151,16 @@ def test_real_target_releases_tokens_on_the_model_schedule_and_counts_preemption
     assert m["vllm:generation_tokens_total"] == 12
     assert m["vllm:num_requests_running"] == 0 and m["vllm:num_requests_waiting"] == 0
     assert m["vllm:kv_cache_usage_perc"] == 0
+
+
+def test_a_decode_step_that_grows_with_the_batch_saturates_throughput():
+    # u sequences decoding together: each step d + c*u, so tokens/s = u / (d + c*u) -> 1/c
+    d, c, n = 0.005, 0.002, 10
+    for u in (1, 4, 16):
+        s = Scheduler(kv_tokens=10_000, max_batch=64, prefill_s_per_token=0.0, decode_s=d, decode_s_per_seq=c)
+        seqs = [Seq(prompt=5, n=n) for _ in range(u)]
+        for q in seqs:
+            s.add(q)
+        steps = run_all(s)
+        assert steps[-1][0] == pytest.approx(n * (d + c * u))
+        assert u * n / steps[-1][0] == pytest.approx(u / (d + c * u))

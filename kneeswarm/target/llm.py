@@ -78,6 +78,7 @@ class LLMConfig:
     max_batch: int = DEFAULT_MAX_BATCH
     prefill_ms_per_token: float = 0.0
     decode_ms: float = DEFAULT_DECODE_MS
+    decode_ms_per_seq: float = 0.0
 
 
 @dataclass
@@ -140,7 +141,8 @@ def llm_routes(model_name: str, chain: TokenChain, metrics: TargetMetrics, cfg: 
                ready: Any) -> list[Route]:
     """The OpenAI-compatible routes; ``ready()`` says whether the server is ready."""
     streams = itertools.count(1)  # streamed answers so far (--no-text-every)
-    engine = (LLMEngine(metrics, cfg.kv_tokens, cfg.max_batch, cfg.prefill_ms_per_token, cfg.decode_ms)
+    engine = (LLMEngine(metrics, cfg.kv_tokens, cfg.max_batch, cfg.prefill_ms_per_token, cfg.decode_ms,
+                        cfg.decode_ms_per_seq)
               if cfg.kv_tokens > 0 else None)
 
     async def health(request: Request) -> Response:

@@ -14,7 +14,9 @@ One engine step (vLLM V1's scheduler, simplified to one sequence per request):
    had produced (vLLM's recompute preemption; ``num_preemptions`` counts each).
 2. If nothing was preempted in this step, waiting sequences are admitted in FIFO order while the
    batch holds fewer than ``max_batch`` and the cache has room for their tokens plus one.
-3. The step lasts ``decode_s`` + ``prefill_s_per_token`` x (tokens prefilled in it); at its end every
+3. The step lasts ``decode_s`` + ``decode_s_per_seq`` x (sequences in the batch) +
+   ``prefill_s_per_token`` x (tokens prefilled in it) -- a decode step that grows with the batch, as
+   a memory-bound GPU's does (the weights read once, each sequence's KV read on top); at its end every
    running sequence has produced one token (a newly admitted one its first: TTFT includes its
    prefill), and those that produced their last leave, freeing their KV.
 
@@ -71,13 +73,15 @@ class StepResult:
 class Scheduler:
     """Continuous batching over a KV cache of ``kv_tokens`` tokens (see the module docstring)."""
 
-    def __init__(self, kv_tokens: int, max_batch: int, prefill_s_per_token: float, decode_s: float) -> None:
+    def __init__(self, kv_tokens: int, max_batch: int, prefill_s_per_token: float, decode_s: float,
+                 decode_s_per_seq: float = 0.0) -> None:
         if kv_tokens < 2 or max_batch < 1:
             raise ValueError("kv_tokens must be >= 2 and max_batch >= 1")
         self.kv_tokens = kv_tokens
         self.max_batch = max_batch
         self.prefill_s_per_token = prefill_s_per_token
         self.decode_s = decode_s
+        self.decode_s_per_seq = decode_s_per_seq
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
         self.used = 0  # KV tokens held
@@ -144,6 +148,7 @@ class Scheduler:
         if not self.running:
             return StepResult(0.0, [], prefilled, preempted)
         produced = list(self.running)
+        duration = self.decode_s + self.decode_s_per_seq * len(produced) + prefilled * self.prefill_s_per_token
         for s in produced:
             s.produced += 1
             s.cached += 1
@@ -152,15 +157,16 @@ class Scheduler:
             self.running.remove(s)
             self.used -= s.cached
             s.cached = 0
-        return StepResult(self.decode_s + prefilled * self.prefill_s_per_token, produced, prefilled, preempted)
+        return StepResult(duration, produced, prefilled, preempted)
 
 
 class LLMEngine:
     """Runs the Scheduler in real time: steps end on a virtual clock, tokens are released at their end."""
 
     def __init__(self, metrics: Any, kv_tokens: int, max_batch: int, prefill_ms_per_token: float,
-                 decode_ms: float) -> None:
-        self.sched = Scheduler(kv_tokens, max_batch, prefill_ms_per_token / 1000.0, decode_ms / 1000.0)
+                 decode_ms: float, decode_ms_per_seq: float = 0.0) -> None:
+        self.sched = Scheduler(kv_tokens, max_batch, prefill_ms_per_token / 1000.0, decode_ms / 1000.0,
+                               decode_ms_per_seq / 1000.0)
         self.metrics = metrics
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None

@@ -460,6 +460,9 @@ def build_parser(prog: str = "kneeswarm target") -> argparse.ArgumentParser:
                        help="time one engine step spends per prompt token it prefills (or recomputes)")
     model.add_argument("--decode-ms", type=_positive_float, default=DEFAULT_DECODE_MS,
                        help="time of one engine step: every running sequence produces one token")
+    model.add_argument("--decode-ms-per-seq", type=_non_negative_float, default=0.0,
+                       help="added to each step per sequence in the batch (a decode step that grows with "
+                            "the batch, as a memory-bound GPU's does)")
 
     gate = p.add_argument_group("credentials and fault injection (inference requests)")
     gate.add_argument("--api-key-env", metavar="NAME",
@@ -566,7 +569,8 @@ def _wrapped_app(args: argparse.Namespace, info: ModelInfo, engine: OnnxEngine |
     llm = LLMConfig(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, output_tokens=args.output_tokens,
                     usage_offset=args.usage_offset, tokens_per_chunk=args.tokens_per_chunk,
                     no_text_every=args.no_text_every, kv_tokens=args.kv_tokens, max_batch=args.max_batch,
-                    prefill_ms_per_token=args.prefill_ms_per_token, decode_ms=args.decode_ms)
+                    prefill_ms_per_token=args.prefill_ms_per_token, decode_ms=args.decode_ms,
+                    decode_ms_per_seq=args.decode_ms_per_seq)
     faults = FaultPlan(fail_rate=args.fail_rate, reset_rate=args.reset_rate, truncate_rate=args.truncate_rate,
                        stall_ms=args.stall_ms, stall_every=args.stall_every, seed=args.fault_seed)
     app: Any = Gate(build_app(info, engine, metrics, on_started=announce, llm=llm), metrics, faults,
