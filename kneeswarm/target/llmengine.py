@@ -141,23 +141,34 @@ class Scheduler:
             prefilled += need
         return prefilled
 
-    def step(self) -> StepResult:
-        """One engine step; its duration and what it produced (nothing when idle)."""
+    def schedule(self) -> StepResult:
+        """Preempt, admit and time one step; its tokens come with :meth:`complete` at its end.
+        Between the two the state is the batch as it runs (what the metrics show)."""
         preempted = self._preempt()
         prefilled = 0 if preempted else self._admit()
-        if not self.running:
-            return StepResult(0.0, [], prefilled, preempted)
-        produced = list(self.running)
-        duration = self.decode_s + self.decode_s_per_seq * len(produced) + prefilled * self.prefill_s_per_token
-        for s in produced:
+        batch = list(self.running)
+        duration = (self.decode_s + self.decode_s_per_seq * len(batch) + prefilled * self.prefill_s_per_token
+                    if batch else 0.0)
+        return StepResult(duration, batch, prefilled, preempted)
+
+    def complete(self, r: StepResult) -> None:
+        """The step's end: each sequence of its batch produced one token; the finished ones leave."""
+        for s in r.produced:
+            if s not in self.running:  # aborted while the step ran
+                continue
             s.produced += 1
             s.cached += 1
             self.used += 1
-        for s in [s for s in produced if s.done]:
-            self.running.remove(s)
-            self.used -= s.cached
-            s.cached = 0
-        return StepResult(duration, produced, prefilled, preempted)
+            if s.done:
+                self.running.remove(s)
+                self.used -= s.cached
+                s.cached = 0
+
+    def step(self) -> StepResult:
+        """One whole engine step: its duration and what it produced (nothing when idle)."""
+        r = self.schedule()
+        self.complete(r)
+        return r
 
 
 class LLMEngine:
@@ -208,9 +219,9 @@ class LLMEngine:
                 await self._wake.wait()
                 t = loop.time()
             before = self.sched.preemptions
-            r = self.sched.step()
+            r = self.sched.schedule()
             self.metrics.preemptions.inc(self.sched.preemptions - before)
-            self._export()  # the batch as it runs this step
+            self._export()  # the batch as it runs this step, its KV before the step's new tokens
             if not r.produced:  # nothing runnable (cannot happen while busy: the first always fits)
                 await asyncio.sleep(0)
                 t = loop.time()
@@ -219,6 +230,8 @@ class LLMEngine:
             delay = t - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
+            self.sched.complete(r)
             for s in r.produced:
-                s.out.put_nowait(None)
+                if s.out is not None:
+                    s.out.put_nowait(None)
             self._export()
