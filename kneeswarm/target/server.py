@@ -362,6 +362,14 @@ _positive_float = _non_negative(zero_ok=False)
 _non_negative_float = _non_negative(zero_ok=True)
 
 
+def _kv_tokens(text: str) -> int:
+    """An argparse type: 0 (no engine model) or a KV cache of at least 2 tokens."""
+    value = _int_at_least(0)(text)
+    if value == 1:
+        raise argparse.ArgumentTypeError("1 must be 0 (no engine model) or at least 2")
+    return value
+
+
 def _rate(text: str) -> float:
     """An argparse type: a probability in [0, 1]."""
     value = _non_negative_float(text)
@@ -452,7 +460,7 @@ def build_parser(prog: str = "kneeswarm target") -> argparse.ArgumentParser:
     model = p.add_argument_group(
         "LLM engine model behind the OpenAI endpoints (on with --kv-tokens; known delays, no CPU; "
         "replaces --ttft-ms/--itl-ms): continuous batching over a KV cache, preemption when it is full")
-    model.add_argument("--kv-tokens", type=_int_at_least(0), default=0,
+    model.add_argument("--kv-tokens", type=_kv_tokens, default=0,
                        help="KV-cache capacity in tokens (0 = no engine model)")
     model.add_argument("--max-batch", type=_int_at_least(1), default=DEFAULT_MAX_BATCH,
                        help="sequences decoded together at most (vLLM max_num_seqs)")
