@@ -21,11 +21,14 @@ from analysis.findings.load import LATENCY_RISE
 
 logger = logging.getLogger(__name__)
 
-# kv_cache_full: a step's mean KV-cache usage at or above 85 %.  vLLM preempts only when no block is
-# free (100 %), but a step's mean over 1 Hz scrapes dips below that while sequences finish and
-# others are preempted (measured on the demo target's engine model, 200-token cache: 91 % and 95 %
-# at 8 and 16 users where it preempted, 42 % at the knee before the cache filled).
-KV_FULL_PCT = 85.0
+# kv_cache_full: a step's mean KV-cache usage at or above 80 % while sequences waited or were
+# preempted (the cache was the limit, not merely well used; where the server exports neither,
+# usage alone).  vLLM preempts only when no block is free (100 %), but a cache is freed a whole
+# sequence at a time and a preempted one waits until it fits again, so a full cache's mean over
+# 1 Hz scrapes reads below 100 % by up to one sequence's share (measured on the demo target's engine
+# model, a 200-token cache holding about 7 sequences of 30 tokens: 80-95 % in 12 steps that preempted
+# 5-41 sequences/s, 30-68 % in the steps before it filled).
+KV_FULL_PCT = 80.0
 # preemption: any preemption at a step at or after the knee, more per second than the step before
 # the knee.  vLLM's documentation ("Optimization and Tuning", Preemption): preemption and
 # recomputation hurt end-to-end latency; a server that preempts under load needs more KV cache or
@@ -60,10 +63,19 @@ def _hosts_with(ctx: Context, key: str) -> list[str]:
     return [h for h in ctx.server_hosts() if any(ctx.metric(s, h, f"target.{key}") is not None for s in ctx.steps)]
 
 
+def _cache_limited(ctx: Context, step: dict[str, Any], host: str) -> bool:
+    """Sequences waited or were preempted at the step (True when the server exports neither)."""
+    waiting, preempted = ctx.metric(step, host, "target.llm_waiting"), ctx.metric(step, host, "target.preempted_s")
+    if waiting is None and preempted is None:
+        return True
+    return (waiting or 0.0) > 0 or (preempted or 0.0) > 0
+
+
 def kv_cache_full(ctx: Context) -> list[dict[str, Any]]:
     out = []
     for host in _hosts_with(ctx, "kv_cache_usage_pct"):
-        full = [(s, v) for s, v in _series(ctx, host, "kv_cache_usage_pct", ctx.late()) if v >= KV_FULL_PCT]
+        full = [(s, v) for s, v in _series(ctx, host, "kv_cache_usage_pct", ctx.late())
+                if v >= KV_FULL_PCT and _cache_limited(ctx, s, host)]
         if not full:
             continue
         first = full[0][0]
