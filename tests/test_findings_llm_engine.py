@@ -100,7 +100,7 @@ def engine_runs(tmp_path_factory, request):
 def test_each_engine_finding_fires_on_the_plan_built_to_cause_it_and_not_on_the_others(engine_runs, name):
     summary, rd, metrics = engine_runs[name]
     ids = {f["id"] for f in summary["findings"]}
-    print(name, summary["knee"], sorted(ids))
+    print(name, summary["knee"], sorted(ids), [f["evidence"] for f in summary["findings"] if f["id"] == "kv_cache_full"])
     assert CAUSES[name] <= ids, (name, sorted(ids))
     assert not ids & MUST_NOT[name], (name, sorted(ids))
     assert "waiting_not_computing" not in ids  # the engine's counters named the cause
