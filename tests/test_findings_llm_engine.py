@@ -174,3 +174,53 @@ def test_a_streaming_run_without_a_scrape_says_so_and_a_tensor_run_says_nothing(
     for st in s["steps"]:
         del st["ttft_p50_ms"]
     assert unchecked(Context.from_summary(s)) == []
+
+
+# -- each rule's condition, on summaries written by hand ------------------------------------------
+def engine_summary(per_users: dict[int, dict], knee: int = 4, **step_extra) -> dict:
+    steps = []
+    for u, target in per_users.items():
+        steps.append({"users": u, "qps": 10.0 * min(u, knee), "valid": True, "p50_ms": 100.0 * max(1, u / knee),
+                      "server": {"srv": {"target": dict(target)}}, **step_extra})
+    return {"steps": steps, "knee": {"users": knee}}
+
+
+def ids_of(summary: dict) -> set[str]:
+    return {f["id"] for f in explain(summary)["findings"]} & ENGINE_FINDINGS
+
+
+def test_a_well_used_cache_with_nothing_waiting_is_not_full():
+    full = {"kv_cache_usage_pct": 95.0, "llm_waiting": 0.0, "preempted_s": 0.0, "llm_running": 4.0}
+    assert ids_of(engine_summary({2: {**full, "kv_cache_usage_pct": 40.0}, 4: full, 8: full})) == set()
+    waited = {**full, "llm_waiting": 2.0}
+    assert "kv_cache_full" in ids_of(engine_summary({2: full, 4: waited, 8: waited}))
+    low = {**waited, "kv_cache_usage_pct": KV_FULL_PCT - 1}
+    assert "kv_cache_full" not in ids_of(engine_summary({2: low, 4: low, 8: low}))
+
+
+def test_preemptions_as_many_as_before_the_knee_are_not_rising():
+    flat = {"preempted_s": 2.0}
+    assert "preemption" not in ids_of(engine_summary({2: flat, 4: flat, 8: flat}))
+    assert "preemption" in ids_of(engine_summary({2: flat, 4: flat, 8: {"preempted_s": 3.0}}))
+
+
+def test_a_queue_beside_a_growing_batch_is_not_a_full_batch():
+    grow = {2: {"llm_running": 2.0, "llm_waiting": 0.0}, 4: {"llm_running": 4.0, "llm_waiting": 0.0},
+            8: {"llm_running": 8.0, "llm_waiting": 3.0}}
+    assert "queue_growing" not in ids_of(engine_summary(grow))
+    grow[8]["llm_running"] = 4.0
+    assert "queue_growing" in ids_of(engine_summary(grow))
+    grow[8]["llm_waiting"] = 0.5  # less than one more request waiting
+    assert "queue_growing" not in ids_of(engine_summary(grow))
+
+
+def test_prefill_or_decode_bound_only_where_latency_rose_and_one_part_carries_it():
+    def summary(ttft: tuple[float, float], tpot: tuple[float, float], p50: tuple[float, float]) -> dict:
+        s = engine_summary({2: {}, 4: {}, 8: {}})
+        for st, a, b, p in zip(s["steps"], (ttft[0],) * 2 + (ttft[1],), (tpot[0],) * 2 + (tpot[1],), (p50[0],) * 2 + (p50[1],)):
+            st.update(ttft_p50_ms=a, tpot_p50_ms=b, p50_ms=p, tokens_s=st["qps"] * 11)  # 11 tokens a request
+        return s
+    assert ids_of(summary((20, 200), (10, 10), (120, 300))) == {"prefill_bound"}
+    assert ids_of(summary((20, 30), (10, 25), (120, 300))) == {"decode_bound"}
+    assert ids_of(summary((20, 100), (10, 18), (120, 300))) == set()  # 80 vs 80 ms: neither carries it
+    assert ids_of(summary((20, 40), (10, 10), (120, 140))) == set()  # latency did not rise 1.5x
