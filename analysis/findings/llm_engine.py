@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from analysis.findings.context import Context, num, users_text
+from analysis.findings.context import Context, as_dict, num, users_text
 from analysis.findings.finding import finding
 from analysis.findings.load import LATENCY_RISE
 
@@ -209,14 +209,13 @@ def unchecked(ctx: Context) -> list[str]:
     if not any(num(s.get("ttft_p50_ms")) is not None for s in ctx.steps):
         return []
     hosts = [h for h in ctx.server_hosts()
-             if any(isinstance((s.get("server") or {}).get(h, {}).get("target"), dict)
-                    and (s.get("server") or {}).get(h, {}).get("target") for s in ctx.steps)]
+             if any(as_dict(as_dict(as_dict(s.get("server")).get(h)).get("target")) for s in ctx.steps)]
     if not hosts:
         return ["kv_cache_full, preemption, queue_growing: not checked, no server /metrics was scraped "
                 "(set metrics_url)"]
     out = []
     for host in hosts:
         for rule, (keys, what) in NEEDS.items():
-            if not all(_hosts_with(ctx, k).count(host) for k in keys):
+            if not all(host in _hosts_with(ctx, k) for k in keys):
                 out.append(f"{rule}: not checked on {host}, its /metrics has no {what}")
     return out
