@@ -224,3 +224,19 @@ def test_prefill_or_decode_bound_only_where_latency_rose_and_one_part_carries_it
     assert ids_of(summary((20, 30), (10, 25), (120, 300))) == {"decode_bound"}
     assert ids_of(summary((20, 100), (10, 18), (120, 300))) == set()  # 80 vs 80 ms: neither carries it
     assert ids_of(summary((20, 40), (10, 10), (120, 140))) == set()  # latency did not rise 1.5x
+
+
+@pytest.mark.parametrize("fixture, not_checked", [
+    ("llamacpp-0.3.36.txt", ["kv_cache_full", "preemption"]),  # recorded: slots, no KV usage or preemptions
+    ("tgi-docs.txt", ["kv_cache_full", "preemption"]),
+    ("vllm-docs.txt", []),
+    ("sglang-docs.txt", []),
+])
+def test_what_each_servers_names_leave_unchecked(fixture, not_checked, tmp_path):
+    """Each server's /metrics fixture through the real path (scrape file, collector, analysis.target)
+    into a streaming summary: the rules its names cannot feed are said, the others are not."""
+    from test_target_metrics import FIXTURES, analyse
+
+    target, _ = analyse(FIXTURES / fixture, tmp_path)
+    lines = unchecked(Context.from_summary(streaming_summary(target)))
+    assert [line.split(":")[0] for line in lines] == not_checked
