@@ -10,14 +10,14 @@ RUN apt-get update -qq \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY kneeswarm kneeswarm
 COPY locustfiles locustfiles
 COPY collectors collectors
 COPY analysis analysis
 COPY agents agents
 COPY compose compose
-RUN pip install --no-cache-dir -e ".${EXTRAS:+[$EXTRAS]}"
+RUN pip install --no-cache-dir -e ".${EXTRAS:+[$EXTRAS]}" -c constraints.txt
 
 # No root needed for load or the demo target
 RUN useradd --create-home kneeswarm && mkdir -p /runs && chown kneeswarm /runs

@@ -3,19 +3,22 @@ VENV   ?= .venv
 PYTHON ?= python3
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-stamp
+# the versions the suite passes with: make and CI install them; pyproject.toml keeps users' ranges
+CONSTRAINTS = constraints.txt
 # Debian packages the tests run for real: pidstat (sysstat), vmstat (procps), a real sshd
 # (openssh-server), clock-shifted agents (faketime), network namespaces (iproute2), the web UI
 # in a headless browser (chromium, driven by playwright with its executable path: never
-# `playwright install`), a minimal container's userland for the shell agent (busybox).
-DEBS    = sysstat procps openssh-server faketime iproute2 chromium busybox
+# `playwright install`), a minimal container's userland for the shell agent (busybox), a
+# TLS-terminating proxy (nginx, run from a test's own config, never the system service).
+DEBS    = sysstat procps openssh-server faketime iproute2 chromium busybox nginx
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast bench debs clean
+.PHONY: demo test test-fast bench debs clean constraints
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[demo,test]'
+	$(PY) -m pip install -q -e '.[demo,test]' -c $(CONSTRAINTS)
 	touch $@
 
 demo: $(STAMP)
@@ -41,11 +44,17 @@ debs:
 	command -v ip >/dev/null 2>&1      || missing="$$missing iproute2"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v busybox >/dev/null 2>&1 || missing="$$missing busybox"; \
+	command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx || missing="$$missing nginx"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
+
+# After a change of dependencies: record the versions of a venv the whole suite passed in.
+constraints: $(STAMP)
+	{ sed -n '/^#/p' $(CONSTRAINTS); $(PY) -m pip freeze --exclude-editable | grep -v '^#'; } > $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

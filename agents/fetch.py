@@ -3,7 +3,10 @@ final fetch verified against the agent's MANIFEST.json.
 
 A final fetch that fails, or files that do not match their checksums, are not only a warning:
 ``lost["unverified_files"]`` counts them and ``verified`` stays False (the host's meta then says
-``complete: false``); the remote directory is kept so that nothing is lost for good.
+``complete: false``); the remote directory is kept so that nothing is lost for good.  A verified
+directory that cannot be removed is no loss, but it is not silent either: ``info["kept"]`` and
+``info["removal_error"]``, a warning, and the host's meta ``left_on_server`` (the run is then
+reported incomplete, exit 1: a pipeline must learn that the server still holds its files).
 """
 
 from __future__ import annotations
@@ -169,8 +172,17 @@ class Fetcher:
             return
         logger.info("%s: %d files (%d bytes) verified against MANIFEST.json", self.link.label, len(files), total)
         if not self.keep_remote:
-            try:
-                self.link.retry(lambda: self.link.t.remove_tree(self.link.remote_dir), RECONNECT_WINDOW,
-                                "removal of the agent directory")
-            except AgentError as e:
-                logger.warning("%s: %s", self.link.label, e)
+            self._remove_remote()
+
+    def _remove_remote(self) -> None:
+        """Remove the verified agent directory; one that stays is said in ``info`` (``kept``,
+        ``removal_error``), in the warnings, and as ``left_on_server`` in the host's meta."""
+        try:
+            self.link.retry(lambda: self.link.t.remove_tree(self.link.remote_dir), RECONNECT_WINDOW,
+                            "removal of the agent directory")
+        except AgentError as e:
+            why = self.link.bare(e)
+            self.info.update(kept=True, removal_error=why)
+            self.warnings.add(f"the agent directory {self.link.remote_dir} could not be removed ({why}): "
+                              "its files stay on the host; remove it by hand")
+            logger.error("%s: removal of %s failed: %s", self.link.label, self.link.remote_dir, why)

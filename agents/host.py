@@ -149,6 +149,8 @@ class HostAgent:
             "clock": {**self.clock.to_dict(), "errors": self.deploy.clock_errors},
             "stop": self.deploy.stop_info,
             "fetch": self.fetch_info,
+            # a verified agent directory that could not be removed: still on the server
+            "left_on_server": self.remote_dir if self.fetch_info.get("removal_error") else None,
             "parse": self.parse_info,
             "parsed_verified": self.parsed_verified,
             "reconnects": self.link.reconnects,

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from agents.errors import AgentError, TransportError
 from agents.transport import CommandResult, EchoChannel, Transport
@@ -120,7 +121,23 @@ class LocalTransport(Transport):
             return f.read(length)
 
     def remove_tree(self, path: str) -> None:
-        shutil.rmtree(path, ignore_errors=True)
+        """Remove an agent directory; AgentError (one line) when any of it stays (one already
+        gone is removed)."""
+        if not os.path.lexists(path):
+            return
+        errors: list[str] = []
+
+        def failed(_func: Any, where: str, exc: Any) -> None:  # exc: the exception (onexc) or exc_info (onerror)
+            e = exc[1] if isinstance(exc, tuple) else exc
+            errors.append(f"{where}: {getattr(e, 'strerror', None) or e}")
+
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(path, onexc=failed)
+        else:
+            shutil.rmtree(path, onerror=failed)
+        if errors:
+            raise AgentError(f"{self.label}: removal of {path} failed: {errors[0]}"
+                             + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
 
     def open_echo(self, argv: list[str]) -> EchoChannel:
         return LocalEcho(argv)

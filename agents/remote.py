@@ -386,17 +386,30 @@ class ProcfsSampler(Sampler):
 
 
 class PrometheusSampler(Sampler):
-    """Scrapes a /metrics URL (Prometheus text) with urllib; one JSON line per scrape."""
+    """Scrapes a /metrics URL (Prometheus text) with urllib; one JSON line per scrape.  ``tls``
+    (the plan's [endpoint] as agents/settings.py passes it): ``verify`` false checks no
+    certificate, ``cadata`` is the PEM text of the CAs to trust, ``headers`` go on each scrape."""
 
-    def __init__(self, name, path, interval, stopping, url: str):
+    def __init__(self, name, path, interval, stopping, url: str, tls: dict = None):
         super().__init__(name, path, interval, stopping)
         self.url = url
+        tls = tls or {}
+        self.headers = dict(tls.get("headers") or {})
+        self.context = None
+        if url.startswith("https://") and (tls.get("cadata") or tls.get("verify") is False):
+            import ssl
+
+            self.context = ssl.create_default_context(cadata=tls.get("cadata") or None)
+            if tls.get("verify") is False:
+                self.context.check_hostname = False
+                self.context.verify_mode = ssl.CERT_NONE
 
     def sample(self, t: float) -> "list[dict]":
         import urllib.request
 
         try:
-            with urllib.request.urlopen(self.url, timeout=max(0.5, self.interval * 0.8)) as r:
+            req = urllib.request.Request(self.url, headers=self.headers)
+            with urllib.request.urlopen(req, timeout=max(0.5, self.interval * 0.8), context=self.context) as r:
                 text = r.read(PROMETHEUS_MAX_BYTES).decode("utf-8", "replace")
             return [{"t": round(t, 3), "url": self.url, "text": text}]
         except Exception as e:
@@ -450,8 +463,240 @@ class NvmlSampler(Sampler):
         return row
 
 
+# -- cgroup: the monitored process's limits and throttling (collectors/cgroup.py) ------------------
+# Written for Python 3.6 as well: no annotations, no walrus, no dataclasses.
+CGROUP_UNLIMITED = 1 << 62  # v1's "no memory limit" is PAGE_COUNTER_MAX x page size (~2^63)
+CGROUP_FS_VERSION = {"cgroup": 1, "cgroup2": 2}  # mountinfo file system type -> cgroup version
+
+
+def _unescape_mount(path):
+    """A mountinfo path with its octal escapes (\\040 for a space) decoded."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), path)
+
+
+def cgroup_mounts(mountinfo):
+    """{controller: (mount root, mount point)} of the cgroup v1 mounts in a mountinfo text, with
+    "" for the cgroup2 (unified) mount; the first mount of each wins."""
+    out = {}
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 5 or len(tail) < 3:
+            continue
+        root, point = _unescape_mount(fields[3]), _unescape_mount(fields[4])
+        version = CGROUP_FS_VERSION.get(tail[0])
+        if version == 2:
+            out.setdefault("", (root, point))
+        elif version == 1:
+            for opt in tail[2].split(","):
+                if opt not in ("rw", "ro") and "=" not in opt:
+                    out.setdefault(opt, (root, point))
+    return out
+
+
+def cgroup_paths(text):
+    """{controller: cgroup path} from /proc/PID/cgroup ("" for the v2 line "0::/path")."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            out.setdefault("", parts[2])
+        for c in parts[1].split(","):
+            if c and "=" not in c:
+                out.setdefault(c, parts[2])
+    return out
+
+
+def cgroup_dir(mounts, paths, controller, v2_file):
+    """(version, directory) of ``controller`` for the process: its v1 hierarchy where one is
+    mounted, else the unified (v2) one where ``v2_file`` exists there; (None, None) otherwise."""
+    for key, version in ((controller, 1), ("", 2)):
+        if key not in mounts or key not in paths:
+            continue
+        root, point = mounts[key]
+        path = paths[key]
+        rel = os.path.relpath(path, root) if (path + "/").startswith(root.rstrip("/") + "/") else "."
+        d = os.path.normpath(os.path.join(point, rel))
+        if version == 1 or os.path.exists(os.path.join(d, v2_file)):
+            return version, d
+    return None, None
+
+
+def _cgroup_levels(d, top):
+    """``d`` and its ancestors up to the mount point ``top``, innermost first."""
+    out = [d]
+    while d != top and len(d) > len(top):
+        d = os.path.dirname(d)
+        out.append(d)
+    return out
+
+
+def _read_first(d, names):
+    for n in names:
+        try:
+            return _read_text(os.path.join(d, n)).strip()
+        except OSError:
+            continue
+    return None
+
+
+def _int_or_none(text):
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def cpuset_count(text):
+    """The number of CPUs in a cpuset list ("0-3,8,10-11" -> 7); None for an empty or bad list."""
+    n = 0
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        try:
+            n += int(hi or lo) - int(lo) + 1
+        except ValueError:
+            return None
+    return n or None
+
+
+def _cpu_quota(version, d):
+    """(quota us, period us) of one level; quota None when unlimited."""
+    if version == 2:
+        parts = (_read_first(d, ["cpu.max"]) or "").split()
+        if len(parts) == 2:
+            return _int_or_none(parts[0]), _int_or_none(parts[1])
+        return None, None
+    q, p = _int_or_none(_read_first(d, ["cpu.cfs_quota_us"])), _int_or_none(_read_first(d, ["cpu.cfs_period_us"]))
+    return (q if q is not None and q > 0 else None), p
+
+
+def _cpu_stat(d):
+    out = {}
+    for line in (_read_first(d, ["cpu.stat"]) or "").splitlines():
+        k, _, v = line.partition(" ")
+        n = _int_or_none(v.strip())
+        if n is not None:
+            out[k] = n
+    return out
+
+
+class CgroupSampler(Sampler):
+    """The monitored process's cgroup (v1 or v2): CPU quota and period, cpuset, memory limit and
+    use, and the cumulative throttling counters of the level whose quota binds.
+
+    Where a CPU quota is set when it starts, it samples every ``throttle_interval`` seconds (when
+    shorter than its interval), since throttling is read over step windows whose ends need finer
+    samples: every sample between two full ones reads only the throttling counters (cpu.stat, and
+    cpuacct.usage where it is there), the full ones come at the given interval."""
+
+    def __init__(self, name, path, interval, stopping, pid, throttle_interval=None):
+        super().__init__(name, path, interval, stopping)
+        self.pid = int(pid)
+        self.throttle_interval = throttle_interval
+        self.full_every = 1  # one full sample in this many
+        self.fast = None  # (version, directory, reads cpuacct.usage) of the counters, between full samples
+        self.k = 0
+        self.mounts = {}
+        self.mountinfo_file = "/proc/self/mountinfo"
+        self.cgroup_file = "/proc/%d/cgroup" % self.pid
+        self._gone_reported = False
+
+    def setup(self):
+        try:
+            self.mounts = cgroup_mounts(_read_text(self.mountinfo_file))
+        except OSError:
+            self.mounts = {}
+        if self.throttle_interval and float(self.throttle_interval) < self.interval:
+            probe = {}
+            try:
+                self.read(cgroup_paths(_read_text(self.cgroup_file)), probe)
+            except OSError:
+                pass
+            if probe.get("quota_us"):
+                self.full_every = max(1, int(round(self.interval / float(self.throttle_interval))))
+                self.interval = self.interval / self.full_every
+
+    def read(self, paths, row):
+        """Add to ``row`` what the cgroup files say for the cgroup ``paths`` of /proc/PID/cgroup."""
+        self._cpu(paths, row)
+        self._cpuset_memory(paths, row)
+
+    def _counters(self, version, stat_dir, acct, row):
+        st = _cpu_stat(stat_dir)
+        row.update(cpu_dir=stat_dir, nr_periods=st.get("nr_periods"), nr_throttled=st.get("nr_throttled"),
+                   throttled_ns=st.get("throttled_time") if version == 1 else
+                   (st["throttled_usec"] * 1000 if "throttled_usec" in st else None))
+        if version == 2 and "usage_usec" in st:
+            row["usage_ns"] = st["usage_usec"] * 1000
+        elif version == 1 and acct:  # present where cpuacct is mounted with cpu (the usual "cpu,cpuacct")
+            row["usage_ns"] = _int_or_none(_read_first(stat_dir, ["cpuacct.usage"]))
+
+    def _cpu(self, paths, row):
+        version, d = cgroup_dir(self.mounts, paths, "cpu", "cpu.max")
+        if d is None:
+            return
+        top = self.mounts["cpu" if version == 1 else ""][1]
+        best, stat_dir = None, d
+        for level in _cgroup_levels(d, top):  # the tightest quota of the process and its ancestors
+            quota, period = _cpu_quota(version, level)
+            if quota and period and (best is None or quota / period < best[0] / best[1]):
+                best, stat_dir = (quota, period), level
+        if best is None:
+            best = (None, _cpu_quota(version, d)[1])
+        row.update(version=version, quota_us=best[0], period_us=best[1])
+        acct = version == 1 and os.path.exists(os.path.join(stat_dir, "cpuacct.usage"))
+        self._counters(version, stat_dir, acct, row)
+        self.fast = (version, stat_dir, acct)
+
+    def _cpuset_memory(self, paths, row):
+        version, d = cgroup_dir(self.mounts, paths, "cpuset", "cpuset.cpus.effective")
+        if d is not None:
+            names = ["cpuset.cpus.effective", "cpuset.cpus"] if version == 2 else ["cpuset.effective_cpus", "cpuset.cpus"]
+            row["cpuset"] = _read_first(d, names)
+            row["cpuset_n"] = cpuset_count(row["cpuset"])
+        version, d = cgroup_dir(self.mounts, paths, "memory", "memory.max")
+        if d is None:
+            return
+        limits = []
+        for level in _cgroup_levels(d, self.mounts["memory" if version == 1 else ""][1]):
+            v = _int_or_none(_read_first(level, ["memory.max" if version == 2 else "memory.limit_in_bytes"]))
+            if v is not None and v < CGROUP_UNLIMITED:
+                limits.append(v)
+        row["mem_limit"] = min(limits) if limits else None
+        row["mem_usage"] = _int_or_none(_read_first(d, ["memory.current" if version == 2 else "memory.usage_in_bytes"]))
+
+    def sample(self, t):
+        self.k += 1
+        if self.fast is not None and (self.k - 1) % self.full_every:
+            row = {"t": round(t, 3), "pid": self.pid}
+            self._counters(self.fast[0], self.fast[1], self.fast[2], row)
+            return [row]
+        try:
+            paths = cgroup_paths(_read_text(self.cgroup_file))
+        except OSError as e:
+            self.fast = None
+            if self._gone_reported:
+                return []
+            self._gone_reported = True
+            return [{"t": round(t, 3), "pid": self.pid, "error": "process gone (%s)" % (e.strerror or e)}]
+        row = {"t": round(t, 3), "pid": self.pid, "ncpu": os.cpu_count()}
+        self.read(paths, row)
+        if "version" not in row and "cpuset" not in row and "mem_limit" not in row:
+            if self._gone_reported:
+                return []
+            self._gone_reported = True  # said once, not at every sample
+            return [{"t": row["t"], "pid": self.pid, "error": "no cgroup hierarchy of the process is mounted here"}]
+        return [row]
+
+
 #: The samplers this agent implements, by the name a collector's ``sampler`` gives.
-SAMPLERS: "dict[str, type[Sampler]]" = {"procfs": ProcfsSampler, "nvml": NvmlSampler, "prometheus": PrometheusSampler}
+SAMPLERS: "dict[str, type[Sampler]]" = {"procfs": ProcfsSampler, "nvml": NvmlSampler, "prometheus": PrometheusSampler,
+                                        "cgroup": CgroupSampler}
 
 
 # -- the agent daemon ------------------------------------------------------------------------

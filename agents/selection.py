@@ -53,7 +53,7 @@ def select(facts: dict[str, Any], requested: list[str] | None, pid: int | None, 
                              f"(known: {', '.join(sorted(COLLECTORS))})")
     names = list(requested) if requested is not None else [n for n, c in COLLECTORS.items() if c.default]
     names.sort(key=lambda n: COLLECTORS[n].instead_of is not None)  # stand-ins after what they stand in for
-    ctx = HostContext(facts, pid, settings.interval, settings.metrics_url)
+    ctx = HostContext(facts, pid, settings.interval, settings.metrics_url, settings.metrics_tls)
     sel = Selection()
     for name in names:
         c = COLLECTORS[name]

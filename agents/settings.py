@@ -5,9 +5,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-from kneeswarm.plan import Plan
+from kneeswarm.plan import HEARTBEAT_TIMEOUT, Plan
 
 #: Added to the plan's duration for the agent's own time limit (the controller stops it first).
 MAX_DURATION_MARGIN = 180.0
@@ -16,9 +18,11 @@ MAX_DURATION_MARGIN = 180.0
 @dataclass(frozen=True)
 class AgentSettings:
     interval: float = 1.0  # seconds between samples (plan.monitor.interval)
-    heartbeat_timeout: float = 30.0  # the agent stops when the controller is silent this long
+    heartbeat_timeout: float = HEARTBEAT_TIMEOUT  # the agent stops when the controller is silent this long
     max_duration: float = 3600.0  # seconds the load is planned to last
     metrics_url: str | None = None  # a host that lists ``prometheus`` scrapes this
+    #: how a host's own scrape reaches metrics_url (``metrics_tls``): {verify, cadata, headers}
+    metrics_tls: dict[str, Any] = field(default_factory=dict)
     accept_new_host_keys: bool = False  # record an unknown SSH host key once (accept-new)
 
     @property
@@ -30,4 +34,23 @@ class AgentSettings:
     def from_plan(cls, plan: Plan, accept_new_host_keys: bool = False) -> AgentSettings:
         return cls(interval=plan.monitor.interval, heartbeat_timeout=plan.monitor.heartbeat_timeout,
                    max_duration=plan.step_durations(), metrics_url=plan.metrics_url,
-                   accept_new_host_keys=accept_new_host_keys)
+                   metrics_tls=metrics_tls(plan), accept_new_host_keys=accept_new_host_keys)
+
+
+def metrics_tls(plan: Plan) -> dict[str, Any]:
+    """The plan's [endpoint] as a host's own scrape of metrics_url can use it: ``verify``, the CA
+    bundle's text (``cadata``: the file is on this machine) and the headers written in the plan
+    where metrics_url is the target's origin.  Not sent to a host: the client certificate's key
+    and ``headers_env`` values (secrets stay on the load machine; the agent's config is a file
+    there); {} when nothing applies."""
+    e = plan.endpoint
+    out: dict[str, Any] = {}
+    if plan.metrics_url and plan.metrics_url.startswith("https://"):
+        if not e.verify:
+            out["verify"] = False
+        if e.ca_bundle:
+            out["cadata"] = Path(e.ca_bundle).read_text()
+    headers = plan.metrics_headers(secrets=False)
+    if headers:
+        out["headers"] = headers
+    return out

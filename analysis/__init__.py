@@ -34,14 +34,15 @@ from analysis.findings import explain
 from analysis.gates import add_gates, write_junit
 from analysis.hostfacts import host_facts
 from analysis.inputs import RunInputs, load_inputs
-from analysis.knee import find_knee, find_latency_knee, find_peak, find_tokens_knee
+from analysis.knee import find_knee, find_latency_knee, find_peak, find_tokens_knee, kneedle_warnings
 from analysis.loop import load_facts
 from analysis.loadstats import data_loss_reasons, generator_cpu, step_stats, validate_steps
 from analysis.problems import collect
 from analysis.report import render_html
 from analysis.serverstats import server_metrics
 from analysis.streaming import ITL_COLUMNS, count_reasons, goodput_limits, has_streaming
-from analysis.summary import build_summary, jsonable, step_records, to_json, to_markdown, workload_facts
+from analysis.summary import (build_summary, endpoint_facts, jsonable, step_records, to_json, to_markdown,
+                              workload_facts)
 from analysis.target import PROMETHEUS_STREAM, target_series_used
 from analysis.trust import add_reasons, sla_error_rate, trust_reasons
 from analysis.workers import lost_worker_reasons, worker_table
@@ -84,24 +85,29 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
         rec["workers"] = per_worker
     if n and not n_ok:
         inputs.warnings.add(f"no request succeeded ({n:,} requests, all failed): no step is valid")
+    knee, latency_knee, extras = find_knee(users, qps), find_latency_knee(users, p99), llm_extras(good, inputs.plan, has_streaming(stats))
+    for line in kneedle_warnings(knee=knee, latency_knee=latency_knee, tokens_knee=extras.get("tokens_knee")):
+        inputs.warnings.add(line)
     summary = build_summary(
         run_id=inputs.run_id,
         meta=inputs.meta,
         settings={"settle": s.settle, "min_requests": s.min_requests, "generator_cpu_max": s.generator_cpu_max},
         steps=records,
-        knee=find_knee(users, qps),
-        latency_knee=find_latency_knee(users, p99),
+        knee=knee,
+        latency_knee=latency_knee,
         peak=find_peak(users, qps),
         totals={"requests": n, "errors": n - n_ok,
                 "steps": len(stats), "valid_steps": int(stats["valid"].sum())},
-        hosts=host_facts(inputs.meta, inputs.hosts, inputs.parse),
+        hosts=host_facts(inputs.meta, inputs.hosts, inputs.parse,
+                         cgroups={h: st["cgroup"] for h, st in inputs.hosts.items() if "cgroup" in st}),
         workers=workers,
         target_series={h: used for h, streams in sorted(inputs.hosts.items())
                         if (used := target_series_used(streams.get(PROMETHEUS_STREAM)))},
         problems=collect(inputs.meta, inputs.warnings.to_list(), inputs.lost),
         load=load_facts(inputs.plan),
         workload=workload_facts(inputs.plan),
-        **llm_extras(good, inputs.plan, has_streaming(stats)),
+        endpoint=endpoint_facts(inputs.plan),
+        **extras,
     )
     return add_explanations(summary, inputs.plan)
 
@@ -138,12 +144,13 @@ def analyze(run_dir: str | Path) -> dict[str, Any]:
     """Analyse a run directory; write report/summary.json, summary.md, index.html; return the summary."""
     inputs = load_inputs(run_dir)
     summary = summarize(inputs)
-    report = inputs.run_dir.report_dir
+    run = inputs.run_dir
+    report = run.report_dir
     write_junit(summary, report)
-    write_text(report / "summary.json", to_json(summary))
-    write_text(report / "summary.md", to_markdown(summary))
+    write_text(run.summary_path, to_json(summary))
+    write_text(run.summary_md_path, to_markdown(summary))
     scan = inputs.scan
-    write_text(report / "index.html", render_html(summary, scan.timeline, inputs.generator, inputs.hosts, scan.t0,
+    write_text(run.report_path, render_html(summary, scan.timeline, inputs.generator, inputs.hosts, scan.t0,
                                                   scan.bin_s))
     logger.info("%s: knee %s, peak %s; report in %s", inputs.run_id, summary["knee"], summary["peak"], report)
     return summary

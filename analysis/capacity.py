@@ -25,11 +25,13 @@ import logging
 import math
 from typing import Any
 
+from kneeswarm import outcome
+
 logger = logging.getLogger(__name__)
 
-# Exit code of a run whose SLA gate failed: distinct from 0 done, 1 incomplete, 2 bad input,
-# 130 interrupted (DESIGN.md) and from compare's EXIT_REGRESSION (4).  k6 uses 99 for the same idea.
-EXIT_SLA_FAILED = 3
+# Exit code of a run whose SLA gate failed (kneeswarm.outcome: the one table of exit codes; k6 uses
+# 99 for the same idea).
+EXIT_SLA_FAILED = outcome.EXIT_SLA_FAILED
 
 # [sla] key -> where a step carries the value it limits (a dotted path into the step dict; the first
 # present wins).  Every limit is an upper bound.  ttft_ms / itl_ms limit the step's P99 of the

@@ -33,19 +33,16 @@ from analysis import bootstrap
 from analysis.compare_report import compare_html, compare_markdown
 from analysis.findings import explain
 from analysis.usl import fit_usl
-from kneeswarm.rundir import RunDir, RunDirError
+from kneeswarm.outcome import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REGRESSION
+from kneeswarm.rundir import COMPARE_DIR, COMPARE_HTML, COMPARE_JSON, COMPARE_MD, JUNIT_FILE, RunDir, RunDirError
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["compare_runs", "compare_summaries", "compare_markdown", "compare_html", "main_compare",
            "EXIT_REGRESSION", "MIN_RELATIVE_CHANGE"]
 
-# Exit code of `compare --fail-on-regression` on a regression: distinct from 0 done, 1 incomplete,
-# 2 bad input, 130 interrupted (DESIGN.md) and from the SLA gate's 3 (analysis.capacity).
-EXIT_REGRESSION = 4
-EXIT_INCOMPLETE = 1
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
+# Exit codes (kneeswarm.outcome, the one table): EXIT_REGRESSION of `compare --fail-on-regression`
+# on a regression; EXIT_FAILED when the comparison could not be written.
 # A change smaller than this share of the base is not significant, however narrow its interval:
 # the interval measures the sampling noise within a run, not the drift between two runs of the same
 # configuration.  Measured here (tests/test_compare.py, knee-mode demo target run twice on a shared
@@ -62,7 +59,7 @@ USL_KEYS = ("sigma", "kappa", "lambda", "n_star", "peak", "r2")
 # -- loading -------------------------------------------------------------------------------------
 def load_summary(run: RunDir) -> dict[str, Any]:
     """report/summary.json, or, when the run was never analysed, the summary computed now."""
-    path = run.report_dir / "summary.json"
+    path = run.summary_path
     if path.exists():
         try:
             return json.loads(path.read_text())
@@ -75,10 +72,16 @@ def load_summary(run: RunDir) -> dict[str, Any]:
 
 
 def load_plan(run: RunDir) -> dict[str, Any] | None:
+    """The run's plan.toml; None when the run has none (its findings use the default settings).
+    One that is there but cannot be read is bad input (RunDirError, one line): comparing with
+    the defaults in its place would judge the run by limits it did not set."""
     try:
         return tomllib.loads(run.plan_path.read_text())
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+    except FileNotFoundError:
         return None
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        why = " ".join(str(exc).split()) or type(exc).__name__
+        raise RunDirError(f"{run.plan_path}: unreadable ({why})") from None
 
 
 def _num(x: Any) -> float | None:
@@ -226,7 +229,8 @@ def _run_info(run: RunDir, summary: dict[str, Any]) -> dict[str, Any]:
 
 def compare_runs(base_dir: str | Path, new_dir: str | Path, *, resamples: int = bootstrap.RESAMPLES,
                  seed: int = bootstrap.SEED, max_rows: int = bootstrap.MAX_ROWS_PER_STEP) -> dict[str, Any]:
-    """Compare two run directories; raises RunDirError (one line) when one is not a run directory.
+    """Compare two run directories; raises RunDirError (one line) when one is not a run directory
+    or its plan.toml is unreadable.
 
     Returns ``{base, new, settings, steps[], unmatched {base_only, new_only}, knee, peak, usl,
     findings {appeared, vanished, persisted, rule_errors}, verdict, reasons[], warnings[]}``; each
@@ -234,6 +238,7 @@ def compare_runs(base_dir: str | Path, new_dir: str | Path, *, resamples: int = 
     ``{base, new, delta, rel, ci [lo, hi], significant, direction, min_relative_change}``.
     """
     runs = [RunDir.open(base_dir), RunDir.open(new_dir)]
+    plans = [load_plan(r) for r in runs]  # before any work: an unreadable plan is bad input
     summaries = [load_summary(r) for r in runs]
     by = [steps_by_users(s) for s in summaries]
     common = sorted(set(by[0]) & set(by[1]))
@@ -252,8 +257,11 @@ def compare_runs(base_dir: str | Path, new_dir: str | Path, *, resamples: int = 
                            "max_rows_per_step": max_rows, "min_relative_change": dict(MIN_RELATIVE_CHANGE)},
               "steps": steps, "unmatched": {"base_only": [by[0][u].get("users") for u in sorted(set(by[0]) - set(by[1]))],
                                             "new_only": [by[1][u].get("users") for u in sorted(set(by[1]) - set(by[0]))]},
-              **compare_summaries(summaries[0], summaries[1], load_plan(runs[0]), load_plan(runs[1])),
+              **compare_summaries(summaries[0], summaries[1], plans[0], plans[1]),
               "verdict": verdict, "reasons": reasons, "warnings": warnings}
+    for which, run, plan in (("base", runs[0], plans[0]), ("new", runs[1], plans[1])):
+        if plan is None:
+            warnings.append(f"the {which} run has no plan.toml ({run.plan_path}): its findings used the default settings")
     for which, s in (("base", summaries[0]), ("new", summaries[1])):
         if s.get("complete") is False:
             lost = ", ".join(f"{k}={v}" for k, v in sorted((s.get("lost") or {}).items()))
@@ -303,10 +311,10 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
     """compare.json, compare.md, compare.html and junit.xml in ``out``."""
     from analysis.junit import junit_xml
 
-    _write(out / "compare.json", json.dumps(plain(result), indent=2, default=str, allow_nan=False) + "\n")
-    _write(out / "compare.md", compare_markdown(result))
-    _write(out / "compare.html", compare_html(result))
-    _write(out / "junit.xml", junit_xml(None, result))
+    _write(out / COMPARE_JSON, json.dumps(plain(result), indent=2, default=str, allow_nan=False) + "\n")
+    _write(out / COMPARE_MD, compare_markdown(result))
+    _write(out / COMPARE_HTML, compare_html(result))
+    _write(out / JUNIT_FILE, junit_xml(None, result))
 
 
 def main_compare(argv: list[str] | None = None) -> int:
@@ -319,18 +327,18 @@ def main_compare(argv: list[str] | None = None) -> int:
         if result["verdict"] == NOT_COMPARABLE:
             print(f"kneeswarm compare: {args.base} and {args.new}: no step is valid in both runs", file=sys.stderr)
             return EXIT_BAD_INPUT
-        write_outputs(result, Path(args.out) if args.out else RunDir(args.new).report_dir / "compare")
+        write_outputs(result, Path(args.out) if args.out else RunDir(args.new).report_dir / COMPARE_DIR)
     except RunDirError as exc:
         print(f"kneeswarm compare: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except OSError as exc:  # the output folder cannot be written: the comparison did not complete
         print(f"kneeswarm compare: cannot write the comparison: {exc}", file=sys.stderr)
-        return EXIT_INCOMPLETE
+        return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     if not args.quiet:
         print(compare_markdown(result))
-    return EXIT_REGRESSION if args.fail_on_regression and result["verdict"] == REGRESSED else 0
+    return EXIT_REGRESSION if args.fail_on_regression and result["verdict"] == REGRESSED else EXIT_OK
 
 
 if __name__ == "__main__":

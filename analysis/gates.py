@@ -21,11 +21,10 @@ from typing import Any
 
 from analysis.capacity import MIN_QPS_KEY, SLA_STEP_KEYS, capacity_lines, capacity_plan, sla_check
 from analysis.junit import junit_xml
-from kneeswarm.rundir import write_text
+from kneeswarm.rundir import JUNIT_FILE, write_text
 
 logger = logging.getLogger(__name__)
 
-JUNIT_NAME = "junit.xml"
 SLA_TITLE, CAPACITY_TITLE = "SLA", "Capacity plan"
 SLA_KEYS = (*SLA_STEP_KEYS, MIN_QPS_KEY)
 NO_SLA_TEXT = f"no SLA set: add an [sla] table to the plan ({', '.join(SLA_KEYS)})"
@@ -70,7 +69,7 @@ def add_gates(summary: dict[str, Any], plan: Any) -> dict[str, Any]:
 
 def write_junit(summary: dict[str, Any], report_dir: str | Path) -> None:
     """``report_dir``/junit.xml: one test case per SLA check (one skipped case without an SLA)."""
-    write_text(Path(report_dir) / JUNIT_NAME, junit_xml(summary.get("sla") or no_sla()))
+    write_text(Path(report_dir) / JUNIT_FILE, junit_xml(summary.get("sla") or no_sla()))
 
 
 # -- Markdown -------------------------------------------------------------------------------------

@@ -8,6 +8,12 @@ From meta.json (any key may be absent; nothing here raises on a partial meta):
 * ``hosts[label]["clock"]``: the clock offsets measured before and after the run, their error
   bounds and the drift between them;
 * ``hosts[label]["parse"]``: per collector, lines read and lines skipped as malformed;
+* the host's ``cgroup`` table (collectors/cgroup.py), when its agent sampled the monitored
+  process's cgroup: ``service`` {``cpus`` (the CPUs the service may use: the smallest of the
+  cgroup's CPU quota / period, its cpuset and the host's logical CPUs), ``bound`` ("quota",
+  "cpuset" or "host": which of the three it is), ``quota_cpus``, ``cpuset_cpus``, ``host_cpus``,
+  ``memory_limit_mb``, ``cgroup_version``}; a host with logical CPUs but no cgroup samples gets
+  ``service`` {cpus: its logical CPUs, bound: "host"};
 * ``target_metrics`` (the conductor's scraper of the target's /metrics, written to
   ``hosts/<its host>/``, ``rundir.TARGET_HOST`` by default): url, scrapes, ok, failed, last_error, and its
   parse counts (added to that host's ``parse`` as "prometheus").
@@ -20,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from kneeswarm.rundir import TARGET_HOST, safe_name
 
@@ -97,6 +103,43 @@ def parse_counts(parse: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+# In the order a tie is named: a limit equal to the host's CPUs binds nothing (a cpuset of every
+# CPU is the default), and a quota equal to a cpuset is named, as it is the one that throttles.
+SERVICE_BOUNDS = ("host", "quota", "cpuset")
+
+
+def _tightest(cgroup: Any, column: str) -> float | None:
+    """The smallest positive finite value of a cgroup table column over the run, None without one
+    (or without a table): limits rarely change during a run; where one did, the tightest bounded
+    the service."""
+    try:
+        values = [float(v) for v in cgroup[column]]
+    except (KeyError, TypeError, ValueError):
+        return None
+    finite = [v for v in values if math.isfinite(v) and v > 0]
+    return min(finite) if finite else None
+
+
+def service_limits(cgroup: Any, host_cpus: float | None) -> dict[str, Any]:
+    """``service`` facts from a cgroup table (None: none sampled) and the host's logical CPUs."""
+    limits = {"quota": _tightest(cgroup, "quota_cpus"), "cpuset": _tightest(cgroup, "cpuset_cpus"),
+              "host": host_cpus if host_cpus is not None and host_cpus > 0 else None}
+    known = [(limits[b], b) for b in SERVICE_BOUNDS if limits[b] is not None]
+    out: dict[str, Any] = {}
+    if known:
+        cpus, bound = min(known, key=lambda vb: vb[0])  # min keeps the first of equals
+        out.update(cpus=cpus, bound=bound)
+    for key, bound in (("quota_cpus", "quota"), ("cpuset_cpus", "cpuset"), ("host_cpus", "host")):
+        if limits[bound] is not None:
+            out[key] = limits[bound]
+    mem, version = _tightest(cgroup, "memory_limit_mb"), _tightest(cgroup, "version")
+    if mem is not None:
+        out["memory_limit_mb"] = mem
+    if version is not None:
+        out["cgroup_version"] = int(version)
+    return out
+
+
 def host_facts_one(preflight: dict[str, Any], host_meta: dict[str, Any]) -> dict[str, Any]:
     """The facts of one host from its preflight dict and its meta.json["hosts"] entry."""
     facts = {**_dict(host_meta.get("facts")), **_dict(preflight)}  # the preflight wins where both say
@@ -136,9 +179,11 @@ def host_facts_one(preflight: dict[str, Any], host_meta: dict[str, Any]) -> dict
 
 
 def host_facts(meta: dict[str, Any], data_hosts: Iterable[str] = (),
-               rebuilt: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+               rebuilt: dict[str, dict[str, Any]] | None = None,
+               cgroups: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """{host dir name: facts} over the hosts in meta.json and those with data under hosts/;
-    ``rebuilt``: {host: parse stats} of hosts whose raw files analysis parsed again."""
+    ``rebuilt``: {host: parse stats} of hosts whose raw files analysis parsed again; ``cgroups``:
+    {host: its cgroup table} (the ``service`` facts)."""
     pre, hosts = _dict(meta.get("hosts_preflight")), _dict(meta.get("hosts"))
     out: dict[str, dict[str, Any]] = {}
     for label in sorted(set(pre) | set(hosts), key=str):
@@ -162,6 +207,11 @@ def host_facts(meta: dict[str, Any], data_hosts: Iterable[str] = (),
         parse = parse_counts(stats)
         if parse and not out.setdefault(h, {}).get("parse"):
             out[h]["parse"] = parse
+    cgroups = cgroups or {}
+    for h, facts in out.items():
+        service = service_limits(cgroups.get(h), _num(_dict(facts.get("cpu")).get("logical_cpus")))
+        if service:
+            facts["service"] = service
     return dict(sorted(out.items()))
 
 
@@ -211,6 +261,26 @@ def cpu_line(f: dict[str, Any]) -> str | None:
         else:
             parts.append("no GPU")
     return "; ".join(parts) or None
+
+
+BOUND_TEXT = {"quota": "the cgroup's CPU quota", "cpuset": "the cgroup's cpuset", "host": "the host's logical CPUs"}
+
+
+def service_line(f: dict[str, Any]) -> str | None:
+    """"CPUs the service may use: 0.5 (bound by the cgroup's CPU quota; ...)"; None when the host
+    bounds it and no cgroup limit was read (the CPU line already says so)."""
+    sv = f.get("service") or {}
+    if sv.get("cpus") is None or (sv.get("bound") == "host" and "cgroup_version" not in sv):
+        return None
+    others = [f"{what} {sv[key]:g}" for key, what in (("quota_cpus", "quota"), ("cpuset_cpus", "cpuset"),
+                                                        ("host_cpus", "host")) if sv.get(key) is not None]
+    line = (f"CPUs the service may use: {sv['cpus']:g} (bound by {BOUND_TEXT.get(sv.get('bound'), sv.get('bound'))}"
+            + (f"; {', '.join(others)}" if others else "") + ")")
+    if sv.get("memory_limit_mb") is not None:
+        line += f"; memory limit {sv['memory_limit_mb']:,.0f} MB"
+    if sv.get("cgroup_version") is not None:
+        line += f" (cgroup v{sv['cgroup_version']})"
+    return line
 
 
 def process_line(f: dict[str, Any]) -> str | None:
@@ -289,7 +359,7 @@ def host_lines(host: str, f: dict[str, Any]) -> list[str]:
     head = f"**{host}**" + (f" ({where})" if where else "")
     cpu = cpu_line(f)
     lines = [head + (f": {cpu}" if cpu else "")]
-    for line in (process_line(f), collectors_line(f), scraper_line(f), clock_line(f), parse_line(f)):
+    for line in (service_line(f), process_line(f), collectors_line(f), scraper_line(f), clock_line(f), parse_line(f)):
         if line:
             lines.append(line)
     not_run = {n for n, c in (f.get("collectors") or {}).items() if not c.get("enabled")}

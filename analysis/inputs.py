@@ -28,7 +28,7 @@ from kneeswarm.rundir import CLOCKS_FILE, STEP_COLUMNS, RunDir, UnreadablePart, 
 
 logger = logging.getLogger(__name__)
 
-HOST_STREAMS = ("vmstat", "process", "threads", "gpu")  # tables read from hosts/<host>/<table>[.<collector>].csv
+HOST_STREAMS = ("vmstat", "process", "threads", "gpu", "cgroup")  # tables read from hosts/<host>/<table>[.<collector>].csv
 GENERATOR_NEEDS = ("t", "cpu_pct")  # a generator CSV without these cannot feed the CPU guard
 
 

@@ -18,14 +18,16 @@ rule finds a knee and Kneedle disagrees or finds none, the rule wins (``"saturat
 ``"p99_rise"``) and Kneedle's answer is kept as ``kneedle_users``; when only Kneedle finds one,
 it is accepted if the curve really bends there (next doubling gains < ``KNEEDLE_CONFIRM_GAIN``
 QPS, or P99 rises by >= ``KNEEDLE_CONFIRM_RISE``), else ``method`` is ``"none"`` and ``users``
-is null (the service still scaled over the tested range).
+is null (the service still scaled over the tested range).  One function holds that policy for
+both curves (:func:`decide`).  Kneedle raising is not "no knee": the knee says ``kneedle_error``
+and the run's warnings name it (:func:`kneedle_warnings`).
 """
 
 from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -48,10 +50,12 @@ def _clean(users: Sequence[float], y: Sequence[float]) -> tuple[np.ndarray, np.n
     return u[order], v[order]
 
 
-def kneedle(users: np.ndarray, y: np.ndarray, curve: str, direction: str = "increasing") -> float | None:
-    """Kneedle on (log2 users, y); the users at the knee, or None."""
+def kneedle(users: np.ndarray, y: np.ndarray, curve: str,
+            direction: str = "increasing") -> tuple[float | None, str | None]:
+    """Kneedle on (log2 users, y): (the users at the knee or None, None), or (None, why) when
+    kneed raised -- a failure the caller records (``kneedle_error``), never a silent "no knee"."""
     if len(users) < KNEEDLE_MIN_POINTS or np.ptp(y) <= 0:
-        return None
+        return None, None
     from kneed import KneeLocator
 
     x = np.log2(users)
@@ -59,12 +63,13 @@ def kneedle(users: np.ndarray, y: np.ndarray, curve: str, direction: str = "incr
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # kneed warns "No knee/elbow found"
             knee = KneeLocator(x, y, curve=curve, direction=direction, S=KNEEDLE_S).knee
-    except Exception as e:  # a degenerate curve must not stop the analysis
-        logger.debug("kneedle failed on %s: %s", list(y), e)
-        return None
+    except Exception as e:  # a degenerate curve must not stop the analysis; it is said instead
+        why = f"{type(e).__name__}: {' '.join(str(e).split())}".rstrip(": ")
+        logger.warning("kneedle failed on %s: %s", list(y), why)
+        return None, why
     if knee is None:
-        return None
-    return float(users[int(np.argmin(np.abs(x - knee)))])
+        return None, None
+    return float(users[int(np.argmin(np.abs(x - knee)))]), None
 
 
 def gain_per_doubling(u0: float, q0: float, u1: np.ndarray, q1: np.ndarray) -> np.ndarray:
@@ -82,22 +87,37 @@ def saturation_knee(users: np.ndarray, qps: np.ndarray) -> float | None:
     return None
 
 
+def decide(u: np.ndarray, rule: float | None, kn: float | None, rule_method: str,
+           bends_after: Callable[[int], bool]) -> tuple[float | None, str]:
+    """The policy of the module docstring, for either curve: (users at the knee or None, method).
+    The rule wins (``"kneedle"`` when Kneedle agrees, else ``rule_method``); Kneedle alone is
+    believed only when ``bends_after(i)`` says the curve really bends after its step i."""
+    if rule is not None:
+        return rule, ("kneedle" if kn == rule else rule_method)
+    if kn is not None:
+        i = int(np.flatnonzero(u == kn)[0])
+        if i + 1 < len(u) and bends_after(i):
+            return kn, "kneedle"
+    return None, "none"
+
+
+def _with_kneedle(result: dict[str, Any], kn: float | None, error: str | None) -> None:
+    result["kneedle_users"] = kn
+    if error is not None:
+        result["kneedle_error"] = error
+
+
 def find_knee(users: Sequence[float], qps: Sequence[float]) -> dict[str, Any]:
-    """{users, qps, method, kneedle_users} for the throughput curve (valid steps only)."""
+    """{users, qps, method, kneedle_users[, kneedle_error]} for the throughput curve (valid steps
+    only); ``kneedle_error``: why Kneedle failed, when it did (the rule alone decided)."""
     u, q = _clean(users, qps)
     result: dict[str, Any] = {"users": None, "qps": None, "method": "none", "kneedle_users": None}
     if len(u) < 2:
         return result
-    kn = kneedle(u, q, curve="concave")
-    rule = saturation_knee(u, q)
-    result["kneedle_users"] = kn
-    chosen, method = None, "none"
-    if rule is not None:
-        chosen, method = rule, ("kneedle" if kn == rule else "saturation")
-    elif kn is not None:
-        i = int(np.flatnonzero(u == kn)[0])
-        if i + 1 < len(u) and gain_per_doubling(u[i], q[i], u[i + 1:i + 2], q[i + 1:i + 2])[0] < KNEEDLE_CONFIRM_GAIN:
-            chosen, method = kn, "kneedle"
+    kn, error = kneedle(u, q, curve="concave")
+    _with_kneedle(result, kn, error)
+    chosen, method = decide(u, saturation_knee(u, q), kn, "saturation", lambda i: gain_per_doubling(
+        u[i], q[i], u[i + 1:i + 2], q[i + 1:i + 2])[0] < KNEEDLE_CONFIRM_GAIN)
     if chosen is not None:
         i = int(np.flatnonzero(u == chosen)[0])
         result.update(users=_num(chosen), qps=float(q[i]), method=method)
@@ -109,8 +129,11 @@ def find_tokens_knee(users: Sequence[float], tokens_s: Sequence[float]) -> dict[
     tokens/s instead of requests/s (the same rules: a server that batches longer answers may keep
     gaining tokens/s after its requests/s flattened, or the reverse)."""
     knee = find_knee(users, tokens_s)
-    return {"users": knee["users"], "tokens_s": knee["qps"], "method": knee["method"],
-            "kneedle_users": knee["kneedle_users"]}
+    out = {"users": knee["users"], "tokens_s": knee["qps"], "method": knee["method"],
+           "kneedle_users": knee["kneedle_users"]}
+    if "kneedle_error" in knee:
+        out["kneedle_error"] = knee["kneedle_error"]
+    return out
 
 
 def p99_rise_knee(users: np.ndarray, p99: np.ndarray) -> tuple[float | None, float | None]:
@@ -123,27 +146,29 @@ def p99_rise_knee(users: np.ndarray, p99: np.ndarray) -> tuple[float | None, flo
 
 
 def find_latency_knee(users: Sequence[float], p99_ms: Sequence[float]) -> dict[str, Any]:
-    """{users, p99_ms, method, took_off_users, kneedle_users}: the last step before P99 took off."""
+    """{users, p99_ms, method, took_off_users, kneedle_users[, kneedle_error]}: the last step
+    before P99 took off."""
     u, p = _clean(users, p99_ms)
     result: dict[str, Any] = {"users": None, "p99_ms": None, "method": "none", "took_off_users": None,
                               "kneedle_users": None}
     if len(u) < 2:
         return result
-    kn = kneedle(u, p, curve="convex")
+    kn, error = kneedle(u, p, curve="convex")
+    _with_kneedle(result, kn, error)
     rule, took_off = p99_rise_knee(u, p)
-    result["kneedle_users"] = kn
     result["took_off_users"] = _num(took_off)
-    chosen, method = None, "none"
-    if rule is not None:
-        chosen, method = rule, ("kneedle" if kn == rule else "p99_rise")
-    elif kn is not None and took_off is None:
-        i = int(np.flatnonzero(u == kn)[0])
-        if i + 1 < len(u) and p[i + 1] >= KNEEDLE_CONFIRM_RISE * p[i]:
-            chosen, method = kn, "kneedle"
+    chosen, method = decide(u, rule, kn, "p99_rise",
+                            lambda i: took_off is None and p[i + 1] >= KNEEDLE_CONFIRM_RISE * p[i])
     if chosen is not None:
         i = int(np.flatnonzero(u == chosen)[0])
         result.update(users=_num(chosen), p99_ms=float(p[i]), method=method)
     return result
+
+
+def kneedle_warnings(**knees: dict[str, Any] | None) -> list[str]:
+    """One line per knee (by its summary key) whose Kneedle failed: for the run's warnings."""
+    return [f"{name}: Kneedle failed ({knee['kneedle_error']}); the rule alone decided (method "
+            f"{knee.get('method')})" for name, knee in knees.items() if knee and knee.get("kneedle_error")]
 
 
 def find_peak(users: Sequence[float], qps: Sequence[float]) -> dict[str, Any]:

@@ -5,7 +5,8 @@ each host's entry in meta.json["hosts"] (its ``warnings``, ``lost``, ``complete`
 collector ``error``); and what analysis itself found (unreadable files, defaults used, rows that
 had to be rebuilt).  A host's losses are keyed ``hosts.<label>.<what>``.  The run is reported
 complete only when meta.json says so, the run did not stop while "running", no host says it is
-incomplete and nothing was lost.  The report shows these lines before anything else.
+incomplete or that its agent directory was left on it (``left_on_server``: the removal failed)
+and nothing was lost.  The report shows these lines before anything else.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from kneeswarm.outcome import Ended
 from kneeswarm.rundir import WarningLog
 
 logger = logging.getLogger(__name__)
 
-RUNNING = "running"  # meta.json "ended" while the controller runs; still there if it was killed
+RUNNING = Ended.RUNNING  # meta.json "ended" while the controller runs; still there if it was killed
 
 
 @dataclass
@@ -96,6 +98,9 @@ def _host_problems(label: str, host: dict[str, Any], log: WarningLog, lost: dict
                 log.add(f"{label}: collector {name}: {c['error']}")
     if host.get("complete") is False:
         log.add(f"{label}: the host's data is incomplete")
+        return False
+    if host.get("left_on_server"):  # its data is home and verified, but the server keeps a copy
+        log.add(f"{label}: the agent directory {host['left_on_server']} was left on the host (its removal failed)")
         return False
     return True
 

@@ -2,9 +2,10 @@
 
 From the parsed host tables (collectors/): vmstat (host CPU, context switches, run queue),
 process (the monitored process, summed over its pids), threads (active threads, the busiest
-thread), gpu (SM and memory %, averaged over GPUs; framebuffer and power, summed) and the
-target's own /metrics (analysis.target).  Each value is the mean of the samples whose ``t``
-lies in the window (analysis.windows); ``fb_peak_mb`` is their largest.
+thread), gpu (SM and memory %, averaged over GPUs; framebuffer and power, summed), cgroup (the
+throttled share of CFS periods, the cgroup's CPU use) and the target's own /metrics
+(analysis.target).  Each value is the mean of the samples whose ``t`` lies in the window
+(analysis.windows); ``fb_peak_mb`` is their largest.
 """
 
 from __future__ import annotations
@@ -68,6 +69,50 @@ def thread_metrics(threads: pd.DataFrame | None, t_lo: np.ndarray, t_hi: np.ndar
                         t_lo, t_hi)
 
 
+CGROUP_MEANS = {"usage_cpus": "cgroup_cpus"}
+
+
+def _cumulative(cgroup: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """(sample times, the column's per-interval increases summed up to each sample), by time."""
+    t = cgroup["t"].to_numpy(dtype=float)
+    d = pd.to_numeric(cgroup[column], errors="coerce").to_numpy(dtype=float)
+    order = np.argsort(t, kind="stable")
+    t, d = t[order], d[order]
+    keep = np.isfinite(t)
+    return t[keep], np.cumsum(np.where(np.isfinite(d[keep]), d[keep], 0.0))
+
+
+def throttled_shares(cgroup: pd.DataFrame | None, t_lo: np.ndarray, t_hi: np.ndarray) -> list[float | None]:
+    """Per window, throttled CFS periods / periods elapsed between its two ends: the cumulative
+    counters (the summed per-interval increases of nr_throttled and nr_periods) interpolated at
+    t_lo and t_hi, as one reads the kernel's cpu.stat before and after the window.  Where a window
+    runs past the samples, the span they cover.  None without periods (no CPU quota)."""
+    if cgroup is None or cgroup.empty or not {"periods", "throttled_periods"} <= set(cgroup.columns):
+        return [None] * len(t_lo)
+    t, periods = _cumulative(cgroup, "periods")
+    _, throttled = _cumulative(cgroup, "throttled_periods")
+    out: list[float | None] = []
+    for lo, hi in zip(t_lo, t_hi):
+        if len(t) < 2 or not (np.isfinite(lo) and np.isfinite(hi)) or t[-1] <= lo or t[0] >= hi:
+            out.append(None)
+            continue
+        dp = np.interp(hi, t, periods) - np.interp(lo, t, periods)
+        dt = np.interp(hi, t, throttled) - np.interp(lo, t, throttled)
+        out.append(float(dt / dp) if dp > 0 else None)
+    return out
+
+
+def cgroup_metrics(cgroup: pd.DataFrame | None, t_lo: np.ndarray, t_hi: np.ndarray) -> list[dict[str, float]]:
+    """Per window, from the cgroup table (collectors/cgroup.py): ``throttled_share``
+    (``throttled_shares``) and ``cgroup_cpus``, the cgroup's CPU seconds per second (cpuacct.usage,
+    cpu.stat usage_usec; the mean of its samples)."""
+    out = window_means(cgroup, CGROUP_MEANS, t_lo, t_hi)
+    for m, share in zip(out, throttled_shares(cgroup, t_lo, t_hi)):
+        if share is not None:
+            m["throttled_share"] = share
+    return out
+
+
 def sy_share(process: dict[str, float]) -> float | None:
     """The kernel's share of the process's CPU time: sys / (usr + sys) over the window's means.
 
@@ -96,6 +141,7 @@ def server_metrics(hosts: dict[str, dict[str, pd.DataFrame]], t_lo: np.ndarray, 
                          sum_cols=tuple(GPU_SUM_METRICS)),
             window_means(streams.get("gpu"), GPU_PEAK_METRICS, t_lo, t_hi, by="gpu", sum_cols=tuple(GPU_PEAK_METRICS),
                          peak=True),
+            cgroup_metrics(streams.get("cgroup"), t_lo, t_hi),
         ]
         target = target_windows(streams.get(PROMETHEUS_STREAM), t_lo, t_hi)
         for i in range(len(t_lo)):

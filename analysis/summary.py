@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -39,13 +39,115 @@ from analysis.loop import loop_line, step_load_keys
 from analysis.problems import Problems, collect
 from analysis.sections import findings_section, plan_lines, usl_lines, verdict
 from analysis.serverstats import energy_per_request
+from analysis.streaming import STEP_KEYS as STREAMING_STEP_KEYS
 from analysis.streaming import step_keys as streaming_keys, streaming_lines, streaming_table, tokens_knee_line
 from analysis.target import TARGET_METRICS, target_source_note
 from analysis.workers import worker_tables
+from kneeswarm.outcome import Ended
 
 logger = logging.getLogger(__name__)
 
 SUMMARY_VERSION = 1
+
+
+# -- the contract: every key written to summary.json is declared here (or, for a part that owns its
+# keys, in that part: analysis.streaming.STEP_KEYS); tests/test_contracts.py fails on any other --
+class Knee(TypedDict, total=False):
+    """``knee`` / ``latency_knee`` / ``tokens_knee`` (analysis.knee) and ``peak``."""
+
+    users: int | float | None
+    qps: float | None  # knee, peak
+    p99_ms: float | None  # latency_knee
+    tokens_s: float | None  # tokens_knee
+    method: str  # "saturation", "p99_rise", "kneedle" or "none"
+    took_off_users: int | float | None  # latency_knee: the step where P99 took off
+    kneedle_users: int | float | None  # Kneedle's own answer, kept beside the rule's
+    kneedle_error: str  # only when Kneedle raised (the rule alone decided)
+
+
+class Totals(TypedDict):
+    requests: int
+    errors: int
+    steps: int
+    valid_steps: int
+
+
+class SummaryStep(TypedDict, total=False):
+    """One of ``steps[]`` (plus analysis.streaming.STEP_KEYS in a streaming or token-counting run)."""
+
+    index: int | float | None  # STEP_KEYS: stable
+    users: int | float | None
+    requests: int
+    qps: float | None
+    rps: float | None
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    p999_ms: float | None
+    mean_ms: float | None
+    error_rate: float | None
+    errors: dict[str, int]
+    valid: bool
+    reasons: list[str]
+    t_ramp: float | None  # STEP_EXTRA_KEYS
+    t_steady: float | None
+    t_lo: float | None
+    t_hi: float | None
+    window_s: float | None
+    generator_cpu_max: float | None
+    t_end: float | None  # t_end, or where a crashed step was cut
+    t_end_recorded: bool
+    generator: dict[str, Any]  # {"cpu_pct": {worker: %}}
+    server: dict[str, Any]  # {host: metrics} (analysis.serverstats)
+    energy_j_per_request: float  # where GPU power was recorded
+    energy_j_per_token: float
+    rate: float  # open loop (analysis.loop.step_load_keys)
+    items_s: float | None  # batch > 1
+    workers: dict[str, Any]  # per worker (analysis.workers)
+
+
+class Summary(TypedDict, total=False):
+    """report/summary.json (SUMMARY_VERSION); stable keys: run_id, complete, steps[], knee, peak,
+    findings ids, usl, sla, capacity."""
+
+    summary_version: int
+    run_id: str
+    complete: bool
+    warnings: list[str]
+    lost: dict[str, int]
+    ended: str | None  # kneeswarm.outcome.Ended, or None when meta.json does not say
+    meta: dict[str, Any]  # META_KEYS of meta.json
+    analysis: dict[str, Any]  # settle, min_requests, generator_cpu_max
+    steps: list[SummaryStep]
+    knee: Knee
+    latency_knee: Knee
+    peak: Knee
+    totals: Totals
+    hosts: dict[str, dict[str, Any]]  # analysis.hostfacts
+    target_series: dict[str, Any]  # analysis.target
+    workers: dict[str, Any]  # analysis.workers
+    load: dict[str, Any]  # analysis.loop.load_facts
+    workload: dict[str, Any]  # workload_facts
+    tokens_knee: Knee  # runs that recorded output tokens
+    goodput: dict[str, Any]  # {"limits": {...}} when [sla] limits a request
+    findings: list[dict[str, Any]]  # analysis.findings: {id, severity, steps, evidence, text, advice}
+    usl: dict[str, Any]  # analysis.usl.fit_usl + curve, text
+    sla: dict[str, Any]  # analysis.gates / capacity
+    capacity: dict[str, Any]
+
+
+def undeclared_keys(summary: dict[str, Any]) -> list[str]:
+    """The keys of a summary (top level, steps[], the knees, totals) that no contract declares."""
+    out = [k for k in summary if k not in Summary.__optional_keys__]
+    step_keys = SummaryStep.__optional_keys__ | set(STREAMING_STEP_KEYS)
+    for i, step in enumerate(summary.get("steps") or []):
+        out += [f"steps[{i}].{k}" for k in step if k not in step_keys]
+    for name in ("knee", "latency_knee", "peak", "tokens_knee"):
+        out += [f"{name}.{k}" for k in summary.get(name) or {} if k not in Knee.__optional_keys__]
+    out += [f"totals.{k}" for k in summary.get("totals") or {} if k not in Totals.__required_keys__]
+    return out
+
+
 META_KEYS = ("started", "finished", "ended_at", "launcher", "load_host", "target", "versions", "clock_offsets")
 STEP_KEYS = ("index", "users", "requests", "qps", "rps", "p50_ms", "p95_ms", "p99_ms", "p999_ms", "mean_ms",
              "error_rate", "errors", "valid", "reasons")
@@ -63,6 +165,8 @@ SERVER_COLUMNS = (
     ("top thread %", "top_thread_cpu_pct", "{:.0f}"),
     ("migrations/s", "migrations_s", "{:,.1f}"),
     ("RSS MB", "rss_mb", "{:,.0f}"),
+    ("cgroup CPUs", "cgroup_cpus", "{:.2f}"),
+    ("throttled", "throttled_share", "{:.0%}"),
     ("GPU SM%", "sm_pct", "{:.0f}"),
     ("GPU mem%", "mem_pct", "{:.0f}"),
     ("GPU FB MB", "fb_used_mb", "{:,.0f}"),
@@ -180,7 +284,7 @@ def status_line(summary: dict[str, Any]) -> str:
     if summary.get("complete"):
         return "complete"
     ended = summary.get("ended")
-    if ended == "completed":
+    if ended == Ended.COMPLETED:
         return "INCOMPLETE (the load completed, but see the warnings)"
     return f"INCOMPLETE (ended: {ended})" if ended else "INCOMPLETE (no record of how it ended)"
 
@@ -223,9 +327,45 @@ def workload_facts(plan: dict[str, Any]) -> dict[str, Any]:
     return {"inputs": inputs, "token_counts": f"tokenizer {tok}" if tok else "words (approximation)"}
 
 
+def endpoint_facts(plan: dict[str, Any]) -> dict[str, Any]:
+    """``endpoint``: how the target was reached (the plan's [endpoint]).  ``tls`` is "verified"
+    (the server's certificate checked, against ``ca_bundle`` or the system's CAs), "unverified"
+    (``verify = false``: nothing checked) or None (http://); ``headers`` names the headers sent
+    (never their values)."""
+    e = plan.get("endpoint") if isinstance(plan.get("endpoint"), dict) else {}
+    https = str(plan.get("target", "")).startswith("https://")
+    return {"scheme": "https" if https else "http",
+            "tls": ("verified" if e.get("verify", True) else "unverified") if https else None,
+            "ca_bundle": e.get("ca_bundle"), "client_cert": bool(e.get("client_cert")),
+            "headers": sorted([*(e.get("headers") or {}), *(e.get("headers_env") or {})]),
+            "base_path": e.get("base_path"), "server_name": e.get("server_name")}
+
+
+def endpoint_lines(summary: dict[str, Any]) -> list[str]:
+    """One line on how the target was reached, when it was over TLS or with [endpoint] settings."""
+    e = summary.get("endpoint") or {}
+    if not e or (e.get("tls") is None and not e.get("headers") and not e.get("base_path")):
+        return []
+    parts = []
+    if e.get("tls") == "unverified":
+        parts.append("**unverified TLS** (endpoint.verify = false: the server's certificate was not checked)")
+    elif e.get("tls") == "verified":
+        parts.append(f"TLS verified against {e['ca_bundle'] or 'the system CAs'}")
+    if e.get("client_cert"):
+        parts.append("client certificate presented")
+    if e.get("headers"):
+        parts.append("headers " + ", ".join(e["headers"]))
+    if e.get("base_path"):
+        parts.append(f"base path {e['base_path']}")
+    if e.get("server_name"):
+        parts.append(f"server name {e['server_name']}")
+    return ["**Endpoint:** " + "; ".join(parts)]
+
+
 def workload_lines(summary: dict[str, Any]) -> list[str]:
     w = summary.get("workload") or {}
-    return [f"**Inputs:** {w['inputs']}; token counts: {w['token_counts']}"] if w.get("token_counts") else []
+    inputs = [f"**Inputs:** {w['inputs']}; token counts: {w['token_counts']}"] if w.get("token_counts") else []
+    return inputs + endpoint_lines(summary)
 
 
 def malformed_lines(summary: dict[str, Any]) -> list[str]:

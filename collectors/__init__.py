@@ -12,14 +12,15 @@ from __future__ import annotations
 import logging
 from datetime import tzinfo
 
-from collectors import dmon, nvml, pidstat, procfs, prometheus, query_gpu, vmstat
+from collectors import cgroup, dmon, nvml, pidstat, procfs, prometheus, query_gpu, vmstat
 from collectors.base import Collector, HostContext, Parsed, RunSpec, Unavailable
 
 logger = logging.getLogger(__name__)
 
 COLLECTORS: dict[str, Collector] = {c.name: c for c in (
     pidstat.COLLECTOR, vmstat.COLLECTOR, dmon.COLLECTOR, query_gpu.COLLECTOR, nvml.COLLECTOR,
-    procfs.COLLECTOR, prometheus.COLLECTOR)}
+    procfs.COLLECTOR, prometheus.COLLECTOR,
+    cgroup.COLLECTOR)}
 
 _DEFAULT = object()
 

@@ -34,6 +34,7 @@ import pandas as pd
 import requests
 
 from collectors.base import Collector, HostContext, Parsed, Unavailable, finite, json_records, to_float
+from kneeswarm.rundir import PROMETHEUS_RAW
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ def parse_prometheus_jsonl(text: str) -> Parsed:
 
 class PrometheusCollector(Collector):
     name = "prometheus"
-    raw_file = "prometheus.jsonl"
+    raw_file = PROMETHEUS_RAW
     kind = "sampler"
     tables = ("prometheus",)
     output_tz = None
@@ -140,7 +141,7 @@ class PrometheusCollector(Collector):
     def sampler_params(self, ctx: HostContext) -> dict[str, Any]:
         if not ctx.metrics_url:
             raise Unavailable("no metrics_url")
-        return {"url": ctx.metrics_url}
+        return {"url": ctx.metrics_url, **({"tls": dict(ctx.metrics_tls)} if ctx.metrics_tls else {})}
 
     def parse_text(self, text: str, tz: tzinfo | None, t0: float | None, interval: float) -> Parsed:
         return parse_prometheus_jsonl(text)
@@ -152,7 +153,7 @@ COLLECTOR = PrometheusCollector()
 class PrometheusScraper(threading.Thread):
     """Scrapes ``url`` every ``interval`` seconds into ``path`` (JSON lines, format above).
 
-        scraper = PrometheusScraper(url, run.raw_dir("target") / "prometheus.jsonl")
+        scraper = PrometheusScraper(url, run.raw_dir("target") / PROMETHEUS_RAW)
         scraper.start(); ...; scraper.stop()
         scraper.stats()    # {"url", "scrapes", "ok", "failed", "last_error", ...}
 
@@ -163,13 +164,16 @@ class PrometheusScraper(threading.Thread):
     """
 
     def __init__(self, url: str, path: str | Path, interval: float = SCRAPE_INTERVAL,
-                 timeout: float | None = None, session: requests.Session | None = None):
+                 timeout: float | None = None, session: requests.Session | None = None,
+                 request_kw: dict[str, Any] | None = None):
         super().__init__(name="prometheus-scraper", daemon=True)
         self.url = url
         self.path = Path(path)
         self.interval = float(interval)
         self.timeout = float(timeout) if timeout is not None else min(SCRAPE_TIMEOUT, 0.8 * self.interval)
         self.session = session or requests.Session()
+        #: per-request keywords (``verify``, ``cert``): a Session's own verify loses to REQUESTS_CA_BUNDLE
+        self.request_kw = dict(request_kw or {})
         self._stopping = threading.Event()
         self.scrapes = self.ok = self.failed = 0
         self.bytes = 0
@@ -184,7 +188,8 @@ class PrometheusScraper(threading.Thread):
         rec: dict[str, Any] = {"t": round(t, 6), "url": self.url}
         deadline = time.monotonic() + self.timeout
         try:
-            with self.session.get(self.url, stream=True, timeout=(SCRAPE_CONNECT_TIMEOUT, self.timeout)) as r:
+            with self.session.get(self.url, stream=True, timeout=(SCRAPE_CONNECT_TIMEOUT, self.timeout),
+                                  **self.request_kw) as r:
                 if r.status_code != 200:
                     raise _ScrapeError(f"HTTP {r.status_code}")
                 body = bytearray()

@@ -11,7 +11,8 @@ Exit codes (of `run`, `demo` and `analyze`): 0 the load completed and the report
 1 the load did not complete, no request succeeded, or the analysis failed (the reason on stderr,
 one line); 2 bad input (plan, flags, target, host, process); 3 with --fail-on-sla: the SLA failed
 (1 and 2 take precedence); 130 interrupted.  `compare`: 0, 4 a regression with
---fail-on-regression, 2 bad input (not run directories, no step valid in both), 130 interrupted.
+--fail-on-regression, 2 bad input (not run directories, an unreadable plan.toml, no step valid in
+both), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -26,11 +27,10 @@ import sys
 from typing import Any
 
 from kneeswarm.lifeline import die_with_parent
+from kneeswarm.outcome import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_SLA_FAILED, Ended
 
 logger = logging.getLogger(__name__)
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
-EXIT_SLA_FAILED = 3  # analysis.capacity.EXIT_SLA_FAILED (a test checks they agree)
 DEMO_STEPS = [1, 2, 4, 8, 16]
 DEMO_TARGET_ARGS = ["--mode", "onnx", "--request-threads", "4"]
 DEMO_HOLD, DEMO_RAMP, DEMO_SETTLE = 16.0, 2.0, 2.0
@@ -134,7 +134,7 @@ def sla_gate(code: int, run: Any, summary: dict[str, Any] | None, fail_on_sla: b
         print(f"kneeswarm: error: --fail-on-sla, but {run.plan_path} has no [sla] table", file=sys.stderr)
         return EXIT_BAD_INPUT
     if sla.get("passed") is not True:
-        print(f"kneeswarm: SLA failed: {sla.get('text')} ({run.report_dir / 'junit.xml'})", file=sys.stderr)
+        print(f"kneeswarm: SLA failed: {sla.get('text')} ({run.junit_path})", file=sys.stderr)
         return EXIT_SLA_FAILED
     return code
 
@@ -153,7 +153,7 @@ def verdict(run: Any, summary: dict[str, Any] | None, analysis_error: str | None
 
     interrupted -> 130; the analysis failed, the load did not complete, or no request
     succeeded (counted from the request rows themselves) -> 1; otherwise 0."""
-    if ended == "interrupted":
+    if ended == Ended.INTERRUPTED:
         return EXIT_INTERRUPTED, None
     if analysis_error is not None or summary is None:
         return EXIT_FAILED, f"analysis failed: {analysis_error or 'no summary'}"
@@ -169,7 +169,7 @@ def verdict(run: Any, summary: dict[str, Any] | None, analysis_error: str | None
 
 def _incomplete(summary: dict[str, Any]) -> str:
     ended = summary.get("ended")
-    if ended != "completed":
+    if ended != Ended.COMPLETED:
         return f"the load did not complete (ended: {ended or 'unknown'})"
     lost = ", ".join(f"{what} {n}" for what, n in sorted((summary.get("lost") or {}).items()))
     why = f"lost: {lost}" if lost else "see the report's warnings"
@@ -199,9 +199,9 @@ def _report(run: Any, summary: dict[str, Any] | None, analysis_error: str | None
             quiet: bool) -> int:
     """Print summary.md (unless quiet) and the report's path when it was written; the reason of a
     non-zero exit goes to stderr, one line."""
-    report = run.report_dir / "index.html"
+    report = run.report_path
     if summary is not None:
-        md = run.report_dir / "summary.md"
+        md = run.summary_md_path
         if not quiet and md.is_file():
             print(md.read_text())
         if report.is_file():

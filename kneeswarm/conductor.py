@@ -8,7 +8,7 @@ same code a Locust master started from the web UI or plain `locust --headless` u
     start       run directory (plan.toml, meta.json), host agents, the target's /metrics scraper
                 (plan.metrics_url, 1 Hz, from this machine), Locust master + N workers
     load        the step shape runs on the master; rows stream into requests/*.parquet; host
-                agents are fetched every FETCH_PERIOD seconds; progress on stderr (progress.py)
+                agents are fetched every lifecycle.FETCH_PERIOD seconds; progress on stderr (progress.py)
     stop        agents stopped and fetched (verified), parsed CSVs, meta.json says how it ended
                 (with the master's generator/recorder.json merged into "lost" and "warnings")
     analyze     report/summary.json, summary.md, index.html
@@ -44,18 +44,22 @@ from typing import Any
 
 import requests
 
+from kneeswarm import lifecycle
 from kneeswarm.lifecycle import Lifecycle, analyze_run  # noqa: F401  (analyze_run: cli imports it from here)
 from kneeswarm.lifeline import die_with_parent
 from kneeswarm.plan import HostPlan, Plan
 from kneeswarm.progress import Progress
-from kneeswarm.rundir import CLOCKS_FILE, RunDir, WarningLog
+from kneeswarm.outcome import Ended
+from kneeswarm.rundir import CLOCKS_FILE, MASTER_FILE, RunDir, WarningLog
 from locustfiles.recorder import RECORDER_FILE
 
 logger = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT = 10.0  # seconds the target has to pass its health check before the run
+#: 4xx answers to the health check that may change within HEALTH_TIMEOUT (a timeout, a rate
+#: limit); any other 4xx is a refusal, said at once
+RETRY_STATUS = (408, 425, 429)
 WORKER_WAIT = 60.0  # seconds for all workers to connect
-FETCH_PERIOD = 5.0  # seconds between incremental fetches from the host agents
 RUN_MARGIN = 120.0  # seconds beyond the planned duration before the master is killed
 STOP_GRACE = 20.0  # seconds the master has to quit after SIGTERM
 #: Prefix of each worker's command line, e.g. ["taskset", "-c", "1"] to pin the load generator
@@ -84,13 +88,13 @@ class ConductorError(RuntimeError):
 @dataclass
 class RunResult:
     run: RunDir
-    ended: str  # "completed", "interrupted", "load_failed"
+    ended: Ended  # COMPLETED, INTERRUPTED or LOAD_FAILED
     summary: dict[str, Any] | None  # None when the analysis failed or was not run
     analysis_error: str | None = None  # one line, when the analysis raised
 
     @property
     def complete(self) -> bool:
-        return self.ended == "completed"
+        return self.ended == Ended.COMPLETED
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -100,39 +104,43 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def check_target(plan: Plan, timeout: float | None = None) -> None:
-    """Wait until the target's health check answers 2xx, or raise ConductorError."""
-    from locustfiles.protocols import PreflightError, ProtocolError, for_plan
+    """Wait until the target's health check answers 2xx, or raise ConductorError.
+
+    Through the plan's [endpoint] (TLS trust, client certificate, headers, base path), as the
+    load will go.  A refusal (4xx other than 404) or a TLS failure ends the wait at once: the
+    server is up and will not answer differently in a second; it is said in one line naming
+    what failed.  Connection errors and 5xx are retried until ``timeout`` (a server starting)."""
+    from locustfiles.protocols import PreflightError, ProtocolError, connection_problem, detail, for_plan, refusal_hint
 
     timeout = HEALTH_TIMEOUT if timeout is None else timeout
     try:
         protocol = for_plan(plan)
     except ProtocolError as e:
         raise ConductorError(str(e)) from None
-    url = plan.target.rstrip("/") + protocol.health_path
+    url = plan.base_url + protocol.health_path
     deadline = time.monotonic() + timeout
     problem = "no answer"
-    while time.monotonic() < deadline:
-        try:
-            r = requests.get(url, timeout=min(2.0, timeout), headers=protocol.headers)
-            # 404: up, but the health path is the model's own (TF Serving): the preflight says why
-            if 200 <= r.status_code < 300 or r.status_code == 404:
-                try:  # the plan's model must be served (one line, exit 2, no run directory)
-                    return protocol.preflight(plan.target, timeout=min(HEALTH_TIMEOUT, timeout))
-                except PreflightError as e:
-                    raise ConductorError(str(e)) from None
-            problem = f"HTTP {r.status_code}"
-        except requests.RequestException as e:
-            problem = _short_reason(e)
-        time.sleep(0.5)
+    with plan.endpoint.requests_session() as session:
+        while time.monotonic() < deadline:
+            try:
+                r = session.get(url, timeout=min(2.0, timeout), headers=protocol.headers,
+                                **plan.endpoint.requests_kwargs())
+                # 404: up, but the health path is the model's own (TF Serving): the preflight says why
+                if 200 <= r.status_code < 300 or r.status_code == 404:
+                    try:  # the plan's model must be served (one line, exit 2, no run directory)
+                        return protocol.preflight(plan.base_url, timeout=min(HEALTH_TIMEOUT, timeout))
+                    except PreflightError as e:
+                        raise ConductorError(str(e)) from None
+                problem = f"HTTP {r.status_code}"
+                if 400 <= r.status_code < 500 and r.status_code not in RETRY_STATUS:
+                    said = detail(r.content) + refusal_hint(r.status_code, r.content, protocol.headers)
+                    raise ConductorError(protocol.redact(f"target {plan.target}: health check {url} -> {problem}{said}"))
+            except requests.exceptions.SSLError as e:
+                raise ConductorError(f"target {plan.target}: health check {url} failed ({connection_problem(e)})") from None
+            except requests.RequestException as e:
+                problem = connection_problem(e)
+            time.sleep(0.5)
     raise ConductorError(f"target {plan.target}: health check {url} failed ({problem}) within {timeout:.0f}s")
-
-
-def _short_reason(e: Exception) -> str:
-    text = str(e)
-    for key in ("Connection refused", "Name or service not known", "timed out", "No route to host"):
-        if key in text:
-            return key.lower()
-    return type(e).__name__
 
 
 def default_hosts(plan: Plan, pid: int | None, process: str | None) -> list[HostPlan]:
@@ -154,19 +162,15 @@ def default_hosts(plan: Plan, pid: int | None, process: str | None) -> list[Host
     return [HostPlan(name="local")]  # the load machine itself: vmstat only
 
 
-def workers_connected(master_log: Path) -> int | None:
-    """How many workers the master said were connected while it waited for them (its last
-    "Waiting for workers to be ready, X of N connected" line), or None if it never waited."""
-    import re
-
-    try:
-        text = master_log.read_text(errors="replace")
-    except OSError:
+def workers_connected(run: RunDir) -> int | None:
+    """How many workers were connected to a master whose test never started (its own account,
+    generator/master.json, kept from Locust's events by locustfiles.plugin.MasterState), or None
+    when the test started or the master left no account."""
+    state = _read_json(run.generator_dir / MASTER_FILE)
+    if not isinstance(state, dict) or state.get("test_started") is not False:
         return None
-    found = re.findall(r"Waiting for workers to be ready, (\d+) of \d+ connected", text)
-    if "Gave up waiting for workers" in text:
-        return int(found[-1]) if found else 0
-    return None
+    n = state.get("workers_connected")
+    return n if isinstance(n, int) else None
 
 
 def versions() -> dict[str, str]:
@@ -243,7 +247,7 @@ class Conductor:
             run.plan_path.write_text(self.plan.to_toml())
             started = time.time()
             run.update_meta(
-                run_id=run.path.name, complete=False, ended="running", started=started,
+                run_id=run.path.name, complete=False, ended=Ended.RUNNING, started=started,
                 started_utc=dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(),
                 launcher="kneeswarm run", target=self.plan.target, protocol=self.plan.protocol,
                 load_host=socket.gethostname(), workers=self.workers, versions=versions(),
@@ -272,7 +276,7 @@ class Conductor:
             self._record_meta(run, hosts=done["hosts"], target_metrics=done["target_metrics"], lost=lost,
                               warnings=self.warnings.to_list())
         finished = time.time()
-        self._record_meta(run, ended=ended, complete=ended == "completed", finished=finished,
+        self._record_meta(run, ended=ended, complete=ended == Ended.COMPLETED, finished=finished,
                           worker_clocks=_read_json(run.generator_dir / CLOCKS_FILE))
         if self._interrupts >= 2:  # asked twice to stop: the data is safe, the report can wait
             print(f"kneeswarm: killed; no report written (`kneeswarm analyze {run.path}` writes it)",
@@ -353,27 +357,27 @@ class Conductor:
                   f"~{self.plan.step_durations():.0f}s; recording to {run.path}")
 
         deadline = time.monotonic() + self.dist.wait + self.plan.step_durations() * 2 + RUN_MARGIN
-        ended = "completed"
+        ended = Ended.COMPLETED
         progress = None if self.quiet else Progress(run, self.plan)
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             last_fetch = time.monotonic()
             while master.poll() is None:
-                if self._interrupts == 1 and ended != "interrupted":
-                    ended = "interrupted"
+                if self._interrupts == 1 and ended != Ended.INTERRUPTED:
+                    ended = Ended.INTERRUPTED
                     self._say("stopping (Ctrl-C again to kill at once) ...")
                     master.send_signal(signal.SIGTERM)
                     deadline = min(deadline, time.monotonic() + STOP_GRACE)
                 if self._interrupts >= 2:
                     self._kill_all()
-                    ended = "interrupted"
+                    ended = Ended.INTERRUPTED
                     break
                 if time.monotonic() > deadline:
                     logger.error("the Locust master overran its time; killing it")
                     self._kill_all()
-                    ended = "load_failed"
+                    ended = Ended.LOAD_FAILED
                     break
-                if time.monotonic() - last_fetch > FETCH_PERIOD:
+                if time.monotonic() - last_fetch > lifecycle.FETCH_PERIOD:
                     life.fetch()
                     last_fetch = time.monotonic()
                 if progress is not None:
@@ -385,9 +389,9 @@ class Conductor:
                 signal.signal(s, h)
         if progress is not None:
             progress.finish()
-        if ended == "completed" and not self._all_steps_ran(run):
-            ended = "load_failed"
-            came = workers_connected(logs / "master.log")
+        if ended == Ended.COMPLETED and not self._all_steps_ran(run):
+            ended = Ended.LOAD_FAILED
+            came = workers_connected(run)
             if came is not None and came < self.expect_workers:
                 self._warn(f"only {came} of {self.expect_workers} workers connected within {self.dist.wait:.0f}s; "
                            f"no load was sent")

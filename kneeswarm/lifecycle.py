@@ -36,11 +36,14 @@ from collectors.prometheus import PrometheusScraper, write_prometheus_csv
 from kneeswarm.lifeline import die_with_parent
 from kneeswarm.plan import Plan, plan_from_dict
 from kneeswarm.progress import Progress
-from kneeswarm.rundir import TARGET_HOST, RunDir, WarningLog, safe_name
+from kneeswarm.rundir import PROMETHEUS_RAW, TARGET_HOST, RunDir, WarningLog, safe_name
 
 logger = logging.getLogger(__name__)
 
 METRICS_INTERVAL = 1.0  # seconds between scrapes of plan.metrics_url
+#: seconds between incremental fetches of the host agents during a test, whoever drives it (the
+#: conductor, or the Locust plugin without one); both read it at call time, so tests patch it here
+FETCH_PERIOD = 5.0
 ANSWER_TIMEOUT = {"open": 120.0, "start": 120.0, "fetch": 60.0, "live": 30.0, "finish": 300.0,
                   "report": 300.0, "quit": 10.0}  # seconds the child has to answer each command
 LIVE_TABLES = ("vmstat", "threads", "gpu")  # hosts/<host>/<table>.csv read for the live view
@@ -112,9 +115,24 @@ class Lifecycle:
             host = self.metrics_host()
             if host != TARGET_HOST:
                 self.warn(f"a monitored host is called {TARGET_HOST!r}: the target's metrics go to hosts/{host}/")
-            self.scraper = PrometheusScraper(self.plan.metrics_url, self.run.raw_dir(host) / "prometheus.jsonl",
-                                             interval=METRICS_INTERVAL)
+            self.scraper = PrometheusScraper(self.plan.metrics_url, self.run.raw_dir(host) / PROMETHEUS_RAW,
+                                             interval=METRICS_INTERVAL, session=self.metrics_session(),
+                                             request_kw=self.plan.endpoint.requests_kwargs())
             self.scraper.start()
+
+    def metrics_session(self) -> Any:
+        """A requests session for metrics_url with the plan's [endpoint] headers and server_name
+        where metrics_url is the target's origin (Plan.metrics_headers); its TLS settings go with
+        each request (``request_kw``: a Session's own ``verify`` loses to REQUESTS_CA_BUNDLE)."""
+        import requests
+
+        same = self.plan.metrics_origin_is_target()
+        session = self.plan.endpoint.requests_session() if same else requests.Session()
+        try:
+            session.headers.update(self.plan.metrics_headers())
+        except ValueError as e:  # an unset variable: the health check said it before; said again here
+            self.warn(f"metrics {self.plan.metrics_url}: {e}")
+        return session
 
     def fetch(self, parse: bool = False) -> None:
         """An incremental fetch of every agent (and, for the live view, their parsed CSVs
@@ -177,7 +195,7 @@ class Lifecycle:
         host, url = self.metrics_host(), self.plan.metrics_url
         out: dict[str, Any] = {**stats, "host": host, "clock": "master"}
         try:
-            out["parse"] = write_prometheus_csv(self.run.raw_dir(host) / "prometheus.jsonl",
+            out["parse"] = write_prometheus_csv(self.run.raw_dir(host) / PROMETHEUS_RAW,
                                                 self.run.host_dir(host) / "prometheus.csv")
         except Exception as e:  # noqa: BLE001 - a bad scrape must not end the run; the raw file stays
             self.warn(f"metrics {url}: parse failed: {e}")
@@ -287,7 +305,7 @@ class Child:
             return {**done, "warnings": life.all_warnings()}
         if op == "report":
             summary, error = analyze_run(life.run)
-            report = life.run.report_dir / "index.html"
+            report = life.run.report_path
             return {"summary": summary, "error": error, "report": str(report) if report.is_file() else None}
         raise RuntimeError(f"unknown command {op!r}")
 

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import re
+import ssl
 import tomllib
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,10 +88,100 @@ class RequestPlan:
     success_path: str | None = None  # dotted JSON path that must be present in a 2xx answer (http)
 
 
+#: Seconds of controller silence after which a host agent stops everything (the plan's default;
+#: agents/settings.py takes it from here, and agents/remote.py's fallback is checked against it).
+HEARTBEAT_TIMEOUT = 30.0
+
+
+#: A header name as HTTP allows it (RFC 9110 token)
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SERVER_NAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62}))*\.?$")
+
+
+@dataclass
+class EndpointPlan:
+    """[endpoint]: how the target is reached -- TLS trust, a client certificate, headers, a
+    gateway's path prefix.  The same settings serve the health check and preflight, the load,
+    and the scrape of metrics_url (headers there only when it has the target's scheme, host and
+    port: a secret header never goes to another server)."""
+
+    ca_bundle: str | None = None  # PEM file of the CA(s) that signed the server's certificate (replaces the system's)
+    verify: bool = True  # false: the server's certificate is not checked (the report says: unverified TLS)
+    client_cert: str | None = None  # PEM client certificate (mutual TLS); may hold its key too
+    client_key: str | None = None  # PEM private key of client_cert, when not in that file
+    headers: dict | None = None  # header name -> value on every request, e.g. {Host = "demo.example.com"}
+    headers_env: dict | None = None  # header name -> NAME of the env var holding its value (secrets)
+    base_path: str | None = None  # prefix of every path the protocol sends, e.g. "/serving/demo" (a gateway's route)
+    server_name: str | None = None  # the name TLS asks for (SNI) and checks in the certificate, where target is an address
+
+    def tls_keys(self) -> list[str]:
+        """The TLS keys set (they mean something for an https:// URL only)."""
+        return [k for k in ("ca_bundle", "client_cert", "client_key", "server_name") if getattr(self, k)] + \
+            ([] if self.verify else ["verify"])
+
+    def resolved_headers(self) -> dict[str, str]:
+        """headers with headers_env's values read from the environment; ValueError (one line)
+        naming the variable when one is unset or empty."""
+        out = {str(k): str(v) for k, v in (self.headers or {}).items()}
+        for name, env in (self.headers_env or {}).items():
+            value = os.environ.get(env)
+            if not value:
+                raise ValueError(f"endpoint.headers_env: environment variable {env} (header {name}) is not set (or empty)")
+            out[str(name)] = value
+        return out
+
+    def secrets(self) -> list[str]:
+        """The values of headers_env (to be redacted from every message)."""
+        return [v for env in (self.headers_env or {}).values() if (v := os.environ.get(env))]
+
+    def requests_kwargs(self) -> dict[str, Any]:
+        """``verify`` and ``cert`` for the requests library.  With ``verify = false`` urllib3's
+        InsecureRequestWarning is silenced: the plan asked for it, the report says it, and the
+        warning would break the one-line error of a run that cannot start."""
+        if not self.verify:
+            import urllib3
+
+            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+        kw: dict[str, Any] = {"verify": self.ca_bundle or self.verify}
+        if self.client_cert:
+            kw["cert"] = (self.client_cert, self.client_key) if self.client_key else self.client_cert
+        return kw
+
+    def requests_session(self) -> Any:
+        """A requests Session for the target's origin: with ``server_name``, its https
+        connections ask for that name (SNI) and check it in the certificate (urllib3's
+        ``server_hostname`` / ``assert_hostname``), whatever address the URL holds."""
+        import requests
+        from requests.adapters import HTTPAdapter
+
+        name = self.server_name
+
+        class _ServerName(HTTPAdapter):
+            def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+                kwargs.update(server_hostname=name, assert_hostname=name)
+                super().init_poolmanager(*args, **kwargs)
+
+        session = requests.Session()
+        if name:
+            session.mount("https://", _ServerName())
+        return session
+
+    def ssl_context(self, create: Any = ssl.create_default_context) -> ssl.SSLContext:
+        """An SSL context for https:// (``create``: ssl's or gevent.ssl's create_default_context)."""
+        ctx = create(cafile=self.ca_bundle) if self.ca_bundle else create()
+        if not self.verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        if self.client_cert:
+            ctx.load_cert_chain(self.client_cert, self.client_key)
+        return ctx
+
+
 @dataclass
 class MonitorPlan:
     interval: float = 1.0  # collector sampling interval, seconds (whole seconds for pidstat/vmstat)
-    heartbeat_timeout: float = 30.0  # agents stop everything when the controller is silent this long
+    heartbeat_timeout: float = HEARTBEAT_TIMEOUT  # agents stop everything when the controller is silent this long
 
 
 @dataclass
@@ -184,9 +278,29 @@ class Plan:
     analysis: AnalysisPlan = field(default_factory=AnalysisPlan)
     sla: SlaPlan = field(default_factory=SlaPlan)
     capacity: CapacityPlan = field(default_factory=CapacityPlan)
+    endpoint: EndpointPlan = field(default_factory=EndpointPlan)
     hosts: list[HostPlan] = field(default_factory=list)
 
     # -- derived -------------------------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        """The target with endpoint.base_path: what every protocol path is appended to."""
+        return join_base(self.target, self.endpoint.base_path)
+
+    def metrics_origin_is_target(self) -> bool:
+        """metrics_url has the target's scheme, host and port."""
+        return bool(self.metrics_url) and _origin(self.metrics_url) == _origin(self.target)
+
+    def metrics_headers(self, secrets: bool = True) -> dict[str, str]:
+        """The endpoint's headers for the scrape of metrics_url: only when it is the target's
+        origin (scheme, host, port), so that a secret header never goes to another server;
+        ``secrets=False``: without headers_env's (ValueError only for an unset one of those)."""
+        if not self.metrics_origin_is_target():
+            return {}
+        if not secrets:
+            return {str(k): str(v) for k, v in (self.endpoint.headers or {}).items()}
+        return self.endpoint.resolved_headers()
+
     def step_durations(self) -> float:
         """Total planned seconds of load (all ramps and holds)."""
         return len(self.load.steps) * (self.load.ramp + self.load.hold)
@@ -201,6 +315,16 @@ class Plan:
         _validate(self, source)
         _validate_gates(self, source)
         return self
+
+
+def join_base(url: str, base_path: str | None) -> str:
+    """``url`` with ``base_path`` appended (no doubled or trailing slash)."""
+    return url.rstrip("/") + (base_path.rstrip("/") if base_path else "")
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    u = urllib.parse.urlsplit(url)
+    return u.scheme, (u.hostname or "").lower(), u.port or (443 if u.scheme == "https" else 80)
 
 
 def _drop_none(value: Any) -> Any:
@@ -219,6 +343,7 @@ _SECTIONS: dict[str, type] = {
     "analysis": AnalysisPlan,
     "sla": SlaPlan,
     "capacity": CapacityPlan,
+    "endpoint": EndpointPlan,
 }
 
 
@@ -331,6 +456,7 @@ def _validate(plan: Plan, source: str) -> None:
     if plan.request.timeout <= 0:
         raise PlanError(f"{source}: request.timeout must be > 0 seconds")
     _validate_request(plan, source)
+    _validate_endpoint(plan, source)
     if plan.monitor.interval < 1:
         raise PlanError(f"{source}: monitor.interval must be >= 1 second, got {plan.monitor.interval}")
     labels = [h.label for h in plan.hosts]
@@ -381,6 +507,63 @@ def _validate_request(plan: Plan, source: str) -> None:
         raise PlanError(f"{source}: request.datatype {r.datatype!r} is not a KServe v2 datatype")
 
 
+def _validate_endpoint(plan: Plan, source: str) -> None:
+    """[endpoint]: the shape of its keys (the files are read by check_endpoint_files)."""
+    e = plan.endpoint
+    if e.base_path is not None and (not e.base_path.startswith("/") or "?" in e.base_path or "#" in e.base_path):
+        raise PlanError(f"{source}: endpoint.base_path must be a path starting with '/', got {e.base_path!r}")
+    if e.ca_bundle and not e.verify:
+        raise PlanError(f"{source}: endpoint.verify = false checks no certificate: give it or endpoint.ca_bundle, not both")
+    if e.server_name is not None and not _SERVER_NAME.match(e.server_name):
+        raise PlanError(f"{source}: endpoint.server_name must be a DNS name, got {e.server_name!r}")
+    if e.client_key and not e.client_cert:
+        raise PlanError(f"{source}: endpoint.client_key needs endpoint.client_cert (the certificate it belongs to)")
+    urls = [u for u in (plan.target, plan.metrics_url) if u]
+    if e.tls_keys() and not any(u.startswith("https://") for u in urls):
+        raise PlanError(f"{source}: endpoint.{e.tls_keys()[0]} is for TLS, but the target is not https:// ({plan.target})")
+    seen: dict[str, str] = {}
+    for key in ("headers", "headers_env"):
+        for name, value in (getattr(e, key) or {}).items():
+            if not _HEADER_NAME.match(name):
+                raise PlanError(f"{source}: endpoint.{key}: {name!r} is not a valid header name")
+            if not isinstance(value, str) or "\r" in value or "\n" in value:
+                raise PlanError(f"{source}: endpoint.{key}.{name} must be a one-line string, got {value!r}")
+            if key == "headers_env" and not _ENV_NAME.match(value):
+                raise PlanError(f"{source}: endpoint.headers_env.{name} must name an environment variable, got {value!r}")
+            if name.lower() in seen:
+                raise PlanError(f"{source}: header {name!r} is given twice (endpoint.{seen[name.lower()]} and endpoint.{key})")
+            seen[name.lower()] = key
+    if "authorization" in seen and plan.request.api_key_env:
+        raise PlanError(f"{source}: request.api_key_env sets Authorization; endpoint.{seen['authorization']} sets it too")
+
+
+def check_endpoint_files(plan: Plan, source: str = "plan") -> None:
+    """[endpoint]'s files exist, can be read and hold what they should (a CA bundle, a client
+    certificate and its key); PlanError with one line naming the key, the file and the fault."""
+    e = plan.endpoint
+    for key in ("ca_bundle", "client_cert", "client_key"):
+        path = getattr(e, key)
+        if path is None:
+            continue
+        p = Path(path)
+        if not p.is_file():
+            raise PlanError(f"{source}: endpoint.{key}: {path}: no such file")
+        if not os.access(p, os.R_OK):
+            raise PlanError(f"{source}: endpoint.{key}: {path}: not readable")
+    if e.ca_bundle:
+        try:
+            ssl.create_default_context(cafile=e.ca_bundle)
+        except ssl.SSLError as err:
+            raise PlanError(f"{source}: endpoint.ca_bundle: {e.ca_bundle}: no PEM certificate in it ({err.reason or err})") from None
+    if e.client_cert:
+        try:
+            ssl.create_default_context().load_cert_chain(e.client_cert, e.client_key)
+        except ssl.SSLError as err:
+            what = f"{e.client_cert} and {e.client_key}" if e.client_key else e.client_cert
+            raise PlanError(f"{source}: endpoint.client_cert: {what}: not a PEM certificate with its private key "
+                            f"({err.reason or err})") from None
+
+
 def plan_from_dict(data: dict[str, Any], source: str = "plan") -> Plan:
     return _fill(source, Plan, data, "").validate(source)
 
@@ -405,4 +588,6 @@ def load_plan(path: str | Path | None, overrides: dict[str, Any] | None = None) 
         for p in parents:
             table = table.setdefault(p, {})
         table[leaf] = value
-    return plan_from_dict(data, source)
+    plan = plan_from_dict(data, source)
+    check_endpoint_files(plan, source)
+    return plan

@@ -5,7 +5,10 @@
       requests/part-*.parquet   one row per request (REQUEST_SCHEMA)
       generator/*.csv           load-generator self-metrics per worker
       hosts/<host>/raw/*        raw collector output; hosts/<host>/*.csv parsed samples
-      report/                   index.html, summary.json, summary.md
+      report/                   index.html, summary.json, summary.md, junit.xml
+
+Its file names are spelled here once, everything else imports them; meta.json's ``ended`` values
+(:class:`Ended`) and the exit codes are kneeswarm.outcome's (light: the command line imports it).
 
 Whole files (meta.json, steps.csv, request parts, parsed CSVs, the report) are written
 atomically (temporary name, then rename); generator CSVs and fetched raw files grow by appends.
@@ -77,6 +80,21 @@ ERROR_CATEGORIES = (
     "other",
     "bad_latency",  # given by analysis to a row marked ok whose latency is not a finite number >= 0
 )
+
+# -- file names: the one place they are spelled (readers and writers import them) ---------------
+PLAN_FILE = "plan.toml"
+META_FILE = "meta.json"
+STEPS_FILE = "steps.csv"
+SUMMARY_JSON = "summary.json"  # report/
+SUMMARY_MD = "summary.md"  # report/
+REPORT_HTML = "index.html"  # report/
+JUNIT_FILE = "junit.xml"  # report/ (and the comparison's folder)
+COMPARE_DIR = "compare"  # report/compare/: `kneeswarm compare`'s default output folder
+COMPARE_JSON, COMPARE_MD, COMPARE_HTML = "compare.json", "compare.md", "compare.html"
+RECORDER_FILE = "recorder.json"  # generator/recorder.json: what the master's recording could not write
+MASTER_FILE = "master.json"  # generator/master.json: the master's workers and test, from Locust's events
+PROMETHEUS_RAW = "prometheus.jsonl"  # hosts/<host>/raw/: one JSON line per scrape of a /metrics
+
 
 STEP_COLUMNS = ("index", "users", "t_ramp", "t_steady", "t_end")
 STEP_TIME_COLUMNS = STEP_COLUMNS[2:]
@@ -247,18 +265,22 @@ class RunDir:
         p = Path(path)
         if not p.is_dir():
             raise RunDirError(f"{path}: not a directory")
-        if not (p / "meta.json").exists() and not (p / "requests").is_dir():
+        if not (p / META_FILE).exists() and not (p / "requests").is_dir():
             raise RunDirError(f"{path}: not a kneeswarm run directory (no meta.json, no requests/)")
         return cls(p)
 
     # -- paths ---------------------------------------------------------------------------
-    plan_path = property(lambda self: self.path / "plan.toml")
-    meta_path = property(lambda self: self.path / "meta.json")
-    steps_path = property(lambda self: self.path / "steps.csv")
+    plan_path = property(lambda self: self.path / PLAN_FILE)
+    meta_path = property(lambda self: self.path / META_FILE)
+    steps_path = property(lambda self: self.path / STEPS_FILE)
     requests_dir = property(lambda self: self.path / "requests")
     generator_dir = property(lambda self: self.path / "generator")
     hosts_dir = property(lambda self: self.path / "hosts")
     report_dir = property(lambda self: self.path / "report")
+    summary_path = property(lambda self: self.report_dir / SUMMARY_JSON)
+    summary_md_path = property(lambda self: self.report_dir / SUMMARY_MD)
+    report_path = property(lambda self: self.report_dir / REPORT_HTML)
+    junit_path = property(lambda self: self.report_dir / JUNIT_FILE)
 
     def host_dir(self, host: str) -> Path:
         return self.hosts_dir / safe_name(host)

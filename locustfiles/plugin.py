@@ -28,11 +28,15 @@ from locust.env import Environment
 from locust.runners import (HEARTBEAT_INTERVAL, HEARTBEAT_LIVENESS, STATE_MISSING, STATE_RUNNING, STATE_SPAWNING,
                             MasterRunner, WorkerRunner)
 
+from kneeswarm.outcome import EXIT_BAD_INPUT, EXIT_FAILED, Ended
 from kneeswarm.plan import PlanError, load_plan, plan_from_dict
-from kneeswarm.rundir import CLOCKS_FILE, GENERATOR_COLUMNS, RunDir, safe_name, write_json
+from kneeswarm.rundir import (CLOCKS_FILE, GENERATOR_COLUMNS, META_FILE, REPORT_HTML, STEPS_FILE, RunDir, safe_name,
+                              write_json)
 
+from kneeswarm import lifecycle
 from kneeswarm.lifecycle import LifecycleError, open_in_child
 from locustfiles import clocks, state, webui
+from locustfiles.master_state import MasterState
 from locustfiles.recorder import (FLUSH_INTERVAL, GEN_KEY, RECORDER_FILE, REPORT_KEY, GeneratorSampler,
                                   RequestWriter, RowBuffer)
 from locustfiles.shape import StepShape
@@ -43,10 +47,10 @@ logger = logging.getLogger(__name__)
 
 PLAN_MESSAGE = "kneeswarm_plan"
 LIVE_PERIOD = 2.0  # seconds between live views asked of the lifecycle process
-FETCH_PERIOD = 5.0  # seconds between incremental fetches of the host agents (no conductor)
 #: seconds after a web UI Stop before the recording closes (workers' last reports arrive)
 REPORT_WAIT = 4.0
 WORKER_WATCH_PERIOD = 1.0  # seconds between looks at the master's list of workers
+EXIT_OUTCOME_UNWRITTEN = EXIT_FAILED  # Locust's exit code when the recording's outcome could not be written
 
 
 _plan_loaded = False  # the form shows the loaded plan's values once there is one
@@ -79,12 +83,12 @@ def _on_init(environment: Environment, **_kw: Any) -> None:
     problem = webui.check_binding(environment) if not isinstance(environment.runner, WorkerRunner) else None
     if problem:
         logger.error("kneeswarm: %s", problem)
-        raise SystemExit(2)
+        raise SystemExit(EXIT_BAD_INPUT)
     try:
         _load_plan(environment)
     except PlanError as e:
         logger.error("kneeswarm: %s", e)
-        raise SystemExit(2) from None
+        raise SystemExit(EXIT_BAD_INPUT) from None
     runner = environment.runner
     if isinstance(runner, WorkerRunner):
         WorkerListeners(environment, runner)
@@ -184,6 +188,8 @@ class MasterListeners:
             gevent.spawn(self.ping_loop)
             self.known_workers: dict[str, str] = {}  # client id -> worker name, of every worker seen
             self.last_heard: dict[str, float] = {}  # client id -> when its last heartbeat was seen
+            self.state = MasterState(env)
+            env.events.worker_connect.add_listener(self.on_worker_connect)
             gevent.spawn(self.watch_workers)
         env.events.test_start.add_listener(self.on_test_start)
         env.events.spawning_complete.add_listener(self.on_spawning_complete)
@@ -219,8 +225,12 @@ class MasterListeners:
         """What the Knee tabs show: the current (or last) test's tables and its report link."""
         return self.test.view() if self.test is not None else {"steps": [], "hosts": []}
 
+    def on_worker_connect(self, client_id: str, **_kw: Any) -> None:
+        self.state.connected(client_id)
+
     def on_test_start(self, environment: Environment, **_kw: Any) -> None:
         if self.is_master:
+            self.state.test_started()
             for client in self.runner.clients.all:
                 self.runner.send_message(PLAN_MESSAGE, {"plan": state.plan().to_dict()}, client.id)
             gevent.spawn(self.ping_round)  # measured before the first request is sent
@@ -263,6 +273,7 @@ class MasterListeners:
             for cid, name in list(self.known_workers.items()):
                 if cid not in present:
                     del self.known_workers[cid]
+                    self.state.gone(cid)
                     if loading and self.recording is not None and not self.recording.stopped:
                         self.recording.worker_lost(name, now, self.last_heard.get(cid, now), before)
 
@@ -326,7 +337,7 @@ class TestHosts:
             gevent.sleep(LIVE_PERIOD)
             if self.finished:
                 return
-            fetch = self.child is not None and time.monotonic() - last_fetch >= FETCH_PERIOD
+            fetch = self.child is not None and time.monotonic() - last_fetch >= lifecycle.FETCH_PERIOD
             self._ask("fetch" if fetch else "live")
             if fetch:
                 last_fetch = time.monotonic()
@@ -368,9 +379,12 @@ class TestHosts:
             self.run.update_meta(hosts=done["hosts"], target_metrics=done["target_metrics"], warnings=warnings)
             self.live = self.child.call("live")["live"]
             self._reported(self.child.call("report"))
-        except (LifecycleError, OSError) as e:
+        except (LifecycleError, OSError) as e:  # meta.json may lack the hosts: not only logged, exit 1
             logger.error("kneeswarm: finishing the test failed: %s", e)
             self.report = {"report_error": str(e)}
+            env = self.recording.env
+            if not env.process_exit_code:
+                env.process_exit_code = EXIT_OUTCOME_UNWRITTEN
         finally:
             self.child.close()
 
@@ -378,7 +392,7 @@ class TestHosts:
         from kneeswarm.lifecycle import analyze_run
 
         summary, error = analyze_run(self.run)
-        report = self.run.report_dir / "index.html"
+        report = self.run.report_path
         self._reported({"error": error, "report": str(report) if report.is_file() else None})
 
     def _reported(self, answer: dict[str, Any]) -> None:
@@ -392,7 +406,7 @@ class TestHosts:
                            requests=st.get("requests", row.get("requests")),
                            valid="yes" if st.get("valid") else "no: " + "; ".join(st.get("reasons") or []))
         if answer.get("report"):
-            self.report = {"report_url": f"/kneeswarm/runs/{self.run.path.name}/report/index.html"}
+            self.report = {"report_url": f"/kneeswarm/runs/{self.run.path.name}/report/{REPORT_HTML}"}
         else:
             self.report = {"report_error": answer.get("error") or "no report written"}
 
@@ -434,6 +448,7 @@ class Recording:
         self.lost_workers: list[dict[str, Any]] = []  # workers that went missing: {worker, t, step}
         self.stopped = False
         self.generator_rows_lost = 0
+        self.outcome_errors: list[tuple[str, str]] = []  # (file, why) of the last write_outcome's failures
         self.local_sampler = GeneratorSampler(lambda: env.runner.user_count) if local_buffer is not None else None
         self._flusher = gevent.spawn(self._flush_loop)
         self._sampler = gevent.spawn(self.local_sampler.run_forever) if self.local_sampler else None
@@ -473,7 +488,7 @@ class Recording:
         try:
             self.run.write_steps(s.row() for s in log)
         except OSError as e:  # the next change rewrites the whole file
-            self._failed("steps.csv", e)
+            self._failed(STEPS_FILE, e)
 
     def add_generator_rows(self, worker: str, rows: list) -> None:
         if not rows:
@@ -524,25 +539,47 @@ class Recording:
 
     def write_outcome(self, final: bool) -> None:
         """generator/clocks.json and generator/recorder.json (the conductor copies both to meta.json);
-        with no conductor, meta.json itself. A write that fails here is logged: nothing is left to hold it."""
+        with no conductor, meta.json itself.  A write that fails is not only logged: what could
+        still be written says so, and the process exits 1 (``environment.process_exit_code``), so
+        that a Locust-launched run ends with its ``ended`` in meta.json or a non-zero exit."""
         summary = {
             "request_rows": {"received": self.writer.rows_received, "written": self.writer.rows_written,
                              "held": self.writer.rows_held, "lost": self.writer.rows_lost},
             "lost": self.lost(), "warnings": self.warnings(), "final": final,
             "workers_lost": self.lost_workers,
         }
+        failed: list[tuple[str, str]] = []
+        offsets = self.worker_clocks.summary()
+        if offsets:
+            self._try_write(failed, CLOCKS_FILE, lambda: write_json(self.run.generator_dir / CLOCKS_FILE, offsets))
+        self._try_write(failed, RECORDER_FILE, lambda: write_json(self.run.generator_dir / RECORDER_FILE, summary))
+        if self.owns_meta:
+            done = self.schedule.done and len(self.schedule.log) == len(self.schedule.steps)
+            warnings = summary["warnings"] + [f"load generator: could not write generator/{what} ({why})"
+                                              for what, why in failed]
+            self._try_write(failed, META_FILE, lambda: self.run.update_meta(
+                ended=Ended.COMPLETED if done else Ended.STOPPED, complete=done and not failed, finished=time.time(),
+                worker_clocks=offsets, lost=summary["lost"], warnings=warnings, workers_lost=self.lost_workers))
+        self._outcome_failed(failed, summary)
+
+    def _try_write(self, failed: list[tuple[str, str]], what: str, write: Any) -> None:
         try:
-            offsets = self.worker_clocks.summary()
-            if offsets:
-                write_json(self.run.generator_dir / CLOCKS_FILE, offsets)
-            write_json(self.run.generator_dir / RECORDER_FILE, summary)
-            if self.owns_meta:
-                done = self.schedule.done and len(self.schedule.log) == len(self.schedule.steps)
-                self.run.update_meta(ended="completed" if done else "stopped", complete=done, finished=time.time(),
-                                     worker_clocks=offsets, lost=summary["lost"], warnings=summary["warnings"],
-                                     workers_lost=self.lost_workers)
+            write()
         except OSError as e:
-            logger.error("kneeswarm: could not write the recording's outcome: %s (%s)", e, summary)
+            failed.append((what, " ".join(str(e).split())))
+            logger.error("kneeswarm: could not write %s: %s", what, e)
+
+    def _outcome_failed(self, failed: list[tuple[str, str]], summary: dict[str, Any]) -> None:
+        """The exit code follows the last outcome written: 1 while any part of it could not be."""
+        if failed:
+            logger.error("kneeswarm: the recording's outcome, as far as it was not written: %s", summary)
+            self.outcome_errors = failed
+            if not self.env.process_exit_code:
+                self.env.process_exit_code = EXIT_OUTCOME_UNWRITTEN
+        elif self.outcome_errors:
+            self.outcome_errors = []
+            if self.env.process_exit_code == EXIT_OUTCOME_UNWRITTEN:
+                self.env.process_exit_code = None
 
     def end(self) -> None:
         """The test stopped (shape finished, or Stop pressed): flush, and say how it ended."""

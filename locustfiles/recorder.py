@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from kneeswarm import rundir
 from kneeswarm.rundir import RunDir
 
 from locustfiles.protocols.base import BadPayload
@@ -35,7 +36,7 @@ REPORT_KEY = "kneeswarm_rows"  # key in the worker report (Locust reserves "stat
 GEN_KEY = "kneeswarm_gen"
 #: generator/<this>: what the master's recording received, wrote and lost, and its warnings
 #: (the conductor merges "lost" and "warnings" into meta.json)
-RECORDER_FILE = "recorder.json"
+RECORDER_FILE = rundir.RECORDER_FILE  # generator/recorder.json (kneeswarm.rundir names the files)
 
 # The columns of a row as it travels, one list each (worker and step are added on the master).
 # A streamed answer adds its gaps between text chunks, whether tokens_out was counted by the client, the

@@ -32,9 +32,11 @@ import time
 from typing import Any, NamedTuple
 
 import gevent
+import gevent.ssl
 from gevent.pool import Group
 from locust import FastHttpUser, task
 
+from kneeswarm.plan import EndpointPlan, join_base
 from locustfiles.protocols import BadPayload, PreparedRequest, for_plan
 from locustfiles.protocols.sse import Arrivals
 from locustfiles import state
@@ -66,6 +68,23 @@ class InferenceUser(FastHttpUser):
     # FastHttpUser's defaults; the plan's request.timeout replaces these at init.
     network_timeout = 10.0
     connection_timeout = 10.0
+
+    def __init__(self, environment: Any) -> None:
+        """The plan's [endpoint] on this user's client: the base path after the host Locust
+        gives (the plan's target, --host or the web UI's Host field), and for https:// the
+        endpoint's TLS context (CA bundle, client certificate, server_name; unverified only where
+        the plan says verify = false -- Locust's own default is not to verify).  Its headers come with
+        every request from the protocol (``PreparedRequest.headers``)."""
+        endpoint = state.plan().endpoint
+        self.host = join_base(self.host or state.plan().target, endpoint.base_path)
+        https = self.host.startswith("https://")
+        if https:
+            self.insecure = not endpoint.verify
+            self.ssl_context_factory = _ssl_factory(endpoint)
+        super().__init__(environment)
+        if https and endpoint.server_name:  # SNI and the certificate's name: geventhttpclient's ssl_options,
+            #  read when the pool makes its client for the host, at the first request
+            self.client.client.clientpool.client_args["ssl_options"] = {"server_hostname": endpoint.server_name}
 
     def wait_time(self) -> float:
         return state.plan().load.wait_ms / 1000.0
@@ -226,6 +245,19 @@ class InferenceUser(FastHttpUser):
         tin, tout = tokens if tokens is not None else (None, None)
         resp.request_meta["context"]["kneeswarm"] = (tin if tin is not None else req.tokens_in, tout, None)
         resp.success()
+
+
+_ssl_contexts: dict[tuple, Any] = {}  # one context per endpoint's TLS settings, shared by this process's users
+
+
+def _ssl_factory(endpoint: EndpointPlan) -> Any:
+    """A factory geventhttpclient calls for each connection pool (it passes its own CA file as
+    ``cafile``, ignored here: the plan's trust replaces it)."""
+    key = (endpoint.ca_bundle, endpoint.verify, endpoint.client_cert, endpoint.client_key)
+    if key not in _ssl_contexts:
+        _ssl_contexts[key] = endpoint.ssl_context(gevent.ssl.create_default_context)
+    ctx = _ssl_contexts[key]
+    return lambda cafile=None, **_kw: ctx
 
 
 def read_stream(resp: Any, stream: Any) -> tuple[int, BaseException | None]:

@@ -114,7 +114,7 @@ def metrics_server() -> http.server.ThreadingHTTPServer:
 def _lifecycle(tmp: object, pid: int, url: str, version: tuple[int, int], python: str) -> None:
     name = f"py{version[0]}{version[1]}"
     run = RunDir.create(tmp, name)  # type: ignore[arg-type]
-    host = HostPlan(pid=pid, collectors=["pidstat", "vmstat", "procfs", "prometheus"])
+    host = HostPlan(pid=pid, collectors=["pidstat", "vmstat", "procfs", "prometheus", "cgroup"])
     transport = LocalTransport(label="local", python=[python, "-I", "-S"])
     settings = AgentSettings(interval=0.5, max_duration=60, heartbeat_timeout=10, metrics_url=url)
     with open_agent(host, run, settings, transport=transport) as agent:
@@ -142,6 +142,8 @@ def _lifecycle(tmp: object, pid: int, url: str, version: tuple[int, int], python
     assert len(procfs) >= 3 and procfs["cpu_pct"].mean() > 1  # the busy thread, seen by the /proc sampler (contended)
     scrapes = [json.loads(x) for x in (run.raw_dir("local") / "prometheus.jsonl").read_text().splitlines()]
     assert len(scrapes) >= 3 and all(s.get("text") == METRICS_TEXT.decode() for s in scrapes), scrapes[:2]
+    cgroup = pd.read_csv(hd / "cgroup.csv")  # the process's cgroup, read by the sampler on this python
+    assert len(cgroup) >= 3 and cgroup["version"].notna().all() and cgroup["pid"].eq(pid).all()
 
 
 def test_exec_channel_file_ops_on_every_python3_here(tmp_path):

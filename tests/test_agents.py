@@ -291,3 +291,41 @@ def test_remote_heartbeat_timeout_stops_an_agent_nobody_renews(tmp_path):
         assert status["state"] == "stopped" and status["reason"].startswith("heartbeat lost"), status["reason"]
     finally:
         _remote("stop", str(tmp_path))
+
+
+def _immutable(path: Path, on: bool) -> bool:
+    """chattr +i / -i (root on ext4, xfs, btrfs, tmpfs ...): a file even root cannot remove."""
+    return subprocess.run(["chattr", "+i" if on else "-i", str(path)], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not shutil.which("vmstat") or not shutil.which("chattr"), reason="vmstat or chattr not installed")
+def test_an_agent_directory_that_cannot_be_removed_is_said_in_meta_and_fails_the_run(busy, run):
+    """The data is home and verified, but the remote directory stays: meta.json must not say the
+    server was cleaned (fetch kept, removal_error, left_on_server), and the run is incomplete (exit 1)."""
+    from analysis.problems import collect
+    from kneeswarm import cli
+
+    host = HostPlan(pid=busy.pid, collectors=["vmstat"])
+    with open_agent(host, run, AgentSettings(interval=1, max_duration=60, heartbeat_timeout=10)) as agent:
+        agent.preflight()
+        agent.start()
+        remote_dir = Path(agent.remote_dir)
+        agent.stop()
+        pinned = remote_dir / "agent.json"
+        if not _immutable(pinned, True):
+            pytest.skip(f"chattr +i refused on {remote_dir} (file system without immutable files)")
+        try:
+            agent.fetch(final=True)
+            meta = agent.meta()
+        finally:
+            _immutable(pinned, False)
+            shutil.rmtree(remote_dir, ignore_errors=True)
+    assert meta["fetch"]["verified"] is True  # nothing was lost ...
+    assert meta["fetch"]["kept"] is True and "agent.json" in meta["fetch"]["removal_error"]  # ... but it stayed
+    assert meta["left_on_server"] == str(remote_dir)
+    assert any("could not be removed" in w and str(remote_dir) in w for w in meta["warnings"])
+    problems = collect({"complete": True, "ended": "completed", "hosts": {"local": meta}})
+    assert not problems.complete
+    assert any("left on the host" in w for w in problems.warnings)
+    code, why = cli.verdict(run, {"complete": problems.complete, "ended": "completed"}, None, "completed")
+    assert code == cli.EXIT_FAILED and why

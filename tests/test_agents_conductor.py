@@ -7,7 +7,7 @@ import pytest
 
 from agents import AgentError
 from agents import host as host_mod
-from kneeswarm import conductor as conductor_mod
+from kneeswarm import lifecycle as lifecycle_mod
 from kneeswarm.conductor import Conductor
 from kneeswarm.plan import HostPlan, load_plan
 
@@ -34,7 +34,7 @@ def test_agent_failures_after_start_are_warnings_not_the_end(start_demo_target, 
 
     monkeypatch.setattr(host_mod.HostAgent, "fetch", fetch)
     monkeypatch.setattr(host_mod.HostAgent, "stop", stop)
-    monkeypatch.setattr(conductor_mod, "FETCH_PERIOD", 1.0)
+    monkeypatch.setattr(lifecycle_mod, "FETCH_PERIOD", 1.0)
     plan = load_plan(None, {"name": "flaky", "target": target.url, "load.steps": [1, 2], "load.hold": 3.0,
                             "load.ramp": 1.0, "load.settle": 0.0, "load.workers": 1,
                             "metrics_url": target.url + "/metrics"})

@@ -25,6 +25,7 @@ from agents import host as host_mod
 from collectors.base import Collector, Parsed, frame
 from kneeswarm.plan import HostPlan, load_plan
 from kneeswarm.rundir import RunDir
+from conftest import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 REMOTE = REPO / "agents" / "remote.py"
@@ -230,7 +231,8 @@ def test_checksum_mismatch_marks_the_host_incomplete_and_still_parses(tmp_path):
     with open_agent(HostPlan(collectors=["vmstat"]), run) as agent:
         agent.preflight()
         agent.start()
-        time.sleep(2.5)
+        raw = Path(agent.remote_dir) / "vmstat.txt"
+        wait_for(lambda: raw.is_file() and raw.stat().st_size > 0, 10, "vmstat's first lines")
         agent.stop()
         remote_dir = agent.remote_dir
         with open(Path(remote_dir) / "vmstat.txt", "r+b") as f:  # changed after MANIFEST.json was written
@@ -254,7 +256,8 @@ def test_failed_final_fetch_marks_the_host_incomplete(tmp_path):
     with open_agent(HostPlan(collectors=["vmstat"]), run) as agent:
         agent.preflight()
         agent.start()
-        time.sleep(1.5)
+        raw = Path(agent.remote_dir) / "vmstat.txt"
+        wait_for(lambda: raw.is_file() and raw.stat().st_size > 0, 10, "vmstat's first lines")
         agent.fetch()
         agent.stop()
         shutil.rmtree(agent.remote_dir)

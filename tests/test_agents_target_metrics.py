@@ -17,6 +17,7 @@ import requests
 
 from agents import AgentSettings, selection
 from collectors.prometheus import PrometheusScraper, write_prometheus_csv
+from conftest import wait_for
 
 SERVED = 'kneeswarm_target_requests_total{code="200"}'
 
@@ -42,9 +43,8 @@ def test_scraper_on_a_real_target_sees_requests_rising(start_demo_target, tmp_pa
     before = time.time()
     scraper.start()
     try:
-        time.sleep(3.2)
-        live = raw.read_text().splitlines()  # flushed line by line: readable during the run
-        assert len(live) >= 3
+        # flushed line by line: readable during the run (three 1 Hz scrapes, or the deadline)
+        wait_for(lambda: raw.is_file() and len(raw.read_text().splitlines()) >= 3, 10, "three scrapes in the raw file")
     finally:
         stats = scraper.stop()
         stop.set()
@@ -72,7 +72,7 @@ def test_scrape_failures_are_counted_never_fatal(tmp_path):
     raw = tmp_path / "prometheus.jsonl"
     scraper = PrometheusScraper(f"http://127.0.0.1:{free_port()}/metrics", raw, interval=0.3)
     scraper.start()
-    time.sleep(1.0)
+    wait_for(lambda: scraper.scrapes >= 3, 10, "three scrapes")
     stats = scraper.stop()
     assert not scraper.is_alive()
     assert stats["scrapes"] >= 3 and stats["failed"] == stats["scrapes"] and stats["ok"] == 0

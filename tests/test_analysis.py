@@ -53,6 +53,28 @@ def test_linear_has_no_knee(tmp_path):
     assert s["peak"]["users"] == 16
 
 
+def test_plateau_with_kneedle_raising_is_said_not_read_as_no_knee(tmp_path, monkeypatch):
+    """kneed raising (no real curve of ours makes 0.9 raise, so the library is made to) is no
+    silent "no knee": the rule still decides, and summary.json, summary.md and the report say why."""
+    import kneed
+
+    class Broken:
+        def __init__(self, *a, **kw):
+            raise ValueError("x and y must be the same length.")
+
+    monkeypatch.setattr(kneed, "KneeLocator", Broken)
+    rd = make_run(tmp_path, closed_loop(k=4))
+    s = analysis.analyze(rd.path)
+    assert s["knee"]["users"] == 4 and s["knee"]["method"] == "saturation"  # the rule alone
+    assert "x and y must be the same length" in s["knee"]["kneedle_error"]
+    assert "x and y must be the same length" in s["latency_knee"]["kneedle_error"]
+    lines = [w for w in s["warnings"] if "Kneedle failed" in w]
+    assert [w.split(":")[0] for w in lines] == ["knee", "latency_knee"], s["warnings"]
+    assert "Kneedle failed" in (rd.report_dir / "summary.md").read_text()
+    assert "Kneedle failed" in (rd.report_dir / "index.html").read_text()
+    assert s["complete"] is True  # a warning, not a loss: the run itself is whole
+
+
 # -- knee on curves (pure) ---------------------------------------------------------------------
 @pytest.mark.parametrize("seed", range(20))
 def test_plateau_curve_with_noise_knee_at_4(seed):

@@ -14,9 +14,9 @@ import pytest
 
 import analysis
 import analysis.findings
-from analysis.usl import fit_usl
 from kneeswarm.rundir import CLOCKS_FILE, write_csv, write_json
 from synthetic_run import HOLD, RAMP, S_MS, SETTLE, T0, closed_loop, make_run, retrograde, steady_rows, strict_json
+from usl_truth import usl_lstsq
 
 USERS = (1, 2, 4, 8, 16)
 
@@ -55,10 +55,11 @@ def test_littles_law_step_that_did_not_hold_the_load_is_invalid_and_out_of_knee_
     assert len(bad["reasons"]) == 1 and bad["reasons"][0].startswith("Little's law:")
     assert f"users busy of 8 ({in_system / 8:.0%})" in bad["reasons"][0]
     assert all(st["valid"] and st["reasons"] == [] for i, st in enumerate(s["steps"]) if i != 3)
-    # the fit uses only the 4 valid steps: the same fit as on their points alone
+    # the fit uses only the 4 valid steps: the least-squares fit (numpy, tests/usl_truth.py) of their
+    # points alone, their QPS counted from the rows
     good = [i for i in range(len(USERS)) if i != 3]
     qps = [len(steady_rows(rd, i).query("ok")) / window for i in good]
-    expected = fit_usl([USERS[i] for i in good], qps)
+    expected = usl_lstsq([USERS[i] for i in good], qps)
     assert s["usl"]["points"] == 4
     for k in ("sigma", "kappa", "lambda"):
         assert s["usl"][k] == pytest.approx(expected[k], rel=1e-3, abs=1e-9)
@@ -119,7 +120,7 @@ def test_findings_and_usl_in_summary_json_and_reports(tmp_path):
     assert retro["evidence"]["drop"] == pytest.approx(1 - qps[32] / qps[16], abs=1e-3)
     # the story's host: cs/s = 1000 x users (4x from 8 to 32 users), migrations 5/s x users
     assert {f["id"] for f in s["findings"]} == {"retrograde", "switch_storm", "migrations_high"}
-    expected = fit_usl(list(qps), list(qps.values()))
+    expected = usl_lstsq(list(qps), list(qps.values()))  # numpy least squares on the rows' QPS
     assert s["usl"]["kappa"] == pytest.approx(expected["kappa"], rel=1e-3)
     assert s["usl"]["n_star"] == pytest.approx(expected["n_star"], rel=1e-3)
     assert len(s["usl"]["curve"]["users"]) == len(s["usl"]["curve"]["qps"]) > 10

@@ -15,6 +15,7 @@ from datetime import timedelta, timezone
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -25,6 +26,7 @@ from collectors import COLLECTORS, Parsed, get, parse_raw
 from collectors.base import (GPU_COLUMNS, GPU_PROC_COLUMNS, PROCESS_COLUMNS, THREAD_COLUMNS,
                              VMSTAT_COLUMNS)
 from collectors.prometheus import parse_exposition, scrapes_to_frame
+from conftest import wait_for
 
 FIX = Path(__file__).parent / "fixtures" / "collectors"
 GPU = Path(__file__).parent / "fixtures" / "gpu"
@@ -40,6 +42,7 @@ FIXTURES: dict[str, list[Path]] = {
     "nvml": [GPU / "nvml.jsonl"],
     "procfs": [FIX / "procfs-psutil.jsonl"],
     "prometheus": [FIX / "prometheus-client-0.x.jsonl"],
+    "cgroup": [FIX / "cgroup-v1-recorded.jsonl"],
 }
 
 
@@ -374,15 +377,11 @@ LIVE_SECONDS = 3.3
 
 @pytest.mark.skipif(not (shutil.which("pidstat") and shutil.which("vmstat")),
                     reason="pidstat/vmstat not installed")
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_live_pidstat_and_vmstat_on_a_busy_process(tmp_path):
     busy = subprocess.Popen([sys.executable, "-c", BUSY])
     procs = []
     try:
-        time.sleep(0.3)
+        wait_for(lambda: psutil.Process(busy.pid).num_threads() == 3, 10, "the busy process's two spinning threads")
         t_start = time.time()
         for name in ("pidstat", "vmstat"):
             c = get(name)

@@ -252,6 +252,24 @@ def test_main_compare_exit_codes_and_files(runs, tmp_path, capsys):
     assert err.count("\n") == 0 and "nowhere" in err and "not a directory" in err
 
 
+def test_an_unreadable_plan_is_bad_input_and_a_missing_one_is_said(runs, tmp_path, capsys):
+    """plan.toml that is there but unreadable: exit 2, one line naming it, nothing written (its
+    findings would otherwise be judged with the defaults, silently); a run without one: a warning."""
+    import shutil
+
+    bad = Path(shutil.copytree(runs["slow"], tmp_path / "bad"))
+    (bad / "report" / "compare").mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(bad / "report" / "compare")
+    (bad / "plan.toml").write_text("[load\nsettle = 0.0\n")
+    assert main_compare([str(runs["base"]), str(bad), "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "plan.toml" in err and "unreadable" in err and "Traceback" not in err
+    assert not (bad / "report" / "compare").exists()
+    (bad / "plan.toml").unlink()
+    result = compare_runs(runs["base"], bad)
+    assert [w for w in result["warnings"] if "new run has no plan.toml" in w], result["warnings"]
+
+
 def test_bootstrap_qps_interval_on_counts_with_known_variance():
     """The bin bootstrap alone: Poisson counts of rate λ over T s give sd(QPS) = √(λ/T)."""
     rng = np.random.default_rng(11)

@@ -349,3 +349,34 @@ def test_disk_still_full_at_the_end_is_one_error_line(tmp_path, small_disk, star
     assert "report:" not in res.stdout
     (run_dir,) = [p for p in small_disk.path.iterdir() if p.is_dir()]
     assert len(RunDir(run_dir).read_requests()) > 0
+
+
+def test_bare_locust_that_cannot_write_its_outcome_exits_1(tmp_path, small_disk, start_demo_target):
+    """`locust -f locustfiles/swarm.py --headless` (no conductor) on a disk that fills mid-run and
+    stays full: the recording's outcome (generator/recorder.json, meta.json's ``ended``) cannot be
+    written, and Locust's exit code says so (1) instead of Locust's own 0."""
+    from kneeswarm.rundir import RunDir
+
+    target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
+    plan = tmp_path / "plan.toml"
+    plan.write_text(f'name = "bare"\ntarget = "{target.url}"\n'
+                    "[load]\nsteps = [1]\nramp = 0.5\nhold = 2.0\nsettle = 0.0\n")
+    log = tmp_path / "locust.log"
+    with log.open("w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "locust", "-f", str(REPO / "locustfiles" / "swarm.py"),
+                                 "--headless", "--kneeswarm-plan", str(plan), "--kneeswarm-out", str(small_disk.path)],
+                                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=f, env=kneeswarm_env())
+    try:
+        wait_for(lambda: any(small_disk.path.glob("*/requests/part-*.parquet")), 60, "the first part")
+        small_disk.fill()
+        rc = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        small_disk.free()
+    text = log.read_text()
+    (run_dir,) = [p for p in small_disk.path.iterdir() if p.is_dir()]
+    assert "ended" not in RunDir(run_dir).read_meta()  # the failure was provoked: nothing says how it ended
+    assert rc == 1, text[-3000:]
+    assert "could not write recorder.json" in text and "could not write meta.json" in text, text[-3000:]

@@ -10,6 +10,7 @@ import pytest
 
 from kneeswarm.cli import main, worker_argv
 from kneeswarm.conductor import workers_connected
+from kneeswarm.rundir import RunDir
 from locustfiles.webui import form_overrides
 
 
@@ -34,12 +35,23 @@ def test_form_fields_override_the_plan_and_a_bad_one_names_itself():
         form_overrides({"kneeswarm_hold": "long"})
 
 
-def test_workers_connected_from_the_masters_log(tmp_path):
-    log = tmp_path / "master.log"
-    log.write_text("x INFO/locust.main: Waiting for workers to be ready, 0 of 3 connected\n"
-                   "x INFO/locust.main: Waiting for workers to be ready, 2 of 3 connected\n"
-                   "x ERROR/locust.main: Gave up waiting for workers to connect\n")
-    assert workers_connected(log) == 2
-    log.write_text("x INFO/locust.main: Waiting for workers to be ready, 2 of 3 connected\n")
-    assert workers_connected(log) is None  # they came in the end
-    assert workers_connected(tmp_path / "none.log") is None
+def test_workers_connected_from_the_masters_own_account(tmp_path):
+    """The master's account of its workers (generator/master.json, written from Locust's
+    worker_connect and test_start events), read by the conductor instead of Locust's log wording:
+    the end-to-end case is tests/test_distributed.py::test_run_names_how_many_workers_came."""
+    from locustfiles.master_state import MasterState
+
+    run = RunDir.create(tmp_path, "state")
+    assert workers_connected(run) is None  # no account: nothing is claimed
+    env = argparse.Namespace(parsed_options=argparse.Namespace(kneeswarm_run_dir=str(run.path), expect_workers=3))
+    state = MasterState(env)
+    assert workers_connected(run) == 0
+    state.connected("a")
+    state.connected("b")
+    state.connected("c")
+    state.gone("c")  # went missing before the test could start
+    assert workers_connected(run) == 2
+    state.test_started()
+    assert workers_connected(run) is None  # they came in the end: the test started
+    bare = MasterState(argparse.Namespace(parsed_options=argparse.Namespace(kneeswarm_run_dir="", expect_workers=1)))
+    assert bare.path is None  # no conductor: nobody reads it, nothing written

@@ -1,6 +1,6 @@
 """The floor plan holds: a package imports only the floors below it, and functions stay readable.
 
-Floors (README "Layout"): 1 the contracts (kneeswarm.plan, kneeswarm.rundir); 2 collectors; 3
+Floors (README "Layout"): 1 the contracts (kneeswarm.plan, kneeswarm.rundir, kneeswarm.outcome); 2 collectors; 3
 agents, analysis, locustfiles (side by side: none imports another); 4 the entry points
 (kneeswarm.cli, kneeswarm.conductor, the locustfile locustfiles/swarm.py with its wiring
 locustfiles/plugin.py, and what they share: kneeswarm.lifecycle). The demo target (kneeswarm.target)
@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = ("kneeswarm", "locustfiles", "agents", "collectors", "analysis")
-CONTRACTS = {"kneeswarm.plan", "kneeswarm.rundir"}
+CONTRACTS = {"kneeswarm.plan", "kneeswarm.rundir", "kneeswarm.outcome"}
 #: The locustfile and its wiring into Locust are an entry point (floor 4), like the CLI: they
 #: share the test's lifecycle (kneeswarm.lifecycle) with the conductor.
 LOCUSTFILE = {"locustfiles.swarm", "locustfiles.plugin"}

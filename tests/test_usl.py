@@ -131,3 +131,18 @@ def test_curve_and_description():
     text = describe(fit)
     assert "N* = 35.6" in text and "contention" in text and "coherency" in text
     json.dumps(fit, allow_nan=False)
+
+
+@pytest.mark.parametrize("sigma,kappa,lam", [(0.05, 0.002, 100.0), (0.0, 0.0, 20.0), (0.3, 0.0, 7.0), (0.02, 0.0005, 50.0)])
+def test_the_numpy_truth_fit_recovers_exact_usl_curves(sigma, kappa, lam):
+    """tests/usl_truth.py (numpy alone), the expected values of the summaries' USL tests
+    (test_analysis_trust.py), recovers the parameters of exact curves and the published SDM91 fit."""
+    from usl_truth import usl_lstsq
+
+    n = np.array([1, 2, 4, 8, 16, 32, 64], dtype=float)
+    got = usl_lstsq(n, lam * n / (1 + sigma * (n - 1) + kappa * n * (n - 1)))
+    assert got["sigma"] == pytest.approx(sigma, rel=1e-6, abs=1e-9)
+    assert got["kappa"] == pytest.approx(kappa, rel=1e-6, abs=1e-12)
+    assert got["lambda"] == pytest.approx(lam, rel=1e-6)
+    sdm = usl_lstsq(*zip(*SPECSDM91))
+    assert rel(sdm["sigma"], SDM_SIGMA) < PUBLISHED_TOLERANCE and rel(sdm["kappa"], SDM_KAPPA) < PUBLISHED_TOLERANCE

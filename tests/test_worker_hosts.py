@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 
 from kneeswarm.conductor import free_port
 from kneeswarm.rundir import RunDir
 
-from conftest import REPO
+from conftest import REPO, wait_for
 
 try:
     from sshd_fixture import processes_mentioning, sshd  # noqa: F401 (the fixture)
@@ -43,8 +42,8 @@ def test_worker_hosts_start_run_and_leave_nothing(sshd, tmp_path, start_demo_tar
     assert set(rows["worker"]) == {"worker-0", "worker-1"}  # the two processes of the one worker host
     meta = RunDir(run_dir).read_meta()
     assert not [w for w in meta["warnings"] if "worker host" in w]  # stopped, and checked gone, over SSH
-    time.sleep(1)
-    assert processes_mentioning(f"--master-port {port}") == []  # no worker left running (exec: locust's argv)
+    # no worker left running (exec: locust's argv), within a second of the run's end
+    wait_for(lambda: processes_mentioning(f"--master-port {port}") == [], 1.0, "the worker processes to be gone")
 
 
 def test_worker_hosts_with_other_versions_are_refused(sshd, tmp_path, start_demo_target):

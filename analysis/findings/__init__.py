@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from analysis.findings import cpu, engine, llm_engine, load, memory_gpu, scaling
+from analysis.findings import cgroup, cpu, engine, llm_engine, load, memory_gpu, scaling
 from analysis.findings.context import Context, as_dict, num
 from analysis.findings.finding import FINDING_IDS, SEVERITY
 from analysis.findings.validity import littles_law_reason, step_littles_law
@@ -45,6 +45,8 @@ RULES: tuple[Rule, ...] = (
     cpu.switch_storm,
     cpu.migrations_high,
     cpu.io_wait,
+    cgroup.cpu_throttled,
+    cgroup.memory_limit_near,
     scaling.efficiency_falling,
     scaling.latency_swinging,
     memory_gpu.model_copies,

@@ -96,7 +96,7 @@ def service_demand(c: Context, s: dict[str, Any], h: str) -> float | None:
 
 def _may_fill_queue(c: Context, s: dict[str, Any], h: str) -> bool:
     """The process did a fair part of the work, or its own threads wanted more than the CPUs."""
-    demand, cpus = service_demand(c, s, h), c.cpu_fact(h, "logical_cpus")
+    demand, cpus = service_demand(c, s, h), c.service_cpus(h)
     return by_service(c, s, h) or (demand is not None and cpus is not None and demand > cpus * RUN_QUEUE_PER_CPU)
 
 
@@ -115,7 +115,14 @@ def cpu_starved(c: Context, s: dict[str, Any], h: str) -> bool:
 
 def runnable(c: Context, s: dict[str, Any], h: str) -> float | None:
     """Tasks that wanted a CPU besides the sampler (vmstat r - VMSTAT_SELF), read only in a step
-    whose CPUs were full (RUN_QUEUE_BUSY_PCT); None otherwise or when not measured."""
+    whose CPUs were full (RUN_QUEUE_BUSY_PCT); None otherwise or when not measured.
+
+    A service bounded by its cgroup (Context.service_cpus_bound) has CPUs of its own, and the
+    host's run queue counts every other tenant's tasks: there, its own threads running or waiting
+    (``service_demand``, throttled time included) when its CPUs were full (``service_busy``)."""
+    if c.service_cpus_bound(h) != "host":
+        demand, busy = service_demand(c, s, h), c.service_busy(s, h)
+        return demand if demand is not None and busy is not None and busy >= RUN_QUEUE_BUSY_PCT else None
     r, busy = c.metric(s, h, "r"), c.host_busy(s, h)
     if r is None or busy is None or busy < RUN_QUEUE_BUSY_PCT:
         return None
@@ -124,14 +131,17 @@ def runnable(c: Context, s: dict[str, Any], h: str) -> float | None:
 
 def cpu_saturated(ctx: Context) -> list[dict[str, Any]]:
     def check(c: Context, h: str) -> dict[str, Any] | None:
-        hits, worst, busy = _worst(c.late(), lambda s: c.host_busy(s, h) if by_service(c, s, h) else None,
+        hits, worst, busy = _worst(c.late(), lambda s: c.service_busy(s, h) if by_service(c, s, h) else None,
                                    lambda v: v >= CPU_SATURATED_PCT)
         if worst is None:
             return None
-        us, sy = c.metric(worst, h, "us"), c.metric(worst, h, "sy")
+        us, sy, cpus = c.metric(worst, h, "us"), c.metric(worst, h, "sy"), c.service_cpus(h)
+        of = f"us {us:.0f} + sy {sy:.0f}" if c.service_cpus_bound(h) == "host" and us is not None and sy is not None \
+            else f"of the {cpus:g} CPUs the service may use"
         return finding("cpu_saturated", hits, {"host": h, "users": worst["users"], "us": us, "sy": sy,
-                                               "busy_pct": busy, "threshold_pct": CPU_SATURATED_PCT},
-                       f"{h}: CPU {busy:.0f}% busy (us {us:.0f} + sy {sy:.0f}) at {users_text(worst['users'])}: "
+                                               "busy_pct": busy, "threshold_pct": CPU_SATURATED_PCT,
+                                               "service_cpus": cpus, "cpus_bound": c.service_cpus_bound(h)},
+                       f"{h}: CPU {busy:.0f}% busy ({of}) at {users_text(worst['users'])}: "
                        "the CPU is the bottleneck.",
                        "Read the other findings for what the CPU was spent on; then add cores or replicas, "
                        "or cut the work per request (batching, a smaller model, fewer engine threads).")
@@ -140,7 +150,7 @@ def cpu_saturated(ctx: Context) -> list[dict[str, Any]]:
 
 def run_queue_over_cores(ctx: Context) -> list[dict[str, Any]]:
     def check(c: Context, h: str) -> dict[str, Any] | None:
-        cpus = c.cpu_fact(h, "logical_cpus")
+        cpus = c.service_cpus(h)
         if cpus is None:
             return None
         limit = cpus * RUN_QUEUE_PER_CPU
@@ -149,12 +159,17 @@ def run_queue_over_cores(ctx: Context) -> list[dict[str, Any]]:
         if worst is None:
             return None
         return finding("run_queue_over_cores", hits, {"host": h, "users": worst["users"], "r": c.metric(worst, h, "r"),
-                                                      "runnable": queue, "busy_pct": c.host_busy(worst, h),
-                                                      "logical_cpus": cpus, "threads": c.metric(worst, h, "threads"),
+                                                      "runnable": queue, "busy_pct": c.service_busy(worst, h),
+                                                      "logical_cpus": c.cpu_fact(h, "logical_cpus"),
+                                                      "service_cpus": cpus, "cpus_bound": c.service_cpus_bound(h),
+                                                      "threads": c.metric(worst, h, "threads"),
                                                       "service_demand": service_demand(c, worst, h),
                                                       "process_share": c.process_share(worst, h)},
-                       f"{h}: {queue:.1f} tasks wanted the {cpus:.0f} logical CPUs (run queue, the sampler counted out) "
-                       f"while they were {c.host_busy(worst, h):.0f}% busy at {users_text(worst['users'])}: more threads "
+                       (f"{h}: {queue:.1f} tasks wanted the {cpus:.0f} logical CPUs (run queue, the sampler counted out) "
+                        if c.service_cpus_bound(h) == "host" else
+                        f"{h}: {queue:.1f} of the service's threads wanted the {cpus:g} CPUs it may use (running or "
+                        "waiting, throttled time included) ")
+                       + f"while they were {c.service_busy(worst, h):.0f}% busy at {users_text(worst['users'])}: more threads "
                        "want to run than there are CPUs, so more threads only lengthen the queue.",
                        "Cut the runnable threads to about the number of cores: fewer request threads, or "
                        "intra_op_num_threads 2-4 and inter_op_num_threads 1 with many concurrent requests.")
@@ -213,11 +228,12 @@ def threads_over_cores(ctx: Context) -> list[dict[str, Any]]:
 
 
 def _idle_cpus(c: Context, s: dict[str, Any], h: str) -> float | None:
-    """CPUs' worth of idle time: from vmstat, else from the process's own CPU."""
-    cpus = c.cpu_fact(h, "logical_cpus")
+    """CPUs' worth of idle time of the CPUs the service may use: from vmstat (from the cgroup's or
+    process's CPU where a quota or cpuset bounds it: Context.service_busy), else from the process's."""
+    cpus = c.service_cpus(h)
     if cpus is None:
         return None
-    busy = c.host_busy(s, h)
+    busy = c.service_busy(s, h)
     if busy is not None:
         return cpus * (100.0 - busy) / 100.0
     proc = c.metric(s, h, "cpu_pct")
@@ -235,7 +251,8 @@ def single_thread_bound(ctx: Context) -> list[dict[str, Any]]:
             return None
         idle = _idle_cpus(c, worst, h)
         return finding("single_thread_bound", hits, {"host": h, "users": worst["users"], "top_thread_cpu_pct": top,
-                                                     "idle_cpus": idle, "logical_cpus": c.cpu_fact(h, "logical_cpus")},
+                                                     "idle_cpus": idle, "logical_cpus": c.cpu_fact(h, "logical_cpus"),
+                                                     "service_cpus": c.service_cpus(h)},
                        f"{h}: the busiest thread ran at {top:.0f}% of a core while {idle:.1f} CPUs sat idle at "
                        f"{users_text(worst['users'])}: one thread is the serial section.",
                        "Find that thread (pidstat -t): a Python GIL, an event loop doing the inference, one "

@@ -4,7 +4,8 @@ Not a per-step rule: it reads the configuration.  The knobs come from the plan w
 them (``plan[section]`` for a section in ``KNOB_SECTIONS``, or the plan's top level, with the keys
 ``request_threads`` and ``intra_op_threads``), else from the command line of the monitored
 process when it is the bundled demo target (``hosts[h].process.cmdline`` containing
-``kneeswarm.target``).  The CPUs are those of the host that runs the process.
+``kneeswarm.target``).  The CPUs are those the process may use on its host (Context.service_cpus:
+its cgroup's quota or cpuset, else the host's logical CPUs).
 
 Threads that never run at once do not fight (issue 16: an idle demo target, 4 x 1 threads on 2
 CPUs, got this finding): it fires only where, at a step at or after the knee, the CPUs were full
@@ -77,7 +78,7 @@ def _competed(ctx: Context, host: str | None, cpus: float) -> bool:
 def engine_oversubscribed(ctx: Context) -> list[dict[str, Any]]:
     out = []
     for host, knobs, source in _sources(ctx):
-        cpus = ctx.cpu_fact(host, "logical_cpus") if host else None
+        cpus = ctx.service_cpus(host) if host else None
         req, intra = num(knobs.get("request_threads")), num(knobs.get("intra_op_threads"))
         if cpus is None or req is None or intra is None or intra < 0:
             continue
@@ -86,11 +87,12 @@ def engine_oversubscribed(ctx: Context) -> list[dict[str, Any]]:
             continue
         out.append(finding("engine_oversubscribed", [],
                            {"host": host, "request_threads": req, "intra_op_threads": engine,
-                            "threads": req * engine, "logical_cpus": cpus, "source": source},
+                            "threads": req * engine, "logical_cpus": ctx.cpu_fact(host, "logical_cpus"),
+                            "service_cpus": cpus, "source": source},
                            f"{host}: {req:.0f} request threads x {engine:.0f} engine threads = {req * engine:.0f} "
-                           f"compute threads for {cpus:.0f} CPUs (from {source}): engine and application threads "
+                           f"compute threads for {cpus:g} CPUs (from {source}): engine and application threads "
                            "fight over the cores.",
-                           f"Keep request threads x intra_op_num_threads <= {cpus:.0f}: with many concurrent "
+                           f"Keep request threads x intra_op_num_threads <= {max(cpus, 1):.0f}: with many concurrent "
                            "requests set intra_op_num_threads 1-4 and inter_op_num_threads 1 (OpenVINO "
                            "inference_num_threads, TensorRT builder threads), or fewer request threads."))
     return out

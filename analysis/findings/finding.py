@@ -32,6 +32,8 @@ SEVERITY = {
     "generator_bound": "critical",
     "engine_oversubscribed": "warning",
     "host_contended": "warning",  # not in the issue's table: a full host that the service did not fill
+    "cpu_throttled": "warning",  # issue 16: the container's CPU quota is the bottleneck
+    "memory_limit_near": "warning",  # issue 16: RSS within a margin of the container's memory limit
     "efficiency_falling": "warning",  # issue 16: the method's remaining rules
     "latency_swinging": "warning",
     "gpu_memory_creep": "warning",

@@ -48,7 +48,7 @@ GPU_BUSY_PCT = 80.0  # ... and no GPU was busy (a busy GPU is computing, not wai
 # The residual rule stays silent when one of these already names the cause.
 EXPLAINED_BY = ("cpu_saturated", "run_queue_over_cores", "single_thread_bound", "gpu_serialized", "io_wait",
                 "generator_bound", "host_contended", "efficiency_falling", "latency_swinging",
-                "kv_cache_full", "preemption", "queue_growing", "prefill_bound", "decode_bound")
+                "cpu_throttled", "kv_cache_full", "preemption", "queue_growing", "prefill_bound", "decode_bound")
 
 
 def qps_resolution(step: dict[str, Any]) -> float:
@@ -179,7 +179,7 @@ def _not_computing(ctx: Context, s: dict[str, Any], h: str) -> float | None:
     A limit: a busy GPU, the process at CPU_NOT_SATURATED_PCT of the CPUs, or its threads waiting
     for a CPU (CPU_WAIT_DISTURBS; not measured: the host at HOST_FULL_PCT); without the process
     measured, the host at CPU_NOT_SATURATED_PCT."""
-    cpus = ctx.cpu_fact(h, "logical_cpus")
+    cpus = ctx.service_cpus(h)
     busy, proc, gpu = ctx.host_busy(s, h), ctx.metric(s, h, "cpu_pct"), ctx.metric(s, h, "sm_pct")
     if gpu is not None and gpu >= GPU_BUSY_PCT:
         return None

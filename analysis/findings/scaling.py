@@ -90,7 +90,7 @@ def _spread(s: dict[str, Any]) -> float | None:
 
 
 def _cpu_full_by_service(c: Context, s: dict[str, Any], h: str) -> bool:
-    busy = c.host_busy(s, h)
+    busy = c.service_busy(s, h)
     return busy is not None and busy >= CPU_SATURATED_PCT and by_service(c, s, h)
 
 
@@ -109,8 +109,9 @@ def latency_swinging(ctx: Context) -> list[dict[str, Any]]:
         out.append(finding("latency_swinging", [x[0] for x in hits],
                            {"host": h, "from_users": base["users"], "users": s["users"], "spread_from": b, "spread": sp,
                             "p50_ms": num(s.get("p50_ms")), "p99_ms": num(s.get("p99_ms")),
-                            "busy_pct": ctx.host_busy(s, h), "threshold": SWING_GROWTH},
-                           f"{h}: with the CPUs {ctx.host_busy(s, h):.0f}% busy at {users_text(s['users'])}, P99 was "
+                            "busy_pct": ctx.service_busy(s, h), "service_cpus": ctx.service_cpus(h),
+                            "threshold": SWING_GROWTH},
+                           f"{h}: with the CPUs {ctx.service_busy(s, h):.0f}% busy at {users_text(s['users'])}, P99 was "
                            f"{sp:.1f}x P50 (it was {b:.1f}x at {users_text(base['users'])}): response times swing, "
                            "threads are fighting over the CPUs rather than waiting in a steady queue.",
                            "Fewer runnable threads than cores (request pool x engine threads), pin them "

@@ -9,7 +9,7 @@ keeps the two equal).
 from __future__ import annotations
 
 from locustfiles.protocols.base import (BadPayload, PreflightError, PreparedRequest, Protocol, ProtocolError,
-                                        StreamTruncated, Tokens)
+                                        StreamTruncated, Tokens, connection_problem, detail, refusal_hint)
 from locustfiles.protocols.http import GenericHTTP
 from locustfiles.protocols.kserve import KServeV2
 from locustfiles.protocols.openai import OpenAI
@@ -30,11 +30,11 @@ def for_plan(plan: object, seed: int = 0) -> Protocol:
     """The plan's protocol for one user (ProtocolError when the plan cannot be turned into requests);
     with ``[request] replay`` its requests are the recording's (workload.Replayed)."""
     request = vars(plan.request)  # type: ignore[attr-defined]
-    protocol = PROTOCOLS[plan.protocol](request, seed=seed)  # type: ignore[attr-defined]
+    protocol = PROTOCOLS[plan.protocol](request, seed=seed, endpoint=plan.endpoint)  # type: ignore[attr-defined]
     if request.get("replay"):
         return Replayed(protocol, str(request["replay"]), token_counter(request.get("tokenizer")))  # type: ignore[return-value]
     return protocol
 
 
 __all__ = ["BadPayload", "PreflightError", "PreparedRequest", "Protocol", "ProtocolError", "StreamTruncated",
-           "Tokens", "PROTOCOLS", "for_plan", "GenericHTTP", "KServeV2", "OpenAI", "TFServing", "TorchServe"]
+           "Tokens", "PROTOCOLS", "for_plan", "connection_problem", "detail", "refusal_hint", "GenericHTTP", "KServeV2", "OpenAI", "TFServing", "TorchServe"]

@@ -10,7 +10,11 @@ about Locust or recording: the user class in users.py drives it, the conductor c
 Credentials: ``api_key_env = "NAME"`` in the plan puts ``Authorization: Bearer <$NAME>`` on
 every request (and on the preflight's).  The value lives only in ``self.headers``; every
 message a protocol makes goes through ``redact`` first, so it never reaches an error, a log
-line or the run directory.
+line or the run directory.  The same holds for the plan's ``[endpoint] headers_env``.
+
+The endpoint (``[endpoint]``: TLS trust, client certificate, headers, a gateway's path prefix)
+is the protocol's too: its headers ride on every request, and the preflight's requests use its
+TLS settings; a connection that fails says what failed (``connection_problem``).
 """
 
 from __future__ import annotations
@@ -18,10 +22,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import orjson
+
+from kneeswarm.plan import EndpointPlan
 
 logger = logging.getLogger(__name__)
 
@@ -87,15 +94,24 @@ class Protocol:
     _requests: list[PreparedRequest] = []
     _i = 0
 
-    def __init__(self, request_cfg: dict[str, Any], seed: int = 0):
+    def __init__(self, request_cfg: dict[str, Any], seed: int = 0, endpoint: EndpointPlan | None = None):
         self.cfg = request_cfg
         self.seed = seed
-        self._secret: str | None = None
-        self.headers = {"Content-Type": "application/json", **self._auth_header()}
+        self.endpoint = endpoint or EndpointPlan()
+        self._secrets: list[str] = []
+        self.headers = {"Content-Type": "application/json", **self._endpoint_headers(), **self._auth_header()}
         if request_cfg.get("health_path"):
             self.health_path = request_cfg["health_path"]
 
     # -- credentials ---------------------------------------------------------------------
+    def _endpoint_headers(self) -> dict[str, str]:
+        try:
+            headers = self.endpoint.resolved_headers()
+        except ValueError as e:
+            raise ProtocolError(str(e)) from None
+        self._secrets += self.endpoint.secrets()
+        return headers
+
     def _auth_header(self) -> dict[str, str]:
         name = self.cfg.get("api_key_env")
         if not name:
@@ -103,12 +119,14 @@ class Protocol:
         value = os.environ.get(name)
         if not value:
             raise ProtocolError(f"request.api_key_env: environment variable {name} is not set (or empty)")
-        self._secret = value
+        self._secrets.append(value)
         return {"Authorization": f"Bearer {value}"}
 
     def redact(self, text: str) -> str:
-        """``text`` without the API key's value (for every message that leaves the protocol)."""
-        return text.replace(self._secret, REDACTED) if self._secret else text
+        """``text`` without the API key's or a secret header's value (every message that leaves the protocol)."""
+        for secret in self._secrets:
+            text = text.replace(secret, REDACTED)
+        return text
 
     # -- requests and answers ------------------------------------------------------------
     def next_request(self) -> PreparedRequest:
@@ -145,18 +163,71 @@ class Protocol:
         import requests  # here: the request hot path never needs it
 
         try:
-            return requests.request(method, base_url.rstrip("/") + path, headers=self.headers,
-                                    timeout=timeout, **kw)
+            with self.endpoint.requests_session() as session:
+                return session.request(method, base_url.rstrip("/") + path, headers=self.headers,
+                                       timeout=timeout, **self.endpoint.requests_kwargs(), **kw)
         except requests.RequestException as e:
-            raise PreflightError(self.redact(f"{base_url}: {method} {path} failed ({type(e).__name__})")) from None
+            raise PreflightError(self.redact(f"{base_url}: {method} {path} failed ({connection_problem(e)})")) from None
 
     def _refusal(self, base_url: str, what: str, r: Any) -> str:
-        """One line: what was asked, the status, and the server's own error text."""
-        return self.redact(f"{base_url}: {what} -> HTTP {r.status_code}{detail(r.content)}")
+        """One line: what was asked, the status, the server's own error text, and what in the
+        endpoint settings an answer like that usually points at."""
+        return self.redact(f"{base_url}: {what} -> HTTP {r.status_code}{detail(r.content)}"
+                           f"{refusal_hint(r.status_code, r.content, self.headers)}")
+
+
+#: (text in an ssl error, what it means): the first that matches names the failure
+TLS_FAILURES = (
+    ("certificate required", "the server requires a client certificate (endpoint.client_cert)"),
+    ("unknown ca", "the server does not trust the client certificate's CA (endpoint.client_cert)"),
+    ("bad certificate", "the server refused the client certificate (endpoint.client_cert)"),
+    ("unable to get local issuer certificate", "the server's certificate is signed by a CA not trusted here "
+                                               "(give that CA in endpoint.ca_bundle)"),
+    ("self-signed certificate", "the server's certificate is self-signed or signed by a CA not trusted here "
+                                "(give that CA in endpoint.ca_bundle)"),
+    ("self signed certificate", "the server's certificate is self-signed or signed by a CA not trusted here "
+                                "(give that CA in endpoint.ca_bundle)"),
+    ("mismatch", "the server's certificate is not valid for the name asked for (the target's host, or "
+                 "endpoint.server_name)"),
+    ("certificate has expired", "the server's certificate has expired"),
+    ("wrong version number", "the server does not speak TLS on that port (is the target http://?)"),
+)
+
+
+def connection_problem(e: BaseException) -> str:
+    """A failed connection in a few words: for TLS, what failed and which endpoint key it points
+    at; else the kind of error ("connection refused", "timed out", the exception's class)."""
+    text = str(e)
+    low = text.lower()
+    if "ssl" in type(e).__name__.lower() or "[ssl" in low or "certificate" in low:
+        reason = re.search(r"certificate verify failed: (.+?) \(_ssl", text) or re.search(r"\] ([^\]]+?) \(_ssl", text)
+        said = f" ({reason.group(1).strip()})" if reason else ""
+        for needle, meaning in TLS_FAILURES:
+            if needle in low:
+                return f"TLS: {meaning}{said}"
+        return f"TLS: {type(e).__name__}{said}"
+    for key in ("Connection refused", "Name or service not known", "timed out", "No route to host"):
+        if key in text:
+            return key.lower()
+    return type(e).__name__
+
+
+def refusal_hint(status: int, body: bytes, headers: dict[str, str]) -> str:
+    """What an HTTP refusal usually means for the endpoint settings ("" when nothing is known):
+    a proxy that wants a client certificate answers 400 and says so in its page (nginx: "No
+    required SSL certificate was sent"); a 404 from a proxy routing by Host names the Host sent."""
+    text = (body or b"")[:2048].decode("utf-8", "replace").lower()
+    if status in (400, 495, 496) and "certificate" in text:
+        return ": the server requires a client certificate (endpoint.client_cert)"
+    host = next((v for k, v in headers.items() if k.lower() == "host"), None)
+    if status in (404, 421) and host is not None:
+        return f": sent Host: {host} (endpoint.headers): does the server route that name and path (endpoint.base_path)?"
+    return ""
 
 
 def detail(body: bytes) -> str:
-    """A server's error text for a one-line message: the JSON error/message field, or the start of the body."""
+    """A server's error text for a one-line message: the JSON error/message field, an HTML page's
+    title (what a proxy such as nginx says), or the start of the body."""
     text = ""
     try:
         doc = json.loads(body)
@@ -166,7 +237,8 @@ def detail(body: bytes) -> str:
                 err = err.get("message", err)
             text = str(err) if err is not None else ""
     except (ValueError, TypeError):
-        text = body[:MAX_DETAIL].decode("utf-8", "replace") if body else ""
+        title = re.search(rb"<title>(.*?)</title>", body[:4096], re.I | re.S) if body else None  # a proxy's HTML page
+        text = (title.group(1) if title else body[:MAX_DETAIL]).decode("utf-8", "replace") if body else ""
     text = " ".join(text.split())[:MAX_DETAIL]
     return f" ({text})" if text else ""
 

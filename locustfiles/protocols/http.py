@@ -22,6 +22,7 @@ import logging
 import math
 import random
 
+from kneeswarm.plan import EndpointPlan
 from locustfiles.protocols.base import (BODY_VARIANTS, BadPayload, PreflightError, PreparedRequest, Protocol, ProtocolError,
                                         Tokens, json_path, parse_json)
 from locustfiles.protocols.openai import WORDS
@@ -36,8 +37,8 @@ class GenericHTTP(Protocol):
     name = "http"
     health_path = "/"
 
-    def __init__(self, request_cfg: dict, seed: int = 0):
-        super().__init__(request_cfg, seed)
+    def __init__(self, request_cfg: dict, seed: int = 0, endpoint: EndpointPlan | None = None):
+        super().__init__(request_cfg, seed, endpoint)
         self.path = request_cfg.get("path") or "/"
         self.method = str(request_cfg.get("method", "POST")).upper()
         self.success_path = request_cfg.get("success_path")

@@ -18,6 +18,7 @@ import logging
 import math
 import random
 
+from kneeswarm.plan import EndpointPlan
 from locustfiles.protocols.base import BODY_VARIANTS, BadPayload, PreflightError, PreparedRequest, Protocol, Tokens
 from locustfiles.protocols.tensors import batched, values
 
@@ -30,8 +31,8 @@ class KServeV2(Protocol):
     name = "kserve"
     health_path = "/v2/health/ready"
 
-    def __init__(self, request_cfg: dict, seed: int = 0):
-        super().__init__(request_cfg, seed)
+    def __init__(self, request_cfg: dict, seed: int = 0, endpoint: EndpointPlan | None = None):
+        super().__init__(request_cfg, seed, endpoint)
         model = request_cfg.get("model", "demo")
         version = request_cfg.get("version")
         self.model_path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "")

@@ -27,6 +27,7 @@ import json
 import logging
 import random
 
+from kneeswarm.plan import EndpointPlan
 from locustfiles.protocols.base import (BODY_VARIANTS, BadPayload, PreflightError, PreparedRequest, Protocol, Tokens,
                                         parse_json)
 from locustfiles.protocols.sse import ChatStream
@@ -51,8 +52,8 @@ class OpenAI(Protocol):
     name = "openai"
     health_path = "/health"
 
-    def __init__(self, request_cfg: dict, seed: int = 0):
-        super().__init__(request_cfg, seed)
+    def __init__(self, request_cfg: dict, seed: int = 0, endpoint: EndpointPlan | None = None):
+        super().__init__(request_cfg, seed, endpoint)
         self.model = request_cfg.get("model", "demo")
         self.chat = request_cfg.get("endpoint", "chat") == "chat"
         self.stream = bool(request_cfg.get("stream", True))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 
+from kneeswarm.plan import EndpointPlan
 from locustfiles.protocols.base import BadPayload, PreflightError, Protocol, Tokens
 from locustfiles.protocols.tensors import json_tensor_requests
 
@@ -21,8 +22,8 @@ logger = logging.getLogger(__name__)
 class TFServing(Protocol):
     name = "tfserving"
 
-    def __init__(self, request_cfg: dict, seed: int = 0):
-        super().__init__(request_cfg, seed)
+    def __init__(self, request_cfg: dict, seed: int = 0, endpoint: EndpointPlan | None = None):
+        super().__init__(request_cfg, seed, endpoint)
         model, version = request_cfg.get("model", "demo"), request_cfg.get("version")
         self.model_path = f"/v1/models/{model}" + (f"/versions/{version}" if version else "")
         if not request_cfg.get("health_path"):

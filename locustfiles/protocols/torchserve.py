@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 
+from kneeswarm.plan import EndpointPlan
 from locustfiles.protocols.base import BadPayload, PreflightError, Protocol, Tokens
 from locustfiles.protocols.tensors import batched, json_tensor_requests
 
@@ -25,8 +26,8 @@ class TorchServe(Protocol):
     name = "torchserve"
     health_path = "/ping"
 
-    def __init__(self, request_cfg: dict, seed: int = 0):
-        super().__init__(request_cfg, seed)
+    def __init__(self, request_cfg: dict, seed: int = 0, endpoint: EndpointPlan | None = None):
+        super().__init__(request_cfg, seed, endpoint)
         model, version = request_cfg.get("model", "demo"), request_cfg.get("version")
         self.path = request_cfg.get("path") or f"/predictions/{model}" + (f"/{version}" if version else "")
         self.batch = int(request_cfg.get("batch", 1) or 1)

@@ -1,0 +1,187 @@
+"""The shared spellings have one owner each, and nothing types them again.
+
+kneeswarm.outcome owns meta.json's ``ended`` values (``Ended``) and the exit codes of every
+command; kneeswarm.rundir owns the run directory's file names.  These tests read the sources
+(ast) and the README, so that a new bare "completed", a new ``EXIT_X = 5`` or a new
+``/ "index.html"`` elsewhere fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from kneeswarm import outcome, rundir
+from test_layout import ROOT, module_name, sources
+
+ENDED = {e.value for e in outcome.Ended}
+#: every file name rundir spells (COMPARE_DIR, "compare", is also the subcommand's name: left out)
+FILE_NAMES = {v for k, v in vars(rundir).items()
+              if k.isupper() and isinstance(v, str) and "." in v and k != "COMPARE_DIR"}
+#: the agent runs on the server with the standard library alone (its names are its own)
+EXEMPT = {"agents.remote"}
+
+
+def checked_sources() -> list[Path]:
+    return [p for p in sources() if not module_name(p).startswith("kneeswarm.target") and module_name(p) not in EXEMPT]
+
+
+def docstrings(tree: ast.AST) -> set[int]:
+    """ids of the Constant nodes that are docstrings (prose may name a file)."""
+    out = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            out.add(id(body[0].value))
+    return out
+
+
+def string_constants(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text())
+    skip = docstrings(tree)
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip]
+
+
+def test_the_file_names_are_found():
+    assert {"plan.toml", "meta.json", "steps.csv", "summary.json", "summary.md", "index.html", "junit.xml",
+            "prometheus.jsonl", "recorder.json", "compare.json"} <= FILE_NAMES
+
+
+@pytest.mark.parametrize("path", checked_sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_file_names_are_spelled_only_in_rundir(path):
+    if module_name(path) == "kneeswarm.rundir":
+        return
+    found = [f"line {line}: {text!r}" for line, text in string_constants(path) if text in FILE_NAMES]
+    assert not found, f"{path.relative_to(ROOT)}: use the kneeswarm.rundir names: " + "; ".join(found)
+
+
+def _ended_literals(path: Path) -> list[str]:
+    """Where a str literal that is an Ended value is given to, or compared with, an ``ended``."""
+    tree = ast.parse(path.read_text())
+    found = []
+
+    def named_ended(node: ast.AST) -> bool:
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+        return "ended" in name.lower()
+
+    def literal(node: ast.AST) -> bool:
+        return isinstance(node, ast.Constant) and node.value in ENDED
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg == "ended":
+            if any(literal(n) for n in ast.walk(node.value)):
+                found.append(f"line {node.value.lineno}: ended=<literal>")
+        elif isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(named_ended(s) for s in sides) and any(literal(s) for s in sides):
+                found.append(f"line {node.lineno}: compared with a literal")
+        elif isinstance(node, ast.Assign) and any(named_ended(t) for t in node.targets) and literal(node.value):
+            found.append(f"line {node.lineno}: assigned a literal")
+    return found
+
+
+@pytest.mark.parametrize("path", checked_sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_ended_values_come_from_the_enum(path):
+    found = _ended_literals(path)
+    assert not found, f"{path.relative_to(ROOT)}: use kneeswarm.outcome.Ended: " + "; ".join(found)
+
+
+def test_the_ended_check_catches_a_bare_string(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text('def f(run, ended):\n    run.update_meta(ended="completed")\n    return ended == "stopped"\n')
+    assert len(_ended_literals(probe)) == 2
+
+
+@pytest.mark.parametrize("path", checked_sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_exit_codes_are_defined_only_in_outcome(path):
+    if module_name(path) == "kneeswarm.outcome":
+        return
+    tree = ast.parse(path.read_text())
+    found = [f"line {n.lineno}" for n in ast.walk(tree) if isinstance(n, ast.Assign)
+             and any(isinstance(t, ast.Name) and t.id.startswith("EXIT_") for t in n.targets)
+             and isinstance(n.value, ast.Constant) and isinstance(n.value.value, int)]
+    assert not found, f"{path.relative_to(ROOT)}: an exit code spelled outside kneeswarm.outcome: {found}"
+
+
+def test_readme_lists_every_exit_code():
+    text = (ROOT / "README.md").read_text()
+    para = text[text.index("Exit codes ("):]
+    para = para[: para.index("\n\n")]
+    listed = {int(n) for n in re.findall(r"`(\d+)`", para)}
+    assert listed == set(outcome.EXIT_CODES.values()), para
+    assert len(set(outcome.EXIT_CODES.values())) == len(outcome.EXIT_CODES)  # no two meanings share a code
+
+
+#: tunables shared by several parts, and their one owner
+SHARED_TUNABLES = {"FETCH_PERIOD": "kneeswarm.lifecycle", "HEARTBEAT_TIMEOUT": "kneeswarm.plan"}
+
+
+def test_shared_tunables_are_defined_once():
+    owners: dict[str, list[str]] = {}
+    for path in sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign):
+                for t in node.targets:
+                    if isinstance(t, ast.Name) and t.id in SHARED_TUNABLES:
+                        owners.setdefault(t.id, []).append(module_name(path))
+    assert owners == {name: [owner] for name, owner in SHARED_TUNABLES.items()}
+
+
+def test_the_remote_agents_heartbeat_fallback_is_the_plans(tmp_path):
+    """agents/remote.py (standard library only, cannot import the plan) falls back to the same
+    heartbeat timeout as the plan's default when agent.json gives none."""
+    from agents.remote import Agent
+    from agents.settings import AgentSettings
+    from kneeswarm.plan import HEARTBEAT_TIMEOUT, MonitorPlan
+
+    assert Agent(str(tmp_path), {}).heartbeat_timeout == HEARTBEAT_TIMEOUT
+    assert MonitorPlan().heartbeat_timeout == AgentSettings().heartbeat_timeout == HEARTBEAT_TIMEOUT
+
+
+# -- summary.json: every key written is declared (analysis.summary.Summary and its parts) ------------
+def _summaries(tmp_path, knee_run) -> dict[str, dict]:
+    """Summaries of different shapes: a synthetic closed loop with host samples and GPU power, a
+    streamed open-loop batch run with an SLA (tokens, goodput, rate, items/s), and the session's
+    real run (conductor, Locust, the knee target, pidstat/vmstat, its /metrics)."""
+    import numpy as np
+
+    import analysis
+    from conftest import read_summary
+    from kneeswarm.rundir import write_csv
+    from synthetic_run import HOLD, RAMP, T0, closed_loop, make_run
+    from test_streaming_analysis import make_stream_run
+
+    rd = make_run(tmp_path / "closed", closed_loop(k=4))
+    write_csv(rd.host_dir("server-1") / "gpu.csv", ("t", "gpu", "sm_pct", "power_w"),
+              [(t, 0, 50.0, 150.0) for t in np.arange(T0, T0 + 5 * (RAMP + HOLD), 1.0)])
+    closed = analysis.analyze(rd.path)
+    stream = analysis.analyze(make_stream_run(
+        tmp_path / "stream", sla="[sla]\np99_ms = 5000.0\nttft_ms = 1000.0\n",
+        extra_plan='mode = "open"\nrates = [2.0, 4.0, 8.0]\nsource_rate = 2.0\narrival = "constant"\n'
+                   "[request]\nbatch = 8\n").path)
+    return {"closed": closed, "stream": stream, "real": read_summary(knee_run.run_dir)}
+
+
+@pytest.mark.slow
+def test_every_key_written_to_summary_json_is_declared(tmp_path, knee_run):
+    from analysis.summary import undeclared_keys
+
+    summaries = _summaries(tmp_path, knee_run)
+    assert "tokens_knee" in summaries["stream"] and "goodput" in summaries["stream"]  # the shapes are covered
+    assert "rate" in summaries["stream"]["steps"][0] and summaries["real"]["steps"][0]["server"]
+    assert "energy_j_per_request" in summaries["closed"]["steps"][0]
+    for name, summary in summaries.items():
+        assert undeclared_keys(summary) == [], f"{name}: keys no contract declares (analysis.summary.Summary)"
+
+
+def test_an_undeclared_summary_key_is_named():
+    from analysis.summary import undeclared_keys
+
+    summary = {"run_id": "r", "complete": True, "bogus": 1, "steps": [{"users": 1, "qps": 2.0, "qpz": 3}],
+               "knee": {"users": 4, "method": "saturation", "why": "x"}, "totals": {"requests": 1, "lost": 0}}
+    assert undeclared_keys(summary) == ["bogus", "steps[0].qpz", "knee.why", "totals.lost"]
