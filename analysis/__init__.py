@@ -53,6 +53,13 @@ logger = logging.getLogger(__name__)
 __all__ = ["analyze", "summarize", "step_stats", "find_knee", "find_latency_knee", "find_peak", "to_markdown"]
 
 
+def hold_reasons(stats: pd.DataFrame) -> list[list[str]]:
+    """Per step, the master's reason (steps.csv ``hold_reason``) when it held the step to max_hold
+    under ``hold = "auto"`` without it being steady and its QPS and P99 known."""
+    col = stats["hold_reason"] if "hold_reason" in stats.columns else [None] * len(stats)
+    return [[r] if isinstance(r, str) and r.strip() else [] for r in col]
+
+
 def per_step(inputs: RunInputs) -> tuple[pd.DataFrame, list[dict[str, float]], list[dict[str, Any]]]:
     """(step statistics with ``valid`` and ``reasons``, generator CPU per step, server metrics per step)."""
     s = inputs.settings
@@ -66,6 +73,7 @@ def per_step(inputs: RunInputs) -> tuple[pd.DataFrame, list[dict[str, float]], l
                                              sla_error_rate(inputs.plan)))
     stats = add_reasons(stats, lost_worker_reasons(stats, inputs.meta, inputs.scan.t0))
     stats = add_reasons(stats, count_reasons(stats))  # usage disagrees with a tokenizer or a pinned length
+    stats = add_reasons(stats, hold_reasons(stats))  # hold = "auto": ended at max_hold, not steady or not known
     for row in stats.loc[stats["foreign_rows"] > 0].to_dict("records"):
         inputs.warnings.add(f"step {row['index']:g}: {row['foreign_rows']:,} rows in its steady window were recorded "
                             "under another step and left out")

@@ -237,6 +237,8 @@ def read_steps(rd: RunDir, warnings: WarningLog | None = None) -> pd.DataFrame:
         if col not in steps.columns:
             steps[col] = float("nan")
         steps[col] = pd.to_numeric(steps[col], errors="coerce")
+    if "t_cut" in steps.columns:
+        steps["t_cut"] = pd.to_numeric(steps["t_cut"], errors="coerce")
     return steps.reset_index(drop=True)
 
 

@@ -1,7 +1,9 @@
 """Step windows, and means of samples over them: the time frame every per-step figure shares.
 
 The steady window of a step is ``[t_steady + settle, t_end)``: the ramp and the first
-``settle`` seconds after all users were running are left out.  A step whose ``t_end`` is
+``settle`` seconds after all users were running are left out; under ``hold = "auto"`` the window
+starts at the step's ``t_cut`` instead when that is later (its warm-up, cut on the master by
+MSER-5: locustfiles/steady.py).  A step whose ``t_end`` is
 missing (the run died during it) ends where the next step's ramp began, or, for the last
 step, at the completion of the last request.
 """
@@ -53,7 +55,11 @@ def resolve_windows(steps: pd.DataFrame, last_done: pd.DataFrame | float, settle
     missing = ~np.isfinite(t_end)
     t_end[missing] = fill[missing]
     out["t_end_used"] = t_end
-    out["t_lo"] = out["t_steady"].to_numpy(dtype=float) + float(settle)
+    t_lo = out["t_steady"].to_numpy(dtype=float) + float(settle)
+    if "t_cut" in out.columns:  # hold = "auto": the master cut the step's warm-up (MSER-5) here
+        cut = pd.to_numeric(out["t_cut"], errors="coerce").to_numpy(dtype=float)
+        t_lo = np.where(np.isfinite(cut) & (cut > t_lo), cut, t_lo)
+    out["t_lo"] = t_lo
     out["t_hi"] = t_end
     out["window_s"] = out["t_hi"] - out["t_lo"]
     return out

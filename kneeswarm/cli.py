@@ -44,13 +44,23 @@ def _steps(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--steps must be comma-separated integers, got {text!r}") from None
 
 
+def _hold(text: str) -> float | str:
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'--hold must be seconds or "auto", got {text!r}') from None
+
+
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", nargs="?", help="plan TOML file; flags below override it")
     p.add_argument("--target", help="base URL of the inference server, e.g. http://127.0.0.1:8000")
     p.add_argument("--protocol", help="request protocol: kserve, openai, torchserve, tfserving or http")
     p.add_argument("--model", help="model name in the request path")
     p.add_argument("--steps", type=_steps, help="user counts, e.g. 1,2,4,8,16,32")
-    p.add_argument("--hold", type=float, help="seconds each step is held after its ramp")
+    p.add_argument("--hold", type=_hold, help='seconds each step is held after its ramp, or "auto": until steady and '
+                   "its QPS and P99 are known ([load] ci, min_hold, max_hold)")
     p.add_argument("--ramp", type=float, help="seconds to ramp from one step to the next")
     p.add_argument("--settle", type=float, help="seconds after each ramp left out of the step's statistics")
     p.add_argument("--workers", type=int, help="Locust worker processes on this machine (default: number of cores)")
@@ -86,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_flags(sub.add_parser("run", help="run a stepped load test and write its report"))
     demo = sub.add_parser("demo", help="start the bundled target and run a ~2 minute stepped test against it")
     demo.add_argument("--out", default="runs", help="where run directories go (default: runs)")
-    demo.add_argument("--hold", type=float, default=DEMO_HOLD, help=f"seconds per step (default {DEMO_HOLD:g})")
+    demo.add_argument("--hold", type=_hold, default=DEMO_HOLD, help=f"seconds per step, or auto (default {DEMO_HOLD:g})")
     demo.add_argument("--steps", type=_steps, default=DEMO_STEPS, help="user counts (default 1,2,4,8,16)")
     sub.add_parser("target", help="the bundled demo inference server (see `kneeswarm target --help`)", add_help=False)
     wk = sub.add_parser("worker", help="a Locust worker for a master on another machine (kneeswarm's locustfile)")

@@ -234,6 +234,9 @@ def live_steps(run: RunDir, progress: Progress, plan: Plan) -> list[dict[str, An
         i = int(st["index"])
         so_far = progress._steps.get(i)  # noqa: SLF001 - Progress's own accumulator of rows per step
         steady_from = (st["t_steady"] if st["t_steady"] == st["t_steady"] else st["t_ramp"]) + plan.load.settle
+        cut = st.get("t_cut")
+        if isinstance(cut, (int, float)) and math.isfinite(cut):  # hold = "auto": the master's warm-up cut
+            steady_from = max(steady_from, float(cut))
         requests, errors, qps, p99 = so_far.figures(steady_from) if so_far else (0, 0, None, None)
         p50 = None
         if so_far and so_far.t:

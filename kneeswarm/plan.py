@@ -39,10 +39,21 @@ class PlanError(ValueError):
 class LoadPlan:
     steps: list[int] = field(default_factory=lambda: list(DEFAULT_STEPS))
     ramp: float = 2.0  # seconds to go from the previous step's users to this step's
-    hold: float = 20.0  # seconds each step is held after its ramp
+    hold: float | str = 20.0  # seconds each step is held after its ramp, or "auto": until steady and known
+    ci: float = 0.10  # hold = "auto": QPS and P99 known within this relative half-width of a 95 % CI
+    min_hold: float = 5.0  # hold = "auto": seconds each step is held at least
+    max_hold: float = 60.0  # hold = "auto": seconds each step is held at most (then a reason in steps[].reasons)
     settle: float = 2.0  # seconds after the ramp excluded from the step's statistics
     workers: int = 0  # Locust worker processes; 0 = number of cores
     wait_ms: float = 0.0  # think time between a user's requests (closed loop)
+    @property
+    def auto_hold(self) -> bool:
+        return self.hold == "auto"
+
+    def hold_s(self) -> float:
+        """The longest a step is held: ``hold``, or ``max_hold`` under ``hold = "auto"``."""
+        return self.max_hold if self.auto_hold else float(self.hold)
+
     # -- open loop: arrivals on a schedule, latency from the intended send time ----------------
     mode: str = "closed"  # "closed" (steps are users) or "open" (steps are arrival rates)
     rates: list[float] | None = None  # open loop: requests/s per step, strictly increasing
@@ -303,7 +314,7 @@ class Plan:
 
     def step_durations(self) -> float:
         """Total planned seconds of load (all ramps and holds)."""
-        return len(self.load.steps) * (self.load.ramp + self.load.hold)
+        return len(self.load.steps) * (self.load.ramp + self.load.hold_s())
 
     def to_dict(self) -> dict[str, Any]:
         return _drop_none(dataclasses.asdict(self))
@@ -362,6 +373,9 @@ def _check_type(source: str, where: str, value: Any, hint: Any) -> Any:
         value = float(value) if ok else value
     elif base == "str":
         ok = isinstance(value, str)
+    elif base == "float | str":  # seconds, or a word (load.hold = "auto"): the word is checked in _validate
+        ok = isinstance(value, (int, float, str)) and not isinstance(value, bool)
+        value = float(value) if ok and not isinstance(value, str) else value
     elif base == "bool":
         ok = isinstance(value, bool)
     elif base == "list[str]":
@@ -379,7 +393,8 @@ def _check_type(source: str, where: str, value: Any, hint: Any) -> Any:
         raise AssertionError(f"unhandled plan field type {hint}")
     if not ok:
         kind = {"list[int]": "a list of integers", "list[float]": "a list of numbers", "list[str]": "a list of strings", "bool": "true or false",
-                "list[dict]": "an array of tables", "dict": "a table"}.get(base, base)
+                "list[dict]": "an array of tables", "dict": "a table",
+                "float | str": "a number or a word"}.get(base, base)
         raise PlanError(f"{source}: {where} must be {kind}, got {value!r}")
     return value
 
@@ -426,6 +441,25 @@ def _open_loop(plan: Plan, source: str) -> None:
     load.steps = [int(round(n)) for n in sources]
 
 
+def _hold(load: LoadPlan, source: str) -> None:
+    """load.hold (seconds, or "auto" with ci, min_hold, max_hold that make sense) and settle."""
+    if load.ramp < 0 or load.settle < 0:
+        raise PlanError(f"{source}: load.ramp and load.settle must be >= 0")
+    if isinstance(load.hold, str):
+        if load.hold != "auto":
+            raise PlanError(f"{source}: load.hold must be float seconds or \"auto\", got {load.hold!r}")
+        if not 0 < load.ci < 1:
+            raise PlanError(f"{source}: load.ci must be between 0 and 1 (a relative half-width), got {load.ci}")
+        if not load.settle < load.min_hold <= load.max_hold:
+            raise PlanError(f"{source}: hold = \"auto\" needs load.settle ({load.settle}s) < load.min_hold "
+                            f"({load.min_hold}s) <= load.max_hold ({load.max_hold}s)")
+        return
+    if load.hold <= 0:
+        raise PlanError(f"{source}: load.hold must be > 0 seconds, got {load.hold}")
+    if load.settle >= load.hold:
+        raise PlanError(f"{source}: load.settle ({load.settle}s) must be shorter than load.hold ({load.hold}s)")
+
+
 def _validate(plan: Plan, source: str) -> None:
     _open_loop(plan, source)
     steps = plan.load.steps
@@ -435,14 +469,7 @@ def _validate(plan: Plan, source: str) -> None:
         raise PlanError(f"{source}: load.steps must be positive user counts, got {steps}")
     if any(b <= a for a, b in zip(steps, steps[1:])):
         raise PlanError(f"{source}: load.steps must be strictly increasing, got {steps}")
-    if plan.load.hold <= 0:
-        raise PlanError(f"{source}: load.hold must be > 0 seconds, got {plan.load.hold}")
-    if plan.load.ramp < 0 or plan.load.settle < 0:
-        raise PlanError(f"{source}: load.ramp and load.settle must be >= 0")
-    if plan.load.settle >= plan.load.hold:
-        raise PlanError(
-            f"{source}: load.settle ({plan.load.settle}s) must be shorter than load.hold ({plan.load.hold}s)"
-        )
+    _hold(plan.load, source)
     if plan.load.workers < 0:
         raise PlanError(f"{source}: load.workers must be >= 0, got {plan.load.workers}")
     if plan.protocol not in PROTOCOLS:

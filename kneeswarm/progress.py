@@ -142,10 +142,11 @@ class Progress:
         """Seconds of load the plan has left, from the step running now (the last in steps.csv)."""
         load = self.plan.load
         st = steps.iloc[-1]
-        later = (len(load.steps) - 1 - int(st["index"])) * (load.ramp + load.hold)
+        hold = load.hold_s()  # hold = "auto": at most max_hold (a step may end sooner)
+        later = (len(load.steps) - 1 - int(st["index"])) * (load.ramp + hold)
         if np.isfinite(st["t_steady"]):
-            return later + max(0.0, float(st["t_steady"]) + load.hold - now)
-        return later + load.hold + max(0.0, float(st["t_ramp"]) + load.ramp - now)
+            return later + max(0.0, float(st["t_steady"]) + hold - now)
+        return later + hold + max(0.0, float(st["t_ramp"]) + load.ramp - now)
 
     def _line(self, text: str) -> None:
         prefix = "\r\x1b[K" if self._live_shown else ""

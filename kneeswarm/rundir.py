@@ -98,6 +98,9 @@ PROMETHEUS_RAW = "prometheus.jsonl"  # hosts/<host>/raw/: one JSON line per scra
 
 STEP_COLUMNS = ("index", "users", "t_ramp", "t_steady", "t_end")
 STEP_TIME_COLUMNS = STEP_COLUMNS[2:]
+# hold = "auto" (empty otherwise): t_cut, where the step's steady data begin (its warm-up cut, epoch s);
+# hold_reason, why it ended at max_hold without being steady and known
+STEP_HOLD_COLUMNS = ("t_cut", "hold_reason")
 GENERATOR_COLUMNS = ("t", "cpu_pct", "rss_mb", "users", "lag_ms")
 CLOCKS_FILE = "clocks.json"  # generator/clocks.json: each worker's clock offset, measured by the master
 TARGET_HOST = "target"  # hosts/<this>/ holds the target's /metrics scraped from the load side
@@ -349,7 +352,7 @@ class RunDir:
 
     # -- steps.csv -----------------------------------------------------------------------
     def write_steps(self, rows: Iterable[Iterable[Any]]) -> None:
-        write_csv(self.steps_path, STEP_COLUMNS, rows)
+        write_csv(self.steps_path, STEP_COLUMNS + STEP_HOLD_COLUMNS, rows)
 
     def read_steps(self) -> pd.DataFrame:
         if not self.steps_path.exists():

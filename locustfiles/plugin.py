@@ -26,7 +26,7 @@ import gevent
 from locust import events
 from locust.env import Environment
 from locust.runners import (HEARTBEAT_INTERVAL, HEARTBEAT_LIVENESS, STATE_MISSING, STATE_RUNNING, STATE_SPAWNING,
-                            MasterRunner, WorkerRunner)
+                            WORKER_REPORT_INTERVAL, MasterRunner, WorkerRunner)
 
 from kneeswarm.outcome import EXIT_BAD_INPUT, EXIT_FAILED, Ended
 from kneeswarm.plan import PlanError, load_plan, plan_from_dict
@@ -40,6 +40,7 @@ from locustfiles.master_state import MasterState
 from locustfiles.recorder import (FLUSH_INTERVAL, GEN_KEY, RECORDER_FILE, REPORT_KEY, GeneratorSampler,
                                   RequestWriter, RowBuffer)
 from locustfiles.shape import StepShape
+from locustfiles.steady import AutoHold
 from locustfiles.steps import StepSchedule
 from locustfiles.users import InferenceUser
 
@@ -49,6 +50,7 @@ PLAN_MESSAGE = "kneeswarm_plan"
 LIVE_PERIOD = 2.0  # seconds between live views asked of the lifecycle process
 #: seconds after a web UI Stop before the recording closes (workers' last reports arrive)
 REPORT_WAIT = 4.0
+AUTO_HOLD_MARGIN_S = 1.0  # hold = "auto": a row may arrive this much later than its report interval and flush
 WORKER_WATCH_PERIOD = 1.0  # seconds between looks at the master's list of workers
 EXIT_OUTCOME_UNWRITTEN = EXIT_FAILED  # Locust's exit code when the recording's outcome could not be written
 
@@ -440,7 +442,14 @@ class Recording:
         self.worker_clocks = worker_clocks
         self.owns_meta = owns_meta  # no conductor (web UI / bare locust): meta.json is ours to finish
         plan = state.plan()
-        self.schedule = StepSchedule(plan.load.steps, plan.load.ramp, plan.load.hold, on_change=self._write_steps)
+        load = plan.load
+        # hold = "auto": the master judges each step on the rows as they arrive (steady.AutoHold);
+        # a worker's rows are at most one report interval plus one flush behind.
+        self.auto_hold = (AutoHold(load.min_hold, load.max_hold, load.settle, load.ci,
+                                   lag_s=WORKER_REPORT_INTERVAL + FLUSH_INTERVAL + AUTO_HOLD_MARGIN_S)
+                          if load.auto_hold else None)
+        self.schedule = StepSchedule(load.steps, load.ramp, load.hold_s(), on_change=self._write_steps,
+                                     auto=self.auto_hold)
         self.writer = RequestWriter(run, self.schedule.step_starts)
         self.gate = clocks.ClockGate(worker_clocks)
         self.failures: dict[str, list] = {}  # what -> [count, last error] of writes other than parts
@@ -486,7 +495,7 @@ class Recording:
 
     def _write_steps(self, log: list) -> None:
         try:
-            self.run.write_steps(s.row() for s in log)
+            self.run.write_steps(s.full_row() for s in log)
         except OSError as e:  # the next change rewrites the whole file
             self._failed(STEPS_FILE, e)
 
@@ -508,10 +517,15 @@ class Recording:
 
     def flush(self, final: bool = False) -> None:
         if self.local_buffer is not None:
-            self.writer.add("local", self.local_buffer.take())
+            rows = self.local_buffer.take()
+            self.writer.add("local", rows)
+            if self.auto_hold is not None:
+                self.auto_hold.add(rows)
             self.add_generator_rows("local", self.local_sampler.take())
         for worker, rows, samples in self.gate.release(final):
             self.writer.add(worker, rows)
+            if self.auto_hold is not None:
+                self.auto_hold.add(rows)
             self.add_generator_rows(worker, samples)
         self.writer.flush()  # never raises: rows it cannot write are held, or counted lost
 

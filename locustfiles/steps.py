@@ -1,5 +1,8 @@
 """The step schedule: 1, 2, 4, 8 ... users, each step ramped, then held.
 
+With ``hold = "auto"`` (steady.AutoHold) a step is held from ``min_hold`` until its rows are steady
+and its QPS and P99 known, at most ``max_hold``; ``t_cut`` records where its steady data begin.
+
 Each step's hold is timed from the moment all its users were actually running (Locust's
 ``spawning_complete``), not from a fixed schedule, so a slow ramp never eats into a step's
 steady window.  The log of steps as applied is what steps.csv records.  Free of Locust (and
@@ -12,6 +15,8 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
+from locustfiles.steady import AutoHold
+
 logger = logging.getLogger(__name__)
 
 
@@ -22,16 +27,25 @@ class StepRecord:
     t_ramp: float  # when the step's ramp began
     t_steady: float | None = None  # when all its users were running
     t_end: float | None = None  # when the next step began, or the load stopped
+    t_cut: float | None = None  # hold = "auto": where its steady data begin (warm-up cut), else None
+    hold_reason: str | None = None  # hold = "auto": why it ended at max_hold unsettled, else None
 
     def row(self) -> tuple:
+        """The step's STEP_COLUMNS."""
         return (self.index, self.users, self.t_ramp, self.t_steady, self.t_end)
+
+    def full_row(self) -> tuple:
+        """STEP_COLUMNS + STEP_HOLD_COLUMNS, as steps.csv holds them."""
+        return (*self.row(), self.t_cut, self.hold_reason)
 
 
 class StepSchedule:
     """The state machine behind StepShape, free of Locust so it can be tested alone."""
 
-    def __init__(self, steps: list[int], ramp: float, hold: float, on_change: Callable[[list[StepRecord]], None] | None = None):
-        self.steps, self.ramp, self.hold = list(steps), ramp, hold
+    def __init__(self, steps: list[int], ramp: float, hold: float, on_change: Callable[[list[StepRecord]], None] | None = None,
+                 auto: AutoHold | None = None):
+        """``auto``: hold each step until it is steady and known (steady.AutoHold), not ``hold`` seconds."""
+        self.steps, self.ramp, self.hold, self.auto = list(steps), ramp, hold, auto
         self.log: list[StepRecord] = []
         self.on_change = on_change or (lambda log: None)
         self.done = False
@@ -44,8 +58,11 @@ class StepSchedule:
         if self.log:
             self.log[-1].t_end = now
         self.log.append(StepRecord(i, self.steps[i], now))
+        if self.auto is not None:
+            self.auto.forget_before(now)
         self.on_change(self.log)
-        logger.info("step %d: %d users (ramp %.1fs, hold %.1fs)", i, self.steps[i], self.ramp, self.hold)
+        hold = "auto" if self.auto is not None else f"{self.hold:.1f}s"
+        logger.info("step %d: %d users (ramp %.1fs, hold %s)", i, self.steps[i], self.ramp, hold)
         return self.steps[i], self.spawn_rate(i)
 
     def spawned(self, now: float) -> None:
@@ -68,12 +85,23 @@ class StepSchedule:
         cur = self.log[-1]
         if cur.t_steady is None and running_users >= cur.users:
             self.spawned(now)  # spawning_complete was missed (e.g. a worker joined late)
-        if cur.t_steady is not None and now >= cur.t_steady + self.hold:
+        if cur.t_steady is not None and self._held(cur, now):
             if cur.index + 1 >= len(self.steps):
                 self.finish(now)
                 return None
             return self._begin(cur.index + 1, now)
         return cur.users, self.spawn_rate(cur.index)
+
+    def _held(self, cur: StepRecord, now: float) -> bool:
+        """The current step has been held long enough: ``hold`` seconds, or (auto) steady and known."""
+        if self.auto is None:
+            return now >= cur.t_steady + self.hold
+        end, t_cut, reason = self.auto.decide(cur.t_steady, now)
+        if end:
+            cur.t_cut, cur.hold_reason = t_cut, reason
+            if reason:
+                logger.warning("kneeswarm: step %d (%d users): %s", cur.index, cur.users, reason)
+        return end
 
     def step_starts(self) -> list[tuple[float, int]]:
         return [(s.t_ramp, s.users) for s in self.log]

@@ -33,7 +33,7 @@ USER_ENV, PASSWORD_ENV = "KNEESWARM_WEB_USER", "KNEESWARM_WEB_PASSWORD"
 PLAN_FIELDS = (
     ("kneeswarm_steps", "load.steps", "users per step, e.g. 1,2,4,8"),
     ("kneeswarm_ramp", "load.ramp", "seconds to ramp to each step"),
-    ("kneeswarm_hold", "load.hold", "seconds each step is held after its ramp"),
+    ("kneeswarm_hold", "load.hold", "seconds each step is held after its ramp, or auto (until steady and known)"),
     ("kneeswarm_settle", "load.settle", "seconds after each ramp left out of the step's statistics"),
     ("kneeswarm_protocol", "protocol", "request protocol (kserve)"),
     ("kneeswarm_model", "request.model", "model name in the request path"),
@@ -105,6 +105,8 @@ def form_overrides(opts: Any) -> dict[str, Any]:
         try:
             if key == "load.steps":
                 out[key] = [int(x) for x in raw.replace(" ", "").split(",") if x]
+            elif key == "load.hold" and raw == "auto":
+                out[key] = raw
             elif key in ("load.ramp", "load.hold", "load.settle"):
                 out[key] = float(raw)
             else:

@@ -325,7 +325,8 @@ def test_signal_stops_cleanly_with_exit_0(tmp_path, sig):
 
 
 @pytest.mark.parametrize(
-    "args", [["--slots", "0"], ["--mode", "gpu"], ["--service-ms", "-5"], ["--port", "x"]]
+    "args", [["--slots", "0"], ["--mode", "gpu"], ["--service-ms", "-5"], ["--port", "x"],
+             ["--mode", "usl", "--sigma", "1.5"], ["--mode", "usl", "--kappa", "-0.1"], ["--warmup-s", "-1"]]
 )
 def test_bad_arguments_exit_2_with_one_line(args):
     proc = subprocess.run(
@@ -351,6 +352,7 @@ def test_help_documents_the_knobs():
                  "--inter-op-threads", "--batch-max", "--batch-wait-ms", "--slots", "--service-ms",
                  "--work", "--model-name", "--ttft-ms", "--itl-ms", "--output-tokens", "--api-key-env",
                  "--fail-rate", "--reset-rate", "--truncate-rate", "--stall-ms", "--stall-every",
+                 "--sigma", "--kappa", "--warmup-s", "--warmup-extra-ms",
                  "--kv-tokens", "--max-batch", "--prefill-ms-per-token", "--decode-ms", "--decode-ms-per-seq"):
         assert flag in proc.stdout
 

@@ -14,6 +14,13 @@ holds its slot for ``service_s`` seconds and burns no CPU; the others wait in FI
 times are kept on a virtual clock (a request that was waiting when a slot freed starts exactly
 when it freed), so event-loop jitter does not leak into throughput: in a closed loop with ``u``
 users, QPS = min(u, slots) / service_s and the knee is exactly at ``slots`` users.
+
+``UslEngine`` (``--mode usl``) is the second ground truth: every request is served at once for
+T·(1 + σ(N−1) + κN(N−1)) seconds, N the number in service when it starts, so a closed loop follows
+the Universal Scalability Law exactly (see its docstring for why N is sampled at the start).
+
+Both sleep-based engines take an optional ``Warmup`` (``--warmup-s``, ``--warmup-extra-ms``): extra
+time that falls linearly to 0 over the first seconds of load, a latency drift to cut as warm-up.
 """
 
 from __future__ import annotations
@@ -193,13 +200,15 @@ class KneeEngine:
     """At most ``slots`` requests at once, each holding its slot for ``service_s`` seconds."""
 
     def __init__(
-        self, metrics: TargetMetrics, slots: int, service_s: float, queue_size: int = 0
+        self, metrics: TargetMetrics, slots: int, service_s: float, queue_size: int = 0,
+        warmup: Warmup | None = None,
     ) -> None:
         self._metrics = metrics
         self._slots_n = slots
         self._service_s = service_s
         self._queue_size = queue_size  # 0 = unbounded
         self._free: asyncio.Queue[float] | None = None  # holds, per free slot, when it freed
+        self._warmup = warmup or Warmup()
         self._waiting = 0
         self._inflight = 0
         metrics.track_queue_length(lambda: self._waiting)
@@ -226,7 +235,7 @@ class KneeEngine:
             self._waiting -= 1
         # Virtual clock: a request that waited starts exactly when its slot freed.
         start = max(arrived, freed_at)
-        end = start + self._service_s
+        end = start + self._service_s + self._warmup.extra(start)
         self._metrics.queue_wait.observe(start - arrived)
         self._metrics.nv_queue_us.inc((start - arrived) * 1e6)
         self._metrics.nv_exec.inc()
@@ -236,3 +245,74 @@ class KneeEngine:
         finally:
             self._inflight -= 1
             self._free.put_nowait(end)
+
+
+def usl_service_s(n: int, service_s: float, sigma: float, kappa: float) -> float:
+    """T·(1 + σ·(N − 1) + κ·N·(N − 1)): the time of a request that starts with ``n`` in service
+    (itself included), so that N users in a closed loop get X(N) = N / that = the USL with λ = 1/T."""
+    return service_s * (1.0 + sigma * (n - 1) + kappa * n * (n - 1))
+
+
+def warmup_extra_s(since_first_s: float, warmup_s: float, extra_s: float) -> float:
+    """The extra time of a request arriving ``since_first_s`` after the first one: ``extra_s`` at
+    the first request, falling linearly to 0 at ``warmup_s`` (a cache or JIT warming up)."""
+    if warmup_s <= 0 or extra_s <= 0 or since_first_s >= warmup_s:
+        return 0.0
+    return extra_s * (1.0 - max(since_first_s, 0.0) / warmup_s)
+
+
+class Warmup:
+    """``--warmup-s W --warmup-extra-ms X``: a drift in latency over the first W seconds of load,
+    counted from the first inference request (not from start-up, so it is always seen by load)."""
+
+    def __init__(self, warmup_s: float = 0.0, extra_s: float = 0.0) -> None:
+        self._warmup_s, self._extra_s = warmup_s, extra_s
+        self._first: float | None = None
+
+    def extra(self, now: float) -> float:
+        if self._first is None:
+            self._first = now
+        return warmup_extra_s(now - self._first, self._warmup_s, self._extra_s)
+
+
+class UslEngine:
+    """Every request is served at once (no slots, no queue), taking ``usl_service_s(N)`` seconds
+    where N is the number in service when it starts, itself included; it sleeps, burns no CPU.
+
+    N is sampled at the start and the request's time fixed then, rather than integrated as N
+    changes while it runs (processor-sharing style): in a closed loop with no think time every
+    user's request is in service all the time but for the client's turn-around, so the N a request
+    starts with IS the number of users, and X(N) = N / (T·(1 + σ(N−1) + κN(N−1))) — the Universal
+    Scalability Law exactly, λ = 1/T, peak at N* = √((1−σ)/κ), retrograde past it.  Integrating
+    would give the same in that steady state but make one request's time depend on requests that
+    arrive after it; the sample at the start keeps each request's time a closed form (a test checks
+    it) and independent of event-loop jitter beyond one sleep's overshoot.
+    """
+
+    def __init__(self, metrics: TargetMetrics, service_s: float, sigma: float, kappa: float,
+                 warmup: Warmup | None = None) -> None:
+        self._metrics = metrics
+        self._service_s, self._sigma, self._kappa = service_s, sigma, kappa
+        self._warmup = warmup or Warmup()
+        self._inflight = 0
+        metrics.track_queue_length(lambda: 0)
+        metrics.track_inflight(lambda: self._inflight)
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    async def infer(self) -> None:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        self._inflight += 1
+        hold = usl_service_s(self._inflight, self._service_s, self._sigma, self._kappa)
+        hold += self._warmup.extra(start)
+        self._metrics.queue_wait.observe(0.0)
+        self._metrics.nv_exec.inc()
+        try:
+            await asyncio.sleep(max(0.0, start + hold - loop.time()))
+        finally:
+            self._inflight -= 1

@@ -17,6 +17,12 @@ Modes
     inference (number of hidden layers).
     ``--mode knee``: ground truth. ``--slots K`` requests are served at once, each for
     ``--service-ms S`` without CPU work; in a closed loop QPS = min(users, K) * 1000 / S.
+    ``--mode usl``: ground truth of the Universal Scalability Law. Every request is served at once
+    for T * (1 + sigma (N - 1) + kappa N (N - 1)) ms (T = ``--service-ms``, ``--sigma``,
+    ``--kappa``; N in service when it starts), sleeping; in a closed loop with N users
+    QPS = 1000 N / that, peak at N* = sqrt((1 - sigma) / kappa) users, retrograde past it.
+    ``--warmup-s W --warmup-extra-ms X`` (knee and usl): requests take up to X ms more during the
+    first W seconds after the first inference request, falling linearly: a warm-up to be cut.
 
 Endpoints (KServe v2 / Open Inference Protocol over HTTP, JSON tensors)
     GET  /v2                                  server metadata
@@ -76,7 +82,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from kneeswarm.target import model as model_mod
-from kneeswarm.target.engine import KneeEngine, OnnxEngine, Rejected
+from kneeswarm.target.engine import KneeEngine, OnnxEngine, Rejected, UslEngine, Warmup
 from kneeswarm.target.gate import FaultPlan, Gate
 from kneeswarm.target.llm import DEFAULT_DECODE_MS, DEFAULT_MAX_BATCH, LLMConfig, TokenChain, llm_routes
 from kneeswarm.target.metrics import PROMETHEUS_CONTENT_TYPE, TargetMetrics
@@ -100,6 +106,8 @@ DEFAULT_BATCH_MAX = 1
 DEFAULT_BATCH_WAIT_MS = 2.0
 DEFAULT_SLOTS = 4
 DEFAULT_SERVICE_MS = 50.0
+DEFAULT_SIGMA = 0.05  # usl mode: N* = sqrt(0.95 / 0.0025) = 19.5 users
+DEFAULT_KAPPA = 0.0025
 MAX_ROWS = 1024  # largest batch one infer request may carry
 LISTEN_BACKLOG = 2048
 GRACEFUL_SHUTDOWN_S = 5
@@ -203,7 +211,7 @@ def received_inputs(inputs: list[Any]) -> tuple[int, list[tuple[str, str, str]]]
 # One function: the routes share the engine, the ready flag and the metrics (closures).
 def build_app(
     info: ModelInfo,
-    engine: OnnxEngine | KneeEngine,
+    engine: OnnxEngine | KneeEngine | UslEngine,
     metrics: TargetMetrics,
     on_started: Callable[[], None] | None = None,
     llm: LLMConfig | None = None,
@@ -396,9 +404,10 @@ def build_parser(prog: str = "kneeswarm target") -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--mode", choices=["onnx", "knee"], default=DEFAULT_MODE,
+    p.add_argument("--mode", choices=["onnx", "knee", "usl"], default=DEFAULT_MODE,
                    help="onnx: real ONNX Runtime inference of a generated MLP; knee: ground truth, "
-                        "--slots requests at once, each for --service-ms, no CPU work")
+                        "--slots requests at once, each for --service-ms, no CPU work; usl: ground truth, "
+                        "every request at once for --service-ms x (1 + sigma(N-1) + kappa N(N-1)), N in service")
     p.add_argument("--host", default=DEFAULT_HOST, help="address to bind")
     p.add_argument("--port", type=_int_at_least(0), default=DEFAULT_PORT,
                    help="port to bind; 0 picks a free one (see the first stdout line)")
@@ -493,7 +502,17 @@ def build_parser(prog: str = "kneeswarm target") -> argparse.ArgumentParser:
     knee.add_argument("--slots", type=_int_at_least(1), default=DEFAULT_SLOTS,
                       help="requests served at once (the knee, in users)")
     knee.add_argument("--service-ms", type=_positive_float, default=DEFAULT_SERVICE_MS,
-                      help="time each request holds its slot")
+                      help="time each request holds its slot (usl mode: T, the time of a request alone)")
+    usl = p.add_argument_group("usl mode (and --service-ms)")
+    usl.add_argument("--sigma", type=_rate, default=DEFAULT_SIGMA,
+                     help="contention: each other request in service adds this share of --service-ms")
+    usl.add_argument("--kappa", type=_rate, default=DEFAULT_KAPPA,
+                     help="coherency: N(N-1) pairs in service add this share each; peak at sqrt((1-sigma)/kappa)")
+    drift = p.add_argument_group("latency drift (knee and usl modes)")
+    drift.add_argument("--warmup-s", type=_non_negative_float, default=0.0,
+                       help="seconds, from the first inference request, over which the extra time falls to 0")
+    drift.add_argument("--warmup-extra-ms", type=_non_negative_float, default=0.0,
+                       help="extra time of the first request (falls linearly to 0 over --warmup-s)")
     return p
 
 
@@ -517,16 +536,24 @@ def _url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _build(args: argparse.Namespace) -> tuple[ModelInfo, OnnxEngine | KneeEngine, TargetMetrics]:
+def _build(args: argparse.Namespace) -> tuple[ModelInfo, OnnxEngine | KneeEngine | UslEngine, TargetMetrics]:
     info_labels: dict[str, Any] = {"mode": args.mode, "model": args.model_name}
+    warmup = Warmup(args.warmup_s, args.warmup_extra_ms / 1000.0)
+    if args.mode == "usl":
+        info_labels.update(service_ms=args.service_ms, sigma=args.sigma, kappa=args.kappa)
+        metrics = TargetMetrics(info_labels, workers=0, queue_capacity=0)
+        engine: OnnxEngine | KneeEngine | UslEngine = UslEngine(
+            metrics, service_s=args.service_ms / 1000.0, sigma=args.sigma, kappa=args.kappa, warmup=warmup)
+        return ModelInfo(args.model_name, "kneeswarm_usl", -1, 1), engine, metrics  # any input
     if args.mode == "knee":
         info_labels.update(slots=args.slots, service_ms=args.service_ms)
         metrics = TargetMetrics(info_labels, workers=args.slots, queue_capacity=args.queue_size)
-        engine: OnnxEngine | KneeEngine = KneeEngine(
+        engine = KneeEngine(
             metrics,
             slots=args.slots,
             service_s=args.service_ms / 1000.0,
             queue_size=args.queue_size,
+            warmup=warmup,
         )
         return ModelInfo(args.model_name, "kneeswarm_knee", -1, 1), engine, metrics  # any input
     spec = model_mod.ModelSpec(
@@ -570,7 +597,7 @@ def _exit_quietly(signum: int, frame: Any) -> None:
     """uvicorn re-raises the signal that stopped it once it has shut down; by then we are done."""
 
 
-def _wrapped_app(args: argparse.Namespace, info: ModelInfo, engine: OnnxEngine | KneeEngine, metrics: TargetMetrics,
+def _wrapped_app(args: argparse.Namespace, info: ModelInfo, engine: OnnxEngine | KneeEngine | UslEngine, metrics: TargetMetrics,
                  announce: Callable[[], None]) -> Any:
     """The application inside the gate (API key, faults), inside the request log when asked
     (ValueError: a bad gate setting; OSError: the log cannot be opened)."""

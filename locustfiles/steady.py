@@ -1,0 +1,219 @@
+"""``hold = "auto"``: is a step steady, and are its QPS and P99 known?  Judged on the rows.
+
+Free of Locust (numpy only), so it can be tested alone; the master feeds it the request rows as
+they arrive (plugin.Recording) and the step schedule (steps.py) asks it once a tick.
+
+Steady: MSER-5 truncation of the warm-up (White 1997, "An effective truncation heuristic for bias
+reduction in simulation output", Simulation 69(6); White, Cobb & Spratt 2000, "A comparison of
+five steady-state truncation heuristics for simulation", Proc. Winter Simulation Conference).  For
+a series Y₁..Yₙ the cut d minimises MSER(d) = Σ_{i>d}(Yᵢ − Ȳ_d)² / (n − d)²; a minimum in the
+second half of the series means the warm-up is not over (the rule's own test of steadiness).  It
+is run on two series: the median latency of consecutive batches of 5 successful requests (MSER-5,
+with batch medians rather than means so one stalled request does not pass for a trend), and the
+successful requests of each second (QPS).  The step's steady data begin at the later of the two
+cuts (``t_cut``).  A "warm-up" whose level is within ``ci`` of the rest is not one (no cut): on a
+busy host the median moves by a few per cent, significant to MSER, not to a user who asked ±10 %.
+What is kept must then have no trend: the median of the last third of each kept series may differ
+from that of its first third by at most ``ci`` of the series' median (a trend test of magnitude,
+robust to a stall near either end; MSER alone passes a steady climb whose points sit near its mean).
+
+Known: after the cut, QPS within ``ci`` (relative half-width of a 95 % interval) from the mean and
+spread of the per-second counts (batch means of one second), and P99 within ``ci`` from the
+binomial order-statistic interval: the ranks n·p ∓ 1.96·√(n·p·(1 − p)) of the sorted latencies
+bound the p-quantile with 95 % confidence whatever the distribution (Conover, Practical
+Nonparametric Statistics, 3rd ed., §3.2); its relative half-width is (x_(u) − x_(l)) / 2 / P99.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+Z95 = 1.959964  # two-sided 95 % normal quantile
+P99 = 0.99
+MSER_BATCH = 5  # MSER-5: batches of 5 observations (White, Cobb & Spratt 2000)
+MSER_END_SHARE = 4  # the last 1/4 of the series is never a truncation point (end effect)
+MIN_BATCHES = 10  # fewer latency batches than this: too little to judge a trend
+# the walk back over a flat tail looks at the median of the last max(5, n/10) points before the cut,
+# so a stall shorter than half of that (a busy host's hiccup) does not stop it; a warm-up does
+MIN_SPAN, ROBUST_SPAN_SHARE = 5, 10
+MIN_SECONDS = 4  # fewer whole seconds than this: too little to judge a trend in QPS
+MIN_CI_SECONDS = 3  # fewer whole seconds after the cut than this: QPS spread unknown
+
+
+@dataclass
+class Verdict:
+    steady: bool
+    known: bool
+    t_cut: float | None  # where the steady data begin (epoch s); None until steady
+    why: str  # one line: what is missing, or what was found
+
+    @property
+    def done(self) -> bool:
+        return self.steady and self.known
+
+
+def mser_cut(y: np.ndarray, tolerance: float = 0.0) -> int | None:
+    """The MSER truncation index d of ``y``, or None when the minimum lies in the second half of the
+    series (not steady yet).  The last quarter is not searched: there MSER(d) is the variance of a
+    handful of points and dips by chance (the end effect; Hoad, Robinson & Davies 2010,
+    "Automating warm-up length estimation", J. Oper. Res. Soc. 61(9)).  A cut whose truncated part's
+    mean is within ``tolerance`` (relative) of the rest's is no warm-up: 0 (a shift smaller than the
+    precision asked for is not worth the data it would throw away, nor a longer hold), and the cut
+    is moved back while the median of the points just before it (max(5, n/10) of them) is already
+    within ``tolerance`` of that level: past the warm-up MSER's minimum wanders over a flat tail,
+    and lands just after a one-off stall (a busy host's hiccup is no warm-up)."""
+    y = np.asarray(y, dtype=float)
+    n = len(y)
+    if n < 2:
+        return None
+    # suffix sums: tail d holds y[d:], of length n - d
+    s1 = np.cumsum(y[::-1])[::-1]
+    s2 = np.cumsum((y * y)[::-1])[::-1]
+    m = n - np.arange(n)
+    sse = s2 - s1 * s1 / m  # Σ (y - mean)² over y[d:]
+    last = max(1, n - n // MSER_END_SHARE)  # d < last: the tail keeps at least a quarter
+    mser = sse[:last] / (m[:last] ** 2)
+    d = int(np.argmin(mser))
+    level = float(np.mean(y[d:]))
+    if d > 0 and abs(float(np.mean(y[:d])) - level) <= tolerance * abs(level):
+        return 0
+    # MSER's minimum wanders over a flat tail, and lands just after a one-off stall of a busy host:
+    # move the cut back while the median of the points just before it is already at the level
+    k = max(MIN_SPAN, n // ROBUST_SPAN_SHARE)
+    while d > 0 and abs(float(np.median(y[max(0, d - k):d])) - level) <= tolerance * abs(level):
+        d -= 1
+    return d if d <= n // 2 else None
+
+
+def qps_half_width(counts: np.ndarray) -> float:
+    """Relative half-width of the 95 % interval of the mean per-second count (inf when unknown)."""
+    k = len(counts)
+    mean = float(np.mean(counts)) if k else 0.0
+    if k < MIN_CI_SECONDS or mean <= 0:
+        return math.inf
+    return Z95 * float(np.std(counts, ddof=1)) / math.sqrt(k) / mean
+
+
+def p99_half_width(latency: np.ndarray, p: float = P99) -> float:
+    """Relative half-width of the binomial order-statistic 95 % interval of the p-quantile (inf
+    when there are too few rows for the interval's upper rank to exist)."""
+    x = np.sort(np.asarray(latency, dtype=float))
+    n = len(x)
+    if n == 0:
+        return math.inf
+    spread = Z95 * math.sqrt(n * p * (1 - p))
+    lo, hi = math.floor(n * p - spread), math.ceil(n * p + spread) + 1  # 1-based ranks
+    if lo < 1 or hi > n:
+        return math.inf
+    q = float(np.quantile(x, p))
+    if q <= 0:
+        return math.inf
+    return (x[hi - 1] - x[lo - 1]) / 2.0 / q
+
+
+def judge(t_start: np.ndarray, latency_ms: np.ndarray, t_lo: float, horizon: float, ci: float) -> Verdict:
+    """The verdict on a step's successful rows (``t_start`` epoch s, ``latency_ms``) that started in
+    [t_lo, horizon): the window after the settle, up to the time the rows are known complete."""
+    t = np.asarray(t_start, dtype=float)
+    lat = np.asarray(latency_ms, dtype=float)
+    keep = (t >= t_lo) & (t < horizon) & np.isfinite(lat)
+    order = np.argsort(t[keep], kind="stable")
+    t, lat = t[keep][order], lat[keep][order]
+    seconds = int(math.floor(horizon - t_lo))
+    if seconds < MIN_SECONDS or len(t) < MSER_BATCH * MIN_BATCHES:
+        return Verdict(False, False, None, f"too little data yet ({len(t)} requests over {max(seconds, 0)} s)")
+    counts = np.bincount(((t - t_lo) // 1.0).astype(int), minlength=seconds)[:seconds].astype(float)
+    d_qps = mser_cut(counts, ci)
+    nb = len(lat) // MSER_BATCH
+    batches = np.median(lat[: nb * MSER_BATCH].reshape(nb, MSER_BATCH), axis=1)
+    d_lat = mser_cut(batches, ci)
+    if d_qps is None or d_lat is None:
+        what = " and ".join(w for w, d in (("QPS", d_qps), ("median latency", d_lat)) if d is None)
+        return Verdict(False, False, None, f"not steady: {what} still trending (MSER-5 cut in the second half)")
+    drifts = [(w, c) for w, c in (("QPS", _drift(counts[d_qps:])), ("median latency", _drift(batches[d_lat:])))
+              if c > ci]
+    if drifts:
+        what = " and ".join(f"{w} by {c:.0%}" for w, c in drifts)
+        return Verdict(False, False, None, f"not steady: {what} over the kept window (median of its last third against its first, > ±{ci:.0%})")
+    t_cut = max(t_lo + d_qps, float(t[d_lat * MSER_BATCH]))
+    after = t >= t_cut
+    whole = int(math.floor(horizon - t_cut))
+    qps_counts = np.bincount(((t[after] - t_cut) // 1.0).astype(int), minlength=whole)[:whole].astype(float)
+    hw_qps, hw_p99 = qps_half_width(qps_counts), p99_half_width(lat[after])
+    known = hw_qps <= ci and hw_p99 <= ci
+    why = (f"QPS ±{_pct(hw_qps)}, P99 ±{_pct(hw_p99)} (95 % CI, want ±{ci:.0%}) over {int(after.sum())} requests "
+           f"after a {t_cut - t_lo:.1f} s warm-up cut")
+    return Verdict(True, known, t_cut, why)
+
+
+def _drift(y: np.ndarray) -> float:
+    """How much the kept series moves: the median of its last third against its first third,
+    relative to its median (0 for fewer than 6 points or a median of 0).  Medians, not a
+    least-squares line: one stall near an end of the window tilts a line, not a median."""
+    n = len(y) // 3
+    mid = float(np.median(y)) if len(y) else 0.0
+    if n < 2 or mid == 0:
+        return 0.0
+    return abs(float(np.median(y[-n:])) - float(np.median(y[:n]))) / abs(mid)
+
+
+def _pct(x: float) -> str:
+    return "unknown" if not math.isfinite(x) else f"{x:.0%}"
+
+
+class AutoHold:
+    """The master's side of ``hold = "auto"``: keeps the successful rows of the current step as
+    they arrive and says, once a tick, whether the step may end.
+
+    Rows reach the master with the workers' reports (every ``lag_s`` at most, clock-corrected
+    there), so a step is judged on the rows that started before ``now − lag_s``: later ones may
+    still be on their way.
+    """
+
+    def __init__(self, min_hold: float, max_hold: float, settle: float, ci: float, lag_s: float) -> None:
+        self.min_hold, self.max_hold, self.settle, self.ci, self.lag_s = min_hold, max_hold, settle, ci, lag_s
+        self._t: list[np.ndarray] = []
+        self._lat: list[np.ndarray] = []
+        self.last: Verdict | None = None
+
+    def add(self, cols: dict | None) -> None:
+        """A batch of rows (column lists, t_start on the master's clock); failures are left out."""
+        if not cols or not cols.get("t_start"):
+            return
+        ok = np.asarray([v is True for v in cols.get("ok", [])], dtype=bool)
+        lat = np.asarray([np.nan if v is None else v for v in cols.get("latency_ms", [])], dtype=float)
+        t = np.asarray(cols["t_start"], dtype=float)
+        if len(ok) != len(t) or len(lat) != len(t):
+            return
+        self._t.append(t[ok])
+        self._lat.append(lat[ok])
+
+    def forget_before(self, t: float) -> None:
+        """Drop rows that started before ``t`` (a new step began)."""
+        if not self._t:
+            return
+        t_all, lat_all = np.concatenate(self._t), np.concatenate(self._lat)
+        keep = t_all >= t
+        self._t, self._lat = [t_all[keep]], [lat_all[keep]]
+
+    def decide(self, t_steady: float, now: float) -> tuple[bool, float | None, str | None]:
+        """(end the step, t_cut, reason it ended unsettled or None)."""
+        held = now - t_steady
+        if held < self.min_hold:
+            return False, None, None
+        t = np.concatenate(self._t) if self._t else np.empty(0)
+        lat = np.concatenate(self._lat) if self._lat else np.empty(0)
+        v = judge(t, lat, t_steady + self.settle, now - self.lag_s, self.ci)
+        self.last = v
+        if v.done:
+            return True, v.t_cut, None
+        if held >= self.max_hold:
+            return True, v.t_cut, f"held {self.max_hold:g} s (max_hold) without being {_missing(v)}: {v.why}"
+        return False, None, None
+
+
+def _missing(v: Verdict) -> str:
+    return "steady" if not v.steady else "known within the asked CI"
