@@ -45,7 +45,7 @@ MUST_NOT = {"queue": {"kv_cache_full", "preemption", "decode_bound"},
 
 def plan_text(name: str, url: str, prompt: int, out: int) -> str:
     return (f'name = "{name}"\ntarget = "{url}"\nprotocol = "openai"\nmetrics_url = "{url}/metrics"\n'
-            "[load]\nsteps = [1, 2, 4, 8, 16]\nramp = 0.5\nhold = 4.0\nsettle = 0.5\nworkers = 1\n"
+            "[load]\nsteps = [1, 4, 8, 16]\nramp = 0.5\nhold = 4.0\nsettle = 0.5\nworkers = 1\n"
             f"[request]\nprompt_tokens = {prompt}\nmax_tokens = {out}\nignore_eos = true\nstream = true\n"
             "[analysis]\nmin_requests = 10\n")
 
