@@ -159,6 +159,11 @@ def test_real_target_releases_tokens_on_the_model_schedule_and_counts_preemption
     assert 0.110 <= ttft < 0.110 + LATE_S
     assert 0.110 + 19 * 0.010 <= times[-1] - t0 < 0.110 + 19 * 0.010 + LATE_S
     assert len(times) == 20
+    m2 = t2.metrics()  # the phases on the model's clock: exact, whatever the host's lateness
+    assert m2["vllm:request_prefill_time_seconds_count"] == m2["vllm:request_decode_time_seconds_count"] == 1
+    assert m2["vllm:request_prefill_time_seconds_sum"] == pytest.approx(0.010 + 50 * 0.002)
+    assert m2["vllm:request_decode_time_seconds_sum"] == pytest.approx(19 * 0.010)
+    assert 0 <= m2["vllm:request_queue_time_seconds_sum"] < LATE_S  # alone: scheduled on arrival
     # Two sequences of 4 + 6 tokens in a 16-token cache: together they need 20 -> exactly one
     # preemption, whichever of the first's first 4 steps the second one joins (50 ms steps: it may
     # start up to 150 ms late; see the unit test above for the arithmetic).

@@ -27,8 +27,11 @@ first token after ``decode_s + B * P * prefill_s_per_token``.  A batch of ``max_
 never preempts while ``max_batch * (P + n) <= K``.
 
 Exported (vLLM V1's names, vllm/v1/metrics/loggers.py): ``vllm:num_requests_running``,
-``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` (0..1), ``vllm:num_preemptions_total``;
-the prompt and generation token counters are llm.py's.
+``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` (0..1), ``vllm:num_preemptions_total``,
+and per finished request, on the model's clock, ``vllm:request_queue_time_seconds`` (arrival to
+first scheduled), ``vllm:request_prefill_time_seconds`` (first scheduled to first token) and
+``vllm:request_decode_time_seconds`` (first token to last); the prompt and generation token
+counters are llm.py's.
 """
 
 from __future__ import annotations
@@ -56,6 +59,10 @@ class Seq:
     cached: int = 0  # tokens held in the KV cache (0 while waiting)
     preempted: int = 0  # times it was preempted
     out: Any = field(default=None, repr=False)  # the driver's per-token queue
+    # the driver's clock (event-loop seconds): arrived, first scheduled, first token
+    t_arrived: float | None = None
+    t_scheduled: float | None = None
+    t_first: float | None = None
 
     @property
     def done(self) -> bool:
@@ -188,7 +195,7 @@ class LLMEngine:
 
     def submit(self, prompt: int, n: int) -> Seq:
         """Queue a sequence; its ``out`` queue gets one item per token produced."""
-        seq = Seq(prompt=prompt, n=n, out=asyncio.Queue())
+        seq = Seq(prompt=prompt, n=n, out=asyncio.Queue(), t_arrived=asyncio.get_running_loop().time())
         self.sched.add(seq)
         if self._task is None:
             self._wake = asyncio.Event()
@@ -209,6 +216,16 @@ class LLMEngine:
         m.llm_waiting.set(len(s.waiting))
         m.kv_usage.set(s.usage)
 
+    def _timed(self, s: Seq, t: float) -> None:
+        """Record a sequence's phases once it produced its first token (t) and when it is done."""
+        if s.t_first is None and s.produced >= 1:
+            s.t_first = t
+        if s.done and None not in (s.t_arrived, s.t_scheduled, s.t_first):
+            m = self.metrics
+            m.queue_time.observe(max(0.0, s.t_scheduled - s.t_arrived))
+            m.prefill_time.observe(s.t_first - s.t_scheduled)
+            m.decode_time.observe(t - s.t_first)
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         assert self._wake is not None
@@ -222,6 +239,9 @@ class LLMEngine:
             r = self.sched.schedule()
             self.metrics.preemptions.inc(self.sched.preemptions - before)
             self._export()  # the batch as it runs this step, its KV before the step's new tokens
+            for s in r.produced:
+                if s.t_scheduled is None:
+                    s.t_scheduled = t
             if not r.produced:  # nothing runnable (cannot happen while busy: the first always fits)
                 await asyncio.sleep(0)
                 t = loop.time()
@@ -232,6 +252,7 @@ class LLMEngine:
                 await asyncio.sleep(delay)
             self.sched.complete(r)
             for s in r.produced:
+                self._timed(s, t)
                 if s.out is not None:
                     s.out.put_nowait(None)
             self._export()
