@@ -246,6 +246,11 @@ TARGET_METRICS: tuple[TargetMetric, ...] = (
         TGI(r"tgi_queue_size"),
         LLAMACPP(r"llamacpp:requests_deferred"),
     )),
+    TargetMetric("llm_queue_ms", "engine queue ms", "ratio", (  # mean wait to be scheduled, per request
+        VLLM(r"vllm:request_queue_time_seconds_sum", r"vllm:request_queue_time_seconds_count"),
+        SGLANG(r"sglang:queue_time_seconds_sum", r"sglang:queue_time_seconds_count"),
+        TGI(r"tgi_request_queue_duration_sum", r"tgi_request_queue_duration_count"),
+    ), scale=1000.0),
     TargetMetric("decode_batch", "sequences per decode", "gauge", (
         # llama.cpp: the mean busy slots per llama_decode call since the last scrape (its batch)
         LLAMACPP(r"llamacpp:n_busy_slots_per_decode"),

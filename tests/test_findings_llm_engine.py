@@ -142,6 +142,15 @@ def test_engine_findings_numbers_equal_the_targets_counters(engine_runs):
             qb = next(f for f in summary["findings"] if f["id"] == "prefill_bound")
             assert qb["evidence"]["ttft_share"] >= 0.9
             assert all(abs(by_users(summary)[str(u)]["tpot_p50_ms"] - 20.0) < 3.0 for u in qb["evidence"]["users"])
+            # the target's own queue time says the TTFT rise is waiting to be scheduled (the batch is full)
+            q0, q1 = qb["evidence"]["engine_queue_ms"]
+            for users, q in zip(qb["evidence"]["users"], (q0, q1)):
+                w = window(df, steps[str(users)])
+                d_sum = w["vllm:request_queue_time_seconds_sum"].iloc[-1] - w["vllm:request_queue_time_seconds_sum"].iloc[0]
+                d_n = w["vllm:request_queue_time_seconds_count"].iloc[-1] - w["vllm:request_queue_time_seconds_count"].iloc[0]
+                assert q == pytest.approx(1000 * d_sum / d_n, rel=1e-6)
+            assert q1 - q0 > 0.5 * (qb["evidence"]["ttft_p50_ms"][1] - qb["evidence"]["ttft_p50_ms"][0])
+            assert "waiting to be scheduled" in qb["text"]
 
 
 # -- what could not be checked ------------------------------------------------------------------

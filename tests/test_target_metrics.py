@@ -188,6 +188,8 @@ def expected(fixture: str, x: Truth) -> dict[str, tuple[float, str]]:
             "prompt_tokens_s": (x.rate("vllm:prompt_tokens_total"), "vllm"),
             "llm_running": (x.gauge("vllm:num_requests_running"), "vllm"),
             "llm_waiting": (x.gauge("vllm:num_requests_waiting"), "vllm"),
+            "llm_queue_ms": (x.ratio("vllm:request_queue_time_seconds_sum", "vllm:request_queue_time_seconds_count",
+                                     ms), "vllm"),
         }
     if fixture == "tgi-docs.txt":
         return {
@@ -205,6 +207,7 @@ def expected(fixture: str, x: Truth) -> dict[str, tuple[float, str]]:
             "prompt_tokens_s": (x.rate("tgi_request_input_length_sum"), "tgi"),
             "llm_running": (x.gauge("tgi_batch_current_size"), "tgi"),
             "llm_waiting": (x.gauge("tgi_queue_size"), "tgi"),
+            "llm_queue_ms": (x.ratio("tgi_request_queue_duration_sum", "tgi_request_queue_duration_count", ms), "tgi"),
         }
     if fixture == "sglang-docs.txt":
         return {
@@ -227,6 +230,7 @@ def expected(fixture: str, x: Truth) -> dict[str, tuple[float, str]]:
             "gen_throughput": (x.gauge("sglang:gen_throughput"), "sglang"),
             "llm_running": (x.gauge("sglang:num_running_reqs"), "sglang"),
             "llm_waiting": (x.gauge("sglang:num_queue_reqs"), "sglang"),
+            "llm_queue_ms": (x.ratio("sglang:queue_time_seconds_sum", "sglang:queue_time_seconds_count", ms), "sglang"),
         }
     if fixture in ("triton-2.51.0.txt", "triton-docs.txt"):
         return {

@@ -170,6 +170,15 @@ def _carrier(ctx: Context) -> tuple[str, dict[str, Any]] | None:
     return None
 
 
+def _engine_queue(ctx: Context, steps: list[dict[str, Any]]) -> tuple[str, list[float]] | None:
+    """(host, the server's mean wait to be scheduled at each step, ms) where a host exports it."""
+    for host in _hosts_with(ctx, "llm_queue_ms"):
+        values = [ctx.metric(s, host, "target.llm_queue_ms") for s in steps]
+        if None not in values:
+            return host, values  # type: ignore[return-value]
+    return None
+
+
 def prefill_bound(ctx: Context) -> list[dict[str, Any]]:
     got = _carrier(ctx)
     if got is None or got[0] != "prefill_bound":
@@ -177,11 +186,18 @@ def prefill_bound(ctx: Context) -> list[dict[str, Any]]:
     ev = got[1]
     u0, u1 = ev["users"]
     steps = [s for s in ctx.valid if num(s.get("users")) in (num(u0), num(u1))]
+    why = "requests wait to be admitted or prefilled, not to decode"
+    queue = _engine_queue(ctx, steps) if len(steps) == 2 else None
+    if queue is not None:
+        host, (q0, q1) = queue
+        ev = {**ev, "engine_queue_ms": [q0, q1], "engine_queue_host": host}
+        why = (f"{host}'s own queue time went {q0:.0f} -> {q1:.0f} ms, so "
+               + ("most of it is waiting to be scheduled" if q1 - q0 >= 0.5 * (ev["ttft_p50_ms"][1] - ev["ttft_p50_ms"][0])
+                  else "most of it is prefill, not waiting to be scheduled"))
     return [finding("prefill_bound", steps, ev,
                     f"From {users_text(u0)} to {users_text(u1)} P50 latency rose {ev['p50_ms'][0]:.0f} -> "
                     f"{ev['p50_ms'][1]:.0f} ms and the time to the first token carried {ev['ttft_share']:.0%} of the "
-                    f"rise (TTFT P50 {ev['ttft_p50_ms'][0]:.0f} -> {ev['ttft_p50_ms'][1]:.0f} ms): requests wait "
-                    "to be admitted or prefilled, not to decode.",
+                    f"rise (TTFT P50 {ev['ttft_p50_ms'][0]:.0f} -> {ev['ttft_p50_ms'][1]:.0f} ms): {why}.",
                     "Read queue_growing / kv_cache_full for why admission waits; for long prompts enable "
                     "chunked prefill (vLLM --enable-chunked-prefill, --max-num-batched-tokens) and prefix "
                     "caching, or split prefill from decode (disaggregated serving).")]
