@@ -142,6 +142,7 @@ def add_explanations(summary: dict[str, Any], plan: dict[str, Any]) -> dict[str,
     explained = explain(summary, plan)
     summary["findings"] = jsonable(explained["findings"])
     summary["usl"] = jsonable(explained["usl"])
+    summary["findings_unchecked"] = list(explained["unchecked"])
     summary["warnings"] = list(summary.get("warnings") or []) + [
         f"findings: {line} (the other rules ran)" for line in explained["rule_errors"]]
     return add_gates(summary, plan)

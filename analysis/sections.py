@@ -105,8 +105,12 @@ def finding_lines(f: dict[str, Any]) -> list[str]:
 def findings_section(summary: dict[str, Any]) -> list[list[str]]:
     """Each finding's lines; a single line when there is none."""
     found = sorted_findings(summary)
+    unchecked = [[f"not checked: {line}"] for line in summary.get("findings_unchecked") or [] if isinstance(line, str)]
     if found:
-        return [finding_lines(f) for f in found]
+        return [finding_lines(f) for f in found] + unchecked
+    if unchecked and _valid_steps(summary):
+        return [["no finding: nothing in the recorded metrics points at a bottleneck over the tested range"],
+                *unchecked]
     if not _valid_steps(summary):
         return [["no finding: no valid step to read"]]
     return [["no finding: nothing in the recorded metrics points at a bottleneck over the tested range"]]

@@ -12,7 +12,8 @@ issue 16), threads, GPU means and ``fb_peak_mb`` (the window's largest sample), 
 ``target_series`` {host: {key: series used}} (analysis.target).  Issue 7: ``findings`` [{id,
 severity, steps, evidence, text, advice}] and ``usl`` {sigma, kappa, lambda, n_star, peak,
 peak_kind, r2, points, caution, curve {users, qps}, text} (analysis.findings.explain over the
-valid steps); per step ``energy_j_per_request`` (and ``energy_j_per_token`` when output tokens were
+valid steps), ``findings_unchecked`` [one line per LLM-engine rule the server's metrics could not feed,
+issue 19]; per step ``energy_j_per_request`` (and ``energy_j_per_token`` when output tokens were
 recorded) where GPU power was recorded, and Little's-law /
 clock-offset reasons (analysis.trust).  Issue 6: ``load`` {loop, batch, arrival, source_rate}
 and per step ``rate`` (open loop) and ``items_s`` (batch > 1) (analysis.loop); per step

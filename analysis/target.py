@@ -230,6 +230,40 @@ TARGET_METRICS: tuple[TargetMetric, ...] = (
         TGI(r"tgi_request_input_length_sum"),  # histogram sum: prompt tokens of requests
         LLAMACPP(r"llamacpp:prompt_tokens_total"),  # prompt tokens processed, cached ones left out
     )),
+    # -- the LLM engine's own state (issue 19 §2): its batch, its queue, its prefix cache ----------
+    # Keys of their own, not queue_length/in_flight: a server may export both a request pool's
+    # names and an engine's (the demo target: kneeswarm_target_inflight for tensor requests,
+    # vllm:num_requests_running for its LLM engine), and the engine findings read the engine's.
+    TargetMetric("llm_running", "engine running", "gauge", (
+        VLLM(r"vllm:num_requests_running"),  # the continuous batch: sequences in the running set
+        SGLANG(r"sglang:num_running_reqs"),
+        TGI(r"tgi_batch_current_size"),
+        LLAMACPP(r"llamacpp:requests_processing"),  # busy slots
+    )),
+    TargetMetric("llm_waiting", "engine waiting", "gauge", (
+        VLLM(r"vllm:num_requests_waiting"),  # preempted sequences wait here too
+        SGLANG(r"sglang:num_queue_reqs"),
+        TGI(r"tgi_queue_size"),
+        LLAMACPP(r"llamacpp:requests_deferred"),
+    )),
+    TargetMetric("llm_queue_ms", "engine queue ms", "ratio", (  # mean wait to be scheduled, per request
+        VLLM(r"vllm:request_queue_time_seconds_sum", r"vllm:request_queue_time_seconds_count"),
+        SGLANG(r"sglang:queue_time_seconds_sum", r"sglang:queue_time_seconds_count"),
+        TGI(r"tgi_request_queue_duration_sum", r"tgi_request_queue_duration_count"),
+    ), scale=1000.0),
+    TargetMetric("decode_batch", "sequences per decode", "gauge", (
+        # llama.cpp: the mean busy slots per llama_decode call since the last scrape (its batch)
+        LLAMACPP(r"llamacpp:n_busy_slots_per_decode"),
+    ), combine="mean"),
+    TargetMetric("prefix_hit_pct", "prefix-cache hit %", "ratio", (
+        # vLLM V1: tokens found in the prefix cache / tokens looked up (both counters, in tokens)
+        VLLM(r"vllm:prefix_cache_hits_total", r"vllm:prefix_cache_queries_total"),
+        # llama.cpp: prompt tokens reused from a slot's cache / all prompt tokens (processed + reused)
+        LLAMACPP(r"llamacpp:prompt_tokens_cached_total", r"llamacpp:prompt_tokens(_cached)?_total"),
+    ), scale=100.0),
+    TargetMetric("prefix_hit_own_pct", "prefix-cache hit % (own)", "gauge", (
+        SGLANG(r"sglang:cache_hit_rate"),  # the scheduler's own hit rate over its last interval (0..1)
+    ), combine="mean", scale=100.0),
     TargetMetric("gen_throughput", "server gen tok/s (own)", "gauge", (
         SGLANG(r"sglang:gen_throughput"),  # the scheduler's own estimate over its last interval
     )),

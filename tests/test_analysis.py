@@ -385,7 +385,8 @@ def test_vllm_and_triton_series_combined_first_candidate_wins():
     })
     got = target_windows(df, np.array([0.0]), np.array([10.0]))[0]
     assert got == pytest.approx({"queue_length": 7.0, "in_flight": 2.0, "kv_cache_usage_pct": 50.0,
-                                 "preempted_s": 1.0, "queue_wait_ms": 50.0, "queue_time_us_s": 250_000.0})
+                                 "preempted_s": 1.0, "queue_wait_ms": 50.0, "queue_time_us_s": 250_000.0,
+                                 "llm_running": 2.0, "llm_waiting": 7.0, "llm_queue_ms": 50.0})
 
 
 # -- host facts in the header -----------------------------------------------------------------

@@ -352,7 +352,8 @@ def test_help_documents_the_knobs():
                  "--inter-op-threads", "--batch-max", "--batch-wait-ms", "--slots", "--service-ms",
                  "--work", "--model-name", "--ttft-ms", "--itl-ms", "--output-tokens", "--api-key-env",
                  "--fail-rate", "--reset-rate", "--truncate-rate", "--stall-ms", "--stall-every",
-                 "--sigma", "--kappa", "--warmup-s", "--warmup-extra-ms"):
+                 "--sigma", "--kappa", "--warmup-s", "--warmup-extra-ms",
+                 "--kv-tokens", "--max-batch", "--prefill-ms-per-token", "--decode-ms", "--decode-ms-per-seq"):
         assert flag in proc.stdout
 
 
@@ -477,7 +478,9 @@ def test_faults_fail_reset_and_stall_are_counted(tmp_path):
     assert stalled == m['kneeswarm_target_faults_total{kind="stall"}'] >= 2
 
 
-@pytest.mark.parametrize("args", [["--fail-rate", "1.5"], ["--itl-ms", "-1"], ["--output-tokens", "x"]])
+@pytest.mark.parametrize("args", [["--fail-rate", "1.5"], ["--itl-ms", "-1"], ["--output-tokens", "x"],
+                                  ["--kv-tokens", "1"], ["--max-batch", "0"], ["--decode-ms", "0"],
+                                  ["--decode-ms-per-seq", "-1"], ["--prefill-ms-per-token", "x"]])
 def test_bad_fault_and_llm_arguments_exit_2(args):
     proc = subprocess.run([sys.executable, "-m", "kneeswarm.target", *args], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1

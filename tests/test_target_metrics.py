@@ -129,6 +129,23 @@ def expected(fixture: str, x: Truth) -> dict[str, tuple[float, str]]:
             "prompt_tokens_s": (x.rate("vllm:prompt_tokens_total"), "vllm"),
             "batch_size": (x.ratio("kneeswarm_target_batch_size_sum", "kneeswarm_target_batch_size_count"),
                            "kneeswarm"),
+            "llm_running": (x.gauge("vllm:num_requests_running"), "vllm"),
+            "llm_waiting": (x.gauge("vllm:num_requests_waiting"), "vllm"),
+        }
+    if fixture == "llamacpp-0.3.36.txt":
+        return {
+            "queue_length": (x.gauge("llamacpp:requests_deferred"), "llamacpp"),
+            "in_flight": (x.gauge("llamacpp:requests_processing"), "llamacpp"),
+            "tpot_ms": (x.ratio("llamacpp:tokens_predicted_seconds_total", "llamacpp:tokens_predicted_total", ms),
+                        "llamacpp"),
+            "gen_tokens_s": (x.rate("llamacpp:tokens_predicted_total"), "llamacpp"),
+            "prompt_tokens_s": (x.rate("llamacpp:prompt_tokens_total"), "llamacpp"),
+            "llm_running": (x.gauge("llamacpp:requests_processing"), "llamacpp"),
+            "llm_waiting": (x.gauge("llamacpp:requests_deferred"), "llamacpp"),
+            "decode_batch": (x.gauge("llamacpp:n_busy_slots_per_decode", np.mean), "llamacpp"),
+            "prefix_hit_pct": (100 * x.inc("llamacpp:prompt_tokens_cached_total")
+                               / (x.inc("llamacpp:prompt_tokens_total") + x.inc("llamacpp:prompt_tokens_cached_total")),
+                               "llamacpp"),
         }
     if fixture == "llamacpp-0.3.36.txt":
         return {
@@ -178,6 +195,10 @@ def expected(fixture: str, x: Truth) -> dict[str, tuple[float, str]]:
                                 "vllm:request_time_per_output_token_seconds_count", ms), "vllm"),
             "gen_tokens_s": (x.rate("vllm:generation_tokens_total"), "vllm"),
             "prompt_tokens_s": (x.rate("vllm:prompt_tokens_total"), "vllm"),
+            "llm_running": (x.gauge("vllm:num_requests_running"), "vllm"),
+            "llm_waiting": (x.gauge("vllm:num_requests_waiting"), "vllm"),
+            "llm_queue_ms": (x.ratio("vllm:request_queue_time_seconds_sum", "vllm:request_queue_time_seconds_count",
+                                     ms), "vllm"),
         }
     if fixture == "tgi-docs.txt":
         return {
@@ -193,6 +214,9 @@ def expected(fixture: str, x: Truth) -> dict[str, tuple[float, str]]:
                                 "tgi_request_mean_time_per_token_duration_count", ms), "tgi"),
             "gen_tokens_s": (x.rate("tgi_request_generated_tokens_sum"), "tgi"),
             "prompt_tokens_s": (x.rate("tgi_request_input_length_sum"), "tgi"),
+            "llm_running": (x.gauge("tgi_batch_current_size"), "tgi"),
+            "llm_waiting": (x.gauge("tgi_queue_size"), "tgi"),
+            "llm_queue_ms": (x.ratio("tgi_request_queue_duration_sum", "tgi_request_queue_duration_count", ms), "tgi"),
         }
     if fixture == "sglang-docs.txt":
         return {
@@ -213,6 +237,9 @@ def expected(fixture: str, x: Truth) -> dict[str, tuple[float, str]]:
             "gen_tokens_s": (x.rate("sglang:generation_tokens_total"), "sglang"),
             "prompt_tokens_s": (x.rate("sglang:prompt_tokens_total"), "sglang"),
             "gen_throughput": (x.gauge("sglang:gen_throughput"), "sglang"),
+            "llm_running": (x.gauge("sglang:num_running_reqs"), "sglang"),
+            "llm_waiting": (x.gauge("sglang:num_queue_reqs"), "sglang"),
+            "llm_queue_ms": (x.ratio("sglang:queue_time_seconds_sum", "sglang:queue_time_seconds_count", ms), "sglang"),
         }
     if fixture in ("triton-2.51.0.txt", "triton-docs.txt"):
         return {
@@ -313,4 +340,5 @@ def test_source_lines_say_which_names_and_where_from(tmp_path):
     assert lines[0].startswith("kneeswarm names from a recorded real scrape "
                                "(tests/fixtures/scrapes/kneeswarm-0.1.0.txt): queue, ")
     assert any(line.startswith("vllm names from its documentation (vllm-project/vllm ") and line.endswith(
-        "server TTFT ms, server ITL ms, server gen tok/s, server prompt tok/s") for line in lines), lines
+        "server TTFT ms, server ITL ms, server gen tok/s, server prompt tok/s, engine running, engine waiting")
+        for line in lines), lines

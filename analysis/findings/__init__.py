@@ -1,7 +1,7 @@
 """Findings: why the service stopped scaling, with the numbers that say so (issue 7).
 
 ``explain(summary, plan=None)`` takes a summary dict as ``analysis.summarize`` returns it and
-returns ``{"findings": [...], "usl": {...}, "littles_law": [...], "rule_errors": [...]}``:
+returns ``{"findings": [...], "usl": {...}, "littles_law": [...], "rule_errors": [...], "unchecked": [...]}``:
 
 * ``findings``: ``{id, severity, steps, evidence, text, advice}`` from the rules below, in the
   order of ``RULES`` (ids: ``FINDING_IDS``; thresholds: the UPPER_CASE constants of each rule
@@ -13,6 +13,8 @@ returns ``{"findings": [...], "usl": {...}, "littles_law": [...], "rule_errors":
 * ``littles_law``: ``{users, reason}`` for each step where users ≠ QPS × (mean latency + think
   time) within 10 % (think time: ``plan["load"]["wait_ms"]``).
 * ``rule_errors``: one line per rule that raised (the others still ran); empty normally.
+* ``unchecked``: one line per LLM-engine rule a streaming run's server metrics could not feed
+  (llm_engine.unchecked): what could not be checked, not a finding.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from analysis.findings import cgroup, cpu, engine, load, memory_gpu, scaling
+from analysis.findings import cgroup, cpu, engine, llm_engine, load, memory_gpu, scaling
 from analysis.findings.context import Context, as_dict, num
 from analysis.findings.finding import FINDING_IDS, SEVERITY
 from analysis.findings.validity import littles_law_reason, step_littles_law
@@ -53,6 +55,11 @@ RULES: tuple[Rule, ...] = (
     load.queue_pushback,
     load.unbounded_queue,
     engine.engine_oversubscribed,
+    llm_engine.kv_cache_full,
+    llm_engine.preemption,
+    llm_engine.queue_growing,
+    llm_engine.prefill_bound,
+    llm_engine.decode_bound,
 )
 # Rules that name a cause only when the others found none: they get the ids found so far.
 RESIDUAL_RULES = (load.waiting_not_computing,)
@@ -105,8 +112,9 @@ def explain(summary: dict[str, Any], plan: dict[str, Any] | None = None) -> dict
         ctx = Context.from_summary(summary, plan)
     except Exception as exc:  # noqa: BLE001 — a summary too broken to read still gets an answer
         logger.warning("explain: unreadable summary: %s", exc)
-        return {"findings": [], "usl": fit_usl([], []), "littles_law": [],
+        return {"findings": [], "usl": fit_usl([], []), "littles_law": [], "unchecked": [],
                 "rule_errors": [f"summary unreadable: {type(exc).__name__}: {exc}"]}
     usl = _run(usl_rule, errors, ctx)
     return {"findings": findings(ctx, errors), "usl": usl[0] if usl else fit_usl([], []),
-            "littles_law": _run(littles_law, errors, ctx), "rule_errors": errors}
+            "littles_law": _run(littles_law, errors, ctx), "unchecked": _run(llm_engine.unchecked, errors, ctx),
+            "rule_errors": errors}

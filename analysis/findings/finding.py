@@ -37,6 +37,11 @@ SEVERITY = {
     "efficiency_falling": "warning",  # issue 16: the method's remaining rules
     "latency_swinging": "warning",
     "gpu_memory_creep": "warning",
+    "kv_cache_full": "warning",  # issue 19: the LLM engine's own counters (llm_engine.py)
+    "preemption": "warning",
+    "queue_growing": "warning",
+    "prefill_bound": "warning",
+    "decode_bound": "warning",
 }
 FINDING_IDS = tuple(SEVERITY)
 

@@ -48,7 +48,7 @@ GPU_BUSY_PCT = 80.0  # ... and no GPU was busy (a busy GPU is computing, not wai
 # The residual rule stays silent when one of these already names the cause.
 EXPLAINED_BY = ("cpu_saturated", "run_queue_over_cores", "single_thread_bound", "gpu_serialized", "io_wait",
                 "generator_bound", "host_contended", "efficiency_falling", "latency_swinging",
-                "cpu_throttled")
+                "cpu_throttled", "kv_cache_full", "preemption", "queue_growing", "prefill_bound", "decode_bound")
 
 
 def qps_resolution(step: dict[str, Any]) -> float:

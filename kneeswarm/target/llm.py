@@ -46,11 +46,14 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from kneeswarm.target.gate import ARRIVED
+from kneeswarm.target.llmengine import LLMEngine, PromptTooLong
 from kneeswarm.target.metrics import TargetMetrics
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 16
+DEFAULT_MAX_BATCH = 256  # vLLM's max_num_seqs default
+DEFAULT_DECODE_MS = 10.0
 # asyncio's epoll wait rounds its timeout up to whole milliseconds, so a sleep ends 0-1 ms after
 # it was due (plus scheduling); aiming this much early centres each release on its due time.
 TIMER_SLACK_S = 0.0005
@@ -70,6 +73,12 @@ class LLMConfig:
     usage_offset: int = 0  # usage.completion_tokens = tokens produced + this (never below 0)
     tokens_per_chunk: int = 1  # tokens merged into one streamed chunk
     no_text_every: int = 0  # every K-th streamed answer sends its tokens in chunks without text (0: none)
+    # the engine model (llmengine.py): on when kv_tokens > 0; then ttft_ms and itl_ms are not used
+    kv_tokens: int = 0
+    max_batch: int = DEFAULT_MAX_BATCH
+    prefill_ms_per_token: float = 0.0
+    decode_ms: float = DEFAULT_DECODE_MS
+    decode_ms_per_seq: float = 0.0
 
 
 @dataclass
@@ -132,6 +141,9 @@ def llm_routes(model_name: str, chain: TokenChain, metrics: TargetMetrics, cfg: 
                ready: Any) -> list[Route]:
     """The OpenAI-compatible routes; ``ready()`` says whether the server is ready."""
     streams = itertools.count(1)  # streamed answers so far (--no-text-every)
+    engine = (LLMEngine(metrics, cfg.kv_tokens, cfg.max_batch, cfg.prefill_ms_per_token, cfg.decode_ms,
+                        cfg.decode_ms_per_seq)
+              if cfg.kv_tokens > 0 else None)
 
     async def health(request: Request) -> Response:
         return Response(status_code=200 if ready() else 503)
@@ -151,8 +163,14 @@ def llm_routes(model_name: str, chain: TokenChain, metrics: TargetMetrics, cfg: 
             if c.model != model_name:
                 metrics.requests.labels(code="404").inc()
                 return _error(404, f"The model `{c.model}` does not exist.", "NotFoundError")
+            if engine is not None:
+                try:
+                    engine.check(c.prompt_tokens, c.n)
+                except PromptTooLong as e:
+                    metrics.requests.labels(code="400").inc()
+                    return _error(400, f"bad request: {e}", "BadRequestError")
             metrics.prompt_tokens.inc(c.prompt_tokens)
-            gen = Generation(c, chain, metrics, cfg, request.scope.get(ARRIVED))
+            gen = Generation(c, chain, metrics, cfg, request.scope.get(ARRIVED), engine)
             if c.stream and cfg.no_text_every and next(streams) % cfg.no_text_every == 0:
                 gen.no_text = True
             if c.stream:
@@ -177,14 +195,18 @@ class Generation:
     """One request's tokens, released on the D + k*G schedule."""
 
     def __init__(self, c: Completion, chain: TokenChain, metrics: TargetMetrics, cfg: LLMConfig,
-                 arrived: float | None = None):
-        self.c, self.chain, self.metrics, self.cfg = c, chain, metrics, cfg
+                 arrived: float | None = None, engine: LLMEngine | None = None):
+        self.c, self.chain, self.metrics, self.cfg, self.engine = c, chain, metrics, cfg, engine
         self.id = f"cmpl-{uuid.uuid4().hex[:16]}"
         self.created = int(time.time())
         self.arrived = arrived if arrived is not None else time.perf_counter()  # the schedule's origin
         self.no_text = False  # stream the tokens in chunks with empty text (--no-text-every)
 
     async def tokens(self) -> AsyncIterator[str]:
+        if self.engine is not None:
+            async for text in self._engine_tokens(self.engine):
+                yield text
+            return
         m, prev, last = self.metrics, self.c.prompt_tokens, 0.0
         m.llm_running.inc()
         try:
@@ -207,6 +229,28 @@ class Generation:
             m.requests.labels(code="200").inc()
         finally:
             m.llm_running.dec()
+
+    async def _engine_tokens(self, engine: LLMEngine) -> AsyncIterator[str]:
+        """The tokens as the engine model produces them (its batch, its cache, its preemptions)."""
+        m, prev, last = self.metrics, self.c.prompt_tokens, 0.0
+        seq = engine.submit(self.c.prompt_tokens, self.c.n)
+        try:
+            for k in range(self.c.n):
+                await seq.out.get()
+                now = time.perf_counter()
+                if k == 0:
+                    m.ttft.observe(now - self.arrived)
+                else:
+                    m.itl.observe(now - last)
+                last = now
+                m.generation_tokens.inc()
+                prev = (prev * 7 + 3) % len(VOCAB)
+                yield VOCAB[prev] + " "
+            m.llm_success.labels(finished_reason=self.c.finish).inc()
+            m.e2e.observe(time.perf_counter() - self.arrived)
+            m.requests.labels(code="200").inc()
+        finally:
+            engine.abort(seq)  # a client that left frees its KV (no-op once done)
 
     def _chunk(self, text: str | None, finish: str | None, role: bool = False) -> bytes:
         c = self.c

@@ -48,7 +48,11 @@ The OpenAI-compatible endpoints also export the names vLLM v1 uses (from vLLM's 
 ``vllm:num_requests_running``, ``vllm:num_requests_waiting`` (gauges), ``vllm:prompt_tokens_total``,
 ``vllm:generation_tokens_total``, ``vllm:request_success_total{finished_reason}`` (counters),
 ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds``,
-``vllm:e2e_request_latency_seconds`` (histograms, seconds, measured inside the server).
+``vllm:e2e_request_latency_seconds`` (histograms, seconds, measured inside the server); with the
+engine model (``--kv-tokens``, llmengine.py) also ``vllm:kv_cache_usage_perc`` (gauge, 0..1) and
+``vllm:num_preemptions_total`` (counter), ``vllm:request_queue_time_seconds``,
+``vllm:request_prefill_time_seconds``, ``vllm:request_decode_time_seconds`` (histograms), and
+running/waiting are the engine's batch and queue.
 
 The KServe v2 endpoint also exports Triton's names (from Triton's documentation, "Metrics"),
 labelled ``{model, version}``: ``nv_inference_request_success``, ``nv_inference_request_failure``
@@ -179,6 +183,15 @@ class TargetMetrics:
                              buckets=LATENCY_BUCKETS, registry=r)
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Generation time in the server",
                              buckets=LATENCY_BUCKETS, registry=r)
+        # the engine model (--kv-tokens, llmengine.py); 0 without it
+        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = 100 percent", registry=r)
+        self.preemptions = Counter("vllm:num_preemptions", "Sequences preempted (recomputed later)", registry=r)
+        self.queue_time = Histogram("vllm:request_queue_time_seconds", "Time requests waited to be scheduled",
+                                    buckets=LATENCY_BUCKETS, registry=r)
+        self.prefill_time = Histogram("vllm:request_prefill_time_seconds", "First scheduled to first token",
+                                      buckets=LATENCY_BUCKETS, registry=r)
+        self.decode_time = Histogram("vllm:request_decode_time_seconds", "First token to last token",
+                                     buckets=LATENCY_BUCKETS, registry=r)
 
     def _triton_metrics(self, r: CollectorRegistry, model: str) -> None:
         labels = {"model": model, "version": "1"}

@@ -34,7 +34,10 @@ Endpoints (KServe v2 / Open Inference Protocol over HTTP, JSON tensors)
          -> {"model_name", "model_version", "id", "outputs": [{"name": "output", "shape", ...}]}
     OpenAI-compatible (llm.py): GET /health, GET /v1/models, POST /v1/chat/completions and
          /v1/completions, streamed (SSE) or not; one engine step per token, first token after
-         --ttft-ms, then one every --itl-ms; --output-tokens cuts generation short.
+         --ttft-ms, then one every --itl-ms; --output-tokens cuts generation short.  With
+         --kv-tokens K a model of an LLM engine serves them instead (llmengine.py): continuous
+         batching of --max-batch sequences over a K-token KV cache, --prefill-ms-per-token and
+         --decode-ms per step, preemption when the cache is full, vLLM's engine metrics.
     TorchServe and TF Serving (serving.py): GET /ping, POST /predictions/{name}[/{version}],
          GET /v1/models/{name}, POST /v1/models/{name}:predict.
     GET  /metrics                             Prometheus text; names documented in metrics.py:
@@ -81,7 +84,7 @@ from starlette.routing import Route
 from kneeswarm.target import model as model_mod
 from kneeswarm.target.engine import KneeEngine, OnnxEngine, Rejected, UslEngine, Warmup
 from kneeswarm.target.gate import FaultPlan, Gate
-from kneeswarm.target.llm import LLMConfig, TokenChain, llm_routes
+from kneeswarm.target.llm import DEFAULT_DECODE_MS, DEFAULT_MAX_BATCH, LLMConfig, TokenChain, llm_routes
 from kneeswarm.target.metrics import PROMETHEUS_CONTENT_TYPE, TargetMetrics
 from kneeswarm.target.requestlog import RequestLog
 from kneeswarm.target.serving import serving_routes
@@ -367,6 +370,14 @@ _positive_float = _non_negative(zero_ok=False)
 _non_negative_float = _non_negative(zero_ok=True)
 
 
+def _kv_tokens(text: str) -> int:
+    """An argparse type: 0 (no engine model) or a KV cache of at least 2 tokens."""
+    value = _int_at_least(0)(text)
+    if value == 1:
+        raise argparse.ArgumentTypeError("1 must be 0 (no engine model) or at least 2")
+    return value
+
+
 def _rate(text: str) -> float:
     """An argparse type: a probability in [0, 1]."""
     value = _non_negative_float(text)
@@ -454,6 +465,21 @@ def build_parser(prog: str = "kneeswarm target") -> argparse.ArgumentParser:
     llm.add_argument("--no-text-every", type=_int_at_least(0), default=0, metavar="K",
                      help="every K-th streamed answer sends its tokens in chunks with empty text "
                           "(usage still counts them): a stream with no first token to time (0 = never)")
+
+    model = p.add_argument_group(
+        "LLM engine model behind the OpenAI endpoints (on with --kv-tokens; known delays, no CPU; "
+        "replaces --ttft-ms/--itl-ms): continuous batching over a KV cache, preemption when it is full")
+    model.add_argument("--kv-tokens", type=_kv_tokens, default=0,
+                       help="KV-cache capacity in tokens (0 = no engine model)")
+    model.add_argument("--max-batch", type=_int_at_least(1), default=DEFAULT_MAX_BATCH,
+                       help="sequences decoded together at most (vLLM max_num_seqs)")
+    model.add_argument("--prefill-ms-per-token", type=_non_negative_float, default=0.0,
+                       help="time one engine step spends per prompt token it prefills (or recomputes)")
+    model.add_argument("--decode-ms", type=_positive_float, default=DEFAULT_DECODE_MS,
+                       help="time of one engine step: every running sequence produces one token")
+    model.add_argument("--decode-ms-per-seq", type=_non_negative_float, default=0.0,
+                       help="added to each step per sequence in the batch (a decode step that grows with "
+                            "the batch, as a memory-bound GPU's does)")
 
     gate = p.add_argument_group("credentials and fault injection (inference requests)")
     gate.add_argument("--api-key-env", metavar="NAME",
@@ -577,7 +603,9 @@ def _wrapped_app(args: argparse.Namespace, info: ModelInfo, engine: OnnxEngine |
     (ValueError: a bad gate setting; OSError: the log cannot be opened)."""
     llm = LLMConfig(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, output_tokens=args.output_tokens,
                     usage_offset=args.usage_offset, tokens_per_chunk=args.tokens_per_chunk,
-                    no_text_every=args.no_text_every)
+                    no_text_every=args.no_text_every, kv_tokens=args.kv_tokens, max_batch=args.max_batch,
+                    prefill_ms_per_token=args.prefill_ms_per_token, decode_ms=args.decode_ms,
+                    decode_ms_per_seq=args.decode_ms_per_seq)
     faults = FaultPlan(fail_rate=args.fail_rate, reset_rate=args.reset_rate, truncate_rate=args.truncate_rate,
                        stall_ms=args.stall_ms, stall_every=args.stall_every, seed=args.fault_seed)
     app: Any = Gate(build_app(info, engine, metrics, on_started=announce, llm=llm), metrics, faults,
