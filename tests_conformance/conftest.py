@@ -86,6 +86,25 @@ def rows_and_steps(run_dir: Path):
     return RunDir(run_dir).read_requests(), RunDir(run_dir).read_steps()
 
 
+def assert_every_step_valid(run_dir: Path, rows=None) -> dict:
+    """The run complete, every request ok, every step valid (its reasons shown when not); the summary."""
+    s = read_summary(run_dir)
+    assert s["complete"] is True, s.get("warnings")
+    if rows is None:
+        rows, _ = rows_and_steps(run_dir)
+    assert rows["ok"].all() and rows["error"].isna().all(), rows[~rows["ok"]].head()
+    for st in s["steps"]:
+        assert st["valid"] is True, (st["users"], st["reasons"])
+        assert st["error_rate"] == 0.0
+    return s
+
+
+def record_counts(server: str, figs: list[tuple[int, int, int]]) -> None:
+    """The printed table's "requests client/server" of one server (per_step_counts' figures)."""
+    FIGURES.setdefault(server, {})["requests client/server"] = (
+        f"{sum(c for _, c, _ in figs)}/{sum(s for _, _, s in figs)}")
+
+
 def row_ends(rows):
     """When each request ended (its answer's last byte), on the master's clock."""
     return rows["t_start"].to_numpy() + rows["latency_ms"].to_numpy() / 1000.0

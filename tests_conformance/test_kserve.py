@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 import requests
 
-from conftest import FIGURES, Run, kneeswarm_run, per_step_counts, read_summary, rows_and_steps, target_of
+from conftest import (
+    FIGURES, assert_every_step_valid, kneeswarm_run, per_step_counts, read_summary, record_counts,
+    rows_and_steps, Run, target_of)
 from servers import Installed, Server, free_port, kserve
 
 pytestmark = pytest.mark.slow
@@ -122,12 +124,7 @@ def server_requests(r: KServeRun) -> list[tuple[float, float]]:
 @pytest.mark.parametrize("which", ["v2", "v1"])
 def test_every_step_valid_and_no_errors(which, request):
     r: KServeRun = request.getfixturevalue(which)
-    s = read_summary(r.run.run_dir)
-    assert s["complete"] is True, s.get("warnings")
-    rows, _ = rows_and_steps(r.run.run_dir)
-    assert rows["ok"].all(), rows[~rows["ok"]].head()
-    for st in s["steps"]:
-        assert st["valid"] is True, (st["users"], st["reasons"])
+    assert_every_step_valid(r.run.run_dir)
 
 
 @pytest.mark.parametrize("which", ["v2", "v1"])
@@ -139,8 +136,7 @@ def test_requests_equal_the_server_counter_and_log(which, request):
     assert len(stamps) == served, (len(stamps), served)  # the log and the counter agree
     assert 0 <= served - len(rows) <= max(STEPS), (served, len(rows))
     figs = per_step_counts(rows, steps, stamps)
-    FIGURES.setdefault(f"kserve {which}", {})["requests client/server"] = (
-        f"{sum(c for _, c, _ in figs)}/{sum(s for _, _, s in figs)}")
+    record_counts(f"kserve {which}", figs)
 
 
 @pytest.mark.parametrize("which", ["v2", "v1"])

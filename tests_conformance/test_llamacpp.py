@@ -33,7 +33,9 @@ import numpy as np
 import pytest
 import requests
 
-from conftest import FIGURES, Run, kneeswarm_run, per_step_counts, read_summary, row_ends, rows_and_steps, target_of
+from conftest import (
+    FIGURES, assert_every_step_valid, kneeswarm_run, per_step_counts, read_summary, record_counts,
+    row_ends, rows_and_steps, Run, target_of)
 from servers import Installed, Server, free_port, llama_cpp
 
 pytestmark = pytest.mark.slow
@@ -186,13 +188,7 @@ ends = row_ends
 @pytest.mark.parametrize("which", ["chat", "completions"])
 def test_every_step_valid_and_no_errors(which, request):
     r: LlamaRun = request.getfixturevalue(which)
-    s = read_summary(r.run.run_dir)
-    assert s["complete"] is True, s.get("warnings")
-    rows, _ = rows_of(r)
-    assert rows["ok"].all() and rows["error"].isna().all(), rows[~rows["ok"]].head()
-    for st in s["steps"]:
-        assert st["valid"] is True, (st["users"], st["reasons"])
-        assert st["error_rate"] == 0.0
+    assert_every_step_valid(r.run.run_dir, rows_of(r)[0])
     # ignore_eos pins the length, and the server's usage says so on every answer
     assert (rows["usage_out"] == MAX_TOKENS).all(), rows["usage_out"].value_counts()
 
@@ -206,8 +202,7 @@ def test_requests_per_step_equal_the_server_log(which, request):
     # The whole run: every request the server finished is a row, but those in flight when the load
     # stopped (at most the last step's users) -- they were cut, not recorded.
     assert 0 <= len(r.server_timings) - len(rows) <= max(STEPS), (len(r.server_timings), len(rows))
-    FIGURES.setdefault(f"llama.cpp {which}", {})["requests client/server"] = (
-        f"{sum(c for _, c, _ in figures)}/{sum(s for _, _, s in figures)}")
+    record_counts(f"llama.cpp {which}", figures)
 
 
 @pytest.mark.parametrize("which", ["chat", "completions"])

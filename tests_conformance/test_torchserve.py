@@ -21,7 +21,9 @@ import numpy as np
 import pytest
 import requests
 
-from conftest import FIGURES, Run, kneeswarm_run, per_step_counts, read_summary, rows_and_steps, target_of
+from conftest import (
+    FIGURES, assert_every_step_valid, kneeswarm_run, per_step_counts, read_summary, record_counts,
+    rows_and_steps, Run, target_of)
 from servers import Installed, Server, free_port, torchserve
 
 pytestmark = pytest.mark.slow
@@ -123,12 +125,7 @@ min_requests = 30
 
 
 def test_every_step_valid_and_no_errors(ts_run):
-    s = read_summary(ts_run.run.run_dir)
-    assert s["complete"] is True, s.get("warnings")
-    rows, _ = rows_and_steps(ts_run.run.run_dir)
-    assert rows["ok"].all(), rows[~rows["ok"]].head()
-    for st in s["steps"]:
-        assert st["valid"] is True, (st["users"], st["reasons"])
+    assert_every_step_valid(ts_run.run.run_dir)
 
 
 def test_requests_equal_the_server_counter_and_access_log(ts_run):
@@ -141,8 +138,7 @@ def test_requests_equal_the_server_counter_and_access_log(ts_run):
     # load stopped were served but never recorded
     assert 0 <= n - 1 - len(rows) <= max(STEPS), (n, len(rows))
     figs = per_step_counts(rows, steps, during)
-    FIGURES.setdefault("torchserve", {})["requests client/server"] = (
-        f"{sum(c for _, c, _ in figs)}/{sum(s for _, _, s in figs)}")
+    record_counts("torchserve", figs)
 
 
 def test_client_p50_at_least_the_server_p50_and_the_knee(ts_run):
