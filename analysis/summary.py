@@ -133,6 +133,7 @@ class Summary(TypedDict, total=False):
     tokens_knee: Knee  # runs that recorded output tokens
     goodput: dict[str, Any]  # {"limits": {...}} when [sla] limits a request
     findings: list[dict[str, Any]]  # analysis.findings: {id, severity, steps, evidence, text, advice}
+    findings_unchecked: list[str]  # what the server's metrics could not feed (analysis.findings.llm_engine)
     usl: dict[str, Any]  # analysis.usl.fit_usl + curve, text
     sla: dict[str, Any]  # analysis.gates / capacity
     capacity: dict[str, Any]

@@ -232,7 +232,8 @@ def test_checksum_mismatch_marks_the_host_incomplete_and_still_parses(tmp_path):
         agent.preflight()
         agent.start()
         raw = Path(agent.remote_dir) / "vmstat.txt"
-        wait_for(lambda: raw.is_file() and raw.stat().st_size > 0, 10, "vmstat's first lines")
+        # two header lines and two samples: the first (averages since boot) is not a sample of the run
+        wait_for(lambda: raw.is_file() and len(raw.read_bytes().splitlines()) >= 4, 10, "two vmstat samples")
         agent.stop()
         remote_dir = agent.remote_dir
         with open(Path(remote_dir) / "vmstat.txt", "r+b") as f:  # changed after MANIFEST.json was written
