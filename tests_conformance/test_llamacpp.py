@@ -188,7 +188,8 @@ ends = row_ends
 @pytest.mark.parametrize("which", ["chat", "completions"])
 def test_every_step_valid_and_no_errors(which, request):
     r: LlamaRun = request.getfixturevalue(which)
-    assert_every_step_valid(r.run.run_dir, rows_of(r)[0])
+    rows, _ = rows_of(r)
+    assert_every_step_valid(r.run.run_dir, rows)
     # ignore_eos pins the length, and the server's usage says so on every answer
     assert (rows["usage_out"] == MAX_TOKENS).all(), rows["usage_out"].value_counts()
 
