@@ -1,6 +1,6 @@
 """Clock offset of a host from the master, NTP/Cristian style, over a long-lived echo process.
 
-Each round trip: the master notes T1, sends a line; ``remote.py echo`` answers with T2 (when the
+Each round trip: the master notes T1, sends a line; ``remote.pyz echo`` answers with T2 (when the
 line arrived) and T3 (when it answered), on the host's clock; the master notes T4.
 
     offset θ = ((T2 - T1) + (T3 - T4)) / 2        (host clock minus master clock)

@@ -1,5 +1,5 @@
-"""Deploying the agent on one host: upload remote.py, preflight (facts, collectors), start (clock
-offset, agent.json, ``remote.py start``), and stop (``remote.py stop``, clock offset again)."""
+"""Deploying the agent on one host: upload remote.pyz, preflight (facts, collectors), start (clock
+offset, agent.json, ``remote.pyz start``), and stop (``remote.pyz stop``, clock offset again)."""
 
 from __future__ import annotations
 
@@ -39,19 +39,19 @@ class Deployment:
         self.probed = False
 
     def probe(self) -> shellagent.AgentFlavor:
-        """Which agent this host runs (once): remote.py, or remote.sh where python3 is absent or
+        """Which agent this host runs (once): remote.pyz, or remote.sh where python3 is absent or
         older than MIN_PYTHON (the host's warnings then say what that lost)."""
         if not self.probed:
             flavor = self.link.retry(lambda: shellagent.probe(self.link.t, self.link.label), 10.0, "python3 probe")
             self.link.flavor = flavor
             self.link.t.shell_file_ops = flavor.kind == "shell"
             self.probed = True
-            if flavor.note():
-                self.warnings.add(flavor.note())
+            if (note := flavor.note()) is not None:
+                self.warnings.add(note)
         return self.link.flavor
 
     def upload(self) -> None:
-        """remote.py (or remote.sh) into the per-run agent directory (once)."""
+        """remote.pyz (or remote.sh) into the per-run agent directory (once)."""
         if self.link.remote_dir is not None:
             return
         flavor = self.probe()
@@ -69,7 +69,7 @@ class Deployment:
         """Facts about the host; AgentError if it cannot be monitored."""
         self.upload()
         h = self.host
-        cfg = {"checks": selection.check_argvs(), "pid": h.pid, "process": h.process, "port": h.port}
+        cfg: dict[str, Any] = {"checks": selection.check_argvs(), "pid": h.pid, "process": h.process, "port": h.port}
         name, data = self.link.flavor.preflight_config(cfg)
         self.link.put(name, data)
         facts = self.link.call("preflight", self.link.path(name), PREFLIGHT_TIMEOUT, wrapper=[])

@@ -22,7 +22,7 @@ from kneeswarm.rundir import WarningLog
 
 from agents.errors import AgentError, TransportError
 from agents.link import RECONNECT_WINDOW, HostLink
-from agents.remote import MANIFEST_FILE, NOT_FETCHED, REWRITTEN, STATUS_FILE
+from agents.remote.defaults import MANIFEST_FILE, NOT_FETCHED, REWRITTEN, STATUS_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class Fetcher:
         return added
 
     def _not_fetched(self, name: str) -> bool:
-        """The agent's own script (remote.py or remote.sh) and its bookkeeping stay on the host."""
+        """The agent's own script (remote.pyz or remote.sh) and its bookkeeping stay on the host."""
         return name in NOT_FETCHED or name == self.link.flavor.script
 
     def _wanted(self, name: str, size: int, final: bool) -> bool:
@@ -92,8 +92,8 @@ class Fetcher:
             return True
         return name in REWRITTEN and (final or name == STATUS_FILE)
 
-    def _copy(self, window: float, final: bool) -> dict[str, int]:
-        sizes = self.link.retry(lambda: self.link.t.sizes(self.link.remote_dir), window,
+    def _copy(self, remote_dir: str, window: float, final: bool) -> dict[str, int]:
+        sizes = self.link.retry(lambda: self.link.t.sizes(remote_dir), window,
                                 "listing of the agent directory")
         got: dict[str, int] = {}
         for name, size in sorted(sizes.items()):
@@ -105,11 +105,12 @@ class Fetcher:
     def fetch(self) -> dict[str, int]:
         """Copy new bytes of every agent file. A lost connection is retried for
         RECONNECT_WINDOW seconds and then left for the next fetch (returns what was fetched)."""
-        if self.link.remote_dir is None:
+        remote_dir = self.link.remote_dir
+        if remote_dir is None:
             return {}
         self.raw_dir.mkdir(parents=True, exist_ok=True)
         try:
-            return self._copy(RECONNECT_WINDOW, final=False)
+            return self._copy(remote_dir, RECONNECT_WINDOW, final=False)
         except TransportError as e:
             logger.warning("%s: fetch postponed: %s", self.link.label, e)
             self.postponed += 1
@@ -122,11 +123,12 @@ class Fetcher:
         """After stop: fetch everything (retrying for FINAL_WINDOW), verify it against
         MANIFEST.json, remove the remote directory when all matched (unless keep_remote).
         Never raises for lost data: it is counted in ``lost`` and warned about."""
-        if self.link.remote_dir is None:
+        remote_dir = self.link.remote_dir
+        if remote_dir is None:
             return {}
         self.raw_dir.mkdir(parents=True, exist_ok=True)
         try:
-            got = self._copy(FINAL_WINDOW, final=True)
+            got = self._copy(remote_dir, FINAL_WINDOW, final=True)
         except AgentError as e:
             n = max(1, len([p for p in self.raw_dir.iterdir() if not p.name.startswith(".")]))
             self._unverified(n, f"final fetch failed: {self.link.bare(e)}")
@@ -177,8 +179,11 @@ class Fetcher:
     def _remove_remote(self) -> None:
         """Remove the verified agent directory; one that stays is said in ``info`` (``kept``,
         ``removal_error``), in the warnings, and as ``left_on_server`` in the host's meta."""
+        remote_dir = self.link.remote_dir
+        if remote_dir is None:  # never deployed: nothing on the host to remove
+            return
         try:
-            self.link.retry(lambda: self.link.t.remove_tree(self.link.remote_dir), RECONNECT_WINDOW,
+            self.link.retry(lambda: self.link.t.remove_tree(remote_dir), RECONNECT_WINDOW,
                             "removal of the agent directory")
         except AgentError as e:
             why = self.link.bare(e)

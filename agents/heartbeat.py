@@ -1,8 +1,8 @@
-"""The controller's heartbeat: one line every HEARTBEAT_PERIOD seconds on a ``remote.py watch``
+"""The controller's heartbeat: one line every HEARTBEAT_PERIOD seconds on a ``remote.pyz watch``
 channel, in a thread, reconnecting when the line is not answered.
 
 The watch process renews the agent's heartbeat file on each line. When the controller dies the
-channel closes and the agent stops a few seconds later (remote.py ``WATCH_EOF_GRACE``); when the
+channel closes and the agent stops a few seconds later (remote.pyz ``WATCH_EOF_GRACE``); when the
 network goes away the heartbeat timeout stops it, unless this thread reconnects first.
 """
 
@@ -16,7 +16,7 @@ from kneeswarm.rundir import WarningLog
 
 from agents.errors import AgentError
 from agents.link import HostLink, backoff
-from agents.remote import WATCH_BYE
+from agents.remote.defaults import WATCH_BYE
 from agents.transport import EchoChannel
 
 logger = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from typing import Any
 from kneeswarm.plan import HostPlan
 from kneeswarm.rundir import RunDir, WarningLog
 
-from collectors.parsed import write_parsed_csvs
+from collectors.parsed import LiveParse, write_parsed_csvs
 
 from agents.deploy import Deployment
 from agents.fetch import Fetcher
@@ -68,6 +68,7 @@ class HostAgent:
         self.fetcher = Fetcher(self.link, run.raw_dir(self.label), host.keep_remote, self.warnings)
         self.parse_info: dict[str, Any] | None = None  # {collector: {"lines", "skipped", "error", "tables"}}
         self.parsed_verified: bool | None = None  # whether what was parsed had all matched the manifest
+        self.live_parse: LiveParse | None = None  # the live view's parse during the run (write_parsed(live=True))
 
     # what tests and callers read
     t = property(lambda self: self.link.t)
@@ -110,14 +111,22 @@ class HostAgent:
         self.heartbeat.stop()
         return self.deploy.stop()
 
-    def write_parsed(self) -> dict[str, Any]:
+    def write_parsed(self, live: bool = False) -> dict[str, Any]:
         """Parse the raw files into hosts/<host>/<table>.csv (master's clock); per-collector stats.
 
         Runs on whatever arrived (meta's ``parsed_verified`` says whether it all matched the
-        manifest); a parser that raised has its ``error`` in the stats and counts in ``lost``."""
+        manifest); a parser that raised has its ``error`` in the stats and counts in ``lost``.
+        ``live``: during the run, for the live view: only what arrived since the last call is
+        parsed where that is the cost (collectors.parsed.LiveParse); the final parse is whole."""
         sel = self.deploy.selection
-        self.parse_info = write_parsed_csvs(self.run, self.label, self.clock, list(sel.enabled) if sel else None,
-                                            interval=self.settings.interval)
+        enabled = list(sel.enabled) if sel else None
+        if live:
+            if self.live_parse is None:
+                self.live_parse = LiveParse(self.run, self.label, self.settings.interval)
+            self.parse_info = self.live_parse.update(self.clock, enabled)
+        else:
+            self.parse_info = write_parsed_csvs(self.run, self.label, self.clock, enabled,
+                                                interval=self.settings.interval)
         self.parsed_verified = bool(self.fetch_info.get("verified"))
         return self.parse_info
 

@@ -114,6 +114,7 @@ class HostAgents:
         return self._all(one)[0]
 
     def stop_all(self) -> dict[str, Any]:
+        out: dict[str, Any]
         out, errors = self._all(lambda a: a.stop())
         for e in errors:
             logger.error("%s", e)

@@ -1,4 +1,4 @@
-"""One host's transport with the agent directory on it: retries, reconnects, ``remote.py`` calls.
+"""One host's transport with the agent directory on it: retries, reconnects, ``remote.pyz`` calls.
 
 Every piece of a host agent (deploy, heartbeat, fetch) goes through one ``HostLink``, so a lost
 connection is retried, and the transport replaced, in one place.
@@ -38,7 +38,7 @@ class HostLink:
         self.t = transport
         self.run_id = run_id
         self.remote_dir: str | None = None
-        #: remote.py, or remote.sh where the host's python3 is absent or too old (agents.shellagent)
+        #: remote.pyz, or remote.sh where the host's python3 is absent or too old (agents.shellagent)
         self.flavor: AgentFlavor = PYTHON_AGENT
         self.lock = threading.RLock()
         self.reconnects = 0
@@ -50,7 +50,7 @@ class HostLink:
         return f"{self.remote_dir}/{name}"
 
     def argv(self, *args: str, wrapper: list[str] | None = None) -> list[str]:
-        """The command line of ``remote.py ARGS`` (or ``sh remote.sh ARGS``) on the host (AGENT_WRAPPER
+        """The command line of ``remote.pyz ARGS`` (or ``sh remote.sh ARGS``) on the host (AGENT_WRAPPER
         unless ``wrapper``)."""
         return [*(AGENT_WRAPPER if wrapper is None else wrapper), *self.flavor.interpreter(self.t),
                 self.path(self.flavor.script), *args]
@@ -102,12 +102,12 @@ class HostLink:
             return self.t.open_echo(self.argv(*args, wrapper=wrapper))
 
     def open_echo(self) -> EchoChannel:
-        """A ``remote.py echo`` process for the clock (ECHO_WRAPPER, read at call time)."""
+        """A ``remote.pyz echo`` process for the clock (ECHO_WRAPPER, read at call time)."""
         return self.open_channel("echo", wrapper=ECHO_WRAPPER)
 
     def call(self, verb: str, arg: str | None, timeout: float, window: float = RECONNECT_WINDOW,
              wrapper: list[str] | None = None) -> dict[str, Any]:
-        """Run ``remote.py VERB [ARG]`` and return the JSON object it printed; AgentError otherwise."""
+        """Run ``remote.pyz VERB [ARG]`` and return the JSON object it printed; AgentError otherwise."""
         argv = self.argv(verb, *([arg] if arg else []), wrapper=wrapper)
         res = self.retry(lambda: self.t.run(argv, timeout), window, f"{self.flavor.script} {verb}")
         text = res.stdout.decode("utf-8", "replace").strip()

@@ -22,7 +22,7 @@ from agents.transport import CommandResult, EchoChannel, Transport
 
 logger = logging.getLogger(__name__)
 
-#: Interpreter for remote.py on this machine (the agent needs only the standard library).
+#: Interpreter for remote.pyz on this machine (the agent needs only the standard library).
 LOCAL_PYTHON: list[str] = [sys.executable]
 #: Where local agent directories are created (None: the system temporary directory).
 LOCAL_ROOT: str | None = None
@@ -36,17 +36,20 @@ class LocalEcho(EchoChannel):
                                          stderr=subprocess.DEVNULL, bufsize=0, start_new_session=True)
         except OSError as e:
             raise AgentError(f"local: cannot start echo process {argv[0]}: {e.strerror or e}") from None
+        if self.proc.stdin is None or self.proc.stdout is None:  # Popen makes both with PIPE
+            raise AgentError(f"local: echo process {argv[0]} started without pipes")
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
         self._buf = b""
 
     def send(self, line: bytes) -> None:
         try:
-            self.proc.stdin.write(line)
+            self.stdin.write(line)
         except OSError as e:
             raise TransportError(f"local: echo process gone ({e.strerror or e})") from None
 
     def recv_line(self, timeout: float) -> bytes:
         deadline = time.monotonic() + timeout
-        fd = self.proc.stdout.fileno()
+        fd = self.stdout.fileno()
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([fd], [], [], left)[0]:
@@ -59,7 +62,7 @@ class LocalEcho(EchoChannel):
         return line
 
     def closed_within(self, timeout: float) -> bool:
-        fd = self.proc.stdout.fileno()
+        fd = self.stdout.fileno()
         if not select.select([fd], [], [], max(0.0, timeout))[0]:
             return False
         chunk = os.read(fd, 4096)
@@ -68,7 +71,7 @@ class LocalEcho(EchoChannel):
 
     def close(self) -> None:
         try:
-            self.proc.stdin.close()
+            self.stdin.close()
         except OSError:
             pass
         try:
@@ -76,7 +79,7 @@ class LocalEcho(EchoChannel):
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=3)
-        self.proc.stdout.close()
+        self.stdout.close()
 
 
 class LocalTransport(Transport):

@@ -1,8 +1,8 @@
 #!/bin/sh
-# kneeswarm shell agent: the stand-in for remote.py on a host without python3 (or with one older
+# kneeswarm shell agent: the stand-in for remote.pyz on a host without python3 (or with one older
 # than 3.6): minimal and distroless containers, appliances. POSIX sh and the tools such a host has
 # (date, awk, sed, tr, grep, sha256sum; setsid, timeout where present: coreutils or busybox); the
-# same verbs, files and JSON answers as remote.py, so the controller (agents/deploy.py,
+# same verbs, files and JSON answers as remote.pyz, so the controller (agents/deploy.py,
 # heartbeat.py, fetch.py, clock.py) drives it unchanged:
 #
 #   remote.sh preflight CONF    facts about the host, as JSON (the tool checks are CONF's lines)
@@ -11,7 +11,7 @@
 #   remote.sh stop DIR          stop everything, write MANIFEST.json
 #   remote.sh echo              line echo with timestamps (clock offset)
 #
-# What it cannot do, and remote.py can: the in-process samplers (the /proc sampler, NVML, the
+# What it cannot do, and remote.pyz can: the in-process samplers (the /proc sampler, NVML, the
 # Prometheus scrape). Collectors run as commands only, each in its own session, signalled only
 # while its pid still has the start time recorded for it. The daemon's watchdog stops them when
 # the heartbeat file has not changed for HEARTBEAT_TIMEOUT seconds or MAX_DURATION has passed;

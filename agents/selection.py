@@ -2,7 +2,7 @@
 
 Every collector declares what it runs (``Collector.run_spec``: a command, or a sampler of the
 remote agent with its parameters); this module only asks each one and turns the answers into plain
-JSON for ``agents/remote.py``. It never names a particular collector.
+JSON for ``agents/remote/``. It never names a particular collector.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class Selection:
 
 
 def check_argvs() -> dict[str, list[str]]:
-    """The version-check argv of every collector that has one, for ``remote.py preflight``."""
+    """The version-check argv of every collector that has one, for ``remote.pyz preflight``."""
     out = {}
     for name, c in COLLECTORS.items():
         argv = c.check_argv()
@@ -72,11 +72,15 @@ def select(facts: dict[str, Any], requested: list[str] | None, pid: int | None, 
             continue
         sel.specs.append(spec)
         sel.enabled[name] = {"version": spec.version, "raw_file": c.raw_file, "kind": c.kind}
+    if requested is None:  # a collector whose stand-in runs is no news (pidstat for the /proc sampler)
+        covered = {str(COLLECTORS[n].instead_of) for n in sel.enabled} & set(sel.skipped)
+        sel.quiet |= covered
+        sel.news = [line for line in sel.news if not any(f"collector {n} skipped" in line for n in covered)]
     return sel
 
 
 def agent_config(sel: Selection, settings: AgentSettings, run_id: str, pid: int | None) -> dict[str, Any]:
-    """agent.json: what ``remote.py start`` reads."""
+    """agent.json: what ``remote.pyz start`` reads."""
     return {
         "run_id": run_id,
         "interval": settings.interval,

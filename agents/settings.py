@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kneeswarm.plan import HEARTBEAT_TIMEOUT, Plan
+from kneeswarm.plan import Plan
+
+from agents.remote.defaults import HEARTBEAT_TIMEOUT, INTERVAL, MAX_DURATION
 
 #: Added to the plan's duration for the agent's own time limit (the controller stops it first).
 MAX_DURATION_MARGIN = 180.0
@@ -17,9 +19,9 @@ MAX_DURATION_MARGIN = 180.0
 
 @dataclass(frozen=True)
 class AgentSettings:
-    interval: float = 1.0  # seconds between samples (plan.monitor.interval)
+    interval: float = INTERVAL  # seconds between samples (plan.monitor.interval)
     heartbeat_timeout: float = HEARTBEAT_TIMEOUT  # the agent stops when the controller is silent this long
-    max_duration: float = 3600.0  # seconds the load is planned to last
+    max_duration: float = MAX_DURATION  # seconds the load is planned to last
     metrics_url: str | None = None  # a host that lists ``prometheus`` scrapes this
     #: how a host's own scrape reaches metrics_url (``metrics_tls``): {verify, cadata, headers}
     metrics_tls: dict[str, Any] = field(default_factory=dict)

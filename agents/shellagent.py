@@ -1,11 +1,11 @@
 """Which agent a host runs, and the shell agent's side of it.
 
-The agent is ``remote.py`` wherever the host's python3 is 3.6 or newer. Where python3 is older or
+The agent is ``remote.pyz`` wherever the host's python3 is 3.6 or newer. Where python3 is older or
 absent (minimal and distroless containers, appliances), ``remote.sh`` stands in: the same verbs,
 files and answers, in POSIX sh, so deploy, heartbeat, fetch and the clock drive it unchanged. It
 runs the collectors that are commands (pidstat, vmstat, nvidia-smi) over the SSH exec channel with
 the same raw files, clock offsets, watch-channel stop and verified fetch; the samplers of
-``remote.py`` (the /proc sampler, NVML, the Prometheus scrape) are what the host loses.
+``remote.pyz`` (the /proc sampler, NVML, the Prometheus scrape) are what the host loses.
 
     flavor = probe(transport)            # PYTHON_AGENT, or a ShellAgent saying why
     flavor.config(cfg)                   # the file its preflight / start reads
@@ -24,12 +24,13 @@ from typing import Any
 from collectors import COLLECTORS
 
 from agents.errors import AgentError, TransportError
-from agents.remote import SCRIPT_FILE
+from agents.bundle import agent_zipapp
+from agents.remote.defaults import SCRIPT_FILE
 from agents.transport import Transport
 
 logger = logging.getLogger(__name__)
 
-#: The oldest python3 remote.py runs on (RHEL 8 and Ubuntu 18.04 ship 3.6).
+#: The oldest python3 remote.pyz runs on (RHEL 8 and Ubuntu 18.04 ship 3.6).
 MIN_PYTHON = (3, 6)
 PROBE_TIMEOUT = 30.0
 #: Prints "major.minor" on any python (2.x included); no -I: older than 3.4 does not know it.
@@ -49,6 +50,9 @@ class AgentFlavor:
     python: str | None = None  # the host's python3 version ("3.6"), None when absent
 
     def source(self) -> bytes:
+        """What is uploaded: the python agent's zipapp (agents/bundle.py), or remote.sh."""
+        if self.kind == "python":
+            return agent_zipapp()
         return (Path(__file__).with_name(self.script)).read_bytes()
 
     def interpreter(self, t: Transport) -> list[str]:
@@ -56,7 +60,7 @@ class AgentFlavor:
 
     def preflight_config(self, cfg: dict[str, Any]) -> tuple[str, bytes]:
         """(file name, content) of what ``preflight`` reads."""
-        from agents.remote import PREFLIGHT_FILE
+        from agents.remote.defaults import PREFLIGHT_FILE
 
         if self.kind == "python":
             return PREFLIGHT_FILE, json.dumps(cfg).encode()
@@ -68,7 +72,7 @@ class AgentFlavor:
 
     def start_config(self, cfg: dict[str, Any]) -> tuple[str, bytes]:
         """(file name, content) of what ``start`` reads (the shell agent: commands only)."""
-        from agents.remote import CONFIG_FILE
+        from agents.remote.defaults import CONFIG_FILE
 
         if self.kind == "python":
             return CONFIG_FILE, json.dumps(cfg, indent=1).encode()
@@ -83,7 +87,7 @@ class AgentFlavor:
         return SHELL_CONFIG_FILE, ("\n".join(lines) + "\n").encode()
 
     def lost(self) -> list[str]:
-        """Collectors this agent cannot run (the samplers of remote.py), by name."""
+        """Collectors this agent cannot run (the samplers of remote.pyz), by name."""
         return [] if self.kind == "python" else sorted(n for n, c in COLLECTORS.items() if c.kind == "sampler")
 
     def to_dict(self) -> dict[str, Any]:
@@ -110,7 +114,7 @@ def _version(text: str) -> tuple[int, int] | None:
 
 
 def probe(t: Transport, label: str) -> AgentFlavor:
-    """The agent this host can run: remote.py where python3 >= MIN_PYTHON, else remote.sh."""
+    """The agent this host can run: remote.pyz where python3 >= MIN_PYTHON, else remote.sh."""
     python = " ".join(t.python)
     try:
         res = t.run([*t.python, "-c", PROBE_CODE], PROBE_TIMEOUT)

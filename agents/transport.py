@@ -32,7 +32,7 @@ class CommandResult:
 
 class EchoChannel(ABC):
     """A long-lived remote process fed lines on stdin, answering lines on stdout
-    (``remote.py echo`` for the clock, ``remote.py watch`` for the heartbeat)."""
+    (``remote.pyz echo`` for the clock, ``remote.pyz watch`` for the heartbeat)."""
 
     @abstractmethod
     def send(self, line: bytes) -> None: ...

@@ -13,6 +13,7 @@ analysis.rebuild), reports what it has, and says what is missing or was lost (su
 * analysis.findings    why the service stopped scaling (``explain``: findings, the USL fit)
 * analysis.serverstats per-step server metrics (``server_metrics``)
 * analysis.target      the server's own /metrics per step (``target_windows``)
+* analysis.soak        a soak's windows as time series, their trends and findings (no knee)
 * analysis.knee        ``find_knee``, ``find_latency_knee``, ``find_peak``, ``find_tokens_knee``
 * analysis.streaming   LLM streaming per step: TTFT/ITL/TPOT, tokens/s, goodput, token-count truth
 * analysis.loop        closed or open loop (``steps[].rate``), items per request (``items_s``)
@@ -35,17 +36,22 @@ from analysis.gates import add_gates, write_junit
 from analysis.hostfacts import host_facts
 from analysis.inputs import RunInputs, load_inputs
 from analysis.knee import find_knee, find_latency_knee, find_peak, find_tokens_knee, kneedle_warnings
+from analysis.llmworkload import llm_workload
 from analysis.loop import load_facts
 from analysis.loadstats import data_loss_reasons, generator_cpu, step_stats, validate_steps
 from analysis.problems import collect
 from analysis.report import render_html
+from analysis.search import read_search, search_section
 from analysis.serverstats import server_metrics
+from analysis.soak import soak_findings, soak_knees, soak_section
 from analysis.streaming import ITL_COLUMNS, count_reasons, goodput_limits, has_streaming
 from analysis.summary import (build_summary, endpoint_facts, jsonable, step_records, to_json, to_markdown,
                               workload_facts)
 from analysis.target import PROMETHEUS_STREAM, target_series_used
 from analysis.trust import add_reasons, sla_error_rate, trust_reasons
+from analysis.usl import fit_usl
 from analysis.workers import lost_worker_reasons, worker_table
+from kneeswarm.plan import is_soak
 from kneeswarm.rundir import write_text
 
 logger = logging.getLogger(__name__)
@@ -93,7 +99,10 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
         rec["workers"] = per_worker
     if n and not n_ok:
         inputs.warnings.add(f"no request succeeded ({n:,} requests, all failed): no step is valid")
-    knee, latency_knee, extras = find_knee(users, qps), find_latency_knee(users, p99), llm_extras(good, inputs.plan, has_streaming(stats))
+    soak = is_soak(inputs.plan.get("load") or {})  # one load held: no knee (analysis.soak)
+    knee, latency_knee = ((soak_knees()["knee"], soak_knees()["latency_knee"]) if soak
+                          else (find_knee(users, qps), find_latency_knee(users, p99)))
+    extras = llm_extras(good, inputs.plan, has_streaming(stats))
     for line in kneedle_warnings(knee=knee, latency_knee=latency_knee, tokens_knee=extras.get("tokens_knee")):
         inputs.warnings.add(line)
     summary = build_summary(
@@ -107,7 +116,8 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
         totals={"requests": n, "errors": n - n_ok,
                 "steps": len(stats), "valid_steps": int(stats["valid"].sum())},
         hosts=host_facts(inputs.meta, inputs.hosts, inputs.parse,
-                         cgroups={h: st["cgroup"] for h, st in inputs.hosts.items() if "cgroup" in st}),
+                         cgroups={h: st["cgroup"] for h, st in inputs.hosts.items() if "cgroup" in st},
+                         processes={h: st["process"] for h, st in inputs.hosts.items() if "process" in st}),
         workers=workers,
         target_series={h: used for h, streams in sorted(inputs.hosts.items())
                         if (used := target_series_used(streams.get(PROMETHEUS_STREAM)))},
@@ -116,7 +126,13 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
         workload=workload_facts(inputs.plan),
         endpoint=endpoint_facts(inputs.plan),
         **extras,
+        **({"llm_workload": w} if (w := llm_workload(inputs.run_dir, inputs.plan, stats)) else {}),
     )
+    if soak:
+        summary["soak"] = jsonable(soak_section(summary, inputs.plan))
+    search = search_section(inputs.plan, summary["steps"], read_search(inputs.run_dir), summary["load"]["loop"])
+    if search is not None:  # [load] mode = "search": the probes in order, with why (issue 18)
+        summary["search"] = jsonable(search)
     return add_explanations(summary, inputs.plan)
 
 
@@ -142,6 +158,9 @@ def add_explanations(summary: dict[str, Any], plan: dict[str, Any]) -> dict[str,
     explained = explain(summary, plan)
     summary["findings"] = jsonable(explained["findings"])
     summary["usl"] = jsonable(explained["usl"])
+    if summary.get("soak"):  # one load held: no scalability curve to fit; the findings of its trends instead
+        summary["findings"] += jsonable(soak_findings(summary))
+        summary["usl"] = jsonable({**fit_usl([], []), "caution": "a soak holds one load: no USL fit (not a step sweep)"})
     summary["findings_unchecked"] = list(explained["unchecked"])
     summary["warnings"] = list(summary.get("warnings") or []) + [
         f"findings: {line} (the other rules ran)" for line in explained["rule_errors"]]

@@ -94,7 +94,7 @@ def _add(sample: StepSample, t: np.ndarray, lat: np.ndarray, rng: np.random.Gene
     sample.keys, sample.latencies = keys, lats
 
 
-def _read_part(part: Any) -> tuple[np.ndarray, np.ndarray] | None:
+def _read_part(part: Any) -> tuple[np.ndarray, np.ndarray]:
     """(t_start, latency_ms) of a part's successful rows (a null ``ok`` is a failure)."""
     table = pq.read_table(part, columns=COLUMNS)
     ok = np.asarray(table.column("ok").fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
@@ -103,14 +103,16 @@ def _read_part(part: Any) -> tuple[np.ndarray, np.ndarray] | None:
     return t[ok], lat[ok]
 
 
-def step_samples(run: RunDir, windows: Sequence[tuple[Any, float, float]], seed: int = SEED,
+def step_samples(run: RunDir, windows: Sequence[tuple[Any, float | None, float | None]], seed: int = SEED,
                  max_rows: int = MAX_ROWS_PER_STEP) -> tuple[list[StepSample | None], list[str]]:
     """One StepSample per (users, t_lo, t_hi) window (None for a window that is not finite and
     positive), reading the request parts one at a time; and one warning line per unreadable part."""
     samples: list[StepSample | None] = []
     for users, lo, hi in windows:
-        ok = lo is not None and hi is not None and math.isfinite(lo) and math.isfinite(hi) and hi > lo
-        samples.append(StepSample(users, float(lo), float(hi), n_bins(hi - lo)) if ok else None)
+        if lo is not None and hi is not None and math.isfinite(lo) and math.isfinite(hi) and hi > lo:
+            samples.append(StepSample(users, float(lo), float(hi), n_bins(hi - lo)))
+        else:
+            samples.append(None)
     rngs = [np.random.default_rng([seed, i, 0]) for i in range(len(samples))]
     warnings: list[str] = []
     for part in run.request_parts():

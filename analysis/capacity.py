@@ -15,8 +15,6 @@ Two entry points, both pure functions of dicts that never raise on malformed inp
   and whether the run passed (``sla`` in summary.json);
 * ``capacity_plan(summary, sla_result, capacity)``: every figure as ``{value, formula, computed,
   inputs}`` so that the report shows the arithmetic beside the number (``capacity`` in summary.json).
-
-``EXIT_SLA_FAILED`` is the exit code of ``kneeswarm run --fail-on-sla`` when the SLA failed.
 """
 
 from __future__ import annotations
@@ -25,13 +23,7 @@ import logging
 import math
 from typing import Any
 
-from kneeswarm import outcome
-
 logger = logging.getLogger(__name__)
-
-# Exit code of a run whose SLA gate failed (kneeswarm.outcome: the one table of exit codes; k6 uses
-# 99 for the same idea).
-EXIT_SLA_FAILED = outcome.EXIT_SLA_FAILED
 
 # [sla] key -> where a step carries the value it limits (a dotted path into the step dict; the first
 # present wins).  Every limit is an upper bound.  ttft_ms / itl_ms limit the step's P99 of the
@@ -89,12 +81,13 @@ def step_value(step: dict[str, Any], key: str) -> float | None:
 
 
 def valid_steps(summary: Any) -> list[dict[str, Any]]:
-    """The summary's valid steps with numeric users and QPS, sorted by users."""
+    """The summary's valid steps with numeric users and QPS (as floats), sorted by users; the rest
+    left out."""
     steps = summary.get("steps") if isinstance(summary, dict) else None
-    out = [s for s in (steps if isinstance(steps, list) else [])
+    out = [{**s, "users": u, "qps": x} for s in (steps if isinstance(steps, list) else [])
            if isinstance(s, dict) and s.get("valid") is True
-           and _num(s.get("users")) is not None and _num(s.get("qps")) is not None]
-    return sorted(out, key=lambda s: _num(s["users"]))
+           and (u := _num(s.get("users"))) is not None and (x := _num(s.get("qps"))) is not None]
+    return sorted(out, key=lambda s: s["users"])
 
 
 def _limits(sla: Any) -> tuple[dict[str, float], list[str]]:
@@ -162,7 +155,8 @@ def sla_check(summary: dict[str, Any], sla: dict[str, Any]) -> dict[str, Any]:
     skipped = [k for k in OPTIONAL_SLA_KEYS if k in limits and all(step_value(s, k) is None for s in steps)]
     for k in skipped:
         limits.pop(k)
-    rows = [{"users": _users(s["users"]), "qps": _num(s["qps"]), "checks": _step_checks(s, limits)} for s in steps]
+    rows: list[dict[str, Any]] = [{"users": _users(s["users"]), "qps": s["qps"], "checks": _step_checks(s, limits)}
+                                  for s in steps]
     for r in rows:
         r["meets"] = all(c["passed"] for c in r["checks"].values())
     meeting = [r for r in rows if r["meets"]]
@@ -204,7 +198,7 @@ def _meeting_steps(summary: dict[str, Any], sla_result: dict[str, Any] | None) -
     """(steps meeting the SLA as {users, qps, mean_ms}, whether an SLA was applied)."""
     by_users = {_users(s["users"]): s for s in valid_steps(summary)}
     rows = sla_result.get("steps") if isinstance(sla_result, dict) else None
-    if isinstance(rows, list) and sla_result.get("checks"):
+    if isinstance(sla_result, dict) and isinstance(rows, list) and sla_result.get("checks"):
         keep = [by_users[r["users"]] for r in rows if r.get("meets") and r.get("users") in by_users]
         return keep, True
     return list(by_users.values()), False
@@ -213,9 +207,9 @@ def _meeting_steps(summary: dict[str, Any], sla_result: dict[str, Any] | None) -
 def max_stable(steps: list[dict[str, Any]], sla_applied: bool) -> dict[str, Any]:
     if not steps:
         return figure(None, "max QPS of the valid steps meeting the SLA", "no such step")
-    top = max(steps, key=lambda s: _num(s["qps"]))
+    top = max(steps, key=lambda s: s["qps"])
     which = "valid steps meeting the SLA" if sla_applied else "valid steps (no SLA given)"
-    return figure(_num(top["qps"]), f"max QPS of the {which}", f"{_fmt(_num(top['qps']))} QPS at {_users(top['users'])} users",
+    return figure(top["qps"], f"max QPS of the {which}", f"{_fmt(top['qps'])} QPS at {_users(top['users'])} users",
                   users=_users(top["users"]), steps=[_users(s["users"]) for s in steps])
 
 
@@ -230,12 +224,12 @@ def recommended_users(steps: list[dict[str, Any]], stable_qps: float | None, hea
     formula = f"highest users meeting the SLA with 1 − QPS/max stable QPS ≥ {headroom_min:.0%}"
     if not steps or not stable_qps:
         return figure(None, formula, "no step meets the SLA", headroom_min=headroom_min)
-    ok = [s for s in steps if 1.0 - _num(s["qps"]) / stable_qps >= headroom_min - 1e-12]
+    ok = [s for s in steps if 1.0 - s["qps"] / stable_qps >= headroom_min - 1e-12]
     if not ok:
         return figure(None, formula, f"every SLA-meeting step is within {headroom_min:.0%} of {_fmt(stable_qps)} QPS",
                       headroom_min=headroom_min, max_stable_qps=stable_qps)
     s = ok[-1]
-    qps = _num(s["qps"])
+    qps = s["qps"]
     return figure(_users(s["users"]), formula,
                   f"{_users(s['users'])} users: 1 − {_fmt(qps)}/{_fmt(stable_qps)} = {1 - qps / stable_qps:.0%} ≥ {headroom_min:.0%}",
                   headroom_min=headroom_min, max_stable_qps=stable_qps, qps=qps, headroom=1 - qps / stable_qps)
@@ -273,7 +267,7 @@ def single_inference(summary: dict[str, Any]) -> dict[str, Any]:
     if not steps:
         return figure(None, "mean latency of the 1-user step", "no valid step with a mean latency")
     s = steps[0]
-    note = "" if _num(s["users"]) == 1 else f" (no valid 1-user step: the lowest valid step, {_users(s['users'])} users)"
+    note = "" if s["users"] == 1 else f" (no valid 1-user step: the lowest valid step, {_users(s['users'])} users)"
     ms = _num(s["mean_ms"])
     return figure(ms, "mean latency of the 1-user step" + note, f"{_fmt(ms)} ms", users=_users(s["users"]))
 

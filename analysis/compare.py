@@ -14,8 +14,8 @@ in both runs regressed (a gate errs on the side of stopping), else "improved" wh
 else "no significant change"; "not comparable" when no step is valid in both.
 
 ``compare_markdown`` / ``compare_html`` render a result (analysis.compare_report);
-``main_compare(argv)`` is the command line (``python -m analysis.compare BASE NEW``), returning
-0, ``EXIT_REGRESSION`` with ``--fail-on-regression``, 2 on bad input, 130 when interrupted.
+``write_outputs`` writes them beside compare.json; the command line is ``kneeswarm compare``
+(kneeswarm.cli, with the exit codes of kneeswarm.outcome).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import logging
 import math
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -33,16 +33,13 @@ from analysis import bootstrap
 from analysis.compare_report import compare_html, compare_markdown
 from analysis.findings import explain
 from analysis.usl import fit_usl
-from kneeswarm.outcome import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REGRESSION
-from kneeswarm.rundir import COMPARE_DIR, COMPARE_HTML, COMPARE_JSON, COMPARE_MD, JUNIT_FILE, RunDir, RunDirError
+from kneeswarm.rundir import COMPARE_HTML, COMPARE_JSON, COMPARE_MD, JUNIT_FILE, RunDir, RunDirError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["compare_runs", "compare_summaries", "compare_markdown", "compare_html", "main_compare",
-           "EXIT_REGRESSION", "MIN_RELATIVE_CHANGE"]
+__all__ = ["compare_runs", "compare_summaries", "compare_markdown", "compare_html", "write_outputs",
+           "MIN_RELATIVE_CHANGE"]
 
-# Exit codes (kneeswarm.outcome, the one table): EXIT_REGRESSION of `compare --fail-on-regression`
-# on a regression; EXIT_FAILED when the comparison could not be written.
 # A change smaller than this share of the base is not significant, however narrow its interval:
 # the interval measures the sampling noise within a run, not the drift between two runs of the same
 # configuration.  Measured here (tests/test_compare.py, knee-mode demo target run twice on a shared
@@ -54,6 +51,74 @@ WORSE_WHEN = {"qps": -1, "p99_ms": +1}  # the sign of new − base that is a reg
 REGRESSED, IMPROVED, NO_CHANGE, NOT_COMPARABLE = "regressed", "improved", "no significant change", "not comparable"
 NOT_COMPARED = "not compared"
 USL_KEYS = ("sigma", "kappa", "lambda", "n_star", "peak", "r2")
+COMPARE_VERSION = 1  # compare.json's "version": raised when a key changes meaning or goes
+
+
+# -- compare.json: its shape, declared once (readers: compare_report, junit, the command line) ----
+class RunInfo(TypedDict):
+    run_id: str
+    path: str
+    complete: bool | None
+
+
+class Change(TypedDict):
+    """One metric at one step, new − base, with its bootstrap interval."""
+    base: float | None
+    new: float | None
+    delta: float | None
+    rel: float | None
+    ci: list[float] | None  # [lo, hi] of new − base
+    significant: bool
+    direction: str | None  # "worse", "better", None
+    min_relative_change: float
+
+
+class Side(TypedDict):
+    valid: bool
+    requests: int | None
+    qps: float | None
+    p99_ms: float | None
+    error_rate: float | None
+    rows_resampled: int
+    rows: int
+
+
+class StepComparison(TypedDict):
+    users: Any  # the base summary's users value
+    base: Side
+    new: Side
+    qps: Change | None  # None: not valid in both runs
+    p99_ms: Change | None
+    verdict: str  # REGRESSED, IMPROVED, NO_CHANGE, NOT_COMPARED
+    note: str | None
+
+
+class Shift(TypedDict):
+    """A knee or peak: {users, qps} of each run, and how it moved."""
+    base: dict[str, Any]
+    new: dict[str, Any]
+    users_ratio: float | None
+    qps_rel: float | None
+
+
+class SummariesComparison(TypedDict):
+    knee: Shift
+    peak: Shift
+    usl: dict[str, Any]  # {base, new, change}: analysis.usl.fit_usl's figures
+    findings: dict[str, Any]  # {appeared[], vanished[], persisted[], rule_errors[]}
+
+
+class Comparison(SummariesComparison):
+    """compare.json."""
+    version: int  # COMPARE_VERSION
+    base: RunInfo
+    new: RunInfo
+    settings: dict[str, Any]  # resamples, seed, confidence, max_rows_per_step, min_relative_change
+    steps: list[StepComparison]
+    unmatched: dict[str, list[Any]]  # {base_only, new_only}: users of the steps in one run only
+    verdict: str  # REGRESSED, IMPROVED, NO_CHANGE, NOT_COMPARABLE
+    reasons: list[str]
+    warnings: list[str]
 
 
 # -- loading -------------------------------------------------------------------------------------
@@ -97,38 +162,38 @@ def _key(users: Any) -> float | None:
 
 def steps_by_users(summary: dict[str, Any]) -> dict[float, dict[str, Any]]:
     """The summary's steps keyed by users (the last one wins if a run repeated a step)."""
-    steps = summary.get("steps") if isinstance(summary.get("steps"), list) else []
-    return {_key(s.get("users")): s for s in steps if isinstance(s, dict) and _key(s.get("users")) is not None}
+    steps = got if isinstance(got := summary.get("steps"), list) else []
+    return {k: s for s in steps if isinstance(s, dict) and (k := _key(s.get("users"))) is not None}
 
 
 def window(step: dict[str, Any], settle: float) -> tuple[float | None, float | None]:
     """The steady window the summary used: t_lo/t_hi, else t_steady + settle to t_end."""
-    lo, hi = _num(step.get("t_lo")), _num(step.get("t_hi"))
-    if lo is None and _num(step.get("t_steady")) is not None:
-        lo = _num(step.get("t_steady")) + settle
+    lo, hi, steady = _num(step.get("t_lo")), _num(step.get("t_hi")), _num(step.get("t_steady"))
+    if lo is None and steady is not None:
+        lo = steady + settle
     return lo, (hi if hi is not None else _num(step.get("t_end")))
 
 
 def _settle(summary: dict[str, Any]) -> float:
-    ana = summary.get("analysis") if isinstance(summary.get("analysis"), dict) else {}
+    ana = got if isinstance(got := summary.get("analysis"), dict) else {}
     return _num(ana.get("settle")) or 0.0
 
 
 # -- per step ------------------------------------------------------------------------------------
-def metric_change(metric: str, base: float | None, new: float | None, ci: list[float] | None) -> dict[str, Any]:
+def metric_change(metric: str, base: float | None, new: float | None, ci: list[float] | None) -> Change:
     """{base, new, delta, rel, ci, significant, direction} of one metric at one step."""
     delta = None if base is None or new is None else new - base
     rel = None if delta is None or not base else delta / base
     significant = bool(ci is not None and rel is not None and (ci[0] > 0 or ci[1] < 0)
                        and abs(rel) >= MIN_RELATIVE_CHANGE[metric])
     direction = None
-    if significant:
+    if significant and delta is not None:  # significant: rel, hence delta, is known
         direction = "worse" if math.copysign(1, delta) == WORSE_WHEN[metric] else "better"
     return {"base": base, "new": new, "delta": delta, "rel": rel, "ci": ci, "significant": significant,
             "direction": direction, "min_relative_change": MIN_RELATIVE_CHANGE[metric]}
 
 
-def step_verdict(changes: list[dict[str, Any]]) -> str:
+def step_verdict(changes: list[Change]) -> str:
     if any(c["direction"] == "worse" for c in changes):
         return REGRESSED
     if any(c["direction"] == "better" for c in changes):
@@ -144,7 +209,7 @@ def _point(step: dict[str, Any], key: str, sample: bootstrap.StepSample | None) 
     return v
 
 
-def _side(step: dict[str, Any], sample: bootstrap.StepSample | None) -> dict[str, Any]:
+def _side(step: dict[str, Any], sample: bootstrap.StepSample | None) -> Side:
     return {"valid": step.get("valid") is True, "requests": step.get("requests"), "qps": _num(step.get("qps")),
             "p99_ms": _num(step.get("p99_ms")), "error_rate": _num(step.get("error_rate")),
             "rows_resampled": int(sample.latencies.size) if sample else 0,
@@ -152,25 +217,25 @@ def _side(step: dict[str, Any], sample: bootstrap.StepSample | None) -> dict[str
 
 
 def compare_step(i: int, users: Any, b: dict[str, Any], n: dict[str, Any], sb: bootstrap.StepSample | None,
-                 sn: bootstrap.StepSample | None, seed: int, resamples: int) -> dict[str, Any]:
+                 sn: bootstrap.StepSample | None, seed: int, resamples: int) -> StepComparison:
     """One matched step: both sides, the QPS and P99 change with intervals, the step's verdict."""
-    out: dict[str, Any] = {"users": users, "base": _side(b, sb), "new": _side(n, sn)}
-    if not (out["base"]["valid"] and out["new"]["valid"]):
-        out.update(qps=None, p99_ms=None, verdict=NOT_COMPARED, note="not valid in both runs")
-        return out
+    base, new = _side(b, sb), _side(n, sn)
+    if not (base["valid"] and new["valid"]):
+        return {"users": users, "base": base, "new": new, "qps": None, "p99_ms": None, "verdict": NOT_COMPARED,
+                "note": "not valid in both runs"}
+    out: dict[str, Change] = {}
     for metric, deviations in (("qps", bootstrap.qps_deviations), ("p99_ms", bootstrap.p99_deviations)):
         base_v, new_v = _point(b, metric, sb), _point(n, metric, sn)
         devs = [None if s is None else deviations(s, np.random.default_rng([seed, i, k, len(metric)]), resamples)
                 for k, s in ((1, sb), (2, sn))]
         point = None if base_v is None or new_v is None else new_v - base_v
         out[metric] = metric_change(metric, base_v, new_v, bootstrap.diff_interval(devs[0], devs[1], point))
-    out["verdict"] = step_verdict([out["qps"], out["p99_ms"]])
-    out["note"] = None
-    return out
+    return {"users": users, "base": base, "new": new, "qps": out["qps"], "p99_ms": out["p99_ms"],
+            "verdict": step_verdict([out["qps"], out["p99_ms"]]), "note": None}
 
 
 # -- whole runs ----------------------------------------------------------------------------------
-def _shift(base: Any, new: Any) -> dict[str, Any]:
+def _shift(base: Any, new: Any) -> Shift:
     """{base {users, qps}, new {users, qps}, users_ratio, qps_rel} of a knee or peak."""
     b = base if isinstance(base, dict) else {}
     n = new if isinstance(new, dict) else {}
@@ -181,8 +246,9 @@ def _shift(base: Any, new: Any) -> dict[str, Any]:
 
 
 def usl_of(summary: dict[str, Any]) -> dict[str, Any]:
-    valid = [s for s in steps_by_users(summary).values() if s.get("valid") is True and _num(s.get("qps")) is not None]
-    return fit_usl([_num(s["users"]) for s in valid], [_num(s["qps"]) for s in valid])
+    valid = [(u, x) for u, s in steps_by_users(summary).items()
+             if s.get("valid") is True and (x := _num(s.get("qps"))) is not None]
+    return fit_usl([u for u, _ in valid], [x for _, x in valid])
 
 
 def usl_change(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -199,14 +265,15 @@ def findings_change(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]
             "persisted": [k for k in n if k in b], "rule_errors": base.get("rule_errors", []) + new.get("rule_errors", [])}
 
 
-def compare_summaries(base: dict[str, Any], new: dict[str, Any], base_plan: Any = None, new_plan: Any = None) -> dict[str, Any]:
+def compare_summaries(base: dict[str, Any], new: dict[str, Any], base_plan: Any = None,
+                      new_plan: Any = None) -> SummariesComparison:
     """The parts of a comparison that need only the two summaries: knee, peak, USL, findings."""
     return {"knee": _shift(base.get("knee"), new.get("knee")), "peak": _shift(base.get("peak"), new.get("peak")),
             "usl": usl_change(usl_of(base), usl_of(new)),
             "findings": findings_change(explain(base, base_plan), explain(new, new_plan))}
 
 
-def run_verdict(steps: list[dict[str, Any]]) -> tuple[str, list[str]]:
+def run_verdict(steps: list[StepComparison]) -> tuple[str, list[str]]:
     """The run's verdict and the one-line reasons behind it (each significant change)."""
     compared = [s for s in steps if s["verdict"] != NOT_COMPARED]
     if not compared:
@@ -215,27 +282,26 @@ def run_verdict(steps: list[dict[str, Any]]) -> tuple[str, list[str]]:
     for s in compared:
         for metric in ("qps", "p99_ms"):
             c = s[metric]
-            if c["significant"]:
+            ci = None if c is None else c["ci"]
+            if c is not None and ci is not None and c["significant"]:  # significant: its CI is known
                 reasons.append(f"{s['users']} users: {metric} {c['base']:.4g} → {c['new']:.4g} ({c['rel']:+.1%}, "
-                               f"{bootstrap.CONFIDENCE:.0%} CI of the change [{c['ci'][0]:+.4g}, {c['ci'][1]:+.4g}]): {c['direction']}")
+                               f"{bootstrap.CONFIDENCE:.0%} CI of the change [{ci[0]:+.4g}, {ci[1]:+.4g}]): {c['direction']}")
     verdicts = {s["verdict"] for s in compared}
     verdict = REGRESSED if REGRESSED in verdicts else IMPROVED if IMPROVED in verdicts else NO_CHANGE
     return verdict, reasons
 
 
-def _run_info(run: RunDir, summary: dict[str, Any]) -> dict[str, Any]:
+def _run_info(run: RunDir, summary: dict[str, Any]) -> RunInfo:
     return {"run_id": summary.get("run_id") or run.path.name, "path": str(run.path), "complete": summary.get("complete")}
 
 
 def compare_runs(base_dir: str | Path, new_dir: str | Path, *, resamples: int = bootstrap.RESAMPLES,
-                 seed: int = bootstrap.SEED, max_rows: int = bootstrap.MAX_ROWS_PER_STEP) -> dict[str, Any]:
+                 seed: int = bootstrap.SEED, max_rows: int = bootstrap.MAX_ROWS_PER_STEP) -> Comparison:
     """Compare two run directories; raises RunDirError (one line) when one is not a run directory
     or its plan.toml is unreadable.
 
-    Returns ``{base, new, settings, steps[], unmatched {base_only, new_only}, knee, peak, usl,
-    findings {appeared, vanished, persisted, rule_errors}, verdict, reasons[], warnings[]}``; each
-    matched step: ``{users, base, new, qps, p99_ms, verdict, note}`` with ``qps``/``p99_ms`` =
-    ``{base, new, delta, rel, ci [lo, hi], significant, direction, min_relative_change}``.
+    Returns compare.json's ``Comparison`` (declared above: per matched step a ``StepComparison``
+    whose ``qps``/``p99_ms`` are ``Change``s).
     """
     runs = [RunDir.open(base_dir), RunDir.open(new_dir)]
     plans = [load_plan(r) for r in runs]  # before any work: an unreadable plan is bad input
@@ -252,7 +318,7 @@ def compare_runs(base_dir: str | Path, new_dir: str | Path, *, resamples: int = 
     steps = [compare_step(i, by[0][u].get("users"), by[0][u], by[1][u], samples[0][i], samples[1][i], seed, resamples)
              for i, u in enumerate(common)]
     verdict, reasons = run_verdict(steps)
-    result = {"base": _run_info(runs[0], summaries[0]), "new": _run_info(runs[1], summaries[1]),
+    result: Comparison = {"version": COMPARE_VERSION, "base": _run_info(runs[0], summaries[0]), "new": _run_info(runs[1], summaries[1]),
               "settings": {"resamples": resamples, "seed": seed, "confidence": bootstrap.CONFIDENCE,
                            "max_rows_per_step": max_rows, "min_relative_change": dict(MIN_RELATIVE_CHANGE)},
               "steps": steps, "unmatched": {"base_only": [by[0][u].get("users") for u in sorted(set(by[0]) - set(by[1]))],
@@ -268,22 +334,6 @@ def compare_runs(base_dir: str | Path, new_dir: str | Path, *, resamples: int = 
             why = f"lost: {lost}" if lost else (s.get("ended") or "no record of how it ended")
             warnings.append(f"the {which} run is incomplete ({why})")
     return result
-
-
-# -- command line --------------------------------------------------------------------------------
-def _parser():
-    import argparse
-
-    p = argparse.ArgumentParser(prog="kneeswarm compare", description="Compare two kneeswarm runs: per-step QPS "
-                                "and P99 changes with bootstrap confidence intervals, and a verdict.")
-    p.add_argument("base", help="the base run directory")
-    p.add_argument("new", help="the new run directory")
-    p.add_argument("--fail-on-regression", action="store_true",
-                   help=f"exit {EXIT_REGRESSION} when the verdict is '{REGRESSED}'")
-    p.add_argument("--out", help="folder for compare.json, compare.md, compare.html, junit.xml "
-                                 "(default: NEW/report/compare)")
-    p.add_argument("-q", "--quiet", action="store_true", help="do not print the markdown summary")
-    return p
 
 
 def plain(x: Any) -> Any:
@@ -307,7 +357,7 @@ def _write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def write_outputs(result: dict[str, Any], out: Path) -> None:
+def write_outputs(result: Comparison, out: Path) -> None:
     """compare.json, compare.md, compare.html and junit.xml in ``out``."""
     from analysis.junit import junit_xml
 
@@ -315,31 +365,3 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
     _write(out / COMPARE_MD, compare_markdown(result))
     _write(out / COMPARE_HTML, compare_html(result))
     _write(out / JUNIT_FILE, junit_xml(None, result))
-
-
-def main_compare(argv: list[str] | None = None) -> int:
-    """``kneeswarm compare BASE NEW [--fail-on-regression] [--out DIR] [-q]``; returns the exit code."""
-    import sys
-
-    args = _parser().parse_args(argv)
-    try:
-        result = compare_runs(args.base, args.new)
-        if result["verdict"] == NOT_COMPARABLE:
-            print(f"kneeswarm compare: {args.base} and {args.new}: no step is valid in both runs", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        write_outputs(result, Path(args.out) if args.out else RunDir(args.new).report_dir / COMPARE_DIR)
-    except RunDirError as exc:
-        print(f"kneeswarm compare: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except OSError as exc:  # the output folder cannot be written: the comparison did not complete
-        print(f"kneeswarm compare: cannot write the comparison: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
-    if not args.quiet:
-        print(compare_markdown(result))
-    return EXIT_REGRESSION if args.fail_on_regression and result["verdict"] == REGRESSED else EXIT_OK
-
-
-if __name__ == "__main__":
-    raise SystemExit(main_compare())

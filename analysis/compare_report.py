@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import html
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
+if TYPE_CHECKING:
+    from analysis.compare import Change, Comparison, Shift, StepComparison
 
 logger = logging.getLogger(__name__)
 
@@ -20,27 +23,27 @@ def _f(v: Any, fmt: str = "{:.4g}") -> str:
     return "–" if v is None else fmt.format(v)
 
 
-def _change(c: dict[str, Any] | None) -> str:
+def _change(c: Change | None) -> str:
     """"base → new (+x %, CI [lo, hi])", starred when significant."""
     if not c:
         return "–"
-    ci = f", CI [{c['ci'][0]:+.3g}, {c['ci'][1]:+.3g}]" if c.get("ci") else ""
+    lo_hi = c.get("ci")
+    ci = f", CI [{lo_hi[0]:+.3g}, {lo_hi[1]:+.3g}]" if lo_hi else ""
     rel = _f(c.get("rel"), "{:+.1%}")
-    star = " **" + c["direction"] + "**" if c.get("significant") else ""
+    star = f" **{c['direction']}**" if c.get("significant") and c.get("direction") else ""
     return f"{_f(c.get('base'))} → {_f(c.get('new'))} ({rel}{ci}){star}"
 
 
-def step_table(result: dict[str, Any]) -> list[str]:
+def step_table(result: Comparison) -> list[str]:
     lines = ["| users | QPS base → new (change, CI of the difference) | P99 ms base → new (change, CI) | step |",
              "|---:|---|---|---|"]
     for s in result.get("steps", []):
-        note = f" ({s['note']})" if s.get("note") else ""
         lines.append(f"| {s['users']} | {_change(s.get('qps'))} | {_change(s.get('p99_ms'))} | "
-                     f"{VERDICT_MARK.get(s['verdict'], '')} {s['verdict']}{note} |")
+                     f"{VERDICT_MARK.get(s['verdict'], '')} {_verdict(s)} |")
     return lines
 
 
-def shift_line(label: str, sh: dict[str, Any]) -> str:
+def shift_line(label: str, sh: Shift) -> str:
     b, n = sh.get("base") or {}, sh.get("new") or {}
     return (f"**{label}:** {_f(b.get('users'), '{}')} users at {_f(b.get('qps'))} QPS → "
             f"{_f(n.get('users'), '{}')} users at {_f(n.get('qps'))} QPS"
@@ -61,7 +64,7 @@ def findings_lines(f: dict[str, Any]) -> list[str]:
     return lines or ["- no finding appeared or vanished"]
 
 
-def compare_markdown(result: dict[str, Any]) -> str:
+def compare_markdown(result: Comparison) -> str:
     """The comparison as markdown for a pull-request comment."""
     v = result.get("verdict", "")
     s = result.get("settings", {})
@@ -80,43 +83,52 @@ def compare_markdown(result: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def _curve(fig: go.Figure, steps: list[dict[str, Any]], side: str, metric: str, row: int) -> None:
+def _curve(fig: go.Figure, steps: list[StepComparison], side: Literal["base", "new"], metric: Literal["qps", "p99_ms"],
+           row: int) -> None:
     pts = [(s["users"], s[side][metric]) for s in steps if s[side].get(metric) is not None]
     colour, name = (BASE_COLOUR, "base") if side == "base" else (NEW_COLOUR, "new")
     error = None
     if side == "new":  # the new run's points carry the interval of the change, placed on the new value
         cis = [s.get(metric) for s in steps if s[side].get(metric) is not None]
-        if all(c and c.get("ci") for c in cis) and cis:
-            error = dict(type="data", symmetric=False, array=[c["ci"][1] - c["delta"] for c in cis],
-                         arrayminus=[c["delta"] - c["ci"][0] for c in cis])
+        bars = [(lo_hi, d) for c in cis if c and (lo_hi := c.get("ci")) and (d := c.get("delta")) is not None]
+        if cis and len(bars) == len(cis):  # every point has its interval, or none is drawn
+            error = dict(type="data", symmetric=False, array=[hi - d for (_, hi), d in bars],
+                         arrayminus=[d - lo for (lo, _), d in bars])
     fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=name,
                              line=dict(color=colour), error_y=error, legendgroup=name, showlegend=row == 1),
                   row=row, col=1)
 
 
-def compare_figure(result: dict[str, Any]) -> go.Figure:
+def compare_figure(result: Comparison) -> go.Figure:
     """QPS and P99 against users, both runs overlaid (log2 users axis)."""
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=("QPS (successful requests/s)", "P99 latency (ms)"))
     steps = result.get("steps", [])
-    for row, metric in ((1, "qps"), (2, "p99_ms")):
-        for side in ("base", "new"):
-            _curve(fig, steps, side, metric, row)
+    _curve(fig, steps, "base", "qps", 1)
+    _curve(fig, steps, "new", "qps", 1)
+    _curve(fig, steps, "base", "p99_ms", 2)
+    _curve(fig, steps, "new", "p99_ms", 2)
     fig.update_xaxes(type="log", dtick=0.30103, title_text="users", row=2, col=1)
     fig.update_layout(height=650, margin=dict(l=60, r=20, t=40, b=40))
     return fig
 
 
-def _cell(c: dict[str, Any] | None) -> str:
+def _cell(c: Change | None) -> str:
     text = html.escape(_change(c).replace("**", ""))
     if c and c.get("significant"):
         return f'<td class="{c["direction"]}">{text}</td>'
     return f"<td>{text}</td>"
 
 
-def html_table(result: dict[str, Any]) -> str:
+def _verdict(s: StepComparison) -> str:
+    """A step's verdict, and its note in parentheses when it has one."""
+    note = s.get("note")
+    return s["verdict"] + (f" ({note})" if note else "")
+
+
+def html_table(result: Comparison) -> str:
     rows = "".join(f"<tr><td>{html.escape(str(s['users']))}</td>{_cell(s.get('qps'))}{_cell(s.get('p99_ms'))}"
-                   f"<td>{html.escape(s['verdict'] + (' (' + s['note'] + ')' if s.get('note') else ''))}</td></tr>"
+                   f"<td>{html.escape(_verdict(s))}</td></tr>"
                    for s in result.get("steps", []))
     return ("<table><tr><th>users</th><th>QPS base → new (change, CI of the difference)</th>"
             f"<th>P99 ms base → new (change, CI)</th><th>step</th></tr>{rows}</table>")
@@ -126,7 +138,7 @@ STYLE = ("body{font-family:sans-serif;margin:1.5em;max-width:1100px}table{border
          "td,th{border:1px solid #ccc;padding:3px 8px}.worse{background:#fdd}.better{background:#dfd}")
 
 
-def compare_html(result: dict[str, Any]) -> str:
+def compare_html(result: Comparison) -> str:
     """One self-contained page (plotly.js inlined, so it works offline): verdict, both curves, the table."""
     e = html.escape
     lines = [f"<li>{e(r)}</li>" for r in result.get("reasons", [])]

@@ -8,14 +8,18 @@ table of ``db``.  Incremental: a run whose three files have the same size and mo
 when it was indexed is not read again.  A run without a readable summary is indexed as *skipped*
 with the reason (``kneeswarm analyze RUN_DIR`` writes it), never dropped silently.
 
-``history(db, since, plan, last)``: the indexed runs grouped by (plan name, target) in start order;
+A soak (``[load] mode = "soak"``) is indexed as one step of the load it held: each percentile and
+the QPS are the median over its valid windows (so a slow first or last window moves it little), the
+requests those of its smallest valid window (a window's percentile rests on that window's rows),
+and beside them its windows' trends and soak findings (column ``soak``).  Its windows are not
+steps of rising users: read as steps, "P99 at 16 users" would be its last window's.
+
+``history(db, since, plan, last)``: the indexed runs grouped by (plan name, target, and whether they
+are soaks: a soak's window medians and a sweep's steps are not one series) in start order;
 for each group the series of P50/P95/P99/P999 at each step's users value and at the SLA boundary,
 and of the peak QPS, over the last ``last`` runs; each series with the drift test and the change
 point of analysis.trend, and beside the change point what changed between the runs on either side
 (versions, host facts, plan keys, input length: ``changes``).
-
-``EXIT_DRIFT`` (kneeswarm.outcome): the exit code of ``kneeswarm history --fail-on-drift`` when a
-figure drifted worse.
 """
 
 from __future__ import annotations
@@ -31,12 +35,11 @@ import tomllib
 from pathlib import Path
 from typing import Any, Iterable
 
-from kneeswarm.rundir import META_FILE, PLAN_FILE, SUMMARY_JSON
-from kneeswarm.outcome import EXIT_DRIFT  # `history --fail-on-drift` when a figure drifted worse (the one table)
+from kneeswarm.rundir import META_FILE, PLAN_FILE, SUMMARY_JSON, Meta, RunDir
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["update_index", "history", "changes", "HistoryError", "EXIT_DRIFT", "INDEX_NAME", "DRIFT_WINDOW"]
+__all__ = ["update_index", "history", "changes", "HistoryError", "INDEX_NAME", "DRIFT_WINDOW"]
 
 INDEX_NAME = "kneeswarm-history.sqlite"  # the index file, next to the runs
 DRIFT_WINDOW = 20  # the drift test looks at the last this-many runs of a group (--last)
@@ -61,8 +64,9 @@ COLUMNS = {"path": "TEXT PRIMARY KEY", "fingerprint": "TEXT", "status": "TEXT", 
            "started": "REAL", "plan": "TEXT", "target": "TEXT", "complete": "INTEGER", "knee_users": "REAL",
            "knee_qps": "REAL", "peak_users": "REAL", "peak_qps": "REAL", "sla_users": "REAL", "sla_qps": "REAL",
            "input_tokens": "TEXT", "steps": "TEXT", "versions": "TEXT", "hosts": "TEXT", "plan_keys": "TEXT",
-           "indexed_at": "REAL"}
-JSON_COLUMNS = ("input_tokens", "steps", "versions", "hosts", "plan_keys")
+           "indexed_at": "REAL", "mode": "TEXT", "soak": "TEXT"}
+JSON_COLUMNS = ("input_tokens", "steps", "versions", "hosts", "plan_keys", "soak")
+SOAK_TRENDS = ("qps", "p50_ms", "p99_ms")  # the client series whose trend a soak's index row keeps
 
 
 class HistoryError(ValueError):
@@ -125,10 +129,10 @@ def _volatile(key: str, volatile: tuple[str, ...]) -> bool:
     return any(key == v or key.startswith(v + ".") or key.endswith("." + v) for v in volatile)
 
 
-def host_facts(meta: dict[str, Any]) -> dict[str, Any]:
+def host_facts(meta: Meta) -> dict[str, Any]:
     """{"host.fact": value} of every host's facts in meta.json, less VOLATILE_FACTS."""
     out = {}
-    for host, h in sorted((meta.get("hosts") or {}).items()):
+    for host, h in sorted(meta.get("hosts", {}).items()):
         facts = h.get("facts") if isinstance(h, dict) and isinstance(h.get("facts"), dict) else {}
         out.update({f"{host}.{k}": v for k, v in flatten(facts).items() if not _volatile(k, VOLATILE_FACTS)})
     return out
@@ -176,23 +180,25 @@ def _steps(summary: dict[str, Any]) -> list[dict[str, Any]]:
 def read_run(run: Path) -> dict[str, Any]:
     """One row of the index (JSON columns as Python objects)."""
     row: dict[str, Any] = {"path": str(run), "fingerprint": fingerprint(run), "indexed_at": time.time()}
-    meta = _read_json(run / META_FILE) or {}
+    meta = RunDir(run).read_meta()  # {} when missing; no "started" when unreadable (it says why in the log)
     try:
         plan = tomllib.loads((run / PLAN_FILE).read_text())
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
         plan = {}
     row.update(run_id=meta.get("run_id") or run.name, started=_num(meta.get("started")),
-               plan=plan.get("name") or meta.get("name"), target=plan.get("target") or meta.get("target"),
-               versions=meta.get("versions") or {}, hosts=host_facts(meta),
+               plan=plan.get("name"), target=plan.get("target") or meta.get("target"),
+               versions=meta.get("versions", {}), hosts=host_facts(meta),
                plan_keys={k: v for k, v in flatten(plan).items() if not _volatile(k, VOLATILE_PLAN_LEAVES)})
     summary = _read_json(run / "report" / SUMMARY_JSON)
-    if not meta:
+    if row["started"] is None:  # every run writes it first: without it the run has no place in start order
         return {**row, "status": "skipped", "reason": "meta.json missing or unreadable"}
     if summary is None:
         return {**row, "status": "skipped",
                 "reason": f"no readable report/summary.json (run `kneeswarm analyze {run}`)"}
-    return {**row, **_figures(summary), "status": "indexed", "reason": None, "complete": bool(summary.get("complete")),
-            "input_tokens": input_tokens(run)}
+    figures = _soak_figures(summary) if isinstance(summary.get("soak"), dict) else _figures(summary)
+    mode = "soak" if isinstance(summary.get("soak"), dict) else str((plan.get("load") or {}).get("mode") or "grid")
+    return {**row, **figures, "mode": mode, "status": "indexed", "reason": None,
+            "complete": bool(summary.get("complete")), "input_tokens": input_tokens(run)}
 
 
 def _figures(summary: dict[str, Any]) -> dict[str, Any]:
@@ -201,6 +207,36 @@ def _figures(summary: dict[str, Any]) -> dict[str, Any]:
     return {"knee_users": _num(knee.get("users")), "knee_qps": _num(knee.get("qps")),
             "peak_users": _num(peak.get("users")), "peak_qps": _num(peak.get("qps")),
             "sla_users": _num(best.get("users")), "sla_qps": _num(best.get("qps")), "steps": _steps(summary)}
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = sorted(v for v in values if v is not None)
+    if not known:
+        return None
+    mid = len(known) // 2
+    return known[mid] if len(known) % 2 else (known[mid - 1] + known[mid]) / 2.0
+
+
+def _soak_figures(summary: dict[str, Any]) -> dict[str, Any]:
+    """A soak's index figures (see the module's text): one step at its users, each figure the median
+    over its valid windows; no knee, SLA boundary or peak (one load held); its trends and findings."""
+    from analysis.soak import SOAK_IDS
+
+    soak = summary["soak"]
+    windows = _steps(summary)
+    valid = [w for w in windows if w["valid"]]
+    step = {"users": valid[0]["users"], "requests": min(w["requests"] or 0.0 for w in valid),
+            **{k: _median([w[k] for w in valid]) for k in ("qps", *PERCENTILES)}, "valid": True} if valid else None
+    client = (soak.get("trends") or {}).get("client") or {}
+    trends = {k: {f: client[k].get(f) for f in ("slope", "p", "direction", "drifting", "change", "median")}
+              for k in SOAK_TRENDS if isinstance(client.get(k), dict)}
+    found = [{"id": f.get("id"), "host": (f.get("evidence") or {}).get("host")}
+             for f in summary.get("findings") or [] if isinstance(f, dict) and f.get("id") in SOAK_IDS]
+    return {"knee_users": None, "knee_qps": None, "peak_users": None, "peak_qps": step["qps"] if step else None,
+            "sla_users": None, "sla_qps": None, "steps": [step] if step else [],
+            "soak": {"windows": len(windows), "valid_windows": len(valid), "window_s": _num(soak.get("window_s")),
+                     "duration_s": _num(soak.get("duration_s")), "users": _num(soak.get("users")),
+                     "rate": _num(soak.get("rate")), "trends": trends, "findings": found}}
 
 
 # -- the index --------------------------------------------------------------------------------------
@@ -303,12 +339,14 @@ def _step_at(row: dict[str, Any], users: float | None) -> dict[str, Any] | None:
 
 def _series_specs(rows: list[dict[str, Any]]) -> list[tuple[str, float | None, str, int]]:
     """(figure, users, metric, worse) of every series: percentiles at each users value, at the SLA
-    boundary, and the peak QPS."""
+    boundary, and the peak QPS; of soaks (a group is all soaks or none): the windows' medians."""
+    soaks = bool(rows) and all(r.get("mode") == "soak" for r in rows)
     users = sorted({s["users"] for r in rows for s in r.get("steps") or [] if s.get("valid")})
-    specs = [(f"{m} at {u:g} users", u, m, +1) for u in users for m in PERCENTILES]
+    held = " (windows' median)" if soaks else ""
+    specs = [(f"{m} at {u:g} users{held}", u, m, +1) for u in users for m in PERCENTILES]
     if any(r.get("sla_users") is not None for r in rows):
         specs += [(f"{m} at the SLA boundary", None, m, +1) for m in PERCENTILES]
-    return specs + [("peak QPS", None, "peak_qps", -1)]
+    return specs + [("QPS (windows' median)" if soaks else "peak QPS", None, "peak_qps", -1)]
 
 
 def _value(row: dict[str, Any], users: float | None, metric: str, figure: str) -> float | None:
@@ -323,7 +361,7 @@ def measured(row: dict[str, Any], users: float | None, metric: str, figure: str)
     if metric not in TAIL_SHARE:
         return True
     step = _step_at(row, row.get("sla_users") if figure.endswith("SLA boundary") else users)
-    return bool(step) and (step.get("requests") or 0) * TAIL_SHARE[metric] >= MIN_TAIL_ROWS
+    return step is not None and (step.get("requests") or 0) * TAIL_SHARE[metric] >= MIN_TAIL_ROWS
 
 
 def series(rows: list[dict[str, Any]], figures: tuple[str, ...] = FIGURES) -> list[dict[str, Any]]:
@@ -375,8 +413,9 @@ def _figures_chosen(text: str | None) -> tuple[str, ...]:
 
 def history(rows: list[dict[str, Any]], since: str | None = None, plan: str | None = None,
             last: int = DRIFT_WINDOW, figures: str | None = None) -> dict[str, Any]:
-    """{groups[{plan, target, runs[], left_out[], series[]}], drift_worse[], skipped[]} of the
-    indexed ``rows``; groups by (plan name, target), each over its last ``last`` complete runs."""
+    """{groups[{plan, target, soak, runs[], left_out[], series[]}], drift_worse[], skipped[]} of the
+    indexed ``rows``; groups by (plan name, target, soak or not), each over its last ``last`` complete
+    runs (a soak's runs carry their ``soak`` entry: windows, trends, findings)."""
     from analysis import trend
 
     t0, chosen_figures = _since(since), _figures_chosen(figures)
@@ -385,17 +424,19 @@ def history(rows: list[dict[str, Any]], since: str | None = None, plan: str | No
     chosen = [r for r in rows if (t0 is None or (r.get("started") or 0) >= t0) and (plan is None or r.get("plan") == plan)]
     if plan is not None and not chosen:
         raise HistoryError(f"--plan {plan!r}: no indexed run has that plan name")
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str, bool], list[dict[str, Any]]] = {}
     for r in chosen:
         if r["status"] == "indexed":
-            groups.setdefault((str(r.get("plan")), str(r.get("target"))), []).append(r)
-    out = []
-    for (name, target), members in sorted(groups.items()):
+            groups.setdefault((str(r.get("plan")), str(r.get("target")), r.get("mode") == "soak"), []).append(r)
+    out: list[dict[str, Any]] = []
+    for (name, target, soak), members in sorted(groups.items()):
         complete = [r for r in members if r.get("complete")][-last:]
         left = [{"run": r["run_id"], "reason": "incomplete run"} for r in members if not r.get("complete")]
-        out.append({"plan": name, "target": target, "left_out": left, "series": series(complete, chosen_figures),
-                    "runs": [{"run_id": r["run_id"], "started": r["started"], "path": r["path"]} for r in complete]})
-    worse = [{"plan": g["plan"], "target": g["target"], "figure": s["figure"], **s["drift"]}
+        out.append({"plan": name, "target": target, "soak": soak, "left_out": left,
+                    "series": series(complete, chosen_figures),
+                    "runs": [{"run_id": r["run_id"], "started": r["started"], "path": r["path"],
+                              **({"soak": r.get("soak")} if soak else {})} for r in complete]})
+    worse = [{"plan": g["plan"], "target": g["target"], "soak": g["soak"], "figure": s["figure"], **s["drift"]}
              for g in out for s in g["series"] if s["drift"]["direction"] == "worse"]
     skipped = [{"path": r["path"], "reason": r["reason"]} for r in chosen if r["status"] == "skipped"]
     return {"groups": out, "drift_worse": worse, "skipped": skipped, "window": last, "figures": list(chosen_figures),
@@ -416,7 +457,7 @@ def write_outputs(result: dict[str, Any], out: Path) -> Path:
     return out / "history.html"
 
 
-def run_history(paths: list[str], index: str | None = None, out: str | None = None, since: str | None = None,
+def run_history(paths: list[str | Path], index: str | None = None, out: str | None = None, since: str | None = None,
                 plan: str | None = None, last: int | None = None,
                 figures: str | None = None) -> tuple[dict[str, Any], Path]:
     """``kneeswarm history``: index, trend, report; (result, path of history.html)."""

@@ -48,10 +48,25 @@ def _changed_lines(cp: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _soak_lines(g: dict[str, Any]) -> list[str]:
+    """A soak group's runs: windows, and what crept in each (its soak findings and trends)."""
+    lines = ["", "Soaks: each figure is the median over the run's windows; what crept within each run:", ""]
+    for r in g["runs"]:
+        soak = r.get("soak") or {}
+        found = ", ".join(f"{f['id']}" + (f" ({f['host']})" if f.get("host") else "") for f in soak.get("findings") or [])
+        moved = "; ".join(f"{k} {t['slope'] * 60:+.3g}/min (p {t['p']:.2g})" for k, t in (soak.get("trends") or {}).items()
+                          if t.get("slope") is not None and t.get("p") is not None)
+        lines.append(f"- `{r['run_id']}`: {soak.get('valid_windows')} of {soak.get('windows')} windows of "
+                     f"{_f(soak.get('window_s'))} s valid; {found or 'nothing crept'}" + (f"; {moved}" if moved else ""))
+    return lines
+
+
 def group_markdown(g: dict[str, Any]) -> list[str]:
-    lines = [f"## {g['plan']} → {g['target']}", "",
+    kind = " (soak)" if g.get("soak") else ""
+    lines = [f"## {g['plan']} → {g['target']}{kind}", "",
              f"{len(g['runs'])} runs, {_when(g['runs'][0]['started'] if g['runs'] else None)} to "
              f"{_when(g['runs'][-1]['started'] if g['runs'] else None)}"]
+    lines += _soak_lines(g) if g.get("soak") else []
     lines += [f"- left out: `{x['run']}` ({x['reason']})" for x in g["left_out"]]
     lines += ["", "| figure | last | drift test |", "|---|---:|---|"]
     for s in g["series"]:
@@ -103,10 +118,10 @@ def _chart(g: dict[str, Any], title: str, members: list[dict[str, Any]], yaxis: 
 def group_figures(g: dict[str, Any]) -> list[go.Figure]:
     by_chart: dict[str, list[dict[str, Any]]] = {}
     for s in g["series"]:
-        key = "peak QPS" if s["metric"] == "peak_qps" else s["figure"].split(" ", 1)[1]
+        key = s["figure"] if s["metric"] == "peak_qps" else s["figure"].split(" ", 1)[1]
         by_chart.setdefault(key, []).append(s)
-    return [_chart(g, f"{g['plan']}: {'latency ' + k if k != 'peak QPS' else k}", members,
-                   "QPS" if k == "peak QPS" else "ms") for k, members in by_chart.items()]
+    return [_chart(g, f"{g['plan']}: {k if members[0]['metric'] == 'peak_qps' else 'latency ' + k}", members,
+                   "QPS" if members[0]["metric"] == "peak_qps" else "ms") for k, members in by_chart.items()]
 
 
 def history_html(result: dict[str, Any]) -> str:
@@ -116,7 +131,7 @@ def history_html(result: dict[str, Any]) -> str:
     first = True
     parts.append("<pre>" + html.escape(history_markdown(result)) + "</pre>")  # the tables, as in history.md
     for g in result["groups"]:
-        parts.append(f"<h2>{html.escape(g['plan'])} → {html.escape(g['target'])}</h2>")
+        parts.append(f"<h2>{html.escape(g['plan'])} → {html.escape(g['target'])}{' (soak)' if g.get('soak') else ''}</h2>")
         for fig in group_figures(g):
             parts.append(fig.to_html(full_html=False, include_plotlyjs=first))
             first = False

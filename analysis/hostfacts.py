@@ -28,7 +28,7 @@ import logging
 import math
 from typing import Any, Iterable, Mapping
 
-from kneeswarm.rundir import TARGET_HOST, safe_name
+from kneeswarm.rundir import TARGET_HOST, Meta, safe_name
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,8 @@ def _pick(d: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:
     return {k: d[k] for k in keys if k in d and d[k] is not None}
 
 
-def _collectors(info: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _collectors(info: Any) -> dict[str, dict[str, Any]]:
+    """{collector: its enabled/kind/version/reason} of a host's meta; {} when it says none."""
     out = {}
     for name, c in sorted(_dict(info).items()):
         c = _dict(c)
@@ -124,7 +125,7 @@ def service_limits(cgroup: Any, host_cpus: float | None) -> dict[str, Any]:
     """``service`` facts from a cgroup table (None: none sampled) and the host's logical CPUs."""
     limits = {"quota": _tightest(cgroup, "quota_cpus"), "cpuset": _tightest(cgroup, "cpuset_cpus"),
               "host": host_cpus if host_cpus is not None and host_cpus > 0 else None}
-    known = [(limits[b], b) for b in SERVICE_BOUNDS if limits[b] is not None]
+    known = [(v, b) for b in SERVICE_BOUNDS if (v := limits[b]) is not None]
     out: dict[str, Any] = {}
     if known:
         cpus, bound = min(known, key=lambda vb: vb[0])  # min keeps the first of equals
@@ -138,6 +139,25 @@ def service_limits(cgroup: Any, host_cpus: float | None) -> dict[str, Any]:
     if version is not None:
         out["cgroup_version"] = int(version)
     return out
+
+
+# How migrations/s was counted (collectors.base.MIGRATIONS_KERNEL / MIGRATIONS_SAMPLED), in the
+# report's words: the sampled count is at most one per thread per sample, a lower bound.
+MIGRATIONS_COUNTED = {1.0: "kernel", 0.0: "sampled"}
+MIGRATIONS_TEXT = {"kernel": "the kernel's count (se.nr_migrations of each thread, /proc/PID/task/TID/sched)",
+                   "sampled": "threads whose CPU changed between two samples (at most one per thread per "
+                              "sample: a lower bound; the kernel's counter was not readable)"}
+
+
+def migrations_counted(process: Any) -> str | None:
+    """"kernel", "sampled" or "kernel, sampled" (both in one run: each row says which) from a
+    process table's ``migrations_counted`` column; None without one (a run from before it)."""
+    try:
+        values = {float(v) for v in process["migrations_counted"]}
+    except (KeyError, TypeError, ValueError):
+        return None
+    named = [MIGRATIONS_COUNTED[v] for v in sorted((v for v in values if v in MIGRATIONS_COUNTED), reverse=True)]
+    return ", ".join(named) or None
 
 
 def host_facts_one(preflight: dict[str, Any], host_meta: dict[str, Any]) -> dict[str, Any]:
@@ -178,12 +198,14 @@ def host_facts_one(preflight: dict[str, Any], host_meta: dict[str, Any]) -> dict
     return out
 
 
-def host_facts(meta: dict[str, Any], data_hosts: Iterable[str] = (),
+def host_facts(meta: Meta, data_hosts: Iterable[str] = (),
                rebuilt: dict[str, dict[str, Any]] | None = None,
-               cgroups: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+               cgroups: Mapping[str, Any] | None = None,
+               processes: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """{host dir name: facts} over the hosts in meta.json and those with data under hosts/;
     ``rebuilt``: {host: parse stats} of hosts whose raw files analysis parsed again; ``cgroups``:
-    {host: its cgroup table} (the ``service`` facts)."""
+    {host: its cgroup table} (the ``service`` facts); ``processes``: {host: its process table}
+    (``migrations_counted``: how the migrations/s column was counted)."""
     pre, hosts = _dict(meta.get("hosts_preflight")), _dict(meta.get("hosts"))
     out: dict[str, dict[str, Any]] = {}
     for label in sorted(set(pre) | set(hosts), key=str):
@@ -212,6 +234,9 @@ def host_facts(meta: dict[str, Any], data_hosts: Iterable[str] = (),
         service = service_limits(cgroups.get(h), _num(_dict(facts.get("cpu")).get("logical_cpus")))
         if service:
             facts["service"] = service
+        counted = migrations_counted((processes or {}).get(h))
+        if counted:
+            facts["migrations_counted"] = counted
     return dict(sorted(out.items()))
 
 
@@ -274,7 +299,8 @@ def service_line(f: dict[str, Any]) -> str | None:
         return None
     others = [f"{what} {sv[key]:g}" for key, what in (("quota_cpus", "quota"), ("cpuset_cpus", "cpuset"),
                                                         ("host_cpus", "host")) if sv.get(key) is not None]
-    line = (f"CPUs the service may use: {sv['cpus']:g} (bound by {BOUND_TEXT.get(sv.get('bound'), sv.get('bound'))}"
+    bound = sv.get("bound")
+    line = (f"CPUs the service may use: {sv['cpus']:g} (bound by {BOUND_TEXT.get(bound or '', bound)}"
             + (f"; {', '.join(others)}" if others else "") + ")")
     if sv.get("memory_limit_mb") is not None:
         line += f"; memory limit {sv['memory_limit_mb']:,.0f} MB"
@@ -353,13 +379,20 @@ def parse_line(f: dict[str, Any]) -> str | None:
     return "parsed: " + "; ".join(items)
 
 
+def migrations_line(f: dict[str, Any]) -> str | None:
+    """"migrations/s: the kernel's count (...)"; None where the process table did not say."""
+    counted = [MIGRATIONS_TEXT.get(c.strip(), c) for c in str(f.get("migrations_counted") or "").split(",") if c]
+    return "migrations/s: " + "; in part ".join(counted) if counted else None
+
+
 def host_lines(host: str, f: dict[str, Any]) -> list[str]:
     """Markdown lines (one header, then sub-bullets) describing one host."""
     where = ", ".join(x for x in (f.get("hostname"), f.get("kernel") and f"Linux {f['kernel']}") if x)
     head = f"**{host}**" + (f" ({where})" if where else "")
     cpu = cpu_line(f)
     lines = [head + (f": {cpu}" if cpu else "")]
-    for line in (service_line(f), process_line(f), collectors_line(f), scraper_line(f), clock_line(f), parse_line(f)):
+    for line in (service_line(f), process_line(f), migrations_line(f), collectors_line(f), scraper_line(f),
+                 clock_line(f), parse_line(f)):
         if line:
             lines.append(line)
     not_run = {n for n, c in (f.get("collectors") or {}).items() if not c.get("enabled")}

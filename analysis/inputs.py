@@ -14,6 +14,7 @@ import logging
 import math
 import tomllib
 from dataclasses import dataclass, field, fields
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,14 +22,17 @@ import pandas as pd
 
 from analysis.rebuild import missing_lines, rebuild_parsed
 from analysis.requestscan import ScanResult, scan_parts
+from analysis.serverstats import combine_thread_samples, thread_samples
 from analysis.target import PROMETHEUS_STREAM, wanted_columns
 from kneeswarm.plan import AnalysisPlan, LoadPlan
 from analysis.trust import clock_error_bounds, is_closed_loop
-from kneeswarm.rundir import CLOCKS_FILE, STEP_COLUMNS, RunDir, UnreadablePart, WarningLog
+from analysis.windows import step_settles
+from kneeswarm.rundir import CLOCKS_FILE, STEP_COLUMNS, Meta, RunDir, UnreadablePart, WarningLog
 
 logger = logging.getLogger(__name__)
 
-HOST_STREAMS = ("vmstat", "process", "threads", "gpu", "cgroup")  # tables read from hosts/<host>/<table>[.<collector>].csv
+HOST_STREAMS = ("vmstat", "process", "threads", "gpu", "cgroup", "fds")  # tables read from hosts/<host>/<table>[.<collector>].csv
+THREAD_CHUNK_ROWS = 262_144  # threads.csv rows read at a time (read_thread_samples): ~30 MB of a 9-column table
 GENERATOR_NEEDS = ("t", "cpu_pct")  # a generator CSV without these cannot feed the CPU guard
 
 
@@ -49,7 +53,7 @@ class Settings:
 class RunInputs:
     run_dir: RunDir
     run_id: str
-    meta: dict[str, Any]
+    meta: Meta
     plan: dict[str, Any]
     settings: Settings
     steps: pd.DataFrame
@@ -62,7 +66,7 @@ class RunInputs:
     generator_unreadable: dict[str, str] = field(default_factory=dict)  # worker (CSV stem) -> why
     parse: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> parse stats of a rebuild
     think_ms: float = 0.0  # the plan's [load] wait_ms: each user's think time between requests
-    closed_loop: bool = True  # false for [load] mode = "open" (no Little's-law check)
+    closed_loop: bool = True  # false for [load] arrivals = "open" (no Little's-law check)
     clock_bounds: dict[str, float] = field(default_factory=dict)  # analysis.trust.clock_error_bounds
 
 
@@ -90,8 +94,8 @@ def settings_from_plan(plan: dict[str, Any], warnings: WarningLog | None = None)
     """The analysis settings of a plan; a bad or missing value falls back to its default, said in
     ``warnings`` (a missing plan is said by :func:`read_plan`)."""
     s = Settings()
-    load = plan.get("load") if isinstance(plan.get("load"), dict) else {}
-    ana = plan.get("analysis") if isinstance(plan.get("analysis"), dict) else {}
+    load = got if isinstance(got := plan.get("load"), dict) else {}
+    ana = got if isinstance(got := plan.get("analysis"), dict) else {}
     for name, table, cast in (
         ("settle", load, float),
         ("min_requests", ana, int),
@@ -183,6 +187,39 @@ def read_generator(rd: RunDir, inputs: RunInputs | None = None) -> dict[str, pd.
     return out
 
 
+def read_thread_samples(path: Path, chunk_rows: int | None = None) -> pd.DataFrame | None:
+    """threads.csv reduced to its per-sample figures (analysis.serverstats.active_threads: t,
+    active_threads, top_thread_cpu_pct), read ``chunk_rows`` rows at a time: the table has a row
+    per thread per sample (2 h of a 256-thread process sampled each second: 1.8M rows) and the
+    analysis needs only these.  The same figures as the whole table read by ``pd.read_csv`` and
+    passed to ``active_threads``, and None or an exception exactly where ``_read_csv_safe`` would
+    give them: empty or no ``t`` -> None; a table with ``t`` but no ``cpu_pct`` -> no samples."""
+    parts, rows, columns = [], 0, []
+    with pd.read_csv(path, chunksize=chunk_rows or THREAD_CHUNK_ROWS) as reader:
+        for chunk in reader:
+            rows, columns = rows + len(chunk), list(chunk.columns)
+            if "t" not in chunk.columns or "cpu_pct" not in chunk.columns:
+                continue  # read on: a torn line further on makes the table unreadable, as a whole read
+            chunk = chunk[["t", "cpu_pct"]].assign(t=pd.to_numeric(chunk["t"], errors="coerce")).dropna(subset=["t"])
+            parts.append(thread_samples(chunk))
+    if not rows or "t" not in columns:
+        return None
+    return combine_thread_samples(parts)
+
+
+def read_host_table(name: str, path: Path, what: str, warnings: WarningLog | None = None,
+                    lost: dict[str, int] | None = None) -> pd.DataFrame | None:
+    """One host table as read_hosts keeps it: threads as its per-sample figures
+    (:func:`read_thread_samples`), the others whole (a row per sample and pid or GPU: small)."""
+    if name != "threads":
+        return _read_csv_safe(partial(pd.read_csv, path), what, warnings, lost)
+    try:
+        return read_thread_samples(path)
+    except Exception as e:  # a torn or garbled CSV must not stop the analysis
+        _unreadable(what, e, warnings, lost)
+        return None
+
+
 def read_prometheus(path: Path, warnings: WarningLog | None = None,
                     lost: dict[str, int] | None = None) -> pd.DataFrame | None:
     """hosts/<host>/prometheus.csv narrowed to the series analysis.target knows (None if none)."""
@@ -204,7 +241,8 @@ def read_prometheus(path: Path, warnings: WarningLog | None = None,
 def read_hosts(rd: RunDir, warnings: WarningLog | None = None,
                lost: dict[str, int] | None = None) -> dict[str, dict[str, pd.DataFrame]]:
     """{host: {table: samples}}: each of HOST_STREAMS from its preferred <table>.csv, else from the
-    first other collector's <table>.<collector>.csv that reads; the target's series from prometheus.csv."""
+    first other collector's <table>.<collector>.csv that reads; the target's series from prometheus.csv.
+    ``threads`` holds the thread table's per-sample figures, not its rows (:func:`read_host_table`)."""
     out: dict[str, dict[str, pd.DataFrame]] = {}
     for host in rd.hosts():
         streams = {}
@@ -212,7 +250,7 @@ def read_hosts(rd: RunDir, warnings: WarningLog | None = None,
         for name in HOST_STREAMS:
             for collector in tables.get(name, []):
                 path = rd.host_table_path(host, name, collector)
-                df = _read_csv_safe(lambda p=path: pd.read_csv(p), f"hosts/{host}/{path.name}", warnings, lost)
+                df = read_host_table(name, path, f"hosts/{host}/{path.name}", warnings, lost)
                 if df is not None:
                     streams[name] = df
                     break
@@ -244,7 +282,7 @@ def read_steps(rd: RunDir, warnings: WarningLog | None = None) -> pd.DataFrame:
 
 def think_time_ms(plan: dict[str, Any], warnings: WarningLog | None = None) -> float:
     """The plan's ``[load] wait_ms`` (0 when absent; a bad value is said and read as 0)."""
-    load = plan.get("load") if isinstance(plan.get("load"), dict) else {}
+    load = got if isinstance(got := plan.get("load"), dict) else {}
     raw = load.get("wait_ms", 0.0)
     try:
         value = float(raw)
@@ -278,7 +316,8 @@ def load_inputs(run_dir: str | Path) -> RunInputs:
     plan = read_plan(rd.plan_path, warnings)
     settings = settings_from_plan(plan, warnings)
     steps = read_steps(rd, warnings)
-    scan = scan_parts(rd, steps, settings.settle, plan.get("sla"))  # [sla]: goodput is judged per request
+    settle = step_settles(plan.get("load") or {}, len(steps), settings.settle)  # a soak: its first window only
+    scan = scan_parts(rd, steps, settle, plan.get("sla"))  # [sla]: goodput is judged per request
     inputs = RunInputs(
         run_dir=rd,
         run_id=str(meta.get("run_id") or rd.path.name),

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import logging
 import xml.etree.ElementTree as ET
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from analysis.compare import Comparison
 
 logger = logging.getLogger(__name__)
 
@@ -65,27 +68,28 @@ def sla_suite(sla_result: dict[str, Any]) -> ET.Element:
     return _finish(suite)
 
 
-def compare_suite(result: dict[str, Any]) -> ET.Element:
+def compare_suite(result: Comparison) -> ET.Element:
     """One test case per step and metric: it fails when the change is a significant regression."""
     suite = ET.Element("testsuite", name="regression")
     for s in result.get("steps", []):
         for metric in ("qps", "p99_ms"):
             name = f"{s['users']} users {metric}"
-            c = s.get(metric)
+            c = s[metric]
             if not c:
                 _case(suite, COMPARE_CLASS, name, skipped=s.get("note") or "not compared")
                 continue
             msg = None
-            if c.get("direction") == "worse":
+            if c.get("direction") == "worse":  # significant: rel and ci are known (compare.metric_change)
+                lo, hi = c["ci"] or (None, None)
                 msg = (f"{metric} {_fmt(c['base'])} -> {_fmt(c['new'])} ({c['rel']:+.1%}); CI of the change "
-                       f"[{_fmt(c['ci'][0])}, {_fmt(c['ci'][1])}]")
+                       f"[{_fmt(lo)}, {_fmt(hi)}]")
             _case(suite, COMPARE_CLASS, name, failure=msg)
     if result.get("verdict") == "not comparable":
         _case(suite, COMPARE_CLASS, "comparable", failure="no step is valid in both runs")
     return _finish(suite)
 
 
-def junit_xml(sla_result: dict[str, Any] | None, compare_result: dict[str, Any] | None = None) -> str:
+def junit_xml(sla_result: dict[str, Any] | None, compare_result: Comparison | None = None) -> str:
     """The JUnit XML document of an SLA check and/or a comparison (either may be None)."""
     root = ET.Element("testsuites", name="kneeswarm")
     if sla_result is not None:

@@ -148,7 +148,7 @@ def data_loss_reasons(stats: pd.DataFrame, workers: list[set[str]], unreadable_p
     ``workers``: per step, the generator-CSV names of the workers that sent rows in its window."""
     out: list[list[str]] = [[] for _ in range(len(stats))]
     for part in unreadable_parts:
-        for i in np.flatnonzero(_part_hits(part, stats)):
+        for i in np.flatnonzero(_part_hits(part, stats)).tolist():
             where = "" if part.step_range or part.t_range else ", time range unknown"
             out[i].append(f"request rows lost: requests/{part.path.name} is unreadable{where}")
     for worker in sorted(generator_unreadable):

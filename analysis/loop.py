@@ -1,7 +1,7 @@
 """Which load produced each step's numbers (issue 6 §2, §3): closed loop (users) or open loop
 (arrival rates), and how many items a request carried (tensor protocols' ``[request] batch``).
 
-* Open loop (``[load] mode = "open"``): steps.csv's ``users`` are arrival sources of
+* Open loop (``[load] arrivals = "open"``): steps.csv's ``users`` are arrival sources of
   ``source_rate`` requests/s each (kneeswarm.plan), so a step's offered rate is
   ``rate = users × source_rate`` requests/s (``steps[].rate`` in summary.json).
 * ``batch`` > 1: ``items_s = qps × batch`` (successful requests/s times the inputs each carried).
@@ -13,7 +13,7 @@ import logging
 import math
 from typing import Any
 
-from kneeswarm.plan import LoadPlan, RequestPlan
+from kneeswarm.plan import LoadPlan, RequestPlan, arrivals_of
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def _positive(v: Any, default: float) -> float:
 def load_facts(plan: Any) -> dict[str, Any]:
     """{loop: "closed" | "open", batch, and for open loop arrival and source_rate} of a plan dict."""
     load, request = _table(plan, "load"), _table(plan, "request")
-    facts: dict[str, Any] = {"loop": OPEN if str(load.get("mode", "closed")).lower() == OPEN else "closed"}
+    facts: dict[str, Any] = {"loop": arrivals_of(load)}
     if facts["loop"] == OPEN:
         facts["arrival"] = str(load.get("arrival", LoadPlan().arrival))
         facts["source_rate"] = _positive(load.get("source_rate"), LoadPlan().source_rate)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from kneeswarm.outcome import Ended
-from kneeswarm.rundir import WarningLog
+from kneeswarm.rundir import Meta, WarningLog
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def merge_lost(into: dict[str, int], lost: Any, prefix: str = "") -> None:
         into[key] = into.get(key, 0) + count
 
 
-def _ended(meta: dict[str, Any]) -> tuple[bool, list[str]]:
+def _ended(meta: Meta) -> tuple[bool, list[str]]:
     """(meta.json says the load completed, lines to add); the status line already names "ended"."""
     if not meta:
         return False, ["meta.json is missing: how the run ended is unknown"]
@@ -64,7 +64,7 @@ def _ended(meta: dict[str, Any]) -> tuple[bool, list[str]]:
     return bool(meta.get("complete")), []
 
 
-def not_run_lines(meta: dict[str, Any]) -> set[str]:
+def not_run_lines(meta: Meta) -> set[str]:
     """"<label>: collector <name> skipped..." prefixes of collectors that were not run (absent
     tools, e.g. no GPU): the report's host section says so under "not run", they are not losses."""
     out = set()
@@ -105,10 +105,10 @@ def _host_problems(label: str, host: dict[str, Any], log: WarningLog, lost: dict
     return True
 
 
-def collect(meta: dict[str, Any], analysis_warnings: Iterable[str] = (),
+def collect(meta: Meta, analysis_warnings: Iterable[str] = (),
             analysis_lost: dict[str, int] | None = None) -> Problems:
     """Merge meta.json's, each host's and analysis's own warnings and losses."""
-    log, lost = _Log(not_run_lines(meta)), {}
+    log, lost = _Log(not_run_lines(meta)), dict[str, int]()
     load_complete, lines = _ended(meta)
     for line in lines:
         log.add(line)

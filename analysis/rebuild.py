@@ -18,21 +18,20 @@ import pandas as pd
 from collectors import by_raw_file
 from collectors.correction import ClockCorrection
 from collectors.parsed import write_parsed_csvs
-from kneeswarm.rundir import RunDir, WarningLog, safe_name
+from kneeswarm.rundir import Meta, RunDir, WarningLog, safe_name
 
 logger = logging.getLogger(__name__)
 
 
-def _host_meta(meta: dict[str, Any], host: str) -> dict[str, Any]:
+def _host_meta(meta: Meta, host: str) -> dict[str, Any]:
     """meta.json["hosts"][label] of the host whose directory is ``host`` ({} if none)."""
-    hosts = meta.get("hosts") if isinstance(meta.get("hosts"), dict) else {}
-    for label, entry in hosts.items():
+    for label, entry in meta.get("hosts", {}).items():
         if safe_name(str(label)) == host and isinstance(entry, dict):
             return entry
     return {}
 
 
-def clock_correction(meta: dict[str, Any], host: str) -> tuple[ClockCorrection, str | None]:
+def clock_correction(meta: Meta, host: str) -> tuple[ClockCorrection, str | None]:
     """The host's clock correction from meta.json, and why it is missing (None when measured)."""
     clock = _host_meta(meta, host).get("clock")
     try:
@@ -52,7 +51,7 @@ def needs_parsing(rd: RunDir, host: str) -> bool:
     return any(by_raw_file(p.name) is not None and p.stat().st_size for p in raw.iterdir() if p.is_file())
 
 
-def rebuild_parsed(rd: RunDir, meta: dict[str, Any], warnings: WarningLog) -> dict[str, dict[str, Any]]:
+def rebuild_parsed(rd: RunDir, meta: Meta, warnings: WarningLog) -> dict[str, dict[str, Any]]:
     """Parse raw/ of every host that has no parsed CSVs; {host: parse stats} of those parsed."""
     out: dict[str, dict[str, Any]] = {}
     for host in rd.hosts():
@@ -81,7 +80,7 @@ def _finite(x: Any) -> bool:
         return False
 
 
-def missing_lines(rd: RunDir, meta: dict[str, Any], steps: pd.DataFrame, data_hosts: set[str]) -> list[str]:
+def missing_lines(rd: RunDir, meta: Meta, steps: pd.DataFrame, data_hosts: set[str]) -> list[str]:
     """One line for each thing a complete run has and this one lacks."""
     lines = []
     if not rd.steps_path.exists():
@@ -94,8 +93,7 @@ def missing_lines(rd: RunDir, meta: dict[str, Any], steps: pd.DataFrame, data_ho
                          "where the next step began or at the last request's completion")
     if not rd.request_parts():
         lines.append("no request parts (requests/part-*.parquet): no request was recorded")
-    hosts = meta.get("hosts") if isinstance(meta.get("hosts"), dict) else {}
-    for label in sorted(hosts, key=str):
+    for label in sorted(meta.get("hosts", {}), key=str):
         if safe_name(str(label)) not in data_hosts:
             lines.append(f"{label}: no host data (no parsed CSVs under hosts/{safe_name(str(label))}/)")
     return lines

@@ -23,9 +23,10 @@ from analysis.hostfacts import host_lines
 from analysis.serverstats import ACTIVE_THREAD_CPU_PCT, active_threads
 from analysis.requestscan import BIN_S, Chunk, Timeline
 from analysis.sections import findings_section, plan_lines, usl_lines, verdict
+from analysis.search import search_lines
 from analysis.streaming import streaming_lines, streaming_table
-from analysis.summary import (VALID_HEADER, knee_lines, malformed_lines, n_users, status_line, table_groups, table_rows,
-                              warning_lines, workload_lines)
+from analysis.summary import (VALID_HEADER, knee_lines, malformed_lines, n_users, resent_lines, status_line,
+                              table_groups, table_rows, warning_lines, workload_lines)
 from analysis.target import PROMETHEUS_STREAM, TARGET_METRICS, target_source_note, target_timeline
 from analysis.workers import worker_tables
 
@@ -69,7 +70,8 @@ def _binned(df: pd.DataFrame, t0: float, cols: list[str], how: str = "mean", by:
 
 
 def _knee_figure(summary: dict[str, Any]) -> go.Figure:
-    steps = [s for s in summary.get("steps", []) if s.get("users")]
+    # curves by users: a search's probes go down as well as up (their order: _probe_traces)
+    steps = sorted((s for s in summary.get("steps", []) if s.get("users")), key=lambda s: s["users"])
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     if not steps:
         fig.update_layout(title="No steps recorded")
@@ -86,6 +88,7 @@ def _knee_figure(summary: dict[str, Any]) -> go.Figure:
         fig.add_trace(go.Scatter(x=x, y=val(key), name=key.replace("_ms", "").upper() + " ms", mode="lines+markers",
                                  line=dict(dash=dash)), secondary_y=True)
     _usl_trace(fig, summary)
+    _probe_traces(fig, summary)
     knee = summary.get("knee") or {}
     if knee.get("users"):
         fig.add_vline(x=float(np.log2(knee["users"])), line=dict(color=KNEE_COLOR, width=2, dash="dash"),
@@ -103,10 +106,71 @@ def _knee_figure(summary: dict[str, Any]) -> go.Figure:
     return fig
 
 
+def _soak_figure(summary: dict[str, Any]) -> go.Figure:
+    """A soak's windows over time (analysis.soak): QPS and P50/P95/P99/P999 (one line each), then per
+    host the service's RSS and GPU memory, its threads and open fds, and the target's own series."""
+    ser = (summary.get("soak") or {}).get("series") or {}
+    hosts = ser.get("hosts") or {}
+    rows = ["QPS and latency", "memory MB", "threads and open fds", "target series"]
+    fig = make_subplots(rows=len(rows), cols=1, shared_xaxes=True, subplot_titles=rows, vertical_spacing=0.06,
+                        specs=[[{"secondary_y": True}]] + [[{"secondary_y": False}]] * (len(rows) - 1))
+    t, client = ser.get("t") or [], ser.get("client") or {}
+    nan = lambda v: [np.nan if x is None else x for x in v or []]  # noqa: E731
+    fig.add_trace(go.Scatter(x=t, y=nan(client.get("qps")), name="QPS", mode="lines+markers", line=dict(width=3)),
+                  row=1, col=1, secondary_y=False)
+    for key, dash in (("p50_ms", "dot"), ("p95_ms", "dash"), ("p99_ms", "solid"), ("p999_ms", "longdash")):
+        fig.add_trace(go.Scatter(x=t, y=nan(client.get(key)), name=key.replace("_ms", "").upper() + " ms",
+                                 mode="lines+markers", line=dict(dash=dash)), row=1, col=1, secondary_y=True)
+    for h, m in hosts.items():
+        for key, row in (("rss_mb", 2), ("gpu_mb", 2), ("gpu_peak_mb", 2), ("threads", 3), ("fds", 3)):
+            if key in m:
+                fig.add_trace(go.Scatter(x=t, y=nan(m[key]), name=f"{h} {key}", mode="lines+markers"), row=row, col=1)
+        for key, values in (m.get("target") or {}).items():
+            fig.add_trace(go.Scatter(x=t, y=nan(values), name=f"{h} {TARGET_LABELS.get(key, key)}", mode="lines",
+                                     visible="legendonly" if key not in ("requests_s", "in_flight", "queue_length") else True),
+                          row=4, col=1)
+    fig.update_xaxes(title_text="seconds from the first window's start (window middles)", row=len(rows), col=1)
+    fig.update_yaxes(title_text="QPS", rangemode="tozero", row=1, col=1, secondary_y=False)
+    fig.update_yaxes(title_text="latency ms", rangemode="tozero", row=1, col=1, secondary_y=True)
+    fig.update_layout(title="Soak: each window's figures over time", height=PLOT_HEIGHT_PER_ROW * 5, hovermode="x unified")
+    return fig
+
+
+def _probe_traces(fig: go.Figure, summary: dict[str, Any]) -> None:
+    """[load] mode = "search": the probes in the order they ran, numbered, on the QPS and P99
+    curves, with why each was chosen (hover)."""
+    search = got if isinstance(got := summary.get("search"), dict) else {}
+    steps = summary.get("steps") or []
+    probes = [(s, p) for s, p in zip(steps, search.get("probes") or []) if s.get("users")]
+    if not probes:
+        return
+    x = np.log2([s["users"] for s, _ in probes])
+    text = [str(i + 1) for i in range(len(probes))]
+    why = [f"probe {i + 1}: {p.get('why') or ''}" for i, (_, p) in enumerate(probes)]
+    for key, name, secondary in (("qps", "probes in order (QPS)", False), ("p99_ms", "probes in order (P99)", True)):
+        y = [np.nan if s.get(key) is None else s[key] for s, _ in probes]
+        fig.add_trace(go.Scatter(x=x, y=y, name=name, mode="lines+markers+text", text=text, textposition="top center",
+                                 hovertext=why, line=dict(color="#888", width=1, dash="dot"),
+                                 marker=dict(size=6, color="#888")), secondary_y=secondary)
+
+
+def _search_html(summary: dict[str, Any]) -> str:
+    """[load] mode = "search": why it stopped, its brackets and its probes in order (analysis.search)."""
+    lines = search_lines(summary)
+    if not lines:
+        return ""
+    text = [line for line in lines[1:] if line and not line.startswith("|")]
+    rows = [[html.escape(c.strip()) for c in line.strip("|").split(" | ")] for line in lines if line.startswith("| ")]
+    head, body = rows[0], rows[1:]
+    return ("<h2>Search</h2>" + "".join(f"<p>{_md_inline(t)}</p>" for t in text)
+            + "<table class='steps search'><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
+            + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in body) + "</table>")
+
+
 def _usl_trace(fig: go.Figure, summary: dict[str, Any]) -> None:
     """The fitted USL curve over the measured points (analysis.usl.usl_curve, valid steps only)."""
-    usl = summary.get("usl") if isinstance(summary.get("usl"), dict) else {}
-    curve = usl.get("curve") if isinstance(usl.get("curve"), dict) else {}
+    usl = got if isinstance(got := summary.get("usl"), dict) else {}
+    curve = got if isinstance(got := usl.get("curve"), dict) else {}
     users = np.asarray(curve.get("users") or [], dtype=float)
     qps = np.asarray(curve.get("qps") or [], dtype=float)
     measured = [s["users"] for s in summary.get("steps", []) if isinstance(s.get("users"), (int, float))]
@@ -328,7 +392,7 @@ def _md_inline(line: str) -> str:
 
 
 def _hosts_html(summary: dict[str, Any]) -> str:
-    hosts = summary.get("hosts") if isinstance(summary.get("hosts"), dict) else {}
+    hosts = got if isinstance(got := summary.get("hosts"), dict) else {}
     if not any(hosts.values()):
         return ""
     items = []
@@ -376,12 +440,15 @@ def render_html(summary: dict[str, Any], timeline: pd.DataFrame, generator: dict
                      + "".join(f"<li>{html.escape(w)}</li>" for w in warnings) + "</ul></div>")
     parts.append(f"<p class='verdict'>{_md_inline(verdict(summary))}</p>")
     parts.append("<ul>" + "".join(f"<li>{_md_inline(line)}</li>"
-                                  for line in knee_lines(summary) + workload_lines(summary)) + "</ul>")
+                                  for line in knee_lines(summary) + workload_lines(summary)
+                                  + resent_lines(summary)) + "</ul>")
     for line in malformed_lines(summary):
         parts.append(f"<p class='warn'>{_md_inline(line)}</p>")
     parts.append(_findings_html(summary))
     parts.append(_model_html(summary))
-    parts.append(_knee_figure(summary).to_html(full_html=False, include_plotlyjs=True))
+    top = _soak_figure(summary) if summary.get("soak") else _knee_figure(summary)  # a soak has no knee
+    parts.append(top.to_html(full_html=False, include_plotlyjs=True))
+    parts.append(_search_html(summary))
     parts.append(_timeline_figure(summary, timeline, generator, hosts, t0, bin_s).to_html(full_html=False,
                                                                                           include_plotlyjs=False))
     parts.append(_tables_html(summary))

@@ -41,7 +41,7 @@ from kneeswarm.rundir import REQUEST_SCHEMA, RunDir, UnreadablePart, footer_rang
 
 logger = logging.getLogger(__name__)
 
-READ_COLUMNS = ("t_start", "latency_ms", "ok", "error", "step", "worker", "tokens_out")
+READ_COLUMNS = ("t_start", "latency_ms", "ok", "error", "step", "worker", "tokens_out", "resent")
 PERCENTILES = {"p50_ms": 50.0, "p95_ms": 95.0, "p99_ms": 99.0, "p999_ms": 99.9}
 OTHER_ERROR = "other"  # a failure without a category
 BAD_LATENCY_ERROR = "bad_latency"  # a row marked ok whose latency is not a finite number >= 0
@@ -64,6 +64,7 @@ class Chunk:
     wcode: np.ndarray  # int: index into ``wnames`` of each row's worker, -1 where none
     wnames: list = field(default_factory=list)
     llm: StreamRows | None = None  # the streaming columns, when some row streamed
+    resent: np.ndarray | None = None  # float: times each request was sent again (NaN: once), when recorded
 
     @classmethod
     def of(cls, df: pd.DataFrame) -> Chunk:
@@ -76,8 +77,10 @@ class Chunk:
         step = pd.to_numeric(col("step"), errors="coerce").to_numpy(dtype=float)
         tokens = pd.to_numeric(col("tokens_out"), errors="coerce").to_numpy(dtype=float)
         codes, names = pd.factorize(col("worker"), use_na_sentinel=True)
-        return cls._build(t, lat, marked, lambda failed: col("error").to_numpy()[failed], step, tokens, codes,
-                          list(names), StreamRows.of_frame(df))
+        c = cls._build(t, lat, marked, lambda failed: col("error").to_numpy()[failed], step, tokens, codes,
+                       list(names), StreamRows.of_frame(df))
+        c.resent = pd.to_numeric(col("resent"), errors="coerce").to_numpy(dtype=float)
+        return c
 
     @classmethod
     def of_table(cls, table: pa.Table, llm: StreamRows | None = None) -> Chunk:
@@ -90,8 +93,10 @@ class Chunk:
         worker = pc.dictionary_encode(pc.cast(col("worker"), pa.string())).combine_chunks()
         codes = pc.fill_null(worker.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
         errors = lambda failed: np.asarray(pc.filter(col("error"), pa.array(failed)).to_pylist(), dtype=object)  # noqa: E731
-        return cls._build(num("t_start"), num("latency_ms"), marked, errors, num("step"), num("tokens_out"), codes,
-                          worker.dictionary.to_pylist(), llm)
+        c = cls._build(num("t_start"), num("latency_ms"), marked, errors, num("step"), num("tokens_out"), codes,
+                       worker.dictionary.to_pylist(), llm)
+        c.resent = num("resent")
+        return c
 
     @classmethod
     def _build(cls, t: np.ndarray, lat: np.ndarray, marked: np.ndarray, errors_of, step: np.ndarray,
@@ -115,7 +120,8 @@ class Chunk:
 
     def take(self, mask: np.ndarray) -> Chunk:
         return Chunk(self.t[mask], self.lat[mask], self.ok[mask], self.err[mask], self.step[mask], self.tokens[mask],
-                     self.wcode[mask], self.wnames, None if self.llm is None else self.llm.take(mask))
+                     self.wcode[mask], self.wnames, None if self.llm is None else self.llm.take(mask),
+                     None if self.resent is None else self.resent[mask])
 
     def workers(self) -> set[str]:
         """The generator-CSV names (rundir.safe_name) of the workers of these rows."""
@@ -133,6 +139,8 @@ class StepAcc:
     n: int = 0
     n_ok: int = 0
     foreign: int = 0
+    resent: int = 0  # requests sent again after a clean close of a kept-alive connection (users.py)
+    busy_s: float = 0.0  # request-seconds in flight inside the window, from every row that overlaps it
     tokens_out: float = math.nan  # output tokens of the successful rows (NaN: none recorded)
     lat: list[np.ndarray] = field(default_factory=list)
     errors: Counter = field(default_factory=Counter)
@@ -159,6 +167,19 @@ class StepAcc:
             else:
                 self.add(rows)
 
+    def overlap(self, c: Chunk, done: np.ndarray) -> None:
+        """Add the time each row of a chunk was in flight inside the window (``done``: c.done()).
+
+        Every row counts, whichever step stamped it and whenever it started: a request that began
+        before the window or ended after it kept a user busy for the part inside.  Divided by the
+        window, this is the time-average number in flight, the L of Little's law measured directly
+        (an open window ends at the last completion, so it clips nothing at its end)."""
+        if not len(c.t) or np.nanmax(done, initial=-math.inf) <= self.t_lo or np.nanmin(c.t, initial=math.inf) >= self.t_hi:
+            return  # the chunk's rows all end before the window or start after it
+        with np.errstate(invalid="ignore"):
+            inside = np.minimum(done, self.t_hi) - np.maximum(c.t, self.t_lo)
+        self.busy_s += float(inside[np.isfinite(inside) & (inside > 0)].sum())
+
     def add(self, c: Chunk) -> None:
         self.n += len(c.t)
         self.n_ok += int(c.ok.sum())
@@ -167,6 +188,8 @@ class StepAcc:
         if len(tokens):
             self.tokens_out = float(tokens.sum()) + (0.0 if math.isnan(self.tokens_out) else self.tokens_out)
         self.lat.append(c.lat[c.ok])
+        if c.resent is not None:
+            self.resent += int(np.nansum(c.resent))
         self.errors.update(str(e) for e in c.err[~c.ok])
         self.workers |= c.workers()
         self.stream.add(c.ok, c.lat, c.tokens, c.llm)
@@ -177,11 +200,12 @@ class StepAcc:
             self.add(c.take(c.t < last_done))
         self.pending = []
         if not (np.isfinite(window_s) and window_s > 0) or self.n == 0:
-            self.result = empty_stats() | {"foreign_rows": self.foreign}
+            self.result = empty_stats() | {"foreign_rows": self.foreign, "resent": self.resent}
             self.stream.finish(math.nan)  # frees what it kept
         else:
             self.result = window_stats(np.concatenate(self.lat), self.n, self.errors, window_s) | {
-                "foreign_rows": self.foreign, "tokens_out": self.tokens_out} | self.stream.finish(window_s)
+                "foreign_rows": self.foreign, "resent": self.resent, "tokens_out": self.tokens_out,
+                "in_flight": self.busy_s / window_s} | self.stream.finish(window_s)
             self.result["tokens_s"] = self.tokens_out / window_s  # NaN when no tokens were recorded
         self.lat = []
         return self.result
@@ -189,14 +213,14 @@ class StepAcc:
 
 def empty_stats() -> dict:
     return dict(requests=0, ok=0, qps=np.nan, rps=np.nan, mean_ms=np.nan,
-                **{k: np.nan for k in PERCENTILES}, error_rate=np.nan, errors={}, foreign_rows=0, tokens_out=np.nan,
+                **{k: np.nan for k in PERCENTILES}, error_rate=np.nan, errors={}, foreign_rows=0, resent=0, tokens_out=np.nan, in_flight=np.nan,
                 **{k: np.nan for k in STREAM_STEP_KEYS})
 
 
 def window_stats(lat_ok: np.ndarray, n: int, errors: Counter, w: float) -> dict:
     """A step's statistics from its successful latencies, its row count and its error counts."""
     n_ok = len(lat_ok)
-    stats = dict(requests=n, ok=n_ok, qps=n_ok / w, rps=n / w)
+    stats: dict[str, Any] = dict(requests=n, ok=n_ok, qps=n_ok / w, rps=n / w)
     if n_ok:
         pct = np.percentile(lat_ok, list(PERCENTILES.values()))
         stats |= dict(mean_ms=float(lat_ok.mean()), **{k: float(v) for k, v in zip(PERCENTILES, pct)})
@@ -235,8 +259,8 @@ class Timeline:
 
     def __init__(self, t0: float, bin_s: float = BIN_S):
         self.t0, self.bin_s = t0, bin_s
-        self.ok = Counter()
-        self.failed = Counter()
+        self.ok: Counter[int] = Counter()
+        self.failed: Counter[int] = Counter()
         self.p99: dict[int, float] = {}
         self._bins: list[np.ndarray] = []  # successes' bins and latencies not yet closed
         self._lat: list[np.ndarray] = []
@@ -301,7 +325,7 @@ class ScanResult:
 class RequestScan:
     """Feed chunks in order of their first t_start with :meth:`add`, then :meth:`finish`."""
 
-    def __init__(self, steps: pd.DataFrame, settle: float, t0: float, bin_s: float = BIN_S, sla: Any = None):
+    def __init__(self, steps: pd.DataFrame, settle: float | np.ndarray, t0: float, bin_s: float = BIN_S, sla: Any = None):
         """``sla``: the plan's [sla] table (goodput is judged against it; None: no goodput)."""
         self.steps, self.settle = steps, settle
         win = resolve_windows(steps, math.inf, settle)  # open windows end at +inf until the end
@@ -316,13 +340,13 @@ class RequestScan:
     def add(self, c: Chunk) -> None:
         self.requests += len(c.t)
         self.ok += int(c.ok.sum())
-        if len(c.t):
-            done = c.done()
-            if np.isfinite(done).any():
-                self.last_done = max(self.last_done, float(np.nanmax(done)))
+        done = c.done()
+        if len(c.t) and np.isfinite(done).any():
+            self.last_done = max(self.last_done, float(np.nanmax(done)))
         for acc in self.accs:
             if acc.usable and acc.result is None:
                 acc.route(c)
+                acc.overlap(c, done)
         self.timeline.add(c)
 
     def close(self, frontier: float) -> None:
@@ -344,7 +368,7 @@ class RequestScan:
                           unreadable=list(unreadable or []))
 
 
-def scan_frame(requests: pd.DataFrame, steps: pd.DataFrame, settle: float, t0: float | None = None,
+def scan_frame(requests: pd.DataFrame, steps: pd.DataFrame, settle: float | np.ndarray, t0: float | None = None,
                sla: Any = None) -> ScanResult:
     """The scan of rows already in memory (one chunk)."""
     c = Chunk.of(requests)
@@ -404,7 +428,7 @@ def part_order(paths: list[Path]) -> tuple[list[Part], list[UnreadablePart]]:
     return parts, bad
 
 
-def scan_parts(rd: RunDir, steps: pd.DataFrame, settle: float, sla: Any = None) -> ScanResult:
+def scan_parts(rd: RunDir, steps: pd.DataFrame, settle: float | np.ndarray, sla: Any = None) -> ScanResult:
     """One pass over requests/part-*.parquet (see the module docstring); ``sla``: the plan's [sla]
     table, for goodput."""
     parts, unreadable = part_order(rd.request_parts())

@@ -11,7 +11,8 @@ import logging
 import math
 from typing import Any
 
-from analysis.gates import gate_sections
+from analysis.gates import CAPACITY_TITLE, gate_sections
+from analysis.soak import soak_verdict
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,10 @@ def _main_cause(summary: dict[str, Any]) -> str:
 
 
 def verdict(summary: dict[str, Any]) -> str:
-    """The result in one sentence (Markdown): where the service stopped scaling and what P99 did."""
+    """The result in one sentence (Markdown): where the service stopped scaling and what P99 did
+    (a soak: what crept, analysis.soak)."""
+    if summary.get("soak"):
+        return soak_verdict(summary)
     valid = _valid_steps(summary)
     if not valid:
         return "**Verdict:** no valid step, so nothing can be concluded about scaling (see the warnings and each step's reasons)."
@@ -88,14 +92,15 @@ def sorted_findings(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """The findings, critical first (stable within a severity)."""
     found = [f for f in summary.get("findings") or [] if isinstance(f, dict)]
     rank = {s: i for i, s in enumerate(SEVERITY_ORDER)}
-    return sorted(found, key=lambda f: rank.get(f.get("severity"), len(rank)))
+    return sorted(found, key=lambda f: rank.get(f.get("severity") or "", len(rank)))  # unknown ones last
 
 
 def finding_lines(f: dict[str, Any]) -> list[str]:
     """One finding: a head line, then its evidence and its advice (sub-items)."""
     users = [u for u in f.get("steps") or [] if _n(u) is not None]
     steps = ", ".join(f"{u:g}" for u in users)
-    head = f"{SEVERITY_MARK.get(f.get('severity'), f.get('severity'))} `{f.get('id')}`"
+    severity = f.get("severity")
+    head = f"{SEVERITY_MARK.get(severity or '', severity)} `{f.get('id')}`"
     head += f" (at {steps} {'user' if users == [1] else 'users'})" if users else ""
     return [f"{head}: {f.get('text', '')}",
             f"evidence: `{_evidence(f.get('evidence') or {})}`",
@@ -118,7 +123,7 @@ def findings_section(summary: dict[str, Any]) -> list[list[str]]:
 
 def usl_lines(summary: dict[str, Any]) -> list[str]:
     """The USL fit read aloud: σ as contention, κ as coherency, N* and the peak; its caution."""
-    usl = summary.get("usl") if isinstance(summary.get("usl"), dict) else {}
+    usl = got if isinstance(got := summary.get("usl"), dict) else {}
     if not usl:
         return []
     lines = []
@@ -133,5 +138,6 @@ def usl_lines(summary: dict[str, Any]) -> list[str]:
 
 
 def plan_lines(summary: dict[str, Any]) -> list[tuple[str, list[str]]]:
-    """(title, lines) of the SLA and the capacity plan when the summary has them (analysis.gates)."""
-    return gate_sections(summary)
+    """(title, lines) of the SLA and the capacity plan when the summary has them (analysis.gates);
+    a soak's SLA only (a capacity plan reads a step sweep; a soak held one load)."""
+    return [(t, lines) for t, lines in gate_sections(summary) if not (summary.get("soak") and t == CAPACITY_TITLE)]

@@ -1,7 +1,7 @@
 """Per-step server metrics: what each monitored host was doing during each step's steady window.
 
 From the parsed host tables (collectors/): vmstat (host CPU, context switches, run queue),
-process (the monitored process, summed over its pids), threads (active threads, the busiest
+process (the monitored process, summed over its pids), fds (its open file descriptors), threads (active threads, the busiest
 thread), gpu (SM and memory %, averaged over GPUs; framebuffer and power, summed), cgroup (the
 throttled share of CFS periods, the cgroup's CPU use) and the target's own /metrics
 (analysis.target).  Each value is the mean of the samples whose ``t`` lies in the window
@@ -22,7 +22,8 @@ from analysis.windows import window_means
 logger = logging.getLogger(__name__)
 
 # server metrics averaged per step: stream -> {csv column: summary key}
-VMSTAT_METRICS = {"us": "us", "sy": "sy", "wa": "wa", "cs": "cs", "r": "r"}
+# bi, bo: the host's disk traffic, KiB/s (blocks of 1 KiB): io_wait weighs the service's own IO against it
+VMSTAT_METRICS = {"us": "us", "sy": "sy", "wa": "wa", "cs": "cs", "r": "r", "bi": "bi", "bo": "bo"}
 PROCESS_METRICS = {
     "cpu_pct": "cpu_pct",
     "usr_pct": "usr_pct",
@@ -33,7 +34,11 @@ PROCESS_METRICS = {
     "cswch_s": "cswch_s",
     "nvcswch_s": "nvcswch_s",
     "migrations_s": "migrations_s",
+    "io_read_kb_s": "io_read_kb_s",  # the process's own disk IO (pidstat -d), KiB/s
+    "io_write_kb_s": "io_write_kb_s",
+    "io_delay_pct": "io_delay_pct",  # its threads blocked on disk IO, % of one CPU's time (delay accounting)
 }
+FD_METRICS = {"fds": "fds"}  # open file descriptors of the monitored process (collectors/fds.py)
 GPU_MEAN_METRICS = {"sm_pct": "sm_pct", "mem_pct": "mem_pct"}  # mean over GPUs at each sample
 GPU_SUM_METRICS = {"fb_used_mb": "fb_used_mb", "power_w": "power_w"}  # summed over GPUs
 # the largest sample of the window, summed over GPUs: gpu_memory_creep reads the peak, as the
@@ -42,16 +47,44 @@ GPU_PEAK_METRICS = {"fb_used_mb": "fb_peak_mb"}
 ACTIVE_THREAD_CPU_PCT = 5.0  # a thread using at least this %CPU in a sample counts as active
 
 
-def active_threads(threads: pd.DataFrame | None) -> pd.DataFrame | None:
-    """Per sample time of threads.csv: t, ``active_threads`` (threads at >= ACTIVE_THREAD_CPU_PCT
-    %CPU) and ``top_thread_cpu_pct`` (the busiest thread's %CPU); None without thread samples."""
-    if threads is None or threads.empty or "cpu_pct" not in threads.columns:
-        return None
+PER_SAMPLE_THREADS = ("active_threads", "top_thread_cpu_pct")  # active_threads' columns besides t
+
+
+def thread_samples(threads: pd.DataFrame) -> pd.DataFrame:
+    """Per sample time of a piece of threads.csv (t, cpu_pct): t, ``active_threads``, ``top_thread_cpu_pct``.
+
+    Both are exact when summed / maxed again over pieces of one table (:func:`combine_thread_samples`):
+    analysis.inputs reads threads.csv a chunk of rows at a time, a sample time's rows may straddle two."""
     cpu = pd.to_numeric(threads["cpu_pct"], errors="coerce")
     per_t = pd.DataFrame({"t": threads["t"].to_numpy(dtype=float), "cpu": cpu,
                           "active": (cpu >= ACTIVE_THREAD_CPU_PCT).astype(float)})
     return per_t.groupby("t", sort=True).agg(active_threads=("active", "sum"),
                                              top_thread_cpu_pct=("cpu", "max")).reset_index()
+
+
+def combine_thread_samples(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """:func:`thread_samples` of several pieces of one table as one: per t, active threads summed, the top maxed."""
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return pd.DataFrame({"t": pd.Series(dtype=float), **{c: pd.Series(dtype=float) for c in PER_SAMPLE_THREADS}})
+    if len(parts) == 1:
+        return parts[0]
+    return pd.concat(parts, ignore_index=True).groupby("t", sort=True).agg(
+        active_threads=("active_threads", "sum"), top_thread_cpu_pct=("top_thread_cpu_pct", "max")).reset_index()
+
+
+def active_threads(threads: pd.DataFrame | None) -> pd.DataFrame | None:
+    """Per sample time of threads.csv: t, ``active_threads`` (threads at >= ACTIVE_THREAD_CPU_PCT
+    %CPU) and ``top_thread_cpu_pct`` (the busiest thread's %CPU); None without thread samples.
+    ``threads`` is the table itself, or already these per-sample figures (what analysis.inputs
+    reads into ``hosts[host]["threads"]``: the table grows with threads x hours, they do not)."""
+    if threads is None or threads.empty:
+        return None
+    if set(PER_SAMPLE_THREADS) <= set(threads.columns):
+        return threads
+    if "cpu_pct" not in threads.columns:
+        return None
+    return thread_samples(threads)
 
 
 def thread_metrics(threads: pd.DataFrame | None, t_lo: np.ndarray, t_hi: np.ndarray) -> list[dict[str, float]]:
@@ -137,6 +170,7 @@ def server_metrics(hosts: dict[str, dict[str, pd.DataFrame]], t_lo: np.ndarray, 
             process,
             [{"sy_share": v} if (v := sy_share(p)) is not None else {} for p in process],
             thread_metrics(streams.get("threads"), t_lo, t_hi),
+            window_means(streams.get("fds"), FD_METRICS, t_lo, t_hi, by="pid", sum_cols=tuple(FD_METRICS)),
             window_means(streams.get("gpu"), GPU_MEAN_METRICS | GPU_SUM_METRICS, t_lo, t_hi, by="gpu",
                          sum_cols=tuple(GPU_SUM_METRICS)),
             window_means(streams.get("gpu"), GPU_PEAK_METRICS, t_lo, t_hi, by="gpu", sum_cols=tuple(GPU_PEAK_METRICS),

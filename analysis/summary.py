@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 import numpy as np
 import pandas as pd
@@ -39,11 +39,14 @@ from analysis.loop import loop_line, step_load_keys
 from analysis.problems import Problems, collect
 from analysis.sections import findings_section, plan_lines, usl_lines, verdict
 from analysis.serverstats import energy_per_request
+from analysis.search import search_lines
+from analysis.soak import held_line, trend_rows, window_rows
 from analysis.streaming import STEP_KEYS as STREAMING_STEP_KEYS
 from analysis.streaming import step_keys as streaming_keys, streaming_lines, streaming_table, tokens_knee_line
 from analysis.target import TARGET_METRICS, target_source_note
 from analysis.workers import worker_tables
 from kneeswarm.outcome import Ended
+from kneeswarm.rundir import Meta
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +98,7 @@ class SummaryStep(TypedDict, total=False):
     t_hi: float | None
     window_s: float | None
     generator_cpu_max: float | None
+    in_flight: float | None  # time-average requests in flight over the window (analysis.requestscan; Little's L)
     t_end: float | None  # t_end, or where a crashed step was cut
     t_end_recorded: bool
     generator: dict[str, Any]  # {"cpu_pct": {worker: %}}
@@ -104,6 +108,44 @@ class SummaryStep(TypedDict, total=False):
     rate: float  # open loop (analysis.loop.step_load_keys)
     items_s: float | None  # batch > 1
     workers: dict[str, Any]  # per worker (analysis.workers)
+    resent: int  # requests sent again after the server closed a kept-alive connection cleanly (only when > 0)
+
+
+class SearchSummary(TypedDict, total=False):
+    """``search`` ([load] mode = "search", issue 18; analysis.search.search_section)."""
+
+    mode: str  # the loop: "closed" (probes in users) or "open" (probes in rate, requests/s)
+    probes: list[dict[str, Any]]  # in the order run: {users|rate, why, t_start, duration_s, qps, p99_ms, valid, steady}
+    knee_bracket: list[Any] | None  # [last scaling probe, first saturated probe]
+    sla_bracket: list[Any] | None  # [most users meeting the SLA, fewest failing it]; None without [sla]
+    stopped_because: str | None  # None: the run was stopped before the search ended
+    load_s: float | None  # seconds of load of all probes (ramps and holds)
+    grid_equivalent_s: float | None  # the doubling grid start..max with the same hold rule, at the mean probe duration
+
+
+class LlmWorkload(TypedDict, total=False):
+    """analysis.llmworkload: what the LLM workload was, from the rows (issue 19)."""
+
+    prefix: dict[str, Any]  # tokens, count, share, rows_share, expected_hit_pct, per_step {step index: pct}
+    turns: list[dict[str, Any]]  # per turn number: turn, requests, tokens_in_mean, ttft_p50_ms, ttft_mean_ms
+    trace: dict[str, Any]  # a Mooncake trace: path, block_tokens, requests, expected_hit_pct (one pass)
+
+
+class SummaryMeta(TypedDict, total=False):
+    """``meta``: the run's own facts, copied from meta.json (kneeswarm.rundir.Meta) where it has them."""
+
+    started: float
+    finished: float
+    launcher: str
+    load_host: str
+    target: str
+    versions: dict[str, str]
+
+
+def summary_meta(meta: Meta) -> SummaryMeta:
+    """The :class:`SummaryMeta` of a run's meta.json: its keys that meta.json has (each declared in
+    Meta with the same type: tests/test_contracts.py checks it)."""
+    return cast(SummaryMeta, {k: v for k, v in meta.items() if k in SummaryMeta.__optional_keys__})
 
 
 class Summary(TypedDict, total=False):
@@ -116,7 +158,7 @@ class Summary(TypedDict, total=False):
     warnings: list[str]
     lost: dict[str, int]
     ended: str | None  # kneeswarm.outcome.Ended, or None when meta.json does not say
-    meta: dict[str, Any]  # META_KEYS of meta.json
+    meta: SummaryMeta
     analysis: dict[str, Any]  # settle, min_requests, generator_cpu_max
     steps: list[SummaryStep]
     knee: Knee
@@ -128,6 +170,7 @@ class Summary(TypedDict, total=False):
     workers: dict[str, Any]  # analysis.workers
     load: dict[str, Any]  # analysis.loop.load_facts
     workload: dict[str, Any]  # workload_facts
+    llm_workload: LlmWorkload  # analysis.llmworkload: shared prefixes and conversation turns (issue 19)
     endpoint: dict[str, Any]  # endpoint_facts: scheme, tls (verified|unverified|None), headers named, base_path
     itl_columns: dict[str, str]  # streaming runs: what each ITL column is (analysis.streaming.ITL_COLUMNS)
     tokens_knee: Knee  # runs that recorded output tokens
@@ -137,10 +180,13 @@ class Summary(TypedDict, total=False):
     usl: dict[str, Any]  # analysis.usl.fit_usl + curve, text
     sla: dict[str, Any]  # analysis.gates / capacity
     capacity: dict[str, Any]
+    soak: dict[str, Any]  # issue 20, mode = "soak": analysis.soak.soak_section (users, rate, duration_s,
+    #                       window_s, windows, series {t, client, errors, hosts}, trends, thresholds)
+    search: SearchSummary  # [load] mode = "search" only
 
 
 def undeclared_keys(summary: dict[str, Any]) -> list[str]:
-    """The keys of a summary (top level, steps[], the knees, totals) that no contract declares."""
+    """The keys of a summary (top level, steps[], the knees, totals, meta) that no contract declares."""
     out = [k for k in summary if k not in Summary.__optional_keys__]
     step_keys = SummaryStep.__optional_keys__ | set(STREAMING_STEP_KEYS)
     for i, step in enumerate(summary.get("steps") or []):
@@ -148,13 +194,13 @@ def undeclared_keys(summary: dict[str, Any]) -> list[str]:
     for name in ("knee", "latency_knee", "peak", "tokens_knee"):
         out += [f"{name}.{k}" for k in summary.get(name) or {} if k not in Knee.__optional_keys__]
     out += [f"totals.{k}" for k in summary.get("totals") or {} if k not in Totals.__required_keys__]
+    out += [f"meta.{k}" for k in summary.get("meta") or {} if k not in SummaryMeta.__optional_keys__]
     return out
 
 
-META_KEYS = ("started", "finished", "ended_at", "launcher", "load_host", "target", "versions", "clock_offsets")
 STEP_KEYS = ("index", "users", "requests", "qps", "rps", "p50_ms", "p95_ms", "p99_ms", "p999_ms", "mean_ms",
              "error_rate", "errors", "valid", "reasons")
-STEP_EXTRA_KEYS = ("t_ramp", "t_steady", "t_lo", "t_hi", "window_s", "generator_cpu_max")
+STEP_EXTRA_KEYS = ("t_ramp", "t_steady", "t_lo", "t_hi", "window_s", "generator_cpu_max", "in_flight")
 # Markdown/HTML server columns: (header, summary key, format); "target.x" is server[host]["target"]["x"]
 SERVER_COLUMNS = (
     ("CPU us%", "us", "{:.0f}"),
@@ -167,7 +213,10 @@ SERVER_COLUMNS = (
     ("active threads", "active_threads", "{:.1f}"),
     ("top thread %", "top_thread_cpu_pct", "{:.0f}"),
     ("migrations/s", "migrations_s", "{:,.1f}"),
+    ("proc read kB/s", "io_read_kb_s", "{:,.0f}"),  # the service's own disk IO (pidstat -d or /proc/PID/io)
+    ("proc write kB/s", "io_write_kb_s", "{:,.0f}"),  # (not io_delay_pct: it reads 0 where delay accounting is off)
     ("RSS MB", "rss_mb", "{:,.0f}"),
+    ("open fds", "fds", "{:,.0f}"),
     ("cgroup CPUs", "cgroup_cpus", "{:.2f}"),
     ("throttled", "throttled_share", "{:.0%}"),
     ("GPU SM%", "sm_pct", "{:.0f}"),
@@ -237,11 +286,13 @@ def step_records(stats: pd.DataFrame, server: list[dict[str, Any]] | None = None
                 rec[key] = energy
         rec.update(step_load_keys(rec["users"], rec.get("qps"), load or {}))
         rec.update(streaming_keys(row, streaming))
+        if row.get("resent"):
+            rec["resent"] = int(row["resent"])
         records.append(rec)
     return records
 
 
-def build_summary(*, run_id: str, meta: dict[str, Any], settings: dict[str, Any], steps: list[dict[str, Any]],
+def build_summary(*, run_id: str, meta: Meta, settings: dict[str, Any], steps: list[dict[str, Any]],
                   knee: dict[str, Any], latency_knee: dict[str, Any], peak: dict[str, Any],
                   totals: dict[str, Any], hosts: dict[str, dict[str, Any]], workers: dict[str, Any],
                   target_series: dict[str, Any] | None = None, problems: Problems | None = None,
@@ -256,7 +307,7 @@ def build_summary(*, run_id: str, meta: dict[str, Any], settings: dict[str, Any]
         "warnings": problems.warnings,
         "lost": problems.lost,
         "ended": meta.get("ended"),
-        "meta": {k: meta[k] for k in META_KEYS if k in meta},
+        "meta": summary_meta(meta),
         "analysis": settings,
         "steps": steps,
         "knee": knee,
@@ -298,6 +349,9 @@ def warning_lines(summary: dict[str, Any]) -> list[str]:
 
 
 def knee_lines(summary: dict[str, Any]) -> list[str]:
+    if summary.get("soak"):  # one load held: what it held, not a knee (analysis.soak)
+        load = [loop_line(summary["load"])] if isinstance(summary.get("load"), dict) else []
+        return [held_line(summary), *load]
     knee, lk, peak = summary.get("knee") or {}, summary.get("latency_knee") or {}, summary.get("peak") or {}
     lines = []
     if knee.get("users") is not None:
@@ -321,7 +375,7 @@ def knee_lines(summary: dict[str, Any]) -> list[str]:
 def workload_facts(plan: dict[str, Any]) -> dict[str, Any]:
     """``workload`` {inputs, token_counts} of an OpenAI run's plan: where prompts came from and how
     their tokens were counted (a tokenizer file, or the word approximation); {} for other protocols."""
-    request = plan.get("request") if isinstance(plan.get("request"), dict) else {}
+    request = got if isinstance(got := plan.get("request"), dict) else {}
     if plan.get("protocol") != "openai":
         return {}
     inputs = next((f"{k} {request[k]}" for k in ("replay", "dataset") if request.get(k)), None)
@@ -335,7 +389,7 @@ def endpoint_facts(plan: dict[str, Any]) -> dict[str, Any]:
     (the server's certificate checked, against ``ca_bundle`` or the system's CAs), "unverified"
     (``verify = false``: nothing checked) or None (http://); ``headers`` names the headers sent
     (never their values)."""
-    e = plan.get("endpoint") if isinstance(plan.get("endpoint"), dict) else {}
+    e = got if isinstance(got := plan.get("endpoint"), dict) else {}
     https = str(plan.get("target", "")).startswith("https://")
     return {"scheme": "https" if https else "http",
             "tls": ("verified" if e.get("verify", True) else "unverified") if https else None,
@@ -368,14 +422,45 @@ def endpoint_lines(summary: dict[str, Any]) -> list[str]:
 def workload_lines(summary: dict[str, Any]) -> list[str]:
     w = summary.get("workload") or {}
     inputs = [f"**Inputs:** {w['inputs']}; token counts: {w['token_counts']}"] if w.get("token_counts") else []
-    return inputs + endpoint_lines(summary)
+    return inputs + llm_workload_lines(summary) + endpoint_lines(summary)
+
+
+def llm_workload_lines(summary: dict[str, Any]) -> list[str]:
+    """Shared prefixes (the hit rate to expect) and per-turn context and TTFT (analysis.llmworkload)."""
+    w = got if isinstance(got := summary.get("llm_workload"), dict) else {}
+    out = []
+    p = w.get("prefix") if isinstance(w.get("prefix"), dict) else None
+    if p:
+        out.append(f"**Shared prefixes:** {p.get('count')} of {p.get('tokens')} tokens in "
+                   f"{_f(100 * (p.get('rows_share') or 0), '{:.0f}')} % of requests: a prefix cache can serve "
+                   f"{_f(p.get('expected_hit_pct'))} % of prompt tokens (the server's hit rate is in the target table)")
+    t = w.get("trace") if isinstance(w.get("trace"), dict) else None
+    if t:
+        out.append(f"**Trace:** {t.get('requests')} requests; its hash ids imply a prefix-cache hit rate of "
+                   f"{_f(t.get('expected_hit_pct'))} % over one pass ({t.get('block_tokens')}-token blocks)")
+    turns = [t for t in w.get("turns") or [] if isinstance(t, dict)]
+    if turns:
+        out.append("**Conversation turns:** " + "; ".join(
+            f"turn {t.get('turn')}: {_f(t.get('tokens_in_mean'), '{:.0f}')} tokens in, TTFT P50 "
+            f"{_f(t.get('ttft_p50_ms'), '{:.0f}')} ms ({t.get('requests')} requests)" for t in turns))
+    return out
 
 
 def malformed_lines(summary: dict[str, Any]) -> list[str]:
     """One bold line per host collector that skipped malformed lines (shown at the top)."""
-    hosts = summary.get("hosts") if isinstance(summary.get("hosts"), dict) else {}
+    hosts = got if isinstance(got := summary.get("hosts"), dict) else {}
     return [f"**Malformed lines skipped:** {host} {coll}: {n:,} of {total:,} lines"
             for host, coll, n, total in skipped_lines(hosts)]
+
+
+def resent_lines(summary: dict[str, Any]) -> list[str]:
+    """One line when requests were sent again (steps[].resent): how many, in which steps, and why."""
+    steps = [(s.get("users"), int(s["resent"])) for s in summary.get("steps") or [] if s.get("resent")]
+    if not steps:
+        return []
+    n, per = sum(k for _, k in steps), ", ".join(f"{k:,} at {u} users" for u, k in steps)
+    return [f"**Resent:** {n:,} requests in the steady windows ({per}) were sent a second time: the server had "
+            "closed their kept-alive connection cleanly before answering (each row is the second attempt)"]
 
 
 def server_value(metrics: dict[str, Any], key: str) -> Any:
@@ -486,7 +571,18 @@ def _md_explained(summary: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _md_soak(summary: dict[str, Any]) -> list[str]:
+    """A soak's trend table and windows table (analysis.soak), in place of the steps tables."""
+    lines = ["### Soak: the trend of each series over the windows", ""]
+    lines += _md_table(*trend_rows(summary), numeric=5)
+    lines += ["", "### Soak windows (t: the window's middle, seconds from the first window's start)", ""]
+    header, rows = window_rows(summary)
+    return [*lines, *_md_table(header, rows, numeric=len(header)), ""]
+
+
 def _md_tables(summary: dict[str, Any]) -> list[str]:
+    if summary.get("soak"):
+        return _md_soak(summary)
     header, rows = table_rows(summary, srv=[])
     if not rows:
         return ["_No steps recorded._", ""]
@@ -518,13 +614,15 @@ def to_markdown(summary: dict[str, Any]) -> str:
     tot = summary.get("totals") or {}
     lines.append(f"- **Requests:** {tot.get('requests', 0):,} ({tot.get('errors', 0):,} errors)")
     lines += [f"- {line}" for line in malformed_lines(summary)]
+    lines += [f"- {line}" for line in resent_lines(summary)]
     lines += [f"- {line}" for line in workload_lines(summary)]
     lines.append("")
     lines += _md_explained(summary)
+    lines += search_lines(summary)  # [load] mode = "search": the probes in order, with why
     lines += _md_tables(summary)
     for title, header, rows in worker_tables(summary):  # analysis.workers
         lines += [f"### {title}", "", *_md_table(header, rows, numeric=0), ""]
-    hosts = summary.get("hosts") if isinstance(summary.get("hosts"), dict) else {}
+    hosts = got if isinstance(got := summary.get("hosts"), dict) else {}
     if any(hosts.values()):
         lines.append("### Hosts")
         for host, facts in hosts.items():

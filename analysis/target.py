@@ -113,6 +113,11 @@ KSERVE = partial(Candidate, "kserve", source=SCRAPE, ref=FIXTURES + "kserve-0.21
 # 0.3.36 sdist (tests_conformance/, ggml 0.25.3); meanings from tools/server/server-task.cpp
 # (server_task_result_metrics::to_metrics).  It counts no requests and no failures.
 LLAMACPP = partial(Candidate, "llamacpp", source=SCRAPE, ref=FIXTURES + "llamacpp-0.3.36.txt")
+# ... and its KV-cache series, which older builds exported (llamacpp:kv_cache_usage_ratio,
+# llamacpp:kv_cache_tokens) and the recorded one no longer does
+LLAMACPP_DOCS = partial(Candidate, "llamacpp-old", source=DOCS, ref=(
+    "ggml-org/llama.cpp examples/server/server.cpp before mid-2025 (server_task_result_metrics: "
+    "kv_cache_usage_ratio, kv_cache_tokens); examples/server/README.md 'GET /metrics'"))
 
 US = 1e-6  # microseconds -> seconds
 # Counters exposed without the ``_total`` suffix (Triton, TGI, TorchServe: their exporters are not
@@ -162,6 +167,9 @@ TARGET_METRICS: tuple[TargetMetric, ...] = (
         VLLM(r"vllm:kv_cache_usage_perc"),  # V1 (0.9+); fraction 0..1
         VLLM(r"vllm:gpu_cache_usage_perc"),  # its deprecated V0 name, same value
         SGLANG(r"sglang:token_usage"),  # fraction of the KV token pool in use
+        # llama.cpp before mid-2025 (later builds, such as the recorded 0.3.36 scrape, dropped it): the KV
+        # cells in use over the context's cells, 0..1
+        LLAMACPP_DOCS(r"llamacpp:kv_cache_usage_ratio"),
     ), combine="mean", scale=100.0),
     TargetMetric("queue_wait_ms", "queue wait ms", "ratio", (
         KNEESWARM(r"kneeswarm_target_queue_wait_seconds_sum", r"kneeswarm_target_queue_wait_seconds_count"),

@@ -27,7 +27,6 @@ import math
 from typing import Any, Sequence
 
 import numpy as np
-from scipy import stats
 
 logger = logging.getLogger(__name__)
 
@@ -60,16 +59,19 @@ def mann_kendall_s(values: Sequence[float]) -> int:
     return int(np.sign(x[j] - x[i]).sum())
 
 
-def drift(values: Sequence[float | None], worse: int = +1) -> dict[str, Any]:
+def drift(values: Sequence[float | None], worse: int = +1, x: Sequence[float] | None = None,
+          alpha: float = DRIFT_ALPHA) -> dict[str, Any]:
     """{n, s, tau, p, slope, slope_ci, change, rel_change, median, drifting, direction, reason} of a
-    series in run order (None or NaN entries are left out)."""
+    series in run order (None or NaN entries are left out).  ``x``: where each value lies (e.g. a
+    soak window's mid time in seconds; the slope is then per unit of x), default the run index;
+    ``alpha``: the test's significance (a soak tests several series at once: analysis.soak)."""
     y = _clean(values)
-    x = np.arange(len(y), dtype=float)
-    keep = np.isfinite(y)
-    x, y = x[keep], y[keep]
+    xs = np.arange(len(y), dtype=float) if x is None else np.asarray(x, dtype=float)
+    keep = np.isfinite(y) & np.isfinite(xs)
+    xs, y = xs[keep], y[keep]
     out: dict[str, Any] = {"n": int(len(y)), "s": None, "tau": None, "p": None, "slope": None, "slope_ci": None,
                            "change": None, "rel_change": None, "median": None, "drifting": False,
-                           "direction": None, "alpha": DRIFT_ALPHA, "min_relative_drift": MIN_RELATIVE_DRIFT,
+                           "direction": None, "alpha": alpha, "min_relative_drift": MIN_RELATIVE_DRIFT,
                            "reason": None}
     if len(y) < MIN_RUNS:
         out["reason"] = f"{len(y)} runs: the trend test needs at least {MIN_RUNS}"
@@ -77,12 +79,14 @@ def drift(values: Sequence[float | None], worse: int = +1) -> dict[str, Any]:
     if np.ptp(y) == 0:
         out.update(s=0, slope=0.0, change=0.0, rel_change=0.0, median=float(y[0]), reason="constant series")
         return out
-    tau, p = stats.kendalltau(x, y)
-    slope, _intercept, lo, hi = stats.theilslopes(y, x)
+    from scipy import stats  # here: 0.4 s of import that a run without a trend to test never pays
+
+    tau, p = stats.kendalltau(xs, y)
+    slope, _intercept, lo, hi = stats.theilslopes(y, xs)
     median = float(np.median(y))
-    change = float(slope) * float(x[-1] - x[0])
+    change = float(slope) * float(xs[-1] - xs[0])
     rel = change / abs(median) if median else math.inf
-    drifting = bool(p < DRIFT_ALPHA and abs(rel) >= MIN_RELATIVE_DRIFT)
+    drifting = bool(p < alpha and abs(rel) >= MIN_RELATIVE_DRIFT)
     out.update(s=mann_kendall_s(y), tau=float(tau), p=float(p), slope=float(slope), slope_ci=[float(lo), float(hi)],
                change=change, rel_change=float(rel), median=median, drifting=drifting)
     if drifting:

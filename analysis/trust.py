@@ -2,7 +2,7 @@
 
 * **Little's law** (closed loop only): N users each either wait for a response or think, so
   N ≈ X·(R + Z) within 10 % (analysis.findings.validity); a step that misses it did not hold the
-  load it claims.  Open-loop steps (``[load] mode = "open"``) have no fixed N and are not checked.
+  load it claims.  Open-loop steps (``[load] arrivals = "open"``) have no fixed N and are not checked.
 * **Clock offsets**: every clock but the master's is corrected by a measured offset whose error
   bound is known (meta.json ``hosts[label].clock.before/after.error``, ``worker_clocks[w].error_s``
   and generator/clocks.json).  When a bound is above a tenth of a step's P50
@@ -22,11 +22,12 @@ import numpy as np
 import pandas as pd
 
 from analysis.findings.validity import step_littles_law
+from kneeswarm.plan import arrivals_of
+from kneeswarm.rundir import Meta
 
 logger = logging.getLogger(__name__)
 
 CLOCK_ERROR_SHARE_OF_P50 = 0.10  # issue 7 §3: an offset error bound above P50 / 10 makes a step invalid
-OPEN_LOOP_MODES = ("open",)  # [load] mode values without a fixed number of users (issue 6 §3)
 
 
 def _num(x: Any) -> float | None:
@@ -43,19 +44,19 @@ def _dict(x: Any) -> dict[str, Any]:
     return x if isinstance(x, dict) else {}
 
 
-def clock_error_bounds(meta: dict[str, Any], worker_clocks: dict[str, Any] | None = None) -> dict[str, float]:
+def clock_error_bounds(meta: Meta, worker_clocks: dict[str, Any] | None = None) -> dict[str, float]:
     """{"host <label>" | "worker <name>": error bound in seconds} of every measured clock offset.
 
     A host's bound is the larger of its before/after measurements; workers from meta.json
     ``worker_clocks`` and from generator/clocks.json (``worker_clocks``), the larger where both say.
     """
     out: dict[str, float] = {}
-    for label, host in sorted(_dict(meta.get("hosts")).items(), key=lambda kv: str(kv[0])):
+    for label, host in sorted(meta.get("hosts", {}).items()):
         clock = _dict(_dict(host).get("clock"))
         errs = [e for side in ("before", "after") if (e := _num(_dict(clock.get(side)).get("error"))) is not None]
         if errs:
             out[f"host {label}"] = max(errs)
-    for source in (_dict(meta.get("worker_clocks")), _dict(worker_clocks)):
+    for source in (meta.get("worker_clocks", {}), worker_clocks or {}):
         for worker, clock in source.items():
             e = _num(_dict(clock).get("error_s"))
             if e is not None:
@@ -78,8 +79,9 @@ def clock_reason(p50_ms: Any, bounds: dict[str, float]) -> str | None:
 
 
 def is_closed_loop(plan: dict[str, Any]) -> bool:
-    """True unless the plan's ``[load] mode`` says the load was open loop (arrival rates)."""
-    return str(_dict(plan.get("load")).get("mode", "closed")).lower() not in OPEN_LOOP_MODES
+    """True unless the plan's ``[load] arrivals`` (or the older ``mode = "open"``) says the load
+    was open loop (arrival rates)."""
+    return arrivals_of(_dict(plan.get("load"))) == "closed"
 
 
 def sla_error_rate(plan: dict[str, Any]) -> float | None:

@@ -6,6 +6,10 @@ starts at the step's ``t_cut`` instead when that is later (its warm-up, cut on t
 MSER-5: locustfiles/steady.py).  A step whose ``t_end`` is
 missing (the run died during it) ends where the next step's ramp began, or, for the last
 step, at the completion of the last request.
+
+A soak (``[load] mode = "soak"``) records one step per window of one unchanged load: only its
+first window ramped, so only that one leaves ``settle`` out (``step_settles``); the later windows
+tile the run from end to end.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
+from kneeswarm.plan import is_soak
 from kneeswarm.rundir import STEP_COLUMNS
 
 logger = logging.getLogger(__name__)
@@ -37,7 +42,15 @@ def completion_times(requests: pd.DataFrame) -> np.ndarray:
     return t + np.where(good_latency(requests), lat, 0.0) / 1000.0
 
 
-def resolve_windows(steps: pd.DataFrame, last_done: pd.DataFrame | float, settle: float) -> pd.DataFrame:
+def step_settles(load: dict, n_steps: int, settle: float) -> float | np.ndarray:
+    """The seconds each step leaves out after its ramp: ``settle`` for every step, or in a soak
+    (``load``: the plan's [load] table) for its first window only."""
+    if not is_soak(load if isinstance(load, dict) else {}):
+        return float(settle)
+    return np.where(np.arange(n_steps) == 0, float(settle), 0.0)
+
+
+def resolve_windows(steps: pd.DataFrame, last_done: pd.DataFrame | float, settle: float | np.ndarray) -> pd.DataFrame:
     """steps + ``t_end_used`` (t_end, else next t_ramp, else the last completion), ``t_lo``, ``t_hi``,
     ``window_s``.  ``last_done``: the last completion (epoch s, NaN if none), or the request rows."""
     out = steps.copy().reset_index(drop=True)
@@ -55,7 +68,7 @@ def resolve_windows(steps: pd.DataFrame, last_done: pd.DataFrame | float, settle
     missing = ~np.isfinite(t_end)
     t_end[missing] = fill[missing]
     out["t_end_used"] = t_end
-    t_lo = out["t_steady"].to_numpy(dtype=float) + float(settle)
+    t_lo = out["t_steady"].to_numpy(dtype=float) + np.asarray(settle, dtype=float)  # one, or one per step
     if "t_cut" in out.columns:  # hold = "auto": the master cut the step's warm-up (MSER-5) here
         cut = pd.to_numeric(out["t_cut"], errors="coerce").to_numpy(dtype=float)
         t_lo = np.where(np.isfinite(cut) & (cut > t_lo), cut, t_lo)
@@ -91,7 +104,7 @@ def window_means(df: pd.DataFrame | None, columns: dict[str, str], t_lo: np.ndar
     values = data[cols].to_numpy(dtype=float)[order]
     a = np.searchsorted(t, t_lo, side="left")
     b = np.searchsorted(t, t_hi, side="left")
-    out = []
+    out: list[dict[str, float]] = []
     for lo, hi in zip(a, b):
         if hi <= lo:
             out.append({})

@@ -29,9 +29,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from kneeswarm.rundir import REQUEST_SCHEMA, RunDir, safe_name
+from kneeswarm.rundir import REQUEST_SCHEMA, Meta, RunDir, safe_name
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +58,10 @@ def count_rows(rd: RunDir, stats: pd.DataFrame) -> tuple[Counter, list[Counter]]
             continue
         t = table.column("t_start").to_numpy(zero_copy_only=False).astype(float)
         step = np.asarray(table.column("step").to_pandas(), dtype=float)  # null -> NaN
-        names, codes = np.unique(table.column("worker").fill_null(NO_WORKER).to_numpy(zero_copy_only=False),
-                                 return_inverse=True)
+        # dictionary-encoded in Arrow, as analysis.requestscan does: np.unique sorts the strings (an
+        # object argsort per part: 33 of a 36M-row soak's 75 analysis seconds, bench/soak.py)
+        enc = pc.dictionary_encode(table.column("worker").fill_null(NO_WORKER)).combine_chunks()
+        names, codes = np.asarray(enc.dictionary.to_pylist(), dtype=object), enc.indices.to_numpy(zero_copy_only=False)
         total.update(dict(zip(names.tolist(), np.bincount(codes, minlength=len(names)).tolist())))
         _count_in_windows(t, step, codes, names, index, t_lo, t_hi, per_step)
     return total, per_step
@@ -112,7 +115,7 @@ def sample_stats(df: pd.DataFrame | None, lo: float, hi: float) -> dict[str, flo
     return out
 
 
-def lost_workers(meta: dict[str, Any]) -> list[dict[str, Any]]:
+def lost_workers(meta: Meta) -> list[dict[str, Any]]:
     """meta.json's ``workers_lost`` entries that carry a worker and a time."""
     out = []
     for e in meta.get("workers_lost") or []:
@@ -122,7 +125,7 @@ def lost_workers(meta: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def worker_table(rd: RunDir, stats: pd.DataFrame, generator: dict[str, pd.DataFrame],
-                 meta: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+                 meta: Meta) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(per worker totals, per step {worker: {requests, rps, cpu_pct, rss_mb, users}})."""
     total, per_step = count_rows(rd, stats)
     gen = {safe_name(w): df for w, df in generator.items()}
@@ -160,7 +163,7 @@ def clock(t: float) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(t)) + "Z"
 
 
-def lost_worker_reasons(stats: pd.DataFrame, meta: dict[str, Any], t0: float | None) -> list[list[str]]:
+def lost_worker_reasons(stats: pd.DataFrame, meta: Meta, t0: float | None) -> list[list[str]]:
     """Per step: one reason per worker lost while the step ran (see the module docstring)."""
     t_ramp = pd.to_numeric(stats.get("t_ramp", pd.Series(np.nan, index=stats.index)), errors="coerce")
     t_ramp = t_ramp.to_numpy(dtype=float)

@@ -1,25 +1,31 @@
-"""Agent overhead on the monitored host: CPU% and RSS of the host agent (agents/remote.py) and its
+"""Agent overhead on the monitored host: CPU% and RSS of the host agent (agents/remote/) and its
 collectors, sampled with psutil at 1 Hz while the agent records a real process.
 
     .venv/bin/python bench/agent_overhead.py [--seconds 60] [--threads 256] [--transport local,ssh] [--ssh ...]
 
 What is measured, per transport: the agent daemon's process (its own session and process group,
-started by ``remote.py start``) and every descendant of it (pidstat, vmstat, ... each in a group of
+started by ``remote.pyz start``) and every descendant of it (pidstat, vmstat, ... each in a group of
 its own), summed; with SSH, also the sshd session processes that serve the controller's heartbeats
 and incremental fetches (they run on the monitored host because of the agent).  The controller
 renews the heartbeat every few seconds and fetches every FETCH_PERIOD seconds, as in a run.
 
 The monitored process has ``--threads`` threads (default 256: a real inference server has many, and
-pidstat -t and the /proc sampler read every one of them each second), each waking every
+pidstat -t read every one of them each second; the /proc sampler every THREAD_INTERVAL seconds), each waking every
 THREAD_WAKE seconds; ``--threads 0`` monitors the bundled demo target (ONNX Runtime mode) instead.  For SSH, without ``--ssh``, a private sshd on
 loopback is started from tests/sshd_fixture.py when /usr/sbin/sshd exists (else SSH is skipped).
 
 Verdict per transport against the target: mean CPU <= 1% of one core and peak RSS <= 50 MB.
+
+``--compare`` measures, in the same run and right before, the collectors of before issue 20
+(pidstat -t reading every thread each second instead of the agent's /proc sampler, which reads the
+threads every THREAD_INTERVAL seconds) and prints the ratio of the two means: the machine's other
+load weighs on both alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import statistics
 import subprocess
@@ -45,6 +51,8 @@ SECONDS = 60.0  # default measuring time per transport
 PERIOD = 1.0  # psutil sampling period (1 Hz)
 FETCH_PERIOD = 5.0  # seconds between incremental fetches (the conductor's FETCH_PERIOD)
 TARGET_CPU_PCT = 1.0  # of one core
+#: ``--compare``: the default collectors before issue 20 (pidstat -t each second for the process).
+BASELINE_COLLECTORS = ["pidstat", "vmstat", "cgroup", "fds"]
 TARGET_RSS_MB = 50.0
 TARGET_ARGS = ["--mode", "onnx", "--request-threads", "4"]
 THREADS = 256  # threads of the monitored process
@@ -115,11 +123,11 @@ def tree(pid: int) -> list[psutil.Process]:
 
 
 def component_groups(agent_pid: int, collector_pids: dict[str, int], sshd_pid: int | None) -> dict[str, list[psutil.Process]]:
-    """{"agent (remote.py)": [...], "<collector>": [...], "sshd sessions": [...]}."""
+    """{"agent (remote.pyz)": [...], "<collector>": [...], "sshd sessions": [...]}."""
     by_pid = {pid: name for name, pid in collector_pids.items()}
-    groups: dict[str, list[psutil.Process]] = {"agent (remote.py)": []}
+    groups: dict[str, list[psutil.Process]] = {"agent (remote.pyz)": []}
     for p in tree(agent_pid):
-        name = "agent (remote.py)"
+        name = "agent (remote.pyz)"
         try:
             q: psutil.Process | None = p
             while q is not None and q.pid != agent_pid:  # a collector or a descendant of one
@@ -170,7 +178,8 @@ def p95(xs: list[float]) -> float:
     return sorted(xs)[max(0, int(round(0.95 * (len(xs) - 1))))] if xs else float("nan")
 
 
-def report(label: str, series: dict[str, Series]) -> bool:
+def report(label: str, series: dict[str, Series]) -> tuple[bool, float]:
+    """Print the table and the verdict; (verdict, mean CPU % of one core of everything judged)."""
     n = max((len(s.cpu) for s in series.values()), default=0)
     total = Series(cpu=[sum(s.cpu[i] for s in series.values() if i < len(s.cpu)) for i in range(n)],
                    rss=[sum(s.rss[i] for s in series.values() if i < len(s.rss)) for i in range(n)])
@@ -192,6 +201,20 @@ def report(label: str, series: dict[str, Series]) -> bool:
     ok = cpu <= TARGET_CPU_PCT and rss <= TARGET_RSS_MB
     print(f"  verdict: {'PASS' if ok else 'FAIL'}: mean {cpu:.2f}% of one core (target <= {TARGET_CPU_PCT:g}%), "
           f"peak RSS {rss:.1f} MB (target <= {TARGET_RSS_MB:g} MB)")
+    return ok, cpu
+
+
+def judged(kind: str, host: HostPlan, label: str, seconds: float, compare: bool, sshd_pid: int | None = None) -> bool:
+    """Measure ``host`` (after the baseline collectors with ``compare``) and print the verdict."""
+    base = None
+    if compare:
+        old = dataclasses.replace(host, collectors=list(BASELINE_COLLECTORS))
+        _, base = report(f"{label}, baseline: {', '.join(BASELINE_COLLECTORS)}",
+                         measure(old, f"{kind}-baseline", seconds, sshd_pid))
+    ok, cpu = report(label, measure(host, kind, seconds, sshd_pid))
+    if base is not None:
+        print(f"  {label}: {cpu:.2f}% now vs {base:.2f}% with pidstat -t each second: ratio {cpu / base:.2f}"
+              if base > 0 else f"  {label}: baseline measured 0%")
     return ok
 
 
@@ -234,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--transport", default="local,ssh", help="comma-separated: local, ssh (default: both)")
     ap.add_argument("--threads", type=int, default=THREADS,
                     help=f"threads of the monitored process (default {THREADS}; 0: the demo target)")
+    ap.add_argument("--compare", action="store_true",
+                    help="measure the pre-issue-20 collectors first (pidstat -t) and print the ratio")
     ap.add_argument("--ssh", help="user@host[:port] of an existing sshd (default: a private one on loopback)")
     ap.add_argument("--key-file", help="with --ssh: private key")
     ap.add_argument("--known-hosts", help="with --ssh: known_hosts file")
@@ -255,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             for kind in wanted:
                 if kind == "local":
                     host = HostPlan(name="local", pid=proc.pid)
-                    verdicts["local"] = report("local", measure(host, "local", args.seconds))
+                    verdicts["local"] = judged("local", host, "local", args.seconds, args.compare)
                     continue
                 server, sshd_pid = None, None
                 if args.ssh:
@@ -270,8 +295,8 @@ def main(argv: list[str] | None = None) -> int:
                                     pid=proc.pid)
                     sshd_pid = server.proc.pid
                 try:
-                    verdicts["ssh"] = report("ssh (loopback)" if server else f"ssh {args.ssh}",
-                                             measure(host, "ssh", args.seconds, sshd_pid))
+                    verdicts["ssh"] = judged("ssh", host, "ssh (loopback)" if server else f"ssh {args.ssh}",
+                                             args.seconds, args.compare, sshd_pid)
                 finally:
                     if server is not None:
                         server.stop()

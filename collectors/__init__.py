@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 from datetime import tzinfo
+from pathlib import Path
 
-from collectors import cgroup, dmon, nvml, pidstat, procfs, prometheus, query_gpu, vmstat
+from collectors import cgroup, dmon, fds, nvml, pidstat, procfs, prometheus, query_gpu, vmstat
 from collectors.base import Collector, HostContext, Parsed, RunSpec, Unavailable
 
 logger = logging.getLogger(__name__)
@@ -20,7 +21,7 @@ logger = logging.getLogger(__name__)
 COLLECTORS: dict[str, Collector] = {c.name: c for c in (
     pidstat.COLLECTOR, vmstat.COLLECTOR, dmon.COLLECTOR, query_gpu.COLLECTOR, nvml.COLLECTOR,
     procfs.COLLECTOR, prometheus.COLLECTOR,
-    cgroup.COLLECTOR)}
+    cgroup.COLLECTOR, fds.COLLECTOR)}
 
 _DEFAULT = object()
 
@@ -51,5 +52,14 @@ def parse_raw(name: str, text: str, *, tz: tzinfo | None | object = _DEFAULT,
     return c.parse(text, tz=zone, t0=t0, interval=interval)  # type: ignore[arg-type]
 
 
+def parse_raw_file(name: str, path: Path, *, tz: tzinfo | None | object = _DEFAULT,
+                   t0: float | None = None, interval: float = 1.0) -> Parsed:
+    """:func:`parse_raw` of a raw file (the same tables; a collector whose files grow large, pidstat,
+    reads it a piece at a time)."""
+    c = get(name)
+    zone = c.output_tz if tz is _DEFAULT else tz
+    return c.parse_file(path, tz=zone, t0=t0, interval=interval)  # type: ignore[arg-type]
+
+
 __all__ = ["COLLECTORS", "Collector", "HostContext", "Parsed", "RunSpec", "Unavailable", "by_raw_file", "get",
-           "parse_raw"]
+           "parse_raw", "parse_raw_file"]

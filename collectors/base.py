@@ -2,7 +2,7 @@
 
 A collector is one module holding one :class:`Collector` subclass. It says how to check that its
 tool is installed (``check_argv`` / ``version_from``), what the agent runs on a given host
-(``run_spec``: a ``command``, or for ``kind == "sampler"`` a sampler of agents/remote.py named by
+(``run_spec``: a ``command``, or for ``kind == "sampler"`` a sampler of agents/remote/ named by
 ``sampler`` with ``sampler_params``), its ``raw_file``, and how to turn the raw text into its
 canonical ``tables`` (``parse``). Samplers run inside the remote agent and write JSON lines.
 
@@ -14,10 +14,13 @@ Canonical tables (column names exactly; the analysis and the report read these):
 
 * ``vmstat``: t, r, b, swpd, free, buff, cache, si, so, bi, bo, in, cs, us, sy, id, wa, st (+ gu)
 * ``process``: t, pid, cpu_pct, usr_pct, sys_pct, wait_pct, rss_mb, vsz_mb, threads, cswch_s,
-  nvcswch_s, migrations_s, minflt_s, majflt_s
+  nvcswch_s, migrations_s, minflt_s, majflt_s, io_read_kb_s, io_write_kb_s, io_delay_pct (the
+  process's own disk IO: pidstat -d; NaN where not recorded), migrations_counted (how
+  migrations_s was counted: MIGRATIONS_KERNEL or MIGRATIONS_SAMPLED, below)
 * ``threads``: t, tid, name, cpu_pct, usr_pct, sys_pct, core, cswch_s, nvcswch_s
 * ``gpu``: t, gpu, sm_pct, mem_pct, fb_used_mb, power_w, sm_clock_mhz, mem_clock_mhz, temp_c
 * ``gpu_procs``: t, gpu, pid, used_mb, sm_pct
+* ``fds``: t, pid, fds (open file descriptors of the monitored process)
 
 Wall-clock timestamps (vmstat -t, dmon -o DT, query-gpu, pidstat without -H) carry no zone. The
 commands built here pin the tool's zone with ``TZ=UTC0`` (see ``Collector.output_tz``); a parser
@@ -31,7 +34,8 @@ import logging
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone, tzinfo
-from typing import Any, Iterable, Literal, Mapping
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Literal, Mapping
 
 import pandas as pd
 
@@ -45,17 +49,26 @@ BASE_ENV: dict[str, str] = {"LC_ALL": "C", "TZ": PINNED_TZ_ENV}
 NAN = float("nan")
 
 PROCESS_COLUMNS = ["t", "pid", "cpu_pct", "usr_pct", "sys_pct", "wait_pct", "rss_mb", "vsz_mb",
-                   "threads", "cswch_s", "nvcswch_s", "migrations_s", "minflt_s", "majflt_s"]
+                   "threads", "cswch_s", "nvcswch_s", "migrations_s", "minflt_s", "majflt_s",
+                   "io_read_kb_s", "io_write_kb_s", "io_delay_pct", "migrations_counted"]
+#: ``migrations_counted`` of a process row: how its ``migrations_s`` was counted -- by the kernel's
+#: own counter (se.nr_migrations of /proc/PID/task/TID/sched, the /proc sampler), or sampled: the
+#: threads whose CPU changed between two samples (pidstat; the /proc sampler where no ``sched``
+#: file is readable), at most one per thread per sample, a lower bound.  NaN: no migration figure.
+MIGRATIONS_KERNEL = 1.0
+MIGRATIONS_SAMPLED = 0.0
 THREAD_COLUMNS = ["t", "tid", "name", "cpu_pct", "usr_pct", "sys_pct", "core", "cswch_s",
                   "nvcswch_s"]
 GPU_COLUMNS = ["t", "gpu", "sm_pct", "mem_pct", "fb_used_mb", "power_w", "sm_clock_mhz",
                "mem_clock_mhz", "temp_c"]
 GPU_PROC_COLUMNS = ["t", "gpu", "pid", "used_mb", "sm_pct"]
+FDS_COLUMNS = ["t", "pid", "fds"]
 VMSTAT_COLUMNS = ["t", "r", "b", "swpd", "free", "buff", "cache", "si", "so", "bi", "bo", "in",
                   "cs", "us", "sy", "id", "wa", "st"]
 #: The columns of each canonical table (an empty table still has them); others: just "t".
 TABLE_COLUMNS = {"process": PROCESS_COLUMNS, "threads": THREAD_COLUMNS, "gpu": GPU_COLUMNS,
-                 "gpu_procs": GPU_PROC_COLUMNS, "vmstat": VMSTAT_COLUMNS, "dmon": ["t", "gpu"]}
+                 "gpu_procs": GPU_PROC_COLUMNS, "vmstat": VMSTAT_COLUMNS, "dmon": ["t", "gpu"],
+                 "fds": FDS_COLUMNS}
 
 Kind = Literal["command", "sampler"]
 
@@ -79,7 +92,7 @@ class Unavailable(Exception):
 class HostContext:
     """What a collector may look at to decide how (and whether) it runs on one host."""
 
-    facts: Mapping[str, Any]  # ``remote.py preflight`` output
+    facts: Mapping[str, Any]  # ``remote.pyz preflight`` output
     pid: int | None  # the monitored process (None: host-wide collectors only)
     interval: float  # seconds between samples
     metrics_url: str | None = None  # a Prometheus /metrics the host's agent may scrape
@@ -93,7 +106,7 @@ class HostContext:
 @dataclass(frozen=True)
 class RunSpec:
     """What the agent runs for one collector: a command (argv + env) or a named sampler of
-    ``agents/remote.py`` (``SAMPLERS``) with its keyword parameters; plain JSON either way."""
+    ``agents/remote/`` (``SAMPLERS``) with its keyword parameters; plain JSON either way."""
 
     name: str
     raw_file: str
@@ -105,7 +118,7 @@ class RunSpec:
     version: str | None = None
 
     def to_agent(self) -> dict[str, Any]:
-        """The entry of agent.json["collectors"] that ``remote.py`` reads."""
+        """The entry of agent.json["collectors"] that ``remote.pyz`` reads."""
         out: dict[str, Any] = {"name": self.name, "raw_file": self.raw_file, "interval": self.interval}
         if self.argv is not None:
             out.update(argv=list(self.argv), env=dict(self.env))
@@ -133,7 +146,7 @@ class Collector:
     default: bool = True
     #: Reads a GPU: skipped quietly on a host where preflight found none.
     needs_gpu: bool = False
-    #: For samplers: the name of the sampler ``agents/remote.py`` implements (default: ``name``).
+    #: For samplers: the name of the sampler ``agents/remote/`` implements (default: ``name``).
     sampler: str | None = None
     #: A stand-in: by default it runs only where this other collector cannot (listing both runs both).
     instead_of: str | None = None
@@ -166,6 +179,15 @@ class Collector:
     def sampler_params(self, ctx: HostContext) -> dict[str, Any]:
         """Keyword parameters of the remote sampler (samplers only); Unavailable if it cannot run."""
         return {}
+
+    @staticmethod
+    def process_params(ctx: HostContext) -> dict[str, Any]:
+        """{pid} for a sampler that reads the monitored process in /proc; Unavailable without one."""
+        if ctx.pid is None:
+            raise Unavailable("no monitored process (give pid, process or port)")
+        if not ctx.facts.get("procfs"):
+            raise Unavailable("/proc is not available")
+        return {"pid": ctx.pid}
 
     def sampler_version(self, ctx: HostContext) -> str | None:
         """The version of what the sampler reads, from the preflight facts (None: unknown)."""
@@ -207,11 +229,49 @@ class Collector:
         """The collector's parser proper; ``parse`` guards it."""
         raise NotImplementedError
 
+    def parse_file(self, path: Path, *, tz: tzinfo | None = None, t0: float | None = None,
+                   interval: float = 1.0) -> Parsed:
+        """``parse`` of a raw file's text (UTF-8, bad bytes replaced); the same tables. Never raises
+        (an unreadable file: OSError, as reading it would)."""
+        try:
+            return self.parse_file_unguarded(path, tz, t0, interval)
+        except OSError:
+            raise
+        except Exception as e:  # the same last-resort guard as ``parse``
+            logger.exception("%s parser failed", self.name)
+            n = len(_read_text(path).splitlines())
+            return Parsed({t: frame([], TABLE_COLUMNS.get(t, ["t"])) for t in self.tables}, n, n,
+                          error=f"{type(e).__name__}: {e}"[:300])
+
+    def parse_file_unguarded(self, path: Path, tz: tzinfo | None, t0: float | None, interval: float) -> Parsed:
+        """The whole text at once; a collector whose files grow large reads them a piece at a time."""
+        return self.parse_text(_read_text(path), tz, t0, interval)
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} ({self.kind}) -> {self.raw_file}>"
 
 
 # ---- helpers shared by the parsers ---------------------------------------------------------
+
+def _read_text(path: Path) -> str:
+    return path.read_bytes().decode("utf-8", "replace")
+
+
+def whole_line_pieces(path: Path, piece: int) -> Iterator[str]:
+    """A raw file's text (UTF-8, bad bytes replaced) about ``piece`` characters at a time, each
+    piece ending just after a newline (no line, nor a CR LF pair, is cut; the last piece holds
+    whatever follows the last newline): for the stream parsers, which never hold the whole text."""
+    rest = ""
+    with path.open(encoding="utf-8", errors="replace", newline="") as f:
+        while chunk := f.read(piece):
+            text = rest + chunk
+            cut = text.rfind("\n") + 1
+            if cut:
+                yield text[:cut]
+            rest = text[cut:]
+    if rest:
+        yield rest
+
 
 def to_float(s: object) -> float:
     """A number from a token; '-', 'N/A', garbage -> NaN. Never raises."""
@@ -257,15 +317,18 @@ def local_epoch(dt: datetime, tz: tzinfo | None) -> float:
     return dt.replace(tzinfo=tz).timestamp()
 
 
-def frame(rows: Iterable[dict] | list[list], columns: list[str],
+def frame(rows: Iterable[dict] | list[list] | dict[str, list], columns: list[str],
           ints: tuple[str, ...] = ("pid", "tid", "gpu")) -> pd.DataFrame:
-    """DataFrame with exactly ``columns`` (in order) from dict rows or list rows; the ``ints``
-    columns become int64 when they hold no NaN."""
-    rows = list(rows)
-    if rows and isinstance(rows[0], dict):
-        df = pd.DataFrame.from_records(rows, columns=columns)
-    else:
+    """DataFrame with exactly ``columns`` (in order) from dict rows, list rows or a dict of column
+    lists (the cheapest for many rows); the ``ints`` columns become int64 when they hold no NaN."""
+    if isinstance(rows, dict):
         df = pd.DataFrame(rows, columns=columns)
+    else:
+        listed: list[Any] = list(rows)
+        if listed and isinstance(listed[0], dict):
+            df = pd.DataFrame.from_records(listed, columns=columns)
+        else:
+            df = pd.DataFrame(listed, columns=columns)
     if df.columns.duplicated().any():  # a garbled header can name a column twice
         df = df.loc[:, ~df.columns.duplicated()]
     if "t" in df.columns:

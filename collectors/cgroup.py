@@ -44,7 +44,7 @@ import logging
 from datetime import tzinfo
 from typing import Any, Iterable
 
-from collectors.base import NAN, Collector, HostContext, Parsed, Unavailable, finite, frame, json_records, to_float
+from collectors.base import NAN, Collector, HostContext, Parsed, finite, frame, json_records, to_float
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def rows_from_samples(samples: Iterable[dict]) -> tuple[list[list], int]:
     """cgroup-format sample dicts -> (table rows, samples skipped)."""
     rows: list[list] = []
     skipped = 0
-    prev: dict[int, dict] = {}
+    prev: dict[int, tuple[dict[str, float], Any]] = {}  # pid: (its last counters and t, its cpu_dir)
     for rec in samples:
         t, pid_f = to_float(rec.get("t")), to_float(rec.get("pid"))
         if not (finite(t) and finite(pid_f)):
@@ -95,11 +95,11 @@ def rows_from_samples(samples: Iterable[dict]) -> tuple[list[list], int]:
             continue  # said, not measured: the process is gone or no hierarchy is mounted
         pid = int(pid_f)
         cur = {k: to_float(rec.get(k)) for k in COUNTERS}
-        cur["t"], cur["dir"] = t, rec.get("cpu_dir")
-        p = prev.get(pid)
-        prev[pid] = cur
+        cur["t"], cpu_dir = t, rec.get("cpu_dir")
+        p, p_dir = prev.get(pid, (None, None))
+        prev[pid] = cur, cpu_dir
         d = {k: NAN for k in COUNTERS}
-        if p is not None and t > p["t"] and p["dir"] == cur["dir"]:
+        if p is not None and t > p["t"] and p_dir == cpu_dir:
             d = {k: _delta(cur[k], p[k]) for k in COUNTERS}
         elif p is not None and not t > p["t"]:
             skipped += 1
@@ -125,11 +125,7 @@ class CgroupCollector(Collector):
     output_tz = None
 
     def sampler_params(self, ctx: HostContext) -> dict[str, Any]:
-        if ctx.pid is None:
-            raise Unavailable("no monitored process (give pid, process or port)")
-        if not ctx.facts.get("procfs"):
-            raise Unavailable("/proc is not available")
-        return {"pid": ctx.pid, "throttle_interval": THROTTLE_INTERVAL}
+        return {**self.process_params(ctx), "throttle_interval": THROTTLE_INTERVAL}
 
     def parse_text(self, text: str, tz: tzinfo | None, t0: float | None, interval: float) -> Parsed:
         return parse_cgroup(text)

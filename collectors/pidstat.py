@@ -1,6 +1,6 @@
 """pidstat (sysstat): per-process and per-thread CPU, memory and context switches.
 
-Command: ``pidstat -H -h -u -r -w -t -p PID 1`` with ``LC_ALL=C S_TIME_FORMAT=ISO``. ``-H`` (sysstat
+Command: ``pidstat -H -h -u -r -w -d -t -p PID 1`` with ``LC_ALL=C S_TIME_FORMAT=ISO``. ``-H`` (sysstat
 >= 11.6) prints the Time column as epoch seconds; without it the column is HH:MM:SS and the date
 comes from the banner line (``Linux ... 2026-11-30 ...``), rolling over at midnight.
 
@@ -19,18 +19,34 @@ Tables:
   /proc/PID/status are those of the main thread only); ``wait_pct`` likewise = sum over the thread
   rows (the process row's %wait is the main thread's run delay, /proc/PID/schedstat); ``migrations_s`` = number of threads whose
   CPU column (the core it last ran on) changed since the previous interval, divided by the time
-  between the two intervals: the cache-affinity signal (NaN on the first interval and without -t).
+  between the two intervals: the cache-affinity signal (NaN on the first interval and without -t),
+  a lower bound of the kernel's count (``migrations_counted`` = MIGRATIONS_SAMPLED).
+  Disk IO (``-d``): ``io_read_kb_s`` and ``io_write_kb_s`` from the process row (kB_rd/s, kB_wr/s:
+  /proc/PID/io, which counts the whole thread group); ``io_delay_pct`` = the iodelay column (clock
+  ticks of block-IO delay in the interval, /proc/PID/stat field 42, USER_HZ = 100) summed over the
+  thread rows (the process row's is the main thread's only, like %wait), as percent of one CPU's
+  time: the threads' time blocked on synchronous disk IO.  iodelay counts only where the kernel's
+  delay accounting is on (``sysctl kernel.task_delayacct``, off by default since Linux 5.14), else
+  it reads 0.  pidstat prints -1 where it may not read /proc/PID/io: NaN here.
 * ``threads``: one row per thread per interval.
+
+Read as a stream (:class:`PidstatStream`): only the interval being read is held as records, and a
+file is read a piece at a time (:func:`parse_pidstat_file`), so 2 h of a 256-thread process (1.8M
+thread rows, 293 MB of text) is parsed in ~0.5 GB, not 2.2 GB (bench/soak.py --threads 256); the
+live view feeds the same stream what each fetch added (collectors.parsed.LiveParse).
 """
 from __future__ import annotations
 
 import logging
+from array import array
 from datetime import date, datetime, timedelta, tzinfo
+from pathlib import Path
+from typing import Any
 
-import pandas as pd
+import numpy as np
 
-from collectors.base import (BASE_ENV, NAN, PROCESS_COLUMNS, THREAD_COLUMNS, Collector, Parsed,
-                             frame, local_epoch, split_hms, to_float)
+from collectors.base import (BASE_ENV, MIGRATIONS_SAMPLED, NAN, PROCESS_COLUMNS, THREAD_COLUMNS, Collector, Parsed,
+                             frame, local_epoch, split_hms, to_float, whole_line_pieces)
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +59,22 @@ NO_ID = ("-", "0")
 #: Header names -> short field keys (older sysstat printed %user).
 FIELDS = {"%usr": "usr", "%user": "usr", "%system": "sys", "%wait": "wait", "%CPU": "cpu",
           "CPU": "core", "minflt/s": "minflt", "majflt/s": "majflt", "VSZ": "vsz", "RSS": "rss",
-          "cswch/s": "cswch", "nvcswch/s": "nvcswch"}
+          "cswch/s": "cswch", "nvcswch/s": "nvcswch", "kB_rd/s": "kb_rd", "kB_wr/s": "kb_wr",
+          "iodelay": "iodelay"}
+#: Clock ticks per second of /proc/PID/stat's delayacct_blkio_ticks (USER_HZ, 100 on Linux).
+USER_HZ = 100.0
+#: A record's slots: the command name, then each field key (NaN until a section gives it).
+SLOTS = ("name", "usr", "sys", "wait", "cpu", "core", "minflt", "majflt", "vsz", "rss", "cswch", "nvcswch",
+         "kb_rd", "kb_wr", "iodelay")
+SLOT = {k: i for i, k in enumerate(SLOTS)}
+FIELD_SLOT = {col: SLOT[k] for col, k in FIELDS.items()}
+#: The fields a thread row is read for (its table, and the process's sums and migrations): the
+#: others (faults, memory, the process's IO) are the process row's; not parsing them is a third less.
+THREAD_FIELD_SLOT = {col: i for col, i in FIELD_SLOT.items()
+                     if SLOTS[i] in ("usr", "sys", "wait", "cpu", "core", "cswch", "nvcswch", "iodelay")}
+#: The slots of the threads table's value columns (THREAD_COLUMNS after t, tid, name).
+THREAD_VALUE_SLOTS = tuple(SLOT[k] for k in ("cpu", "usr", "sys", "core", "cswch", "nvcswch"))
+LINES_CHUNK = 1 << 23  # characters of the text split into lines at a time (a whole day's lines would be held)
 BANNER_DATE_FORMATS = ("%Y-%m-%d", "%m/%d/%y", "%m/%d/%Y", "%d/%m/%y", "%d/%m/%Y")
 HALF_DAY_S = 43200
 
@@ -101,57 +132,181 @@ class _Clock:
             return None
 
 
-def parse_pidstat(text: str, tz: tzinfo | None = None) -> Parsed:
-    """pidstat text -> ``process`` and ``threads`` tables. Never raises."""
-    clock = _Clock(tz)
-    columns: list[str] | None = None
-    records: dict[tuple[float, int, int | None], dict[str, object]] = {}
-    lines = skipped = 0
-    last_tgid: int | None = None
-    for line in text.splitlines():
-        lines += 1
+class PidstatStream:
+    """pidstat text read a piece at a time, in whole lines (:meth:`feed_text`); :meth:`take` returns the
+    rows read so far as the two tables and forgets them.
+
+    Why a stream: 2 h of a 256-thread process is 1.8M thread rows and 293 MB of text (issue 20,
+    bench/soak.py); the whole text and a record per row peaked at 2.2 GB.  Here only the interval
+    being read is held as records (rows of one Time; a row of another Time closes it), and each
+    closed interval goes into typed columns (8 bytes a number; thread names shared).  The same
+    stream serves the live view (collectors.parsed.LiveParse): fed what a fetch added, its
+    ``take()`` gives the new intervals only.  An interval is closed by the next one's first row, so
+    ``take()`` leaves the last one open unless ``final``.  Times are taken as they come: a Time seen
+    again after another (a clock stepped back) starts an interval of its own (the whole-text parse
+    before the stream merged it into the earlier interval of that Time).
+    """
+
+    def __init__(self, tz: tzinfo | None = None, interval: float = 1.0) -> None:
+        self.clock = _Clock(tz)
+        self.interval = interval
+        self.columns: list[str] | None = None
+        self.lines = self.skipped = 0
+        self.last_tgid: int | None = None
+        self.t_open: float | None = None
+        self.open: dict[tuple[int, int | None], list] = {}  # the open interval's records by (pid, tid)
+        self.prev: dict[int, tuple[float, dict[int, float]]] = {}  # pid -> (t, {tid: core}): migrations
+        self.names: dict[str, str] = {}  # one str per thread name
+        self._reset_columns()
+
+    def _reset_columns(self) -> None:
+        self.process_rows: list[list] = []
+        self.thread_t, self.thread_tid = array("d"), array("q")
+        self.thread_names: list[str] = []
+        self.thread_values = [array("d") for _ in THREAD_VALUE_SLOTS]
+
+    def feed_text(self, text: str) -> None:
+        for line in _lines(text):
+            self.feed_line(line)
+
+    def feed_line(self, line: str) -> None:
+        self.lines += 1
         tokens = line.split()
         if not tokens:
-            continue
+            return
         first = tokens[0]
         if first == "Linux" or first == "Average:":
-            if first == "Linux" and clock.day is None:
-                clock.day = _banner_date(tokens)
-            continue
+            if first == "Linux" and self.clock.day is None:
+                self.clock.day = _banner_date(tokens)
+            return
         if "Command" in tokens and ("PID" in tokens or "TGID" in tokens or "TID" in tokens):
-            columns = _header_columns(tokens)
-            continue
+            self.columns = _header_columns(tokens)
+            return
+        columns = self.columns
         if first.startswith("#") or columns is None:
-            skipped += 1
-            continue
+            self.skipped += 1
+            return
         ampm = None
         if len(tokens) > 1 and tokens[1] in ("AM", "PM"):
             ampm = tokens.pop(1)
         ncol = len(columns)
         if len(tokens) < ncol:
-            skipped += 1
-            continue
+            self.skipped += 1
+            return
         row = dict(zip(columns[:-1], tokens[:ncol - 1]))
-        t = clock.epoch(tokens[0], ampm)
-        if t is None:
-            skipped += 1
-            continue
-        command = " ".join(tokens[ncol - 1:])
-        key = _row_key(row, last_tgid)
-        if key is None:
-            skipped += 1
-            continue
+        t = self.clock.epoch(tokens[0], ampm)
+        key = None if t is None else _row_key(row, self.last_tgid)
+        if t is None or key is None:
+            self.skipped += 1
+            return
+        if t != self.t_open:
+            self._close()
+            self.t_open = t
+        self._record(key, " ".join(tokens[ncol - 1:]), row)
+
+    def _record(self, key: tuple[int, int | None], command: str, row: dict[str, str]) -> None:
         pid, tid = key
         if tid is None:
-            last_tgid = pid
-        rec = records.setdefault((t, pid, tid), {})
-        rec["name"] = command[len(THREAD_PREFIX):] if command.startswith(THREAD_PREFIX) else command
+            self.last_tgid = pid
+        rec = self.open.get(key)
+        if rec is None:
+            rec = self.open[key] = [NAN] * len(SLOTS)
+        name = command[len(THREAD_PREFIX):] if command.startswith(THREAD_PREFIX) else command
+        rec[0] = self.names.setdefault(name, name)
+        fields = FIELD_SLOT if tid is None else THREAD_FIELD_SLOT
         for col, val in row.items():
-            k = FIELDS.get(col)
+            k = fields.get(col)
             if k is not None:
                 rec[k] = to_float(val)
-    process, threads = _tables(records)
-    return Parsed({"process": process, "threads": threads}, lines, skipped)
+
+    def _close(self) -> None:
+        """The open interval's records -> rows of the two tables (in the order they came)."""
+        t, records = self.t_open, self.open
+        if t is None or not records:
+            return
+        by_pid: dict[int, list[tuple[int, list]]] = {}
+        for (pid, tid), rec in records.items():
+            if tid is None:
+                continue
+            by_pid.setdefault(pid, []).append((tid, rec))
+            self.thread_t.append(t)
+            self.thread_tid.append(tid)
+            self.thread_names.append(rec[0])
+            for col, slot in zip(self.thread_values, THREAD_VALUE_SLOTS):
+                col.append(rec[slot])
+        for (pid, tid), rec in records.items():
+            if tid is None:
+                self.process_rows.append(self._process_row(t, pid, rec, by_pid.get(pid)))
+        self.open = {}
+
+    def _process_row(self, t: float, pid: int, rec: list, ths: list[tuple[int, list]] | None) -> list:
+        g = lambda r, k: r[SLOT[k]]  # noqa: E731
+        n_threads = cswch = nvcswch = migr = NAN
+        wait = g(rec, "wait")
+        if ths:
+            n_threads = float(len(ths))
+            cswch = sum(g(r, "cswch") for _, r in ths)
+            nvcswch = sum(g(r, "nvcswch") for _, r in ths)
+            wait = sum(g(r, "wait") for _, r in ths)  # NaN without %wait (sysstat < 11.5.5)
+            cores = {tid_: g(r, "core") for tid_, r in ths}
+            if pid in self.prev:
+                t_prev, cores_prev = self.prev[pid]
+                dt = t - t_prev
+                if dt > 0:
+                    moved = sum(1 for k, c in cores.items() if k in cores_prev and c == c and c != cores_prev[k])
+                    migr = moved / dt
+            self.prev[pid] = (t, cores)
+        else:
+            cswch, nvcswch = g(rec, "cswch"), g(rec, "nvcswch")
+        return [t, pid, g(rec, "cpu"), g(rec, "usr"), g(rec, "sys"), wait, g(rec, "rss") / 1024.0,
+                g(rec, "vsz") / 1024.0, n_threads, cswch, nvcswch, migr, g(rec, "minflt"), g(rec, "majflt"),
+                *_io(rec, ths, self.interval), MIGRATIONS_SAMPLED if migr == migr else NAN]
+
+    def take(self, final: bool = True) -> Parsed:
+        """The rows of the intervals closed so far (and, ``final``, of the open one), as the
+        ``process`` and ``threads`` tables; they are forgotten here (the line counts are not)."""
+        if final:
+            self._close()
+            self.t_open = None
+        process = frame(self.process_rows, PROCESS_COLUMNS)
+        if len(self.thread_t):
+            cols: dict[str, Any] = {"t": np.frombuffer(self.thread_t, dtype=float),
+                                    "tid": np.frombuffer(self.thread_tid, dtype=np.int64),
+                                    "name": self.thread_names}
+            cols.update({c: np.frombuffer(a, dtype=float) for c, a in zip(THREAD_COLUMNS[3:], self.thread_values)})
+            threads = frame(cols, THREAD_COLUMNS)
+        else:
+            threads = frame([], THREAD_COLUMNS)
+        self._reset_columns()
+        return Parsed({"process": process, "threads": threads}, self.lines, self.skipped)
+
+
+def parse_pidstat(text: str, tz: tzinfo | None = None, interval: float = 1.0) -> Parsed:
+    """pidstat text (sampled every ``interval`` seconds) -> ``process`` and ``threads`` tables.
+    Never raises."""
+    stream = PidstatStream(tz, interval)
+    stream.feed_text(text)
+    return stream.take()
+
+
+def parse_pidstat_file(path: Path, tz: tzinfo | None = None, interval: float = 1.0) -> Parsed:
+    """:func:`parse_pidstat` of a file's text (UTF-8, bad bytes replaced), read LINES_CHUNK
+    characters at a time: the whole text is never held."""
+    stream = PidstatStream(tz, interval)
+    for text in whole_line_pieces(path, LINES_CHUNK):
+        stream.feed_text(text)
+    return stream.take()
+
+
+def _lines(text: str, chunk: int = LINES_CHUNK):
+    """``text.splitlines()``, a chunk at a time: each chunk ends just after a newline, so no line
+    (nor a CR LF pair) is cut, and only one chunk's lines are held at once."""
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start + chunk)
+        end = len(text) if end < 0 else end + 1
+        yield from text[start:end].splitlines()
+        start = end
 
 
 def _header_columns(tokens: list[str]) -> list[str]:
@@ -178,45 +333,11 @@ def _row_key(row: dict[str, str], last_tgid: int | None) -> tuple[int, int | Non
         return None
 
 
-def _tables(records: dict[tuple[float, int, int | None], dict[str, object]]
-            ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    g = lambda rec, k: rec.get(k, NAN)  # noqa: E731
-    thread_rows: list[list] = []
-    by_interval: dict[tuple[float, int], list[tuple[int, dict]]] = {}
-    for (t, pid, tid), rec in records.items():
-        if tid is None:
-            continue
-        by_interval.setdefault((t, pid), []).append((tid, rec))
-        thread_rows.append([t, tid, rec.get("name", ""), g(rec, "cpu"), g(rec, "usr"),
-                            g(rec, "sys"), g(rec, "core"), g(rec, "cswch"), g(rec, "nvcswch")])
-    process_rows: list[list] = []
-    prev: dict[int, tuple[float, dict[int, float]]] = {}
-    for (t, pid, tid), rec in records.items():
-        if tid is not None:
-            continue
-        ths = by_interval.get((t, pid))
-        n_threads = cswch = nvcswch = migr = NAN
-        wait = g(rec, "wait")
-        if ths:
-            n_threads = float(len(ths))
-            cswch = sum(g(r, "cswch") for _, r in ths)
-            nvcswch = sum(g(r, "nvcswch") for _, r in ths)
-            wait = sum(g(r, "wait") for _, r in ths)  # NaN without %wait (sysstat < 11.5.5)
-            cores = {tid_: g(r, "core") for tid_, r in ths}
-            if pid in prev:
-                t_prev, cores_prev = prev[pid]
-                dt = t - t_prev
-                if dt > 0:
-                    moved = sum(1 for k, c in cores.items()
-                                if k in cores_prev and c == c and c != cores_prev[k])
-                    migr = moved / dt
-            prev[pid] = (t, cores)
-        else:
-            cswch, nvcswch = g(rec, "cswch"), g(rec, "nvcswch")
-        process_rows.append([t, pid, g(rec, "cpu"), g(rec, "usr"), g(rec, "sys"), wait,
-                             g(rec, "rss") / 1024.0, g(rec, "vsz") / 1024.0, n_threads, cswch,
-                             nvcswch, migr, g(rec, "minflt"), g(rec, "majflt")])
-    return frame(process_rows, PROCESS_COLUMNS), frame(thread_rows, THREAD_COLUMNS)
+def _io(rec: list, ths: list[tuple[int, list]] | None, interval: float) -> list[float]:
+    """[io_read_kb_s, io_write_kb_s, io_delay_pct] of a process row (-1: not readable -> NaN)."""
+    g = lambda r, k: (lambda v: NAN if v < 0 else v)(r[SLOT[k]])  # noqa: E731
+    ticks = sum(g(r, "iodelay") for _, r in ths) if ths else g(rec, "iodelay")
+    return [g(rec, "kb_rd"), g(rec, "kb_wr"), ticks / USER_HZ / max(interval, 1.0) * 100.0]
 
 
 class PidstatCollector(Collector):
@@ -224,6 +345,10 @@ class PidstatCollector(Collector):
     raw_file = "pidstat.txt"
     kind = "command"
     tables = ("process", "threads")
+    #: The agent's /proc sampler reads the process every interval and its threads less often;
+    #: pidstat -t reads every thread each second (1.75 % of a core for 256 threads with SSH
+    #: fetches).  It runs where the sampler cannot: hosts with the shell agent (no python3).
+    instead_of = "procfs"
 
     def check_argv(self) -> list[str] | None:
         return ["pidstat", "-V"]
@@ -243,11 +368,14 @@ class PidstatCollector(Collector):
         vt = _version_tuple(version)
         if not vt or vt >= EPOCH_OPTION_SINCE:
             argv.append("-H")
-        argv += ["-h", "-u", "-r", "-w", "-t", "-p", str(int(pid)), str(max(1, round(interval)))]
+        argv += ["-h", "-u", "-r", "-w", "-d", "-t", "-p", str(int(pid)), str(max(1, round(interval)))]
         return argv, {**BASE_ENV, "S_TIME_FORMAT": "ISO"}
 
     def parse_text(self, text: str, tz: tzinfo | None, t0: float | None, interval: float) -> Parsed:
-        return parse_pidstat(text, tz)
+        return parse_pidstat(text, tz, max(1, round(interval)))
+
+    def parse_file_unguarded(self, path: Path, tz: tzinfo | None, t0: float | None, interval: float) -> Parsed:
+        return parse_pidstat_file(path, tz, max(1, round(interval)))
 
 
 COLLECTOR = PidstatCollector()

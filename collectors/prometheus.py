@@ -1,13 +1,14 @@
 """Prometheus text exposition: flat series dicts, scrape series as a table, and the scraper.
 
 An inference server's ``/metrics`` (vLLM, Triton, TGI ...) is scraped from the load side by
-:class:`PrometheusScraper` (a thread in the conductor, ``requests``, 1 Hz, bounded timeouts; its
-``t`` is the load machine's clock, i.e. the master's), or by the remote agent (stdlib ``urllib``)
-when a host lists ``prometheus`` in its collectors. Both write ONE JSON OBJECT PER LINE, PER
-SCRAPE to ``prometheus.jsonl``::
+:class:`PrometheusScraper` (a thread in the conductor, 1 Hz; its ``t`` is the load machine's clock,
+i.e. the master's), or by the remote agent when a host lists ``prometheus`` in its collectors.  Both
+scrape with the one stdlib scraper, agents/remote/prometheus.py's ``scrape`` (bounded timeouts and
+size, the same error wording), and write ONE JSON OBJECT PER LINE, PER SCRAPE to
+``prometheus.jsonl``::
 
     {"t": 1796002084.5, "url": "http://127.0.0.1:8000/metrics", "text": "<exposition text>"}
-    {"t": 1796002085.5, "url": "http://127.0.0.1:8000/metrics", "error": "timed out"}
+    {"t": 1796002085.5, "url": "http://127.0.0.1:8000/metrics", "error": "timed out after 0.8s"}
 
 ``t`` is the epoch when the scrape was sent; a failed scrape has ``error`` instead of ``text`` and
 is counted as skipped. ``skipped`` counts raw lines (JSON lines): a scrape whose exposition had
@@ -31,8 +32,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import pandas as pd
-import requests
 
+from agents.remote.prometheus import scrape, scrape_timeout, tls_context
 from collectors.base import Collector, HostContext, Parsed, Unavailable, finite, json_records, to_float
 from kneeswarm.rundir import PROMETHEUS_RAW
 
@@ -44,9 +45,6 @@ except ImportError:  # pragma: no cover - prometheus-client is a dependency
     text_string_to_metric_families = None  # type: ignore[assignment]
 
 SCRAPE_INTERVAL = 1.0  # seconds between scrapes (the scraper keeps a fixed 1 Hz grid)
-SCRAPE_CONNECT_TIMEOUT = 1.0  # seconds to connect to /metrics
-SCRAPE_TIMEOUT = 0.8  # seconds for the whole answer, as a fraction of the interval when smaller
-SCRAPE_MAX_BYTES = 8 << 20  # a bigger exposition is cut here and counted as a failed scrape
 SCRAPE_JOIN_TIMEOUT = 5.0  # seconds ``stop`` waits for the scraper thread
 
 
@@ -164,16 +162,19 @@ class PrometheusScraper(threading.Thread):
     """
 
     def __init__(self, url: str, path: str | Path, interval: float = SCRAPE_INTERVAL,
-                 timeout: float | None = None, session: requests.Session | None = None,
-                 request_kw: dict[str, Any] | None = None):
+                 timeout: float | None = None, headers: dict[str, str] | None = None,
+                 tls: dict[str, Any] | None = None):
         super().__init__(name="prometheus-scraper", daemon=True)
         self.url = url
         self.path = Path(path)
         self.interval = float(interval)
-        self.timeout = float(timeout) if timeout is not None else min(SCRAPE_TIMEOUT, 0.8 * self.interval)
-        self.session = session or requests.Session()
-        #: per-request keywords (``verify``, ``cert``): a Session's own verify loses to REQUESTS_CA_BUNDLE
-        self.request_kw = dict(request_kw or {})
+        self.timeout = float(timeout) if timeout is not None else scrape_timeout(self.interval)
+        #: sent on each scrape (the plan's [endpoint] headers where metrics_url is the target's origin)
+        self.headers = dict(headers or {})
+        #: ``verify``, ``cafile``, ``cert``, ``key``, ``server_name`` (agents/remote/prometheus.py)
+        tls = dict(tls or {})
+        self.server_name: str | None = tls.get("server_name")
+        self.context = tls_context(url, tls)
         self._stopping = threading.Event()
         self.scrapes = self.ok = self.failed = 0
         self.bytes = 0
@@ -184,31 +185,7 @@ class PrometheusScraper(threading.Thread):
 
     def scrape_once(self) -> dict[str, Any]:
         """One scrape -> the JSON line's record (``text`` or ``error``). Never raises."""
-        t = time.time()
-        rec: dict[str, Any] = {"t": round(t, 6), "url": self.url}
-        deadline = time.monotonic() + self.timeout
-        try:
-            with self.session.get(self.url, stream=True, timeout=(SCRAPE_CONNECT_TIMEOUT, self.timeout),
-                                  **self.request_kw) as r:
-                if r.status_code != 200:
-                    raise _ScrapeError(f"HTTP {r.status_code}")
-                body = bytearray()
-                for chunk in r.iter_content(65536):
-                    body += chunk
-                    if len(body) > SCRAPE_MAX_BYTES:
-                        raise _ScrapeError(f"answer larger than {SCRAPE_MAX_BYTES} bytes")
-                    if time.monotonic() > deadline:
-                        raise _ScrapeError(f"answer not complete within {self.timeout:g}s")
-            rec["text"] = body.decode("utf-8", "replace")  # the exposition format is UTF-8
-        except _ScrapeError as e:
-            rec["error"] = str(e)
-        except requests.Timeout:
-            rec["error"] = f"timed out after {self.timeout:g}s"
-        except requests.ConnectionError as e:
-            rec["error"] = "connection refused" if "refused" in str(e).lower() else f"connection error: {type(e).__name__}"
-        except Exception as e:  # a scrape failure is counted, never fatal
-            rec["error"] = f"{type(e).__name__}: {e}"[:300]
-        return rec
+        return scrape(self.url, self.headers, self.context, self.server_name, timeout=self.timeout)
 
     def _record(self, rec: dict[str, Any], out: Any) -> None:
         self.scrapes += 1
@@ -240,7 +217,6 @@ class PrometheusScraper(threading.Thread):
             logger.error("metrics %s: %s", self.url, self.last_error)
         finally:
             self.stopped_at = time.time()
-            self.session.close()
 
     def stop(self, timeout: float = SCRAPE_JOIN_TIMEOUT) -> dict[str, Any]:
         """Stop scraping (waits for the scrape in flight, bounded) and return ``stats()``."""
@@ -254,10 +230,6 @@ class PrometheusScraper(threading.Thread):
                 "scrapes": self.scrapes, "ok": self.ok, "failed": self.failed, "bytes": self.bytes,
                 "errors": dict(self.errors), "last_error": self.last_error,
                 "started": self.started_at, "stopped": self.stopped_at}
-
-
-class _ScrapeError(Exception):
-    """A scrape that got an answer, but not a usable one."""
 
 
 def write_prometheus_csv(raw: str | Path, csv_path: str | Path) -> dict[str, int]:

@@ -39,7 +39,7 @@ def _timestamp(s: str, clock: WallClock) -> float | None:
 def parse_query_gpu(text: str, tz: tzinfo | None = None) -> Parsed:
     """nvidia-smi --query-gpu CSV text -> ``gpu`` table. Never raises."""
     columns: list[str] | None = None
-    rows: list[list[float]] = []
+    rows: list[dict[str, float]] = []
     lines = skipped = 0
     clock = WallClock(tz, DATE_FORMAT)
     for line in text.splitlines():

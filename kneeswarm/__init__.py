@@ -1,2 +1,3 @@
-"""kneeswarm: the entry points (cli, conductor: floor 4) and the contracts every part talks
-through (plan, rundir: floor 1); target/ is the demo inference server, which stands apart."""
+"""kneeswarm: the command line (cli), one run's processes (conductor, lifecycle) and the contracts
+every part talks through (plan, rundir, outcome); target/ is the demo inference server, which
+stands apart (docs/design.md, "Floors")."""

@@ -1,10 +1,10 @@
-"""The `kneeswarm` command line (floor 4).
+"""kneeswarm: find where an inference service stops scaling, and why.
 
     kneeswarm run [PLAN.toml] [flags]   stepped load + collectors + report
     kneeswarm demo                      the bundled target, a default plan, a report in ~2 minutes
     kneeswarm target [flags]            the bundled demo inference server
     kneeswarm analyze RUN_DIR           (re)write the report of a run directory
-    kneeswarm compare BASE NEW          did NEW regress against BASE? (analysis.compare)
+    kneeswarm compare BASE NEW          did NEW regress against BASE?
     kneeswarm history RUNS_ROOT|RUN_DIR...   index the runs, trend report, drift test (analysis.history)
     kneeswarm worker --master HOST[:PORT] [--processes N]   a worker for a master on another machine
 
@@ -23,19 +23,24 @@ import argparse
 import logging
 import re
 import select
+import shlex
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from kneeswarm.lifeline import die_with_parent
-from kneeswarm.outcome import EXIT_BAD_INPUT, EXIT_DRIFT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_SLA_FAILED, Ended
+from kneeswarm.outcome import (EXIT_BAD_INPUT, EXIT_DRIFT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REGRESSION,
+                               EXIT_SLA_FAILED, Ended)
 
 logger = logging.getLogger(__name__)
 
 DEMO_STEPS = [1, 2, 4, 8, 16]
 DEMO_TARGET_ARGS = ["--mode", "onnx", "--request-threads", "4"]
 DEMO_HOLD, DEMO_RAMP, DEMO_SETTLE = 16.0, 2.0, 2.0
+DEMO_SOAK_USERS = 4
+DEMO_SEARCH_MAX = 64  # demo --search: users at most
 TARGET_START_TIMEOUT = 60.0
 
 
@@ -89,6 +94,26 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accept-new-host-keys", action="store_true",
                    help="record the SSH host key of a host seen for the first time (never a changed one)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the report path")
+    _add_export_flags(p)
+
+
+def _add_export_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--otel", action="store_true", help="Locust's OpenTelemetry export (OTEL_* environment) with "
+                   "kneeswarm's figures; the final ones, findings included, pushed after the analysis")
+    p.add_argument("--prometheus", default="", metavar="[HOST:]PORT",
+                   help="kneeswarm's live figures for Prometheus on the master (loopback unless HOST is given)")
+    p.add_argument("--prometheus-linger", type=float, default=0.0, metavar="SECONDS",
+                   help="after the analysis, serve the final figures and findings on --prometheus this long")
+
+
+def _export(args: argparse.Namespace) -> Any:
+    from kneeswarm.conductor import ConductorError
+    from kneeswarm.export import ExportError, ExportOptions
+
+    try:
+        return ExportOptions(args.otel, args.prometheus, args.prometheus_linger).check()
+    except ExportError as e:
+        raise ConductorError(str(e)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,6 +125,19 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="runs", help="where run directories go (default: runs)")
     demo.add_argument("--hold", type=_hold, default=DEMO_HOLD, help=f"seconds per step, or auto (default {DEMO_HOLD:g})")
     demo.add_argument("--steps", type=_steps, default=DEMO_STEPS, help="user counts (default 1,2,4,8,16)")
+    demo.add_argument("--search", action="store_true",
+                      help='[load] mode = "search": probes chosen as the run goes, from 1 user to --max, '
+                           'hold = "auto" (the knee located, not guessed from a grid)')
+    demo.add_argument("--max", type=int, default=DEMO_SEARCH_MAX, help=f"--search: never beyond this many users (default {DEMO_SEARCH_MAX})")
+    demo.add_argument("--min-hold", type=float, help="hold = auto: seconds each step is held at least")
+    demo.add_argument("--max-hold", type=float, help="hold = auto: seconds each step is held at most")
+    demo.add_argument("--target-args", metavar="FLAGS", help="the demo target's flags, e.g. --target-args='--mode knee "
+                      "--slots 11' (default: ONNX Runtime, 4 request threads; see `kneeswarm target --help`)")
+    _add_export_flags(demo)
+    soak = demo.add_argument_group("soak (instead of the steps: one load held, issue 20)")
+    soak.add_argument("--soak", type=float, metavar="SECONDS", help="hold --users users this long ([load] mode = \"soak\")")
+    soak.add_argument("--users", type=int, default=DEMO_SOAK_USERS, help=f"users held by --soak (default {DEMO_SOAK_USERS})")
+    soak.add_argument("--window", type=float, help="seconds per point of the soak's series (default 60)")
     sub.add_parser("target", help="the bundled demo inference server (see `kneeswarm target --help`)", add_help=False)
     wk = sub.add_parser("worker", help="a Locust worker for a master on another machine (kneeswarm's locustfile)")
     wk.add_argument("--master", metavar="HOST[:PORT]", help="the master (`kneeswarm run --expect-workers`)")
@@ -128,16 +166,23 @@ def _add_history(sub: Any) -> None:
 
 
 def _add_gates(sub: Any) -> None:
-    """--fail-on-sla on run, demo and analyze; --sla-* overrides on run and demo; `compare` (its
-    own parser: analysis.compare, dispatched in main)."""
+    """--fail-on-sla on run, demo and analyze; --sla-* overrides on run and demo; `compare`."""
     for name in ("run", "demo", "analyze"):
         sub.choices[name].add_argument("--fail-on-sla", action="store_true",
                                        help=f"exit {EXIT_SLA_FAILED} when the plan's [sla] is not met")
     for name in ("run", "demo"):
         sub.choices[name].add_argument("--sla-p99-ms", type=float, help="[sla] p99_ms: the P99 limit, ms")
         sub.choices[name].add_argument("--sla-error-rate", type=float, help="[sla] error_rate: the error limit, 0..1")
-    sub.add_parser("compare", help="compare two runs: per-step QPS/P99 changes, verdict (`kneeswarm compare --help`)",
-                   add_help=False)
+    co = sub.add_parser("compare", help="compare two runs: per-step QPS/P99 changes, verdict",
+                        description="Compare two kneeswarm runs: per-step QPS and P99 changes with bootstrap "
+                                    "confidence intervals, and a verdict.")
+    co.add_argument("base", help="the base run directory")
+    co.add_argument("new", help="the new run directory")
+    co.add_argument("--fail-on-regression", action="store_true",
+                    help=f"exit {EXIT_REGRESSION} when the verdict is 'regressed'")
+    co.add_argument("--out", help="folder for compare.json, compare.md, compare.html, junit.xml "
+                                  "(default: NEW/report/compare)")
+    co.add_argument("-q", "--quiet", action="store_true", help="do not print the markdown summary")
 
 
 def _gate_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -210,7 +255,7 @@ def request_outcomes(run: Any) -> tuple[int, int, dict[str, int]]:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    requests, ok, errors = 0, 0, {}
+    requests, ok, errors = 0, 0, dict[str, int]()
     for part in run.request_parts():
         try:
             table = pq.read_table(part, columns=["ok", "error"])
@@ -275,9 +320,43 @@ def cmd_run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan, {**_overrides(args), **_gate_overrides(args)})
     _require_sla(plan.sla.is_set(), args)
     plan.hosts = default_hosts(plan, args.pid, args.process)
+    if plan.load.shapes:
+        return run_shapes(plan, args)
     result = Conductor(plan, args.out, accept_new_host_keys=args.accept_new_host_keys, quiet=args.quiet,
-                       dist=_distribution(args)).run()
+                       dist=_distribution(args), export=_export(args)).run()
     return sla_gate(_print_result(result, args.quiet), result.run, result.summary, args.fail_on_sla)
+
+
+def run_shapes(plan: Any, args: argparse.Namespace) -> int:
+    """``[load] shapes`` (issue 19): the step plan once per [input, output] shape, one run directory
+    each, then the sweep's Pareto report (analysis.shapes) beside them; the first failing exit code
+    wins, and an interrupted shape ends the sweep."""
+    import copy
+    import datetime as dt
+
+    from pathlib import Path
+
+    from analysis.shapes import write_sweep
+    from kneeswarm.conductor import Conductor
+    from kneeswarm.rundir import REPORT_HTML, safe_name
+
+    runs, code = [], 0
+    for shape in plan.load.shapes:
+        p = copy.deepcopy(plan)
+        p.name, p.load.shapes = f"{plan.name}-in{shape[0]}-out{shape[1]}", None
+        p.request.prompt_tokens, p.request.max_tokens, p.request.ignore_eos = shape[0], shape[1], True
+        result = Conductor(p, args.out, accept_new_host_keys=args.accept_new_host_keys, quiet=args.quiet,
+                           dist=_distribution(args)).run()
+        got = sla_gate(_print_result(result, args.quiet), result.run, result.summary, args.fail_on_sla)
+        code = code or got
+        runs.append((shape, result.run.path))
+        if result.ended == Ended.INTERRUPTED:
+            break
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = write_sweep(Path(args.out) / f"{stamp}-{safe_name(plan.name)}-shapes", plan.name, runs)
+    if not args.quiet:
+        print(f"kneeswarm: shapes sweep: {out / REPORT_HTML}")
+    return code
 
 
 def worker_argv(master: str, processes: int | None) -> list[str]:
@@ -325,8 +404,9 @@ def start_target(argv: list[str], timeout: float = TARGET_START_TIMEOUT) -> tupl
     )
     # The target prints its URL first; wait for that line, but never past the timeout (a
     # target stuck building its model must not hang `kneeswarm demo`).
+    assert proc.stdout is not None  # stdout=PIPE
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    line = proc.stdout.readline() if ready and proc.stdout else ""
+    line = proc.stdout.readline() if ready else ""
     m = re.search(r"(http://\S+)", line)
     if not m:
         proc.kill()
@@ -345,25 +425,44 @@ def stop_target(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+def _demo_strategy(args: argparse.Namespace) -> dict[str, Any]:
+    """demo's steps, or with --search the search's keys (hold "auto" unless --hold was given), or
+    with --soak the soak's."""
+    if args.soak is not None:
+        return _demo_soak(args)
+    if not args.search:
+        return {"load.steps": args.steps}
+    return {"load.mode": "search", "load.start": 1, "load.max": args.max,
+            "load.hold": "auto" if args.hold == DEMO_HOLD else args.hold}
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from kneeswarm.conductor import Conductor
     from kneeswarm.plan import HostPlan, load_plan
 
     _require_sla(any(v is not None for v in _gate_overrides(args).values()), args)
-    proc, url = start_target(DEMO_TARGET_ARGS)
+    target_args = shlex.split(args.target_args) if args.target_args else DEMO_TARGET_ARGS
+    export = _export(args)
+    proc, url = start_target(target_args)
     try:
-        print(f"kneeswarm: demo target {url} (pid {proc.pid}), ONNX Runtime, {DEMO_TARGET_ARGS[-1]} request threads",
-              file=sys.stderr)
+        print(f"kneeswarm: demo target {url} (pid {proc.pid}): {' '.join(target_args)}", file=sys.stderr)
         plan = load_plan(None, {
-            "name": "demo", "target": url, "load.steps": args.steps, "load.hold": args.hold,
-            "load.ramp": DEMO_RAMP, "load.settle": DEMO_SETTLE, "metrics_url": f"{url}/metrics",
-            **_gate_overrides(args),
+            "name": "demo", "target": url, "load.hold": args.hold, "load.ramp": DEMO_RAMP, "load.settle": DEMO_SETTLE,
+            "metrics_url": f"{url}/metrics", "load.min_hold": args.min_hold, "load.max_hold": args.max_hold,
+            **_demo_strategy(args), **_gate_overrides(args),
         })
         plan.hosts = [HostPlan(name="local", pid=proc.pid)]
-        result = Conductor(plan, args.out).run()
+        result = Conductor(plan, args.out, export=export).run()
     finally:
         stop_target(proc)
     return sla_gate(_print_result(result, False), result.run, result.summary, args.fail_on_sla)
+
+
+def _demo_soak(args: argparse.Namespace) -> dict[str, Any]:
+    """The plan overrides of `demo --soak`: a soak of --users users (the steps are then its windows)."""
+    if args.soak is None:
+        return {}
+    return {"load.mode": "soak", "load.users": args.users, "load.duration": args.soak, "load.window": args.window}
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
@@ -394,16 +493,31 @@ def cmd_history(args: argparse.Namespace) -> int:
     return EXIT_DRIFT
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    """`compare BASE NEW` (analysis.compare; imported here: the analysis package loads pandas)."""
+    from analysis.compare import NOT_COMPARABLE, REGRESSED, compare_markdown, compare_runs, write_outputs
+    from kneeswarm.rundir import COMPARE_DIR, RunDir
+
+    result = compare_runs(args.base, args.new)  # RunDirError: bad input (main)
+    if result["verdict"] == NOT_COMPARABLE:
+        print(f"kneeswarm compare: {args.base} and {args.new}: no step is valid in both runs", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        write_outputs(result, Path(args.out) if args.out else RunDir(args.new).report_dir / COMPARE_DIR)
+    except OSError as exc:  # the output folder cannot be written: the comparison did not complete
+        print(f"kneeswarm compare: cannot write the comparison: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if not args.quiet:
+        print(compare_markdown(result))
+    return EXIT_REGRESSION if args.fail_on_regression and result["verdict"] == REGRESSED else EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "target":  # the target has its own parser; it stands apart
         from kneeswarm.target.server import main as target_main
 
         return target_main(argv[1:])
-    if argv and argv[0] == "compare":  # analysis.compare has its own parser and exit codes
-        from analysis.compare import main_compare
-
-        return main_compare(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="kneeswarm: %(levelname)s %(name)s: %(message)s")
@@ -412,7 +526,8 @@ def main(argv: list[str] | None = None) -> int:
     from kneeswarm.plan import PlanError
     from kneeswarm.rundir import RunDirError
 
-    commands = {"run": cmd_run, "demo": cmd_demo, "analyze": cmd_analyze, "worker": cmd_worker, "history": cmd_history}
+    commands = {"run": cmd_run, "demo": cmd_demo, "analyze": cmd_analyze, "worker": cmd_worker, "history": cmd_history,
+                "compare": cmd_compare}
     try:
         return commands[args.command](args)
     except (PlanError, ConductorError, AgentError, RunDirError) as e:

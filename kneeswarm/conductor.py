@@ -27,6 +27,7 @@ hosts/target/prometheus.csv (t + one column per series), on the master's clock b
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 import json
 import logging
 import os
@@ -36,21 +37,23 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import requests
 
 from kneeswarm import lifecycle
+from kneeswarm.export import ExportOptions
 from kneeswarm.lifecycle import Lifecycle, analyze_run  # noqa: F401  (analyze_run: cli imports it from here)
 from kneeswarm.lifeline import die_with_parent
 from kneeswarm.plan import HostPlan, Plan
 from kneeswarm.progress import Progress
 from kneeswarm.outcome import Ended
-from kneeswarm.rundir import CLOCKS_FILE, MASTER_FILE, RunDir, WarningLog
+from kneeswarm.rundir import CLOCKS_FILE, MASTER_FILE, SEARCH_FILE, Meta, RunDir, WarningLog
 from locustfiles.recorder import RECORDER_FILE
 
 logger = logging.getLogger(__name__)
@@ -185,6 +188,17 @@ def versions() -> dict[str, str]:
     return out
 
 
+def _import_analysis_meanwhile() -> None:
+    """Import the analysis (~0.4 s) in a thread while the agents stop and their data is fetched
+    (waits on other processes), not after; a failed import is retried, and said, by analyze_run."""
+    def load() -> None:
+        try:
+            importlib.import_module("analysis")
+        except Exception:  # noqa: BLE001 - analyze_run imports it again and reports the error
+            pass
+    threading.Thread(target=load, name="import-analysis", daemon=True).start()
+
+
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
@@ -194,7 +208,7 @@ def _read_json(path: Path) -> Any:
 
 class Conductor:
     def __init__(self, plan: Plan, out: str | Path = "runs", accept_new_host_keys: bool = False,
-                 quiet: bool = False, dist: Distribution | None = None):
+                 quiet: bool = False, dist: Distribution | None = None, export: ExportOptions | None = None):
         if not plan.hosts:
             plan.hosts = default_hosts(plan, None, None)
         self.plan = plan
@@ -202,6 +216,7 @@ class Conductor:
         self.accept_new_host_keys = accept_new_host_keys
         self.quiet = quiet
         self.dist = dist or Distribution()
+        self.export = export or ExportOptions()
         local = self.dist.local_workers
         self.workers = (plan.load.workers or os.cpu_count() or 1) if local is None else local
         remote = self.dist.remote.processes if self.dist.remote is not None else 0
@@ -268,6 +283,7 @@ class Conductor:
         try:
             ended = self._load(run, life)
         finally:
+            _import_analysis_meanwhile()
             self._stop_remote_workers()
             done = life.finish()
             for w in life.all_warnings():
@@ -283,9 +299,15 @@ class Conductor:
                   file=sys.stderr, flush=True)
             return RunResult(run, ended, None)
         summary, error = analyze_run(run)
+        problems = self.export.after_run(run)
+        for problem in problems:  # the results stand; the export's loss is said and kept in meta.json
+            print(f"kneeswarm: export: {problem}", file=sys.stderr, flush=True)
+            self.warnings.add(f"export: {problem}")
+        if problems:
+            self._record_meta(run, warnings=self.warnings.to_list())
         return RunResult(run, ended, summary, error)
 
-    def _record_meta(self, run: RunDir, **changes: Any) -> None:
+    def _record_meta(self, run: RunDir, **changes: Unpack[Meta]) -> None:
         """meta.json at the end of a run; a write that fails (a full disk) is said on stderr, and
         the run goes on to its analysis, which then fails too and says so in the exit code."""
         try:
@@ -338,23 +360,16 @@ class Conductor:
             ["--master", "--headless", "--master-bind-host", d.bind_host, "--master-bind-port", str(port),
              "--expect-workers", str(self.expect_workers), "--expect-workers-max-wait", str(int(d.wait)),
              "--host", self.plan.target, "--kneeswarm-plan", str(run.plan_path), *told,
-             "--kneeswarm-run-dir", str(run.path), "--only-summary", "--loglevel", "INFO"],
+             "--kneeswarm-run-dir", str(run.path), "--only-summary", "--loglevel", "INFO", *self.export.master_args()],
             run.path / "logs" / "master.log",
         )
         return master, port
 
-    def _load(self, run: RunDir, life: Lifecycle) -> str:
+    def _load(self, run: RunDir, life: Lifecycle) -> Ended:
         master, port = self._start_master(run)
         if self.dist.remote is not None:
             self.dist.remote.start(self.dist.bind_host, port, run.path.name)
-        logs = run.path / "logs"
-        for i in range(self.workers):
-            self._locust(["--worker", "--master-host", "127.0.0.1", "--master-port", str(port)], logs / f"worker-{i}.log",
-                         wrapper=WORKER_WRAPPER)
-        remote = self.expect_workers - self.workers
-        elsewhere = f" (+{remote} expected on {self.dist.bind_host}:{port})" if remote > 0 else ""
-        self._say(f"load: {self.workers} local workers{elsewhere}, steps {self.plan.load.steps}, "
-                  f"~{self.plan.step_durations():.0f}s; recording to {run.path}")
+        self._start_workers(run, port)
 
         deadline = time.monotonic() + self.dist.wait + self.plan.step_durations() * 2 + RUN_MARGIN
         ended = Ended.COMPLETED
@@ -378,11 +393,14 @@ class Conductor:
                     ended = Ended.LOAD_FAILED
                     break
                 if time.monotonic() - last_fetch > lifecycle.FETCH_PERIOD:
-                    life.fetch()
+                    life.fetch(parse=bool(self.export.prometheus or self.export.otel))  # the export's host samples
                     last_fetch = time.monotonic()
                 if progress is not None:
                     progress.poll()
-                time.sleep(0.2)
+                try:  # 0.2 s between looks, but the master's exit is seen at once
+                    master.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
+                    pass
         finally:
             self._stop_workers()
             for s, h in old.items():
@@ -397,11 +415,29 @@ class Conductor:
                            f"no load was sent")
                 print(f"kneeswarm: error: only {came} of {self.expect_workers} workers connected within "
                       f"{self.dist.wait:.0f}s", file=sys.stderr, flush=True)
-            logger.error("the load stopped before all steps ran; see %s", logs / "master.log")
+            logger.error("the load stopped before all steps ran; see %s", run.path / "logs" / "master.log")
         return ended
+
+    def _start_workers(self, run: RunDir, port: int) -> None:
+        """The local workers, connected to the master on ``port``, and the line that says the load."""
+        logs = run.path / "logs"
+        for i in range(self.workers):
+            self._locust(["--worker", "--master-host", "127.0.0.1", "--master-port", str(port), *self.export.worker_args()],
+                         logs / f"worker-{i}.log",
+                         wrapper=WORKER_WRAPPER)
+        remote = self.expect_workers - self.workers
+        elsewhere = f" (+{remote} expected on {self.dist.bind_host}:{port})" if remote > 0 else ""
+        load = self.plan.load
+        steps = (f"search from {load.start:g} to {load.max:g} (at most" if load.mode == "search"
+                 else f"steps {load.steps} (~")
+        self._say(f"load: {self.workers} local workers{elsewhere}, {steps} {self.plan.step_durations():.0f}s); "
+                  f"recording to {run.path}")
 
     def _all_steps_ran(self, run: RunDir) -> bool:
         steps = run.read_steps()
+        if self.plan.load.mode == "search":  # the search ran to its own stop (generator/search.json says why)
+            search = _read_json(run.generator_dir / SEARCH_FILE) or {}
+            return bool(search.get("stopped_because")) and len(steps) > 0 and steps["t_end"].notna().all()
         return len(steps) == len(self.plan.load.steps) and steps["t_end"].notna().all()
 
     def _on_signal(self, signum: int, frame: Any) -> None:

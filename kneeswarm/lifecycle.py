@@ -2,9 +2,10 @@
 
     open     connect to the plan's [[hosts]] and preflight them (AgentError when one cannot be monitored)
     start    start their agents and the target's /metrics scraper (plan.metrics_url, 1 Hz)
-    fetch    an incremental fetch of every agent, and the parsed CSVs rewritten for the live view
+    fetch    an incremental fetch of every agent, and the parsed CSVs brought up to date for the live
+             view (what arrived since the last fetch: collectors.parsed.LiveParse)
     live     the step table so far (from steps.csv and requests/*.parquet) and the latest server
-             metrics per host (from hosts/<host>/*.csv)
+             metrics per host (from the end of hosts/<host>/*.csv)
     finish   scraper stopped (hosts/target/prometheus.csv), agents stopped, fetched (verified),
              parsed; returns what meta.json gets
     report   the analysis: report/summary.json, summary.md, index.html
@@ -30,12 +31,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from collectors.prometheus import PrometheusScraper, write_prometheus_csv
 from kneeswarm.lifeline import die_with_parent
 from kneeswarm.plan import Plan, plan_from_dict
-from kneeswarm.progress import Progress
+from kneeswarm.progress import Progress, steady_from
 from kneeswarm.rundir import PROMETHEUS_RAW, TARGET_HOST, RunDir, WarningLog, safe_name
 
 logger = logging.getLogger(__name__)
@@ -47,6 +48,31 @@ FETCH_PERIOD = 5.0
 ANSWER_TIMEOUT = {"open": 120.0, "start": 120.0, "fetch": 60.0, "live": 30.0, "finish": 300.0,
                   "report": 300.0, "quit": 10.0}  # seconds the child has to answer each command
 LIVE_TABLES = ("vmstat", "threads", "gpu")  # hosts/<host>/<table>.csv read for the live view
+
+if TYPE_CHECKING:  # the live rows are the Knee tab's (locustfiles.webui); the child does not load flask
+    from locustfiles.webui import Live, LiveHost, LiveKnee, LiveStep
+
+
+# -- the child's protocol: one JSON line each way (LifecycleProcess.call -> Child.handle) ----------
+class Command(TypedDict):
+    op: str  # "open", "start", "fetch", "live", "finish", "report", "quit" (ANSWER_TIMEOUT)
+    id: NotRequired[int]  # the answer carries it back
+    plan: NotRequired[dict[str, Any]]  # open: Plan.to_dict()
+    run: NotRequired[str]  # open: the run directory
+    accept_new_host_keys: NotRequired[bool]  # open
+
+
+class Answer(TypedDict, total=False):
+    ok: bool  # False: ``error`` says why, in one line
+    id: int | None
+    error: str | None  # ok False: why, in one line; report: the analysis's error, None when it ran
+    facts: dict[str, Any]  # open: what the preflight found per host (meta.json hosts_preflight)
+    live: Live  # fetch, live
+    hosts: dict[str, Any]  # finish: meta.json hosts
+    target_metrics: dict[str, Any] | None  # finish: meta.json target_metrics
+    warnings: list[str]  # finish
+    summary: dict[str, Any] | None  # report: summary.json, None when the analysis failed
+    report: str | None  # report: index.html's path, None when not written
 
 
 def analyze_run(run: RunDir) -> tuple[dict[str, Any] | None, str | None]:
@@ -115,24 +141,25 @@ class Lifecycle:
             host = self.metrics_host()
             if host != TARGET_HOST:
                 self.warn(f"a monitored host is called {TARGET_HOST!r}: the target's metrics go to hosts/{host}/")
+            headers, tls = self.metrics_scrape()
             self.scraper = PrometheusScraper(self.plan.metrics_url, self.run.raw_dir(host) / PROMETHEUS_RAW,
-                                             interval=METRICS_INTERVAL, session=self.metrics_session(),
-                                             request_kw=self.plan.endpoint.requests_kwargs())
+                                             interval=METRICS_INTERVAL, headers=headers, tls=tls)
             self.scraper.start()
 
-    def metrics_session(self) -> Any:
-        """A requests session for metrics_url with the plan's [endpoint] headers and server_name
-        where metrics_url is the target's origin (Plan.metrics_headers); its TLS settings go with
-        each request (``request_kw``: a Session's own ``verify`` loses to REQUESTS_CA_BUNDLE)."""
-        import requests
-
-        same = self.plan.metrics_origin_is_target()
-        session = self.plan.endpoint.requests_session() if same else requests.Session()
+    def metrics_scrape(self) -> tuple[dict[str, str], dict[str, Any]]:
+        """(headers, tls) of the scrape of metrics_url: the plan's [endpoint] TLS settings (verify,
+        CA bundle, client certificate), and its headers and server_name where metrics_url is the
+        target's origin (Plan.metrics_headers: a secret header never goes to another server)."""
+        e = self.plan.endpoint
+        tls: dict[str, Any] = {"verify": bool(e.verify), "cafile": e.ca_bundle, "cert": e.client_cert, "key": e.client_key}
+        if self.plan.metrics_origin_is_target():
+            tls["server_name"] = e.server_name
+        headers: dict[str, str] = {}
         try:
-            session.headers.update(self.plan.metrics_headers())
-        except ValueError as e:  # an unset variable: the health check said it before; said again here
-            self.warn(f"metrics {self.plan.metrics_url}: {e}")
-        return session
+            headers = self.plan.metrics_headers()
+        except ValueError as err:  # an unset variable: the health check said it before; said again here
+            self.warn(f"metrics {self.plan.metrics_url}: {err}")
+        return headers, tls
 
     def fetch(self, parse: bool = False) -> None:
         """An incremental fetch of every agent (and, for the live view, their parsed CSVs
@@ -146,7 +173,7 @@ class Lifecycle:
         if parse:
             for a in self.agents:
                 try:
-                    a.write_parsed()
+                    a.write_parsed(live=True)
                 except Exception as e:  # noqa: BLE001 - the live view only; finish parses again
                     logger.debug("%s: live parse failed: %s", a.label, e)
 
@@ -207,13 +234,14 @@ class Lifecycle:
         return out
 
     # -- the live view -------------------------------------------------------------------
-    def live(self) -> dict[str, Any]:
+    def live(self) -> Live:
         """{"steps": [row per step so far], "hosts": [latest server metrics per host]}; never raises."""
         try:
-            return {"steps": live_steps(self.run, self.progress, self.plan), "hosts": live_hosts(self.run)}
+            steps = live_steps(self.run, self.progress, self.plan)
+            return {"steps": steps, "hosts": live_hosts(self.run), "knee": live_knee(self.run, steps, self.plan)}
         except Exception as e:  # noqa: BLE001 - a display must never end a run
             logger.debug("live view: %s", e)
-            return {"steps": [], "hosts": []}
+            return {"steps": [], "hosts": [], "knee": {}}
 
 
 def _num(x: Any, digits: int = 1) -> float | None:
@@ -224,42 +252,75 @@ def _num(x: Any, digits: int = 1) -> float | None:
     return round(f, digits) if math.isfinite(f) else None
 
 
-def live_steps(run: RunDir, progress: Progress, plan: Plan) -> list[dict[str, Any]]:
+def live_steps(run: RunDir, progress: Progress, plan: Plan) -> list[LiveStep]:
     """One row per step so far: users, requests, QPS and P50/P99 of its steady rows, errors."""
-    import numpy as np
-
     progress.poll(force=True)  # reads the new request parts
-    out = []
+    why = _search_whys(run) if plan.load.mode == "search" else {}
+    out: list[LiveStep] = []
     for _, st in run.read_steps().iterrows():
         i = int(st["index"])
         so_far = progress._steps.get(i)  # noqa: SLF001 - Progress's own accumulator of rows per step
-        steady_from = (st["t_steady"] if st["t_steady"] == st["t_steady"] else st["t_ramp"]) + plan.load.settle
-        cut = st.get("t_cut")
-        if isinstance(cut, (int, float)) and math.isfinite(cut):  # hold = "auto": the master's warm-up cut
-            steady_from = max(steady_from, float(cut))
-        requests, errors, qps, p99 = so_far.figures(steady_from) if so_far else (0, 0, None, None)
-        p50 = None
-        if so_far and so_far.t:
-            t, lat, ok = (np.concatenate(so_far.t), np.concatenate(so_far.latency), np.concatenate(so_far.ok))
-            steady_ok = lat[(t >= steady_from) & ok]
-            p50 = float(np.percentile(steady_ok, 50)) if len(steady_ok) else None
+        t_from = steady_from(st, plan.load)
+        requests, errors, qps, p99 = so_far.figures(t_from) if so_far else (0, 0, None, None)
+        p50 = so_far.p50(t_from) if so_far else None
         state = "done" if st["t_end"] == st["t_end"] else ("steady" if st["t_steady"] == st["t_steady"] else "ramp")
         out.append({"name": f"step {i}", "step": i, "users": int(st["users"]), "state": state,
                     "requests": requests, "qps": _num(qps), "p50_ms": _num(p50), "p99_ms": _num(p99),
-                    "errors": errors, "valid": "so far" if requests >= plan.analysis.min_requests else "too few"})
+                    "errors": errors, "valid": "so far" if requests >= plan.analysis.min_requests else "too few",
+                    "why": why.get(i, "")})
     return out
 
 
-def live_hosts(run: RunDir) -> list[dict[str, Any]]:
+def live_knee(run: RunDir, steps: list[LiveStep], plan: Plan) -> LiveKnee:
+    """The knee as far as it is known during the run, for the Knee tab's chart: mode = "search",
+    the bracket the master has decided (generator/search.json); a grid, the knee detector
+    (analysis.knee.find_knee) on the steps done so far, once three are; {} before."""
+    if plan.load.mode == "search":
+        bracket = _search_doc(run).get("knee_bracket")
+        if isinstance(bracket, list) and len(bracket) == 2 and bracket[0] is not None:
+            return {"bracket": bracket, "how": "search: knee bracket so far"}
+        return {}
+    done = sorted((r["users"], r["qps"]) for r in steps if r["state"] == "done" and r["qps"] is not None)
+    if len(done) < 3:
+        return {}
+    from analysis.knee import find_knee
+
+    knee = find_knee([u for u, _ in done], [q for _, q in done])
+    return {"users": knee["users"], "how": f"{knee['method']} on the {len(done)} steps done"} \
+        if knee.get("users") is not None else {}
+
+
+def _search_doc(run: RunDir) -> dict[str, Any]:
+    """generator/search.json as the master last wrote it ({} when not there or unreadable)."""
+    import json
+
+    from kneeswarm.rundir import SEARCH_FILE
+
+    try:
+        doc = json.loads((run.generator_dir / SEARCH_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _search_whys(run: RunDir) -> dict[int, str]:
+    """mode = "search": why each probe was chosen, as the master decided it (generator/search.json)."""
+    try:
+        return {int(r["index"]): str(r.get("why") or "") for r in _search_doc(run).get("probes") or []}
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return {}
+
+
+def live_hosts(run: RunDir) -> list[LiveHost]:
     """The latest parsed sample of each monitored host: CPU us/sy, cs/s, run queue, busiest thread, GPU."""
-    out = []
+    out: list[LiveHost] = []
     for host in run.hosts():
-        row: dict[str, Any] = {"name": host, "host": host}
+        row: LiveHost = {"name": host, "host": host}
         vm = _last_rows(run, host, "vmstat")
         if vm is not None:
             last = vm.iloc[-1]
-            row.update(t=_num(last["t"], 1), cpu_us=_num(last["us"]), cpu_sy=_num(last["sy"]),
-                       cs_s=_num(last["cs"], 0), run_queue=_num(last["r"], 0))
+            row.update({"t": _num(last["t"], 1), "cpu_us": _num(last["us"]), "cpu_sy": _num(last["sy"]),
+                        "cs_s": _num(last["cs"], 0), "run_queue": _num(last["r"], 0)})
         th = _last_rows(run, host, "threads")
         if th is not None:
             latest = th[th["t"] == th["t"].max()]
@@ -274,7 +335,8 @@ def live_hosts(run: RunDir) -> list[dict[str, Any]]:
 
 
 def _last_rows(run: RunDir, host: str, table: str) -> Any:
-    df = run.read_host_csv(host, table)
+    """The rows of the table's latest sample (read from the CSV's end: the file grows all run)."""
+    df = run.read_host_csv_latest(host, table)
     return None if df is None or df.empty else df
 
 
@@ -285,7 +347,7 @@ class Child:
     def __init__(self) -> None:
         self.life: Lifecycle | None = None
 
-    def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def handle(self, msg: Command) -> Answer:
         op = msg.get("op")
         if op == "open":
             run = RunDir(msg["run"])
@@ -305,7 +367,7 @@ class Child:
             return {"live": life.live()}
         if op == "finish":
             done = life.finish()
-            return {**done, "warnings": life.all_warnings()}
+            return {"hosts": done["hosts"], "target_metrics": done["target_metrics"], "warnings": life.all_warnings()}
         if op == "report":
             summary, error = analyze_run(life.run)
             report = life.run.report_path
@@ -353,10 +415,13 @@ class LifecycleProcess:
     def __init__(self) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "kneeswarm.lifecycle"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=None, preexec_fn=die_with_parent())
+        if self.proc.stdin is None or self.proc.stdout is None:  # Popen makes both with PIPE
+            raise LifecycleError("the lifecycle process started without pipes")
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
         self.lock = threading.Lock()
         self.seq = 0
 
-    def call(self, op: str, **args: Any) -> dict[str, Any]:
+    def call(self, op: str, **args: Any) -> Answer:
         """Send one command, return its answer; LifecycleError if it failed or did not come in time.
         Answers carry their command's id: one left unread by a caller that was interrupted (a killed
         greenlet) is skipped, never taken for another command's."""
@@ -364,13 +429,13 @@ class LifecycleProcess:
             if self.proc.poll() is not None:
                 raise LifecycleError(f"{op}: the lifecycle process has exited ({self.proc.returncode})")
             self.seq += 1
-            self.proc.stdin.write((json.dumps({"op": op, "id": self.seq, **args}) + "\n").encode())
-            self.proc.stdin.flush()
+            self.stdin.write((json.dumps({"op": op, "id": self.seq, **args}) + "\n").encode())
+            self.stdin.flush()
             deadline = time.monotonic() + ANSWER_TIMEOUT.get(op, 60.0)
-            answer: dict[str, Any] = {}
+            answer: Answer = {}
             while answer.get("id") != self.seq:
-                ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
-                line = self.proc.stdout.readline() if ready else b""
+                ready, _, _ = select.select([self.stdout], [], [], max(0.0, deadline - time.monotonic()))
+                line = self.stdout.readline() if ready else b""
                 if not line:
                     raise LifecycleError(f"{op}: no answer from the lifecycle process")
                 answer = json.loads(line)
@@ -382,8 +447,8 @@ class LifecycleProcess:
         """Ask the child to quit (it finishes its agents first), then make sure it is gone."""
         try:
             with self.lock:
-                self.proc.stdin.write(b'{"op": "quit"}\n')
-                self.proc.stdin.close()
+                self.stdin.write(b'{"op": "quit"}\n')
+                self.stdin.close()
         except (OSError, ValueError):
             pass
         try:

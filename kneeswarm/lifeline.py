@@ -1,4 +1,4 @@
-"""Children that die with the process that started them (floor 1: standard library only).
+"""Children that die with the process that started them (floor 4; standard library only).
 
 A process started in a session of its own (``start_new_session=True``, so that the terminal's
 Ctrl-C reaches only its parent) outlives a parent killed with SIGKILL.  Linux's

@@ -21,6 +21,10 @@ from typing import Any
 
 import tomli_w
 
+#: Seconds of controller silence after which a host agent stops everything: the plan's default
+#: is the agent's own fallback (one number, in the agent's defaults, which the agent ships with).
+from agents.remote.defaults import HEARTBEAT_TIMEOUT
+
 logger = logging.getLogger(__name__)
 
 #: Protocol names; the registry in locustfiles/protocols must list the same (a test checks it).
@@ -54,13 +58,46 @@ class LoadPlan:
         """The longest a step is held: ``hold``, or ``max_hold`` under ``hold = "auto"``."""
         return self.max_hold if self.auto_hold else float(self.hold)
 
+    # -- the strategy: "grid" (the planned steps), "search" (issue 18), "soak" (issue 20) -------
+    mode: str = "grid"  # legacy "closed" / "open" still accepted: they set `arrivals` (grid)
     # -- open loop: arrivals on a schedule, latency from the intended send time ----------------
-    mode: str = "closed"  # "closed" (steps are users) or "open" (steps are arrival rates)
+    arrivals: str = "closed"  # "closed" (steps are users) or "open" (steps are arrival rates)
     rates: list[float] | None = None  # open loop: requests/s per step, strictly increasing
     arrival: str = "poisson"  # open loop: "poisson" or "constant" inter-arrival times
     source_rate: float = 1.0  # open loop: requests/s of one arrival source (a Locust user)
     max_inflight: int = 1000  # open loop: in-flight cap per load-generator process (arrivals
     #                           beyond it are recorded as `dropped` failures)
+    # -- mode = "search" (issue 18): the probes are chosen as the run goes (kneeswarm/search.py) --
+    start: float = 1.0  # search: the first probe (users; open loop: requests/s)
+    max: float = 512.0  # search: never beyond this many users (open loop: requests/s)
+    growth: float = 2.0  # search: each probe multiplies the last by this until one saturates
+    precision: float = 0.10  # search: the knee is bracketed within max(1 user, precision x its users)
+    max_duration: float = 1800.0  # search: seconds of load at most (the search stops there)
+    # -- length x concurrency sweep (issue 19): the step plan once per [input, output] tokens shape
+    shapes: list[list[int]] | None = None
+    # -- soak (mode = "soak", issue 20): one load held for `duration`, one step per `window` ----
+    users: int | None = None  # soak, closed loop: the users held
+    rate: float | None = None  # soak, open loop: the arrival rate held, requests/s
+    duration: float | None = None  # soak: seconds the load is held once all its users run
+    window: float | None = None  # soak: seconds per point of the time series (default SOAK_WINDOW)
+
+
+#: ``[load] mode``: the strategy that chooses the steps.
+MODES = ("grid", "search", "soak")
+#: Soak (``mode = "soak"``): the default window, and the fewest windows the trend test can judge
+#: (analysis.soak tests at alpha 0.01: Mann–Kendall over 5 windows cannot reach it, p >= 2/5! = 0.017).
+SOAK_WINDOW = 60.0
+SOAK_MIN_WINDOWS = 6
+SOAK_KEYS = ("users", "rate", "duration", "window")
+#: ``[load] arrivals``: closed loop (steps are users) or open loop (steps are arrival rates).
+LOOPS = ("closed", "open")
+
+
+def arrivals_of(load: dict[str, Any]) -> str:
+    """The loop ("closed" or "open") of a ``[load]`` table read back from a run's plan.toml:
+    ``arrivals``, or the older spelling ``mode = "open"``."""
+    loop = str(load.get("arrivals", "closed")).lower()
+    return "open" if loop == "open" or str(load.get("mode", "")).lower() == "open" else "closed"
 
 
 @dataclass
@@ -91,6 +128,11 @@ class RequestPlan:
     lengths: dict | None = None  # [request.lengths] input/output = {dist, mean, stdev, min, max}
     replay: str | None = None  # JSONL of recorded {"body": {...}, "t": seconds?} (protocols/workload.py)
     tokenizer: str | None = None  # a Hugging Face tokenizer.json: token counts (else words approximate them)
+    # issue 19 (protocols/workload.py): shared prefixes, multi-turn sessions, a Mooncake trace
+    prefix: dict | None = None  # [request.prefix] tokens, count, share
+    conversation: dict | None = None  # [request.conversation] turns = {dist...} | n, think_ms = {dist...} | ms
+    trace: str | None = None  # Mooncake trace JSONL: timestamp (ms), input_length, output_length, hash_ids
+    trace_block_tokens: int = 512  # tokens per hash id of the trace (Mooncake's traces: 512)
     # -- http (generic JSON) ---------------------------------------------------------------
     path: str | None = None  # request path (http); overrides the protocol's path elsewhere
     method: str = "POST"
@@ -99,9 +141,6 @@ class RequestPlan:
     success_path: str | None = None  # dotted JSON path that must be present in a 2xx answer (http)
 
 
-#: Seconds of controller silence after which a host agent stops everything (the plan's default;
-#: agents/settings.py takes it from here, and agents/remote.py's fallback is checked against it).
-HEARTBEAT_TIMEOUT = 30.0
 
 
 #: A header name as HTTP allows it (RFC 9110 token)
@@ -300,7 +339,7 @@ class Plan:
 
     def metrics_origin_is_target(self) -> bool:
         """metrics_url has the target's scheme, host and port."""
-        return bool(self.metrics_url) and _origin(self.metrics_url) == _origin(self.target)
+        return bool(self.metrics_url and _origin(self.metrics_url) == _origin(self.target))
 
     def metrics_headers(self, secrets: bool = True) -> dict[str, str]:
         """The endpoint's headers for the scrape of metrics_url: only when it is the target's
@@ -313,7 +352,12 @@ class Plan:
         return self.endpoint.resolved_headers()
 
     def step_durations(self) -> float:
-        """Total planned seconds of load (all ramps and holds)."""
+        """Total planned seconds of load (all ramps and holds; a soak ramps once; a search:
+        max_duration, plus the probe that may be running when it is reached)."""
+        if self.load.mode == "soak":
+            return self.load.ramp + len(self.load.steps) * self.load.hold_s()
+        if self.load.mode == "search":
+            return self.load.max_duration + self.load.ramp + self.load.hold_s()
         return len(self.load.steps) * (self.load.ramp + self.load.hold_s())
 
     def to_dict(self) -> dict[str, Any]:
@@ -389,10 +433,13 @@ def _check_type(source: str, where: str, value: Any, hint: Any) -> Any:
         value = [float(v) for v in value] if ok else value
     elif base == "list[int]":
         ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    elif base == "list[list[int]]":
+        ok = isinstance(value, list) and all(isinstance(v, list) and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in v) for v in value)
     else:  # pragma: no cover - a new field type must be added above
         raise AssertionError(f"unhandled plan field type {hint}")
     if not ok:
-        kind = {"list[int]": "a list of integers", "list[float]": "a list of numbers", "list[str]": "a list of strings", "bool": "true or false",
+        kind = {"list[list[int]]": "a list of [input, output] integer pairs", "list[int]": "a list of integers", "list[float]": "a list of numbers", "list[str]": "a list of strings", "bool": "true or false",
                 "list[dict]": "an array of tables", "dict": "a table",
                 "float | str": "a number or a word"}.get(base, base)
         raise PlanError(f"{source}: {where} must be {kind}, got {value!r}")
@@ -423,14 +470,24 @@ def _open_loop(plan: Plan, source: str) -> None:
     """Open loop: each step's rate becomes a number of arrival sources of source_rate req/s each
     (Locust users; Locust splits them over the workers, so the rate is split, not multiplied)."""
     load = plan.load
-    if load.mode not in ("closed", "open"):
-        raise PlanError(f"{source}: load.mode must be 'closed' or 'open', got {load.mode!r}")
-    if load.mode == "closed":
+    if load.mode in LOOPS:  # the older spelling: [load] mode = "open" meant the loop, on a grid
+        load.arrivals, load.mode = load.mode, "grid"
+    if load.mode not in MODES:
+        raise PlanError(f"{source}: load.mode must be one of {', '.join(MODES)}, got {load.mode!r}")
+    if load.arrivals not in LOOPS:
+        raise PlanError(f"{source}: load.arrivals must be 'closed' or 'open', got {load.arrivals!r}")
+    if load.mode == "soak":
+        return _soak(load, source)
+    if given := [k for k in SOAK_KEYS if getattr(load, k) is not None]:
+        raise PlanError(f"{source}: load.{given[0]} is a soak key: it needs load.mode = \"soak\" (mode is {load.mode!r})")
+    if load.mode == "search":
+        if load.arrivals == "open":
+            _arrival_keys(load, source)
+        _search(load, source)
         return
-    if load.arrival not in ("poisson", "constant"):
-        raise PlanError(f"{source}: load.arrival must be 'poisson' or 'constant', got {load.arrival!r}")
-    if load.source_rate <= 0 or load.max_inflight < 1:
-        raise PlanError(f"{source}: load.source_rate must be > 0 and load.max_inflight >= 1")
+    if load.arrivals == "closed":
+        return
+    _arrival_keys(load, source)
     rates = load.rates or []
     if not rates or any(r <= 0 for r in rates) or any(b <= a for a, b in zip(rates, rates[1:])):
         raise PlanError(f"{source}: open loop needs load.rates: positive requests/s, strictly increasing, got {rates}")
@@ -439,6 +496,87 @@ def _open_loop(plan: Plan, source: str) -> None:
         raise PlanError(f"{source}: every load.rates entry must be a multiple of load.source_rate "
                         f"({load.source_rate:g} req/s), got {rates}")
     load.steps = [int(round(n)) for n in sources]
+
+
+def _arrival_keys(load: LoadPlan, source: str) -> None:
+    if load.arrival not in ("poisson", "constant"):
+        raise PlanError(f"{source}: load.arrival must be 'poisson' or 'constant', got {load.arrival!r}")
+    if load.source_rate <= 0 or load.max_inflight < 1:
+        raise PlanError(f"{source}: load.source_rate must be > 0 and load.max_inflight >= 1")
+
+
+def _soak(load: LoadPlan, source: str) -> None:
+    """mode = "soak": one load (``users``, or ``rate`` with open-loop arrivals) held ``duration``
+    seconds, cut into windows of ``window`` seconds.  Each window is one step of that same load
+    (steps = [load] x windows, hold = window: locustfiles/steps.py keeps the load running across
+    them), so steps.csv, the rows' step stamps and every per-step figure are per window."""
+    load.window = SOAK_WINDOW if load.window is None else load.window
+    where = f"{source}: mode = \"soak\""
+    if load.arrivals == "closed":
+        if load.users is None or load.rate is not None:
+            raise PlanError(f"{where} with closed-loop arrivals needs load.users (load.rate is for arrivals = \"open\")")
+        if load.users < 1:
+            raise PlanError(f"{where}: load.users must be >= 1, got {load.users}")
+        held = load.users
+    else:
+        if load.rate is None or load.users is not None:
+            raise PlanError(f"{where} with open-loop arrivals needs load.rate (requests/s), not load.users")
+        _arrival_keys(load, source)
+        sources = load.rate / load.source_rate
+        if load.rate <= 0 or abs(sources - round(sources)) > 1e-6:
+            raise PlanError(f"{where}: load.rate must be a positive multiple of load.source_rate "
+                            f"({load.source_rate:g} req/s), got {load.rate:g}")
+        held = int(round(sources))
+    if load.duration is None or load.duration <= 0 or load.window <= 0:
+        raise PlanError(f"{where} needs load.duration > 0 and load.window > 0 seconds "
+                        f"(got duration {load.duration}, window {load.window})")
+    n = load.duration / load.window
+    if abs(n - round(n)) > 1e-6 or round(n) < SOAK_MIN_WINDOWS:
+        raise PlanError(f"{where}: load.duration ({load.duration:g}s) must be a whole number of windows "
+                        f"({load.window:g}s), at least {SOAK_MIN_WINDOWS} of them (the trend test needs {SOAK_MIN_WINDOWS})")
+    if load.hold == "auto" or load.settle >= load.window:
+        raise PlanError(f"{where}: each window is held load.window seconds (hold = \"auto\" is for step "
+                        f"sweeps), and load.settle ({load.settle:g}s) must be shorter than it")
+    load.steps, load.hold, load.rates = [held] * int(round(n)), float(load.window), None
+
+
+def is_soak(load: dict[str, Any]) -> bool:
+    """A ``[load]`` table read back from a run's plan.toml is a soak (mode = "soak")."""
+    return str(load.get("mode", "")).lower() == "soak"
+
+
+def _search(load: LoadPlan, source: str) -> None:
+    """mode = "search": start, max, growth, precision, max_duration that make sense; the steps
+    (open loop: the rates) are chosen as the run goes, so the plan holds none."""
+    if load.precision <= 0 or load.precision >= 1:
+        raise PlanError(f"{source}: load.precision must be > 0 and < 1 (a relative bracket width), got {load.precision:g}")
+    if load.growth <= 1:
+        raise PlanError(f"{source}: load.growth must be > 1 (each probe multiplies the last), got {load.growth:g}")
+    if load.start <= 0 or load.max < load.start:
+        raise PlanError(f"{source}: load.start must be > 0 and load.max >= load.start, got start {load.start:g}, "
+                        f"max {load.max:g}")
+    if load.max_duration <= 0:
+        raise PlanError(f"{source}: load.max_duration must be > 0 seconds, got {load.max_duration:g}")
+    unit = load.source_rate if load.arrivals == "open" else 1.0
+    for key in ("start", "max"):
+        n = getattr(load, key) / unit
+        if abs(n - round(n)) > 1e-6:
+            what = f"a multiple of load.source_rate ({unit:g} req/s)" if unit != 1.0 else "a whole number of users"
+            raise PlanError(f"{source}: load.{key} must be {what}, got {getattr(load, key):g}")
+    load.steps, load.rates = [], None
+
+
+def search_conflicts(data: dict[str, Any], source: str) -> None:
+    """``mode = "search"`` chooses the steps: a plan that also gives ``steps`` or ``rates`` is
+    contradictory (one line, before anything runs)."""
+    raw = data.get("load")
+    load: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    if load.get("mode") != "search":
+        return
+    given = [k for k in ("steps", "rates") if load.get(k)]
+    if given:
+        raise PlanError(f"{source}: load.{given[0]} and load.mode = \"search\" are both given; the search chooses "
+                        "the steps: give load.start and load.max instead")
 
 
 def _hold(load: LoadPlan, source: str) -> None:
@@ -463,11 +601,13 @@ def _hold(load: LoadPlan, source: str) -> None:
 def _validate(plan: Plan, source: str) -> None:
     _open_loop(plan, source)
     steps = plan.load.steps
-    if not steps:
+    if plan.load.mode == "search":
+        pass
+    elif not steps:
         raise PlanError(f"{source}: load.steps is empty; give at least one user count, e.g. [1, 2, 4, 8]")
     if any(s < 1 for s in steps):
         raise PlanError(f"{source}: load.steps must be positive user counts, got {steps}")
-    if any(b <= a for a, b in zip(steps, steps[1:])):
+    if plan.load.mode != "soak" and any(b <= a for a, b in zip(steps, steps[1:])):
         raise PlanError(f"{source}: load.steps must be strictly increasing, got {steps}")
     _hold(plan.load, source)
     if plan.load.workers < 0:
@@ -530,8 +670,56 @@ def _validate_request(plan: Plan, source: str) -> None:
                         "or request.lengths")
     if r.lengths is not None and (set(r.lengths) - {"input", "output"} or not r.lengths):
         raise PlanError(f"{source}: request.lengths takes an input and/or an output table")
+    _validate_llm_workload(plan, source)
     if str(r.datatype).upper() not in TENSOR_DATATYPES:
         raise PlanError(f"{source}: request.datatype {r.datatype!r} is not a KServe v2 datatype")
+
+
+PREFIX_KEYS = ("tokens", "count", "share")
+CONVERSATION_KEYS = ("turns", "think_ms")
+
+
+def _validate_llm_workload(plan: Plan, source: str) -> None:
+    """[request.prefix], [request.conversation] and request.trace (issue 19): their shapes; the
+    distribution tables inside a conversation are checked where they are read (workload.LengthDist)."""
+    r = plan.request
+    workloads = [k for k in ("prefix", "conversation", "trace", "replay") if getattr(r, k) is not None]
+    if workloads and workloads != ["replay"] and plan.protocol != "openai":
+        raise PlanError(f"{source}: request.{workloads[0]} is for protocol 'openai'")
+    if len(workloads) > 1 and not (set(workloads) == {"prefix", "conversation"}):
+        raise PlanError(f"{source}: give one of request.{', request.'.join(workloads)}")
+    if r.trace and (r.dataset or r.lengths):
+        raise PlanError(f"{source}: request.trace gives the lengths: give it without request.dataset or request.lengths")
+    shapes = plan.load.shapes
+    if shapes is not None:
+        if not shapes or any(len(v) != 2 or min(v) < 1 for v in shapes):
+            raise PlanError(f"{source}: load.shapes must be [input, output] token pairs >= 1, e.g. [[128, 128], "
+                            f"[2048, 128]], got {shapes}")
+        if plan.protocol != "openai" or r.dataset or r.lengths or r.trace or r.replay or r.conversation is not None:
+            raise PlanError(f"{source}: load.shapes sets each run's prompt and output length: it needs protocol "
+                            "'openai' and synthetic prompts (no dataset, lengths, trace, replay or conversation)")
+    if r.trace_block_tokens < 1:
+        raise PlanError(f"{source}: request.trace_block_tokens must be >= 1, got {r.trace_block_tokens}")
+    if r.prefix is not None:
+        p = r.prefix
+        unknown = set(p) - set(PREFIX_KEYS)
+        if unknown:
+            raise PlanError(f"{source}: request.prefix: unknown key {sorted(unknown)[0]!r} (known: count, share, tokens)")
+        for key in ("tokens", "count"):
+            v = p.get(key, 1)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise PlanError(f"{source}: request.prefix.{key} must be an integer >= 1, got {v!r}")
+        share = p.get("share", 1.0)
+        if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0.0 <= share <= 1.0:
+            raise PlanError(f"{source}: request.prefix.share must be a number in [0, 1], got {share!r}")
+    if r.conversation is not None:
+        unknown = set(r.conversation) - set(CONVERSATION_KEYS)
+        if unknown:
+            raise PlanError(f"{source}: request.conversation: unknown key {sorted(unknown)[0]!r} "
+                            "(known: think_ms, turns)")
+        if plan.load.arrivals != "closed":
+            raise PlanError(f"{source}: request.conversation needs load.arrivals = \"closed\" "
+                            "(a session's next turn waits for its answer)")
 
 
 def _validate_endpoint(plan: Plan, source: str) -> None:
@@ -592,6 +780,7 @@ def check_endpoint_files(plan: Plan, source: str = "plan") -> None:
 
 
 def plan_from_dict(data: dict[str, Any], source: str = "plan") -> Plan:
+    search_conflicts(data, source)
     return _fill(source, Plan, data, "").validate(source)
 
 

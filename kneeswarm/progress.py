@@ -15,6 +15,7 @@ all rows, with the settle time left out.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -35,28 +36,58 @@ PART_COLUMNS = ["t_start", "latency_ms", "ok", "step"]
 
 @dataclass
 class StepSoFar:
-    """The rows of one step seen so far."""
+    """The rows of one step seen so far; once the step is over (``close``), only its figures: a
+    soak's hours of windows keep one window of rows, not the run's (issue 20)."""
 
     t: list[np.ndarray] = field(default_factory=list)
     latency: list[np.ndarray] = field(default_factory=list)
     ok: list[np.ndarray] = field(default_factory=list)
+    closed: dict[float, tuple] | None = None  # t_from -> (requests, errors, QPS, P99, P50) of a step over
 
     def add(self, t: np.ndarray, latency: np.ndarray, ok: np.ndarray) -> None:
-        self.t.append(t)
-        self.latency.append(latency)
-        self.ok.append(ok)
+        if self.closed is None:  # rows arriving after the step's line was printed: not shown
+            self.t.append(t)
+            self.latency.append(latency)
+            self.ok.append(ok)
 
-    def figures(self, t_from: float) -> tuple[int, int, float | None, float | None]:
-        """(requests, errors, QPS, P99 ms) of the rows seen; QPS and P99 over those from ``t_from``."""
+    def _all(self, t_from: float) -> tuple[int, int, float | None, float | None, float | None]:
+        if self.closed is not None:
+            return self.closed.get(t_from) or next(iter(self.closed.values()))
         if not self.t:
-            return 0, 0, None, None
+            return 0, 0, None, None, None
         t, lat, ok = np.concatenate(self.t), np.concatenate(self.latency), np.concatenate(self.ok)
         steady = t >= t_from
         span = float(t[steady].max() - t_from) if steady.any() else 0.0
         qps = float(steady.sum() / span) if span >= MIN_SPAN else None
         lat_ok = lat[steady & ok]
-        p99 = float(np.percentile(lat_ok, 99)) if len(lat_ok) else None
-        return len(t), int((~ok).sum()), qps, p99
+        p99, p50 = (float(v) for v in np.percentile(lat_ok, [99, 50])) if len(lat_ok) else (None, None)
+        return len(t), int((~ok).sum()), qps, p99, p50
+
+    def figures(self, t_from: float) -> tuple[int, int, float | None, float | None]:
+        """(requests, errors, QPS, P99 ms) of the rows seen; QPS and P99 over those from ``t_from``."""
+        return self._all(t_from)[:4]
+
+    def p50(self, t_from: float) -> float | None:
+        return self._all(t_from)[4]
+
+    def close(self, t_froms: list[float]) -> None:
+        """The step is over: keep its figures from each of ``t_froms``, free its rows."""
+        if self.closed is None:
+            self.closed = {t: self._all(t) for t in t_froms}
+            self.t, self.latency, self.ok = [], [], []
+
+
+def steady_from(st: Any, load: Any, settle: bool = True) -> float:
+    """Where a step's steady rows begin for a display: its t_steady (else t_ramp), with ``settle``
+    the plan's settle after it (a soak: its first window only) and hold = "auto"'s cut."""
+    t = st["t_steady"] if st["t_steady"] == st["t_steady"] else st["t_ramp"]
+    if not settle:
+        return float(t)
+    t += load.settle if load.mode != "soak" or int(st["index"]) == 0 else 0.0
+    cut = st.get("t_cut")
+    if isinstance(cut, (int, float)) and math.isfinite(cut):  # hold = "auto": the master's warm-up cut
+        t = max(t, float(cut))
+    return float(t)
 
 
 class Progress:
@@ -89,6 +120,7 @@ class Progress:
             if self._printed < i < newest_rows:  # rows of a later step are in: this one's are too
                 self._line(self._text(st, self._time_left(steps, now)))
                 self._printed = i
+                self._steps.get(i, StepSoFar()).close([steady_from(st, self.plan.load, s) for s in (False, True)])
         if self.live and len(steps) and int(steps.iloc[-1]["index"]) > self._printed:
             self._show_live(self._text(steps.iloc[-1], self._time_left(steps, now)))
 
@@ -130,7 +162,9 @@ class Progress:
         i, users = int(st["index"]), int(st["users"])
         t_steady = st["t_steady"] if np.isfinite(st["t_steady"]) else st["t_ramp"]
         n, errors, qps, p99 = self._steps.get(i, StepSoFar()).figures(float(t_steady))
-        parts = [f"step {i + 1}/{len(self.plan.load.steps)}: {users} user{'s' if users != 1 else ''}",
+        unit = "window" if self.plan.load.mode == "soak" else "probe" if self.plan.load.mode == "search" else "step"
+        of = "" if self.plan.load.mode == "search" else f"/{len(self.plan.load.steps)}"  # a search: probes as chosen
+        parts = [f"{unit} {i + 1}{of}: {users} user{'s' if users != 1 else ''}",
                  f"{n} requests",
                  f"{qps:.1f} QPS" if qps is not None else "– QPS",
                  f"P99 {p99:.1f} ms" if p99 is not None else "P99 –",
@@ -143,7 +177,10 @@ class Progress:
         load = self.plan.load
         st = steps.iloc[-1]
         hold = load.hold_s()  # hold = "auto": at most max_hold (a step may end sooner)
-        later = (len(load.steps) - 1 - int(st["index"])) * (load.ramp + hold)
+        if load.mode == "search":  # at most max_duration of load, whatever the probes
+            return max(0.0, load.max_duration - float(now - steps["t_ramp"].min()))
+        ramp = 0.0 if load.mode == "soak" else load.ramp  # a soak's later windows do not ramp
+        later = (len(load.steps) - 1 - int(st["index"])) * (ramp + hold)
         if np.isfinite(st["t_steady"]):
             return later + max(0.0, float(st["t_steady"]) + hold - now)
         return later + hold + max(0.0, float(st["t_ramp"]) + load.ramp - now)

@@ -20,19 +20,24 @@ written); the report shows both at the top, and a run with losses is not reporte
 Readers never hide bad data either: :meth:`RunDir.read_request_rows` lists the parts it could
 not read (with what their footers still say), and an unreadable meta.json is never
 overwritten (update_meta keeps it aside as meta.json.corrupt and says so in "warnings").
+meta.json is read through :meth:`RunDir.read_meta` alone, as a :class:`Meta` (so mypy checks the
+keys its readers use): a value of another type than declared is left out and said in "warnings".
 """
 
 from __future__ import annotations
 
 import csv
 import datetime as dt
+import io
 import json
 import logging
 import os
 import re
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, TypedDict, Unpack
 
 import pandas as pd
 import pyarrow as pa
@@ -63,6 +68,12 @@ REQUEST_SCHEMA = pa.schema(
         # independent output counts the server's usage is checked against (issue 15; null where not known):
         ("tokens_tokenizer", pa.int64()),  # the plan's tokenizer over the streamed text, counted by the client
         ("tokens_pinned", pa.int64()),  # the output length the request pinned (ignore_eos, or min_tokens = max_tokens)
+        # LLM workloads (issue 19; null otherwise):
+        ("prefix", pa.int32()),  # which shared prefix the prompt starts with ([request.prefix]), 0-based
+        ("turn", pa.int32()),  # the request's turn in its conversation, from 1 ([request.conversation])
+        # times the request was sent again because the server closed its kept-alive connection cleanly
+        # before answering (locustfiles/users.py STALE_CONNECTION_RETRIES); null: sent once
+        ("resent", pa.int32()),
     ]
 )
 REQUEST_COLUMNS = tuple(REQUEST_SCHEMA.names)
@@ -89,6 +100,7 @@ SUMMARY_JSON = "summary.json"  # report/
 SUMMARY_MD = "summary.md"  # report/
 REPORT_HTML = "index.html"  # report/
 JUNIT_FILE = "junit.xml"  # report/ (and the comparison's folder)
+SWEEP_JSON = "sweep.json"  # <out>/<stamp>-<name>-shapes/: a [load] shapes sweep (analysis/shapes.py), with its index.html
 COMPARE_DIR = "compare"  # report/compare/: `kneeswarm compare`'s default output folder
 COMPARE_JSON, COMPARE_MD, COMPARE_HTML = "compare.json", "compare.md", "compare.html"
 RECORDER_FILE = "recorder.json"  # generator/recorder.json: what the master's recording could not write
@@ -102,10 +114,77 @@ STEP_TIME_COLUMNS = STEP_COLUMNS[2:]
 # hold_reason, why it ended at max_hold without being steady and known
 STEP_HOLD_COLUMNS = ("t_cut", "hold_reason")
 GENERATOR_COLUMNS = ("t", "cpu_pct", "rss_mb", "users", "lag_ms")
+SEARCH_FILE = "search.json"  # generator/search.json: mode = "search": each probe as decided, with why (issue 18)
 CLOCKS_FILE = "clocks.json"  # generator/clocks.json: each worker's clock offset, measured by the master
 TARGET_HOST = "target"  # hosts/<this>/ holds the target's /metrics scraped from the load side
 CORRUPT_META_SUFFIX = ".corrupt"  # an unreadable meta.json is kept aside as meta.json.corrupt[.N]
 MAX_WARNINGS = 200  # a WarningLog keeps the first ones; a count says how many more there were
+
+
+class Meta(TypedDict, total=False):
+    """meta.json: every key any part writes (``RunDir.update_meta`` takes only these; mypy checks
+    the writers).  A key is only ever added: a run directory written before it lacks it, and
+    readers take it as absent.  Written at the start (run_id ... versions), after preflight
+    (hosts_preflight), and at the end (the rest)."""
+
+    run_id: str  # the run directory's name
+    launcher: str  # "kneeswarm run" or "locust" (a test Locust itself started)
+    started: float  # epoch s, the master's clock
+    started_utc: str  # ISO 8601 (kneeswarm run)
+    finished: float
+    complete: bool  # every step ran, nothing lost, the load ended cleanly
+    ended: str  # kneeswarm.outcome.Ended's values
+    target: str
+    protocol: str
+    load_host: str  # the load machine's hostname
+    pid: int  # the Locust master's (launcher "locust")
+    workers: int  # local worker processes
+    versions: dict[str, str]  # python, platform, kneeswarm, locust, ...
+    hosts_preflight: dict[str, Any]  # per monitored host: what the preflight found (agents)
+    hosts: dict[str, Any]  # per monitored host: agent, collectors, clock, parse counts, warnings (agents)
+    target_metrics: dict[str, Any] | None  # the target's /metrics scrapes (kneeswarm.lifecycle)
+    worker_clocks: dict[str, Any]  # each worker's clock offset (locustfiles.clocks)
+    workers_lost: list[dict[str, Any]]  # workers that went missing: {worker, t, step}
+    lost: dict[str, int]  # what could not be kept: {what: count}
+    warnings: list[str]  # one line each (WarningLog)
+
+
+def _json_types(hint: Any) -> tuple[type, ...]:
+    """The JSON value types a :class:`Meta` annotation allows: its outer type only (a dict's
+    values, a list's items are not looked into); a float may be written as an integer."""
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        return tuple(t for arg in typing.get_args(hint) for t in _json_types(arg))
+    base = typing.get_origin(hint) or hint
+    return (int, float) if base is float else (base,)
+
+
+META_TYPES = {key: _json_types(hint) for key, hint in typing.get_type_hints(Meta).items()}
+
+
+def meta_from_json(raw: dict[str, Any]) -> tuple[Meta, list[str]]:
+    """meta.json's object as :class:`Meta`, and a line for each declared key left out because its
+    value is not of the declared type (a hand-edited or foreign file; JSON's true is no number).
+    Keys no version declared are left out too: no reader knows them (update_meta keeps them)."""
+    meta: dict[str, Any] = {}
+    wrong = []
+    for key, value in raw.items():
+        allowed = META_TYPES.get(key)
+        if allowed is None:
+            continue
+        if isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed):
+            meta[key] = value
+        else:
+            wrong.append(f"meta.json: {key!r} is a JSON {_json_name(value)}, not "
+                         f"{' or '.join(dict.fromkeys(map(_json_name, allowed)))}; "
+                         "left out")
+    return typing.cast(Meta, meta), wrong
+
+
+def _json_name(value: Any) -> str:
+    """JSON's name for a Python value or type: "object", "array", "string", "number", ..."""
+    t = value if isinstance(value, type) else type(value)
+    return {dict: "object", list: "array", str: "string", int: "number", float: "number",
+            bool: "true/false", type(None): "null"}.get(t, t.__name__)
 
 
 class WarningLog:
@@ -230,6 +309,33 @@ def write_csv(path: Path, columns: Iterable[str], rows: Iterable[Iterable[Any]])
     os.replace(tmp, path)
 
 
+def read_csv_latest(path: Path, tail: int = 65536) -> pd.DataFrame | None:
+    """The rows of a CSV with a ``t`` column (rows in time order) at its latest ``t``, read from the
+    file's end: the tail read grows until it begins before that sample's first row, so a sample of
+    any number of rows comes whole.  A last line still being appended is left out.  None when the
+    file is missing, empty or unreadable, or has no ``t``."""
+    try:
+        with path.open("rb") as f:
+            header = f.readline()
+            size = f.seek(0, os.SEEK_END)
+            while True:
+                start = max(len(header), size - tail)
+                f.seek(start)
+                body = f.read(size - start)
+                body = body[:body.rfind(b"\n") + 1]
+                if start > len(header):
+                    body = body[body.find(b"\n") + 1:]  # the first line read may be cut
+                df = pd.read_csv(io.BytesIO(header + body))
+                if df.empty or "t" not in df.columns:
+                    return None
+                last = df["t"].max()
+                if start == len(header) or (df["t"] < last).any():
+                    return df[df["t"] == last].reset_index(drop=True)
+                tail *= 4
+    except (OSError, ValueError):  # pandas' parser errors are ValueErrors
+        return None
+
+
 def split_table_name(stem: str) -> tuple[str, str | None]:
     """The stem of a parsed host CSV -> (table, collector or None): "process.procfs" ->
     ("process", "procfs"); "vmstat" -> ("vmstat", None)."""
@@ -309,14 +415,20 @@ class RunDir:
             return {}, f"a JSON {type(meta).__name__}, not an object"
         return meta, None
 
-    def read_meta(self) -> dict[str, Any]:
-        """meta.json as a dict ({} when missing).  An unreadable one reads as
-        {"complete": False, "warnings": [why]}, and the file is left as it is."""
-        meta, problem = self._load_meta()
-        if problem is None:
-            return meta
-        logger.warning("%s: unreadable (%s)", self.meta_path, problem)
-        return {"complete": False, "warnings": [f"meta.json: unreadable ({problem})"]}
+    def read_meta(self) -> Meta:
+        """meta.json as :class:`Meta` ({} when missing): the one reader of meta.json.  An unreadable
+        one reads as {"complete": False, "warnings": [why]}, and the file is left as it is; a key
+        whose value is not of its declared type is left out and said in "warnings" (see
+        :func:`meta_from_json`)."""
+        raw, problem = self._load_meta()
+        if problem is not None:
+            logger.warning("%s: unreadable (%s)", self.meta_path, problem)
+            return {"complete": False, "warnings": [f"meta.json: unreadable ({problem})"]}
+        meta, wrong = meta_from_json(raw)
+        if wrong:
+            logger.warning("%s: %s", self.path, "; ".join(wrong))
+            meta["warnings"] = meta.get("warnings", []) + wrong
+        return meta
 
     def corrupt_meta_copies(self) -> list[Path]:
         """The unreadable meta.json files that update_meta kept aside."""
@@ -334,7 +446,7 @@ class RunDir:
         return (f"meta.json was unreadable ({problem}); kept as {aside.name}; "
                 "what it held before is missing from this meta.json")
 
-    def update_meta(self, **changes: Any) -> dict[str, Any]:
+    def update_meta(self, **changes: Unpack[Meta]) -> dict[str, Any]:
         """Merge top-level keys into meta.json (atomic rewrite).
 
         An unreadable meta.json is never overwritten: it is kept aside (meta.json.corrupt) and
@@ -425,3 +537,8 @@ class RunDir:
         if not path.exists() or path.stat().st_size == 0:
             return None
         return pd.read_csv(path)
+
+    def read_host_csv_latest(self, host: str, name: str) -> pd.DataFrame | None:
+        """The rows of hosts/<host>/<name>.csv at its latest ``t``, read from the file's end (the
+        live view's: a 2-hour threads.csv is 100 MB); None when there are none."""
+        return read_csv_latest(self.host_dir(host) / f"{name}.csv")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +38,17 @@ class Sample:
     t: float  # master time of the answer
 
 
+class Ping(TypedDict):
+    """PING, master -> worker: the master's send time."""
+    t1: float
+
+
+class Pong(TypedDict):
+    """PONG, worker -> master: the ping's t1 echoed (None if it had none) and the worker's time."""
+    t1: float | None
+    t2: float
+
+
 class WorkerClocks:
     """The master's view of every worker's clock."""
 
@@ -46,10 +57,10 @@ class WorkerClocks:
         self._last: dict[str, Sample] = {}  # best sample of the latest round, for drift
         self._count: dict[str, int] = {}
 
-    def request(self) -> dict[str, float]:
+    def request(self) -> Ping:
         return {"t1": time.time()}
 
-    def answered(self, worker: str, data: dict[str, Any]) -> None:
+    def answered(self, worker: str, data: Pong | dict[str, Any]) -> None:
         t4 = time.time()
         try:
             t1, t2 = float(data["t1"]), float(data["t2"])
@@ -149,6 +160,6 @@ def shift(rows: dict[str, list] | None, samples: list, offset: float) -> tuple[d
     return rows, [(t - offset, *rest) for t, *rest in samples]
 
 
-def pong(data: dict[str, Any]) -> dict[str, float]:
+def pong(data: Ping | dict[str, Any]) -> Pong:
     """The worker's answer to a ping: the master's t1 and the worker's own time."""
     return {"t1": data.get("t1"), "t2": time.time()}

@@ -20,7 +20,7 @@ import logging
 import os
 import socket
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 import gevent
 from locust import events
@@ -33,26 +33,30 @@ from kneeswarm.plan import PlanError, load_plan, plan_from_dict
 from kneeswarm.rundir import (CLOCKS_FILE, GENERATOR_COLUMNS, META_FILE, REPORT_HTML, STEPS_FILE, RunDir, safe_name,
                               write_json)
 
-from kneeswarm import lifecycle
+from kneeswarm import export, lifecycle
 from kneeswarm.lifecycle import LifecycleError, open_in_child
-from locustfiles import clocks, state, webui
+from locustfiles import clocks, prompt, state, webui
 from locustfiles.master_state import MasterState
 from locustfiles.recorder import (FLUSH_INTERVAL, GEN_KEY, RECORDER_FILE, REPORT_KEY, GeneratorSampler,
-                                  RequestWriter, RowBuffer)
+                                  RequestWriter, RowBuffer, WorkerReport)
 from locustfiles.shape import StepShape
-from locustfiles.steady import AutoHold
-from locustfiles.steps import StepSchedule
+from locustfiles.steady import AutoHold, ProbeMeter
+from locustfiles.steps import DRAIN_FACTOR, DRAIN_MIN_S, StepSchedule
 from locustfiles.users import InferenceUser
 
 logger = logging.getLogger(__name__)
 
-PLAN_MESSAGE = "kneeswarm_plan"
+PLAN_MESSAGE = "kneeswarm_plan"  # master -> each worker as it connects: PlanMessage
 LIVE_PERIOD = 2.0  # seconds between live views asked of the lifecycle process
 #: seconds after a web UI Stop before the recording closes (workers' last reports arrive)
 REPORT_WAIT = 4.0
 AUTO_HOLD_MARGIN_S = 1.0  # hold = "auto": a row may arrive this much later than its report interval and flush
 WORKER_WATCH_PERIOD = 1.0  # seconds between looks at the master's list of workers
 EXIT_OUTCOME_UNWRITTEN = EXIT_FAILED  # Locust's exit code when the recording's outcome could not be written
+
+
+class PlanMessage(TypedDict):
+    plan: dict[str, Any]  # kneeswarm.plan.Plan.to_dict(), read back with plan_from_dict
 
 
 _plan_loaded = False  # the form shows the loaded plan's values once there is one
@@ -78,6 +82,10 @@ def _add_arguments(parser: Any) -> None:
                         help="record the SSH host key of a monitored host seen for the first time")
     parser.add_argument("--kneeswarm-insecure-web", action="store_true", include_in_web_ui=False,
                         help="allow the web UI / master port on a non-loopback address without --web-login")
+    export.add_locust_arguments(parser)
+
+
+prompt.install()
 
 
 @events.init.add_listener
@@ -95,7 +103,10 @@ def _on_init(environment: Environment, **_kw: Any) -> None:
     if isinstance(runner, WorkerRunner):
         WorkerListeners(environment, runner)
     elif runner is not None:
-        MasterListeners(environment, runner)
+        live = export.LocustExport(environment)  # first: its `quitting` (linger) then comes after the report
+        listeners = MasterListeners(environment, runner)
+        live.follow(lambda: listeners.recording.run if listeners.recording is not None else None)
+        prompt.await_workers(environment)
 
 
 def _load_plan(env: Environment, form: Any = None) -> None:
@@ -157,15 +168,16 @@ class WorkerListeners:
         gevent.spawn(self.sampler.run_forever)
 
     def on_report(self, client_id: str, data: dict) -> None:
-        data[REPORT_KEY] = self.buffer.take()
-        data[GEN_KEY] = self.sampler.take()
+        report: WorkerReport = {REPORT_KEY: self.buffer.take(), GEN_KEY: self.sampler.take()}
+        data.update(report)
 
     def on_plan(self, environment: Environment, msg: Any, **_kw: Any) -> None:
-        state.set_plan(plan_from_dict(msg.data["plan"], "plan from master"))
+        data: PlanMessage = msg.data
+        state.set_plan(plan_from_dict(data["plan"], "plan from master"))
         _apply_plan(environment)
 
     def on_ping(self, environment: Environment, msg: Any, **_kw: Any) -> None:
-        self.runner.send_message(clocks.PONG, clocks.pong(msg.data or {}))
+        self.runner.send_message(clocks.PONG, dict(clocks.pong(msg.data or {})))
 
 
 class MasterListeners:
@@ -223,7 +235,7 @@ class MasterListeners:
             self.test = TestHosts(self.recording, plan, accept)
         return self.recording.schedule
 
-    def live_view(self) -> dict[str, Any]:
+    def live_view(self) -> webui.LiveJson:
         """What the Knee tabs show: the current (or last) test's tables and its report link."""
         return self.test.view() if self.test is not None else {"steps": [], "hosts": []}
 
@@ -234,7 +246,8 @@ class MasterListeners:
         if self.is_master:
             self.state.test_started()
             for client in self.runner.clients.all:
-                self.runner.send_message(PLAN_MESSAGE, {"plan": state.plan().to_dict()}, client.id)
+                message: PlanMessage = {"plan": state.plan().to_dict()}
+                self.runner.send_message(PLAN_MESSAGE, dict(message), client.id)
             gevent.spawn(self.ping_round)  # measured before the first request is sent
 
     def ping_round(self) -> None:
@@ -314,8 +327,8 @@ class TestHosts:
     def __init__(self, recording: Recording, plan: Any, accept_new_host_keys: bool):
         self.recording, self.run = recording, recording.run
         self.child: Any = None
-        self.live: dict[str, Any] = {"steps": [], "hosts": []}
-        self.report: dict[str, Any] = {}
+        self.live: webui.Live = {"steps": [], "hosts": []}
+        self.report: webui.ReportLink = {}
         self.finished = False
         self._later: Any = None
         try:
@@ -330,7 +343,7 @@ class TestHosts:
                 self.child = None
         self._poller = gevent.spawn(self._poll_loop)
 
-    def view(self) -> dict[str, Any]:
+    def view(self) -> webui.LiveJson:
         return {**self.live, **self.report, "run_id": self.run.path.name}
 
     def _poll_loop(self) -> None:
@@ -404,20 +417,34 @@ class TestHosts:
         for row in self.live.get("steps", []):
             st = final.get(row.get("step"))
             if st:
-                row.update(qps=_round(st.get("qps")), p50_ms=_round(st.get("p50_ms")), p99_ms=_round(st.get("p99_ms")),
-                           requests=st.get("requests", row.get("requests")),
-                           valid="yes" if st.get("valid") else "no: " + "; ".join(st.get("reasons") or []))
+                row.update({"qps": _round(st.get("qps")), "p50_ms": _round(st.get("p50_ms")), "p99_ms": _round(st.get("p99_ms")),
+                            "requests": st.get("requests", row.get("requests")),
+                            "valid": "yes" if st.get("valid") else "no: " + "; ".join(st.get("reasons") or [])})
+        self.live["knee"] = _report_knee(summary)
         if answer.get("report"):
             self.report = {"report_url": f"/kneeswarm/runs/{self.run.path.name}/report/{REPORT_HTML}"}
         else:
             self.report = {"report_error": answer.get("error") or "no report written"}
 
 
+def _report_knee(summary: dict[str, Any]) -> webui.LiveKnee:
+    """The knee the report found (and, mode = "search", the knee bracket), for the Knee tab's chart."""
+    knee: webui.LiveKnee = {}
+    found = summary.get("knee") or {}
+    if found.get("users") is not None:
+        knee["users"], knee["how"] = found["users"], f"report: {found.get('method')}"
+    bracket = (summary.get("search") or {}).get("knee_bracket")
+    if isinstance(bracket, list) and len(bracket) == 2 and bracket[0] is not None:
+        knee["bracket"] = bracket
+        knee.setdefault("how", "report: search bracket")
+    return knee
+
+
 def _round(x: Any) -> float | None:
     return round(float(x), 1) if isinstance(x, (int, float)) else None
 
 
-def _live_here(run: RunDir) -> dict[str, Any]:
+def _live_here(run: RunDir) -> webui.Live:
     """The live step table without a lifecycle process (its agents could not start)."""
     from kneeswarm.lifecycle import live_hosts
 
@@ -448,8 +475,13 @@ class Recording:
         self.auto_hold = (AutoHold(load.min_hold, load.max_hold, load.settle, load.ci,
                                    lag_s=WORKER_REPORT_INTERVAL + FLUSH_INTERVAL + AUTO_HOLD_MARGIN_S)
                           if load.auto_hold else None)
-        self.schedule = StepSchedule(load.steps, load.ramp, load.hold_s(), on_change=self._write_steps,
-                                     auto=self.auto_hold)
+        self.search = _search_driver(run, plan)  # mode = "search": the steps are chosen as the run goes
+        steps = [self.search.first()] if self.search is not None else load.steps
+        self.schedule = StepSchedule(steps, load.ramp, load.hold_s(), on_change=self._write_steps,
+                                     auto=self.auto_hold, continuous=load.mode == "soak",
+                                     chooser=self.search, drain=self.drain_s)
+        self.request_timeout = plan.request.timeout
+        self.slowest_s = 0.0  # the slowest request seen so far (for the last step's drain)
         self.writer = RequestWriter(run, self.schedule.step_starts)
         self.gate = clocks.ClockGate(worker_clocks)
         self.failures: dict[str, list] = {}  # what -> [count, last error] of writes other than parts
@@ -517,17 +549,28 @@ class Recording:
 
     def flush(self, final: bool = False) -> None:
         if self.local_buffer is not None:
-            rows = self.local_buffer.take()
-            self.writer.add("local", rows)
-            if self.auto_hold is not None:
-                self.auto_hold.add(rows)
+            self._rows("local", self.local_buffer.take())
             self.add_generator_rows("local", self.local_sampler.take())
         for worker, rows, samples in self.gate.release(final):
-            self.writer.add(worker, rows)
-            if self.auto_hold is not None:
-                self.auto_hold.add(rows)
+            self._rows(worker, rows)
             self.add_generator_rows(worker, samples)
         self.writer.flush()  # never raises: rows it cannot write are held, or counted lost
+
+    def _rows(self, worker: str, rows: Any) -> None:
+        """A batch of request rows (column lists): written, and seen by what judges the steps."""
+        self.writer.add(worker, rows)
+        if self.auto_hold is not None:
+            self.auto_hold.add(rows)
+        if self.search is not None:
+            self.search.meter.add(rows)
+        lat = [v for v in (rows or {}).get("latency_ms") or [] if isinstance(v, (int, float)) and v == v]
+        if lat:
+            self.slowest_s = max(self.slowest_s, max(lat) / 1000.0)
+
+    def drain_s(self) -> float:
+        """How long the last step's load goes on past its window's end: DRAIN_FACTOR x the slowest
+        request seen, at least DRAIN_MIN_S, at most request.timeout (no request lasts longer)."""
+        return min(self.request_timeout, max(DRAIN_MIN_S, DRAIN_FACTOR * self.slowest_s))
 
     def _flush_loop(self) -> None:
         while True:
@@ -556,7 +599,7 @@ class Recording:
         with no conductor, meta.json itself.  A write that fails is not only logged: what could
         still be written says so, and the process exits 1 (``environment.process_exit_code``), so
         that a Locust-launched run ends with its ``ended`` in meta.json or a non-zero exit."""
-        summary = {
+        summary: dict[str, Any] = {
             "request_rows": {"received": self.writer.rows_received, "written": self.writer.rows_written,
                              "held": self.writer.rows_held, "lost": self.writer.rows_lost},
             "lost": self.lost(), "warnings": self.warnings(), "final": final,
@@ -568,7 +611,8 @@ class Recording:
             self._try_write(failed, CLOCKS_FILE, lambda: write_json(self.run.generator_dir / CLOCKS_FILE, offsets))
         self._try_write(failed, RECORDER_FILE, lambda: write_json(self.run.generator_dir / RECORDER_FILE, summary))
         if self.owns_meta:
-            done = self.schedule.done and len(self.schedule.log) == len(self.schedule.steps)
+            done = self.schedule.done and len(self.schedule.log) == len(self.schedule.steps) and \
+                (self.search is None or self.search.stopped_because is not None)
             warnings = summary["warnings"] + [f"load generator: could not write generator/{what} ({why})"
                                               for what, why in failed]
             self._try_write(failed, META_FILE, lambda: self.run.update_meta(
@@ -614,6 +658,18 @@ class Recording:
         self.write_outcome(final=True)
         self.schedule.finish(time.time())  # a test cut short: its last step ends now in steps.csv
         logger.info("kneeswarm: %d request rows in %s", self.writer.rows_written, self.run.path)
+
+
+def _search_driver(run: RunDir, plan: Any) -> Any:
+    """mode = "search": the driver the step schedule asks for each next probe (kneeswarm.search),
+    fed the rows as they arrive; None for a grid."""
+    if plan.load.mode != "search":
+        return None
+    from kneeswarm.search import SearchDriver, settings_of
+
+    return SearchDriver(settings_of(plan), ProbeMeter(), run, settle=plan.load.settle,
+                        lag_s=WORKER_REPORT_INTERVAL + FLUSH_INTERVAL + AUTO_HOLD_MARGIN_S,
+                        open_loop=plan.load.arrivals == "open", auto_hold=plan.load.auto_hold)
 
 
 def _run_dir(env: Environment, first: bool) -> tuple[RunDir, bool]:

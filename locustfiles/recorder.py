@@ -19,7 +19,7 @@ import errno
 import logging
 import socket
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Final, TypedDict
 
 import numpy as np
 
@@ -32,8 +32,8 @@ logger = logging.getLogger(__name__)
 
 FLUSH_INTERVAL = 2.0  # seconds between part files on the master
 MAX_HELD_ROWS = 200_000  # rows kept for a retry while parts cannot be written (~1 min at 3k req/s)
-REPORT_KEY = "kneeswarm_rows"  # key in the worker report (Locust reserves "stats" and "errors")
-GEN_KEY = "kneeswarm_gen"
+REPORT_KEY: Final = "kneeswarm_rows"  # key in the worker report (Locust reserves "stats" and "errors")
+GEN_KEY: Final = "kneeswarm_gen"
 #: generator/<this>: what the master's recording received, wrote and lost, and its warnings
 #: (the conductor merges "lost" and "warnings" into meta.json)
 RECORDER_FILE = rundir.RECORDER_FILE  # generator/recorder.json (kneeswarm.rundir names the files)
@@ -42,7 +42,10 @@ RECORDER_FILE = rundir.RECORDER_FILE  # generator/recorder.json (kneeswarm.rundi
 # A streamed answer adds its gaps between text chunks, whether tokens_out was counted by the client, the
 # server's count, the chunks, and the independent counts (users.StreamInfo); None for every other request.
 WIRE_COLUMNS = ("t_start", "latency_ms", "bytes", "ok", "status", "error", "name", "tokens_in", "tokens_out", "ttft_ms",
-                "itl_ms", "tokens_counted", "usage_out", "chunks_out", "tokens_tokenizer", "tokens_pinned")
+                "itl_ms", "tokens_counted", "usage_out", "chunks_out", "tokens_tokenizer", "tokens_pinned",
+                "prefix", "turn", "resent")
+STREAM_COLUMNS = WIRE_COLUMNS[10:16]  # users.StreamInfo's fields, in order
+TAG_COLUMNS = ("prefix", "turn")  # context["kneeswarm_tags"]: the LLM workload's (prefix, turn)
 
 
 def categorize(status: int, exception: BaseException | None) -> str | None:
@@ -76,6 +79,10 @@ def categorize(status: int, exception: BaseException | None) -> str | None:
 
 
 Columns = dict[str, list]  # one list per WIRE_COLUMNS entry, all of the same length
+#: What a worker adds to Locust's report to the master (report_to_master, every second): its request
+#: rows since the last report (RowBuffer.take) and its self-metrics samples (GeneratorSampler.take:
+#: (t, cpu_pct, rss_mb, users, lag_ms) tuples, rundir.GENERATOR_COLUMNS), on the worker's clock.
+WorkerReport = TypedDict("WorkerReport", {"kneeswarm_rows": Columns, "kneeswarm_gen": list[tuple]}, total=False)
 
 
 def empty_columns() -> Columns:
@@ -109,6 +116,8 @@ class RowBuffer:
         self._failed: list[tuple[int, str | None]] = []  # (row, error category)
         self._tokens: list[tuple[int, tuple]] = []  # (row, (tokens_in, tokens_out, ttft_ms))
         self._streams: list[tuple[int, tuple]] = []  # (row, users.StreamInfo)
+        self._tags: list[tuple[int, tuple]] = []  # (row, (prefix, turn))
+        self._resent: list[tuple[int, tuple]] = []  # (row, (times sent again,))
 
     def on_request(
         self,
@@ -137,6 +146,12 @@ class RowBuffer:
             stream = context.get("kneeswarm_stream")  # users.StreamInfo(itl_ms, tokens_counted, usage_out, chunks, ...)
             if stream:
                 self._streams.append((len(self._t_list) - 1, stream))
+            tags = context.get("kneeswarm_tags")  # (prefix, turn) of an LLM workload's request
+            if tags:
+                self._tags.append((len(self._t_list) - 1, tags))
+            resent = context.get("kneeswarm_resent")  # users: sent again after a clean close
+            if resent:
+                self._resent.append((len(self._t_list) - 1, (resent,)))
 
     def take(self) -> Columns:
         """The rows so far as full columns (and a fresh, empty buffer). No lock: greenlets do not preempt."""
@@ -149,7 +164,9 @@ class RowBuffer:
             cols["ok"][i] = False
             cols["error"][i] = category
         _spread(cols, self._tokens, ("tokens_in", "tokens_out", "ttft_ms"))
-        _spread(cols, self._streams, WIRE_COLUMNS[10:])
+        _spread(cols, self._streams, STREAM_COLUMNS)
+        _spread(cols, self._tags, TAG_COLUMNS)
+        _spread(cols, self._resent, ("resent",))
         self._reset()
         return cols
 
@@ -265,8 +282,44 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
+class CpuCeiling:
+    """The cores this process may use, at most one: its cgroup's CPU quota (the tightest of its
+    levels, v1 or v2, read as the host agent reads it: agents/remote/cgroup.py) where that is less
+    than a core, else 1 (a gevent worker is one event loop: one core is all it can use).
+
+    A worker held to 0.2 core by a cgroup quota was the bottleneck at 19 % CPU of a core (1,572
+    QPS at 32 users, ~3,000 unconfined), so "CPU of one core > 90 %" never saw it.  Read at every
+    sample: a process moved into a cgroup, or a quota changed, counts from then on.
+    """
+
+    def __init__(self) -> None:
+        import os
+        import threading
+
+        from agents.remote.cgroup import CgroupSampler
+
+        self._reader = CgroupSampler("cgroup", os.devnull, 1.0, threading.Event(), os.getpid())
+        self._reader.setup()  # reads /proc/self/mountinfo; nothing where there is none (not Linux)
+
+    def cores(self) -> float:
+        from agents.remote.cgroup import cgroup_paths
+        from agents.remote.files import read_text
+
+        row: dict[str, Any] = {}
+        try:
+            self._reader.read(cgroup_paths(read_text(self._reader.cgroup_file)), row)
+        except OSError:
+            return 1.0
+        quota, period = row.get("quota_us"), row.get("period_us")
+        return min(1.0, quota / period) if quota and period else 1.0
+
+
 class GeneratorSampler:
-    """1 Hz self-metrics of this load-generator process: CPU%, RSS, users, event-loop lag."""
+    """1 Hz self-metrics of this load-generator process: CPU%, RSS, users, event-loop lag.
+
+    ``cpu_pct`` is the process's CPU time (all its threads, psutil: the kernel's utime + stime)
+    as a % of what it may use (CpuCeiling: one core, or its cgroup's quota when less), so
+    near 100 means the generator itself is the bottleneck however it is confined."""
 
     LAG_PROBE = 0.1  # seconds the lag probe sleeps; the overshoot is the loop's lag
 
@@ -275,6 +328,7 @@ class GeneratorSampler:
 
         self._proc = psutil.Process()
         self._proc.cpu_percent(None)
+        self._ceiling = CpuCeiling()
         self._user_count = user_count
         self._samples: list[tuple] = []
         self._max_lag = 0.0
@@ -293,7 +347,8 @@ class GeneratorSampler:
 
     def sample(self) -> None:
         rss = self._proc.memory_info().rss / 1e6
-        self._samples.append((round(time.time(), 3), self._proc.cpu_percent(None), round(rss, 1), self._user_count(), round(self._max_lag, 2)))
+        cpu = self._proc.cpu_percent(None) / self._ceiling.cores()
+        self._samples.append((round(time.time(), 3), round(cpu, 1), round(rss, 1), self._user_count(), round(self._max_lag, 2)))
         self._max_lag = 0.0
 
     def take(self) -> list[tuple]:

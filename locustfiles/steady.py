@@ -217,3 +217,58 @@ class AutoHold:
 
 def _missing(v: Verdict) -> str:
     return "steady" if not v.steady else "known within the asked CI"
+
+
+class ProbeMeter:
+    """``mode = "search"``: the master's figures of the current step, from every row as it arrives
+    (not Locust's rounded statistics): successful requests/s, P99 of the successful ones, the
+    failed share and the share of 429/503 answers (pushback) over a window.
+
+    Open loop also needs what was served against what was offered: the successes by completion
+    time (``completed_qps``) count what the service got through in the window.  A saturated
+    service completes its capacity and queues the rest; one that keeps up completes what arrived
+    a latency earlier, and one that drains a queue left by an earlier probe completes more.  The
+    rows by start time (``arrival_rate``) count the arrivals only once they are done: those still
+    queued are not rows yet, so it reads low exactly when the service falls behind."""
+
+    def __init__(self) -> None:
+        self._cols: list[tuple[np.ndarray, ...]] = []
+
+    def add(self, cols: dict | None) -> None:
+        if not cols or not cols.get("t_start"):
+            return
+        t = np.asarray(cols["t_start"], dtype=float)
+        ok = np.asarray([v is not None and bool(v) for v in cols.get("ok", [])], dtype=bool)
+        lat = np.asarray([np.nan if v is None else v for v in cols.get("latency_ms", [])], dtype=float)
+        status = np.asarray([0 if v is None else int(v) for v in cols.get("status", [0] * len(t))], dtype=int)
+        if not (len(ok) == len(lat) == len(status) == len(t)):
+            return
+        self._cols.append((t, ok, lat, status))
+
+    def forget_before(self, t: float) -> None:
+        """Drop the rows done before ``t`` (a request still running at ``t`` completes in the next window)."""
+        self._cols = [tuple(c[keep] for c in cols) for cols in self._cols
+                      if (keep := _done(cols[0], cols[2]) >= t).any()]
+
+    def figures(self, t_lo: float, horizon: float) -> dict:
+        """{requests, qps, p99_ms, error_rate, pushback, arrival_rate} of the rows that started in
+        [t_lo, horizon), and completed_qps: the successes done in it."""
+        if not self._cols:
+            return {"requests": 0, "qps": 0.0, "p99_ms": None, "error_rate": 0.0, "pushback": 0.0,
+                    "arrival_rate": 0.0, "completed_qps": 0.0}
+        t, ok, lat, status = (np.concatenate([c[i] for c in self._cols]) for i in range(4))
+        w = (t >= t_lo) & (t < horizon)
+        n = int(w.sum())
+        good = lat[w & ok & np.isfinite(lat)]
+        span = max(horizon - t_lo, 1e-9)
+        done = _done(t, lat)
+        return {"requests": n, "qps": float((w & ok).sum()) / span, "arrival_rate": n / span,
+                "completed_qps": float((ok & (done >= t_lo) & (done < horizon)).sum()) / span,
+                "p99_ms": float(np.quantile(good, P99)) if len(good) else None,
+                "error_rate": float((w & ~ok).sum()) / n if n else 0.0,
+                "pushback": float((w & np.isin(status, (429, 503))).sum()) / n if n else 0.0}
+
+
+def _done(t_start: np.ndarray, latency_ms: np.ndarray) -> np.ndarray:
+    """When each request was done (its start where the latency is unknown)."""
+    return t_start + np.where(np.isfinite(latency_ms), latency_ms, 0.0) / 1000.0

@@ -5,7 +5,13 @@ and its QPS and P99 known, at most ``max_hold``; ``t_cut`` records where its ste
 
 Each step's hold is timed from the moment all its users were actually running (Locust's
 ``spawning_complete``), not from a fixed schedule, so a slow ramp never eats into a step's
-steady window.  The log of steps as applied is what steps.csv records.  Free of Locust (and
+steady window.
+
+The last step drains: its window ends (``t_end``) when its hold does, but its load goes on for
+``drain()`` seconds more before the test stops, so that the requests it started before ``t_end``
+complete and are recorded, as those of any other step do while the next one runs.  Without it
+the stop killed them in flight and the last step read low (8 users on 4 slots of 200 ms: 18.6
+req/s for a true 20, the 8 requests in flight at the stop missing from a 4.3 s window).  The log of steps as applied is what steps.csv records.  Free of Locust (and
 of gevent's monkey-patching), so it can be tested alone; shape.py adapts it to Locust.
 """
 
@@ -18,6 +24,15 @@ from typing import Callable
 from locustfiles.steady import AutoHold
 
 logger = logging.getLogger(__name__)
+
+
+# the last step's load goes on this many times the slowest request seen (at least DRAIN_MIN_S, at most
+# the plan's request.timeout) past its window's end, so that its requests in flight complete
+# (locustfiles.plugin's drain_s)
+DRAIN_FACTOR, DRAIN_MIN_S = 1.5, 1.0
+
+#: a chooser's answer "not yet": the step's rows are still on their way, hold it a tick longer
+WAIT = -1
 
 
 @dataclass
@@ -43,21 +58,36 @@ class StepSchedule:
     """The state machine behind StepShape, free of Locust so it can be tested alone."""
 
     def __init__(self, steps: list[int], ramp: float, hold: float, on_change: Callable[[list[StepRecord]], None] | None = None,
-                 auto: AutoHold | None = None):
-        """``auto``: hold each step until it is steady and known (steady.AutoHold), not ``hold`` seconds."""
+                 auto: AutoHold | None = None, continuous: bool = False,
+                 chooser: Callable[[StepRecord, float, float], int | None] | None = None,
+                 drain: Callable[[], float] | None = None):
+        """``auto``: hold each step until it is steady and known (steady.AutoHold), not ``hold`` seconds.
+        ``continuous`` (a soak): the steps are windows of one load that never changes: only the first
+        ramps; each later one starts steady where the one before ended, and window k ends ``(k + 1) x
+        hold`` after the first was steady (a fixed grid: the ~1 s tick never accumulates).
+        ``chooser`` (mode = "search"): asked when a step ends, with the step, the time and the
+        seconds of load so far, for the next step's users (None: the test ends); the steps grow
+        as it answers (users may go down between steps).
+        ``drain``: the seconds the last step's load goes on past its ``t_end`` (None: it stops at once)."""
         self.steps, self.ramp, self.hold, self.auto = list(steps), ramp, hold, auto
+        self.continuous = continuous
+        self.chooser = chooser
+        self.drain = drain
+        self.drain_until: float | None = None  # the last step ended: its load goes on until then
         self.log: list[StepRecord] = []
         self.on_change = on_change or (lambda log: None)
         self.done = False
 
     def spawn_rate(self, i: int) -> float:
+        if self.continuous:
+            i = 0  # the same (users, rate) as the first window: Locust sees no change and does nothing
         delta = abs(self.steps[i] - (self.steps[i - 1] if i else 0))
         return max(1.0, delta / self.ramp) if self.ramp > 0 else float(max(delta, 1))
 
     def _begin(self, i: int, now: float) -> tuple[int, float]:
         if self.log:
             self.log[-1].t_end = now
-        self.log.append(StepRecord(i, self.steps[i], now))
+        self.log.append(StepRecord(i, self.steps[i], now, t_steady=now if self.continuous and i else None))
         if self.auto is not None:
             self.auto.forget_before(now)
         self.on_change(self.log)
@@ -83,17 +113,41 @@ class StepSchedule:
         if not self.log:
             return self._begin(0, now)
         cur = self.log[-1]
+        if self.drain_until is not None:  # the last step's requests still in flight complete
+            if now < self.drain_until:
+                return cur.users, self.spawn_rate(cur.index)
+            self.done = True
+            return None
         if cur.t_steady is None and running_users >= cur.users:
             self.spawned(now)  # spawning_complete was missed (e.g. a worker joined late)
         if cur.t_steady is not None and self._held(cur, now):
+            if self.chooser is not None and cur.index + 1 >= len(self.steps):
+                nxt = self.chooser(cur, now, sum((s.t_end or now) - s.t_ramp for s in self.log))
+                if nxt == WAIT:
+                    return cur.users, self.spawn_rate(cur.index)
+                if nxt is not None:
+                    self.steps.append(int(nxt))
             if cur.index + 1 >= len(self.steps):
-                self.finish(now)
-                return None
+                return self._end(cur, now)
             return self._begin(cur.index + 1, now)
+        return cur.users, self.spawn_rate(cur.index)
+
+    def _end(self, cur: StepRecord, now: float) -> tuple[int, float] | None:
+        """The last step's hold is over: its window ends now; its load drains, then the test stops."""
+        tail = self.drain() if self.drain is not None else 0.0
+        if tail <= 0:
+            self.finish(now)
+            return None
+        cur.t_end = now
+        self.on_change(self.log)
+        self.drain_until = now + tail
+        logger.info("step %d: window ended; its load goes on %.1fs for the requests in flight", cur.index, tail)
         return cur.users, self.spawn_rate(cur.index)
 
     def _held(self, cur: StepRecord, now: float) -> bool:
         """The current step has been held long enough: ``hold`` seconds, or (auto) steady and known."""
+        if self.continuous:
+            return now >= self.log[0].t_steady + (cur.index + 1) * self.hold
         if self.auto is None:
             return now >= cur.t_steady + self.hold
         end, t_cut, reason = self.auto.decide(cur.t_steady, now)

@@ -14,11 +14,11 @@ What a request hands the recorder, in the request event's context:
 A streamed answer is timed here, not by Locust: with ``stream=True`` Locust's response time
 covers the headers only, so the user sets ``response_time`` to the end of the stream itself.
 
-Open loop (``[load] mode = "open"``): each user is an arrival source of ``source_rate`` req/s
-(Poisson or constant inter-arrival times) that sends every request in a greenlet of its own at
-its intended time and never waits for answers; a request's latency (and TTFT) is measured from
-its intended send time, and its row's t_start is that time, so a stalled server cannot hide
-behind a slowed generator (coordinated omission).  At most ``max_inflight`` requests per process
+Open loop (``[load] arrivals = "open"``): each user is an arrival source of ``source_rate`` req/s
+(Poisson or constant inter-arrival times, drawn afresh each run) that sends every request in a
+greenlet of its own at its intended time and never waits for answers; a request's latency (and
+TTFT) is measured from its intended send time, and its row's t_start is that time, so a stalled
+server cannot hide behind a slowed generator (coordinated omission).  At most ``max_inflight`` requests per process
 are in flight; an arrival beyond that is a ``dropped`` failure row.  A replayed recording with
 times (``[request] replay``) gives the arrival times instead of the Poisson/constant draws.
 """
@@ -27,8 +27,11 @@ from __future__ import annotations
 
 import itertools
 import logging
+import platform
 import random
 import socket
+import struct
+import sys
 import time
 from typing import Any, NamedTuple
 
@@ -60,6 +63,17 @@ STALE_CONNECTION_RETRIES = 1
 # ~0 in the conformance suite (1.2 ms per token on the server).  Acknowledging at once lets each
 # chunk leave when the server writes it.
 QUICKACK = getattr(socket, "TCP_QUICKACK", None)
+# Every arrival of a stream is stamped with the kernel's receive time of its last segment (Linux
+# SO_TIMESTAMPNS: a `struct timespec` of CLOCK_REALTIME with each read), not the moment this
+# process got round to reading it: a load generator's own scheduling -- greenlets, its recorder,
+# the agents and the server on the same cores -- delayed reads by a median of 0.1 ms but 7 ms at
+# the 95th percentile and up to 97 ms in the conformance suite (user-space minus kernel stamp,
+# llama-server, 397 streams), which moved the TPOT of one request in ten by more than 10 %
+# (tests_conformance/test_llamacpp.py).  Python names no SO_TIMESTAMPNS: 35 is its value on Linux
+# but for alpha, mips, parisc and sparc (their own numbering), where user-space stamps are kept.
+RX_TIMESTAMP = 35 if sys.platform == "linux" and platform.machine().lower().startswith(
+    ("x86", "i686", "i386", "amd64", "aarch64", "arm", "ppc", "powerpc", "s390", "riscv", "loongarch")) else None
+_TIMESPEC = struct.Struct("@ll")  # the "old" timespec SO_TIMESTAMPNS gives: native long seconds, nanoseconds
 
 logger = logging.getLogger(__name__)
 
@@ -107,18 +121,28 @@ class InferenceUser(FastHttpUser):
             self.client.client.clientpool.client_args["ssl_options"] = {"server_hostname": endpoint.server_name}
 
     def wait_time(self) -> float:
-        return state.plan().load.wait_ms / 1000.0
+        """``[load] wait_ms``; in a conversation, its think time between turns (protocols/openai.py)."""
+        wait = state.plan().load.wait_ms / 1000.0
+        think = getattr(getattr(self, "protocol", None), "think_s", None)
+        return think(wait) if think is not None else wait
 
     def on_start(self) -> None:
         seed = next(_user_ids) + 100_000 * max(0, self.environment.runner.worker_index)  # Locust's index
         plan = state.plan()
         self.protocol = for_plan(plan, seed=seed)
-        self._open = plan.load.mode == "open"
-        self._rng = random.Random(seed)
+        self._open = plan.load.arrivals == "open"
+        # Arrival times: fresh draws every run (OS entropy), unlike the request bodies (seeded per user,
+        # reproducible).  Seeded by user index, every run replayed the same Poisson sample: a 2.8 s
+        # window at 10/s from one source counted 19 arrivals (the 5th percentile of Poisson(28)) in
+        # every run, so a short step read 7.0 req/s offered 10, again and again.
+        self._rng = random.Random()
         self._in_flight = Group()  # not `_group`: that is Locust's own (User.stop kills through it)
 
     def on_stop(self) -> None:
-        self._in_flight.kill(block=False)  # open loop: requests still in flight end with the user
+        """Open loop: the user's arrivals end with it, but the requests it has already sent are
+        left to complete and be recorded: a step that takes sources away (a search refining
+        downwards) would otherwise lose the rows of its predecessor's requests in flight -- at a
+        saturated probe, its whole queue -- and the server would serve them to closed sockets."""
 
     @task
     def infer(self) -> None:
@@ -181,31 +205,48 @@ class InferenceUser(FastHttpUser):
             _inflight -= 1
 
     def _send(self, req: PreparedRequest, intended: float | None) -> None:
-        """One request; with ``intended`` (open loop, epoch seconds) timed from that instant."""
+        """One request; with ``intended`` (open loop, epoch seconds) timed from that instant.  A
+        conversation's turn hands its outcome back to the protocol (its answer joins the history)."""
+        self._answer: tuple[bool, Any] = (False, None)
         for attempt in range(1 + STALE_CONNECTION_RETRIES):
             late = max(0.0, time.time() - intended) if intended is not None else 0.0
             sent = (self._streamed(req, late, intended, attempt) if req.stream
                     else self._whole(req, late, intended, attempt))
             if sent:
-                return
+                break
+        if req.turn is not None:
+            self.protocol.answered(*self._answer)  # type: ignore[attr-defined]
+
+    @staticmethod
+    def _answering(resp: Any, req: PreparedRequest, intended: float | None, late: float, attempt: int) -> bool:
+        """What every row gets once an answer began (whole or streamed): False when the request is
+        to be sent again instead (``_closed_unanswered``); else the row's resend count, its timing
+        from the intended instant (open loop), and the LLM workload's (prefix, turn) (recorder TAG_COLUMNS)."""
+        if _closed_unanswered(resp, attempt):
+            return False
+        meta = resp.request_meta
+        if attempt:  # this row is a resend: counted (the row's `resent`, each step's in summary.json)
+            meta["context"]["kneeswarm_resent"] = attempt
+        _timed_from(resp, intended, late)
+        if req.prefix is not None or req.turn is not None:
+            meta["context"]["kneeswarm_tags"] = (req.prefix, req.turn)
+        return True
 
     def _whole(self, req: PreparedRequest, late: float, intended: float | None, attempt: int) -> bool:
         """One not-streamed request; False when it is to be sent again (``_closed_unanswered``)."""
-        with self.client.request(
-            req.method, req.path, data=req.body, headers=req.headers, catch_response=True, name="infer"
+        with self.client.request(  # Locust's annotation of data omits bytes, which it sends as they are
+            req.method, req.path, data=req.body, headers=req.headers, catch_response=True, name="infer"  # type: ignore[arg-type]
         ) as resp:
-            if _closed_unanswered(resp, attempt):
+            if not self._answering(resp, req, intended, late, attempt):
                 return False
-            if intended is not None:
-                resp.request_meta["start_time"] = intended
-                resp.request_meta["response_time"] = resp.request_meta.get("response_time", 0.0) + late * 1000.0
             status = resp.status_code
             if 200 <= status < 300:
                 try:
                     tokens = self.protocol.check_response(resp.content)
                 except BadPayload as e:
                     resp.failure(e)
-                    return
+                    return True  # answered, judged bad: not sent again
+                self._answer = (True, None)
                 if tokens is not None or req.tokens_in is not None:
                     tin, tout = tokens if tokens is not None else (None, None)
                     resp.request_meta["context"]["kneeswarm"] = (tin if tin is not None else req.tokens_in, tout, None)
@@ -220,15 +261,12 @@ class InferenceUser(FastHttpUser):
                   attempt: int = STALE_CONNECTION_RETRIES) -> bool:
         """One streamed request; False when it is to be sent again (``_closed_unanswered``)."""
         t0 = time.perf_counter() - late  # open loop: the clock starts at the intended send time
-        with self.client.request(
-            req.method, req.path, data=req.body, headers=req.headers, catch_response=True, name="infer",
+        with self.client.request(  # Locust's annotation of data omits bytes, which it sends as they are
+            req.method, req.path, data=req.body, headers=req.headers, catch_response=True, name="infer",  # type: ignore[arg-type]
             stream=True,
         ) as resp:
-            if _closed_unanswered(resp, attempt):
+            if not self._answering(resp, req, intended, late, attempt):
                 return False
-            if intended is not None:
-                resp.request_meta["start_time"] = intended
-                resp.request_meta["response_time"] = resp.request_meta.get("response_time", 0.0) + late * 1000.0
             status = resp.status_code
             if not status:
                 return True  # a network error before the headers; Locust carries the exception
@@ -240,8 +278,7 @@ class InferenceUser(FastHttpUser):
                 self._whole_instead(req, resp, t0)  # a server that ignores "stream": true
                 return True
             stream = self.protocol.new_stream(t0)
-            nbytes, error = read_stream(resp, stream)
-            end = time.perf_counter()
+            nbytes, error, end = read_stream(resp, stream)
             meta = resp.request_meta
             meta["response_time"] = (end - t0) * 1000.0
             meta["response_length"] = nbytes
@@ -259,6 +296,7 @@ class InferenceUser(FastHttpUser):
                 resp.failure(error)
             else:
                 resp.success()
+                self._answer = (True, stream)
         return True
 
 
@@ -278,6 +316,7 @@ class InferenceUser(FastHttpUser):
         tin, tout = tokens if tokens is not None else (None, None)
         resp.request_meta["context"]["kneeswarm"] = (tin if tin is not None else req.tokens_in, tout, None)
         resp.success()
+        self._answer = (True, None)
 
 
 _ssl_contexts: dict[tuple, Any] = {}  # one context per endpoint's TLS settings, shared by this process's users
@@ -291,6 +330,14 @@ def _ssl_factory(endpoint: EndpointPlan) -> Any:
         _ssl_contexts[key] = endpoint.ssl_context(gevent.ssl.create_default_context)
     ctx = _ssl_contexts[key]
     return lambda cafile=None, **_kw: ctx
+
+
+def _timed_from(resp: Any, intended: float | None, late: float) -> None:
+    """Open loop: the request's row starts at its intended send time and its latency counts the
+    time it was late (``late`` seconds), so a stalled server cannot hide behind a slowed generator."""
+    if intended is not None:
+        resp.request_meta["start_time"] = intended
+        resp.request_meta["response_time"] = resp.request_meta.get("response_time", 0.0) + late * 1000.0
 
 
 def _closed_unanswered(resp: Any, attempt: int) -> bool:
@@ -323,23 +370,82 @@ def _quickack(sock: Any) -> Any:
     return arm
 
 
-def read_stream(resp: Any, stream: Any) -> tuple[int, BaseException | None]:
-    """Feed ``stream`` every SSE event of ``resp`` as it arrives: (bytes read, error or None).
+_stamp_keeper: list[socket.socket] = []
+
+
+def _keep_stamping() -> None:
+    """The kernel stamps arriving packets only while some socket asks for it, and turns stamping
+    on again a moment after the first asks (deferred work): a stream's first segments on each new
+    connection came without a stamp.  One socket of this process that always asks keeps it on."""
+    if not _stamp_keeper and RX_TIMESTAMP is not None:
+        keeper = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        keeper.setsockopt(socket.SOL_SOCKET, RX_TIMESTAMP, 1)
+        _stamp_keeper.append(keeper)
+
+
+PAIR_WITHIN_S = 20e-6  # two clock reads this close are one instant (a few hundred ns apart unpreempted)
+
+
+def _same_instant(clock: Any) -> tuple[float, float]:
+    """(``clock()``, ``time.time()``) at one instant: ``time.time()`` read between two ``clock()``
+    reads, paired with their middle; read again (three tries, the closest pair kept) when they lie
+    more than PAIR_WITHIN_S apart.  Read one after the other, a preemption between the two
+    (ms on a busy machine) would move every kernel stamp converted with them by its length."""
+    best = (float("inf"), 0.0, 0.0)
+    for _ in range(3):
+        before, wall, after = clock(), time.time(), clock()
+        if after - before < best[0]:
+            best = (after - before, (before + after) / 2.0, wall)
+        if after - before <= PAIR_WITHIN_S:
+            break
+    return best[1], best[2]
+
+
+def _receiver(sock: Any, clock: Any = time.perf_counter) -> Any:
+    """A call ``recv(n) -> (bytes, arrival)``: what ``sock`` holds and when its last byte reached
+    this machine, on ``clock`` -- the kernel's receive time (RX_TIMESTAMP), not when this process
+    got round to reading it.  Falls back to ``clock()`` after the read where the kernel gives none."""
+    recvmsg = getattr(sock, "recvmsg", None)
+    if RX_TIMESTAMP is None or recvmsg is None or hasattr(sock, "do_handshake"):  # TLS: no recvmsg
+        return lambda n: (sock.recv(n), clock())
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, RX_TIMESTAMP, 1)
+        _keep_stamping()
+    except OSError:
+        return lambda n: (sock.recv(n), clock())
+    space = socket.CMSG_SPACE(_TIMESPEC.size)
+
+    def recv(n: int) -> tuple[bytes, float]:
+        data, ancillary, _flags, _addr = recvmsg(n, space)
+        for level, kind, raw in ancillary:
+            if level == socket.SOL_SOCKET and kind == RX_TIMESTAMP and len(raw) >= _TIMESPEC.size:
+                sec, nsec = _TIMESPEC.unpack_from(raw)
+                now, wall = _same_instant(clock)
+                return data, min(now, now - (wall - (sec + nsec * 1e-9)))
+        return data, clock()
+
+    return recv
+
+
+def read_stream(resp: Any, stream: Any) -> tuple[int, BaseException | None, float]:
+    """Feed ``stream`` every SSE event of ``resp`` as it arrives: (bytes read, error or None, when
+    the last byte arrived on ``time.perf_counter``'s clock).
 
     Reads the way geventhttpclient's own ``readline`` does (its body buffer, its socket, its
     parser), but hands the stream every complete event of each arrival at once
     (``ChatStream.block``): events that arrived in one read share its arrival time, and the
     per-line calls (most of the generator's cost on a fast stream, bench/protocols.py) are gone.  Locust's ``iter_content``
-    would wait for whole 1 KiB blocks and smear the token times.  A connection that ends early
+    would wait for whole 1 KiB blocks and smear the token times.  Each arrival is stamped with the
+    kernel's receive time (``_receiver``, RX_TIMESTAMP).  A connection that ends early
     raises in the parser: that error is returned (a stream cut off mid-way is then judged
     truncated by ``check_complete``; a reset or a timeout keeps its own category).
     """
     raw = resp._response
     buf = raw._body_buffer  # filled by raw.feed(); what came with the headers is already there
     arrivals, nbytes = Arrivals(stream), 0
-    clock = time.perf_counter
-    now = clock()
+    now = time.perf_counter()  # what came with the headers: read before this reader, stamped now
     quickack = _quickack(raw._sock)
+    recv = _receiver(raw._sock) if raw._sock is not None else None
     try:
         while True:
             if buf:
@@ -347,19 +453,19 @@ def read_stream(resp: Any, stream: Any) -> tuple[int, BaseException | None]:
                 del buf[:]
                 nbytes += len(chunk)
                 arrivals.feed(chunk, now)
-            if raw.message_complete or raw._sock is None:
+            if raw.message_complete or raw._sock is None or recv is None:
                 break
             quickack()
-            chunk = raw._sock.recv(raw.block_size)
-            now = clock()
+            chunk, at = recv(raw.block_size)
+            now = max(now, at)  # never before an earlier arrival (what came with the headers is stamped late)
             raw.feed(chunk)  # b"" (closed early): the parser raises "Incomplete response"
         arrivals.close(now)
     except BadPayload as e:
         raw.release()
-        return nbytes, e
+        return nbytes, e, now
     except Exception as e:  # noqa: BLE001 - the connection's own error, categorized by the recorder
         raw.release()
         if type(e).__name__ == "HTTPParseError" or "incomplete" in str(e).lower():
-            return nbytes, None  # the server closed mid-stream: check_complete says truncated
-        return nbytes, e
-    return nbytes, None
+            return nbytes, None, now  # the server closed mid-stream: check_complete says truncated
+        return nbytes, e, now
+    return nbytes, None, now

@@ -3,12 +3,16 @@
     the start form   --kneeswarm-steps/-ramp/-hold/-settle/-protocol/-model are custom arguments
                      shown in the form (include_in_web_ui), filled with the plan's values; the
                      users/rate fields stay hidden (the step shape drives the load)
-    Knee tab         the live step table (users, QPS, P50/P99, errors, valid)
+    Knee tab         the live step table (users, QPS, P50/P99, errors, valid, why a probe was chosen)
+                     under a chart of QPS and P99 against users (plotly.js from the installed plotly
+                     package, served here: no CDN), each step labelled with its number and why, the
+                     knee marked once known (LiveKnee)
     Knee servers     the latest server metrics per monitored host (CPU us/sy, cs/s, run queue,
                      busiest thread, GPU)
-    /kneeswarm/...   live.json (both tables and the report's URL once written), runs/<id>/... the
-                     run directories under --kneeswarm-out (their reports), knee.js (the report
-                     link shown on every page once the report is written)
+    /kneeswarm/...   live.json (both tables, the knee and the report's URL once written), runs/<id>/...
+                     the run directories under --kneeswarm-out (their reports), knee.js (the report
+                     link shown on every page once the report is written, the Knee tab's chart),
+                     plotly.js
 
 Binding: the web UI binds 127.0.0.1 unless --web-host is given; a non-loopback --web-host needs
 --web-login (credentials from KNEESWARM_WEB_USER / KNEESWARM_WEB_PASSWORD) or --kneeswarm-insecure-web.
@@ -21,7 +25,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NotRequired, TypedDict
 
 from flask import Response, jsonify, request, send_from_directory
 
@@ -30,19 +34,86 @@ logger = logging.getLogger(__name__)
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 USER_ENV, PASSWORD_ENV = "KNEESWARM_WEB_USER", "KNEESWARM_WEB_PASSWORD"
 #: (option, plan key, help) of the plan fields in the start form
-PLAN_FIELDS = (
-    ("kneeswarm_steps", "load.steps", "users per step, e.g. 1,2,4,8"),
+PLAN_FIELDS = (  # in the order a user thinks: what, then how the steps are chosen, then how each is held
+    ("kneeswarm_protocol", "protocol", "request protocol (kserve)"),
+    ("kneeswarm_model", "request.model", "model name in the request path"),
+    ("kneeswarm_mode", "load.mode", "grid (the steps below) or search (probes chosen from start to max)"),
+    ("kneeswarm_steps", "load.steps", "grid: users per step, e.g. 1,2,4,8"),
+    ("kneeswarm_start", "load.start", "search: the first probe (users)"),
+    ("kneeswarm_max", "load.max", "search: never beyond this many users"),
+    ("kneeswarm_growth", "load.growth", "search: each probe multiplies the last by this until one saturates"),
+    ("kneeswarm_precision", "load.precision", "search: knee bracketed within max(1 user, this share)"),
+    ("kneeswarm_max_duration", "load.max_duration", "search: seconds of load at most"),
     ("kneeswarm_ramp", "load.ramp", "seconds to ramp to each step"),
     ("kneeswarm_hold", "load.hold", "seconds each step is held after its ramp, or auto (until steady and known)"),
     ("kneeswarm_settle", "load.settle", "seconds after each ramp left out of the step's statistics"),
-    ("kneeswarm_protocol", "protocol", "request protocol (kserve)"),
-    ("kneeswarm_model", "request.model", "model name in the request path"),
 )
+#: plan keys of the start form that are numbers (the others are words, or the steps' list)
+NUMBER_KEYS = ("load.ramp", "load.hold", "load.settle", "load.start", "load.max", "load.growth", "load.precision",
+               "load.max_duration")
 STEP_COLUMNS = [("step", "Step"), ("users", "Users"), ("state", "State"), ("requests", "Requests"),
                 ("qps", "QPS"), ("p50_ms", "P50 ms"), ("p99_ms", "P99 ms"), ("errors", "Errors"),
-                ("valid", "Valid")]
+                ("valid", "Valid"), ("why", "Why (search)")]
 HOST_COLUMNS = [("host", "Host"), ("cpu_us", "CPU us %"), ("cpu_sy", "CPU sy %"), ("cs_s", "cs/s"),
                 ("run_queue", "Run queue"), ("busiest_thread", "Busiest thread"), ("gpu_sm_pct", "GPU SM %")]
+
+
+class LiveStep(TypedDict):
+    """A row of the Knee tab (STEP_COLUMNS): one step so far, from kneeswarm.lifecycle.live_steps;
+    the report's figures replace them when it is written (locustfiles.plugin)."""
+    name: str
+    step: int
+    users: int
+    state: str  # "ramp", "steady", "done"
+    requests: int
+    qps: float | None
+    p50_ms: float | None
+    p99_ms: float | None
+    errors: int
+    valid: str  # "so far", "too few"; after the report "yes" or "no: <reasons>"
+    why: str  # mode = "search": why the master chose this probe (generator/search.json); "" otherwise
+
+
+class LiveHost(TypedDict, total=False):
+    """A row of the Knee servers tab (HOST_COLUMNS): a host's latest parsed samples, from
+    kneeswarm.lifecycle.live_hosts; a table the host lacks leaves its keys out."""
+    name: str
+    host: str
+    t: float | None
+    cpu_us: float | None
+    cpu_sy: float | None
+    cs_s: float | None
+    run_queue: float | None
+    busiest_thread: str
+    gpu_sm_pct: float | None
+
+
+class LiveKnee(TypedDict, total=False):
+    """The knee as far as it is known, marked on the Knee tab's chart: during the run from
+    kneeswarm.lifecycle.live_knee, after it from the summary (locustfiles.plugin); {} while unknown."""
+    users: float  # the knee's users (a grid's detector, or the report's)
+    bracket: list[Any]  # mode = "search": [last scaling probe, first saturated probe]
+    how: str  # where it comes from, shown beside the mark
+
+
+class Live(TypedDict):
+    """Both tables and the knee: the lifecycle process's answer to "live" and "fetch"."""
+    steps: list[LiveStep]
+    hosts: list[LiveHost]
+    knee: NotRequired[LiveKnee]
+
+
+class ReportLink(TypedDict, total=False):
+    """The report's link once written, or why there is none."""
+    report_url: str
+    report_error: str
+
+
+class LiveJson(Live, ReportLink, total=False):
+    """/kneeswarm/live.json: the tables, the run, and the report's link."""
+    run_id: str
+
+
 KNEE_JS = """(function () {
   function poll() {
     fetch('/kneeswarm/live.json').then(function (r) { return r.json(); }).then(function (d) {
@@ -56,6 +127,7 @@ KNEE_JS = """(function () {
         }
         a.href = d.report_url; a.textContent = 'Knee report: ' + d.run_id;
       } else if (a) { a.remove(); }
+      live = d; chart();
     }).catch(function () {});
   }
   var opened = false;
@@ -80,9 +152,71 @@ KNEE_JS = """(function () {
       });
     }
   }
-  poll(); setInterval(poll, 2000); setInterval(form, 300);
+  var live = null, loading = false;
+  function knee_tab() {  // the Knee tab's table (its "Why (search)" column), when it is shown
+    var ths = document.querySelectorAll('th');
+    for (var i = 0; i < ths.length; i++) {
+      if (ths[i].textContent === 'Why (search)') { return ths[i].closest('table'); }
+    }
+    return null;
+  }
+  function chart() {
+    var table = knee_tab();
+    var div = document.getElementById('kneeswarm-chart');
+    if (!table || !live) { return; }
+    if (!window.Plotly) {
+      if (!loading) {
+        loading = true;
+        var s = document.createElement('script'); s.src = '/kneeswarm/plotly.js'; s.onload = chart;
+        document.head.appendChild(s);
+      }
+      return;
+    }
+    if (!div || !div.isConnected) {
+      div = document.createElement('div'); div.id = 'kneeswarm-chart'; div.style.cssText = 'height:380px;margin:8px 0';
+      var box = table.closest('.MuiTableContainer-root') || table;
+      box.parentNode.insertBefore(div, box);
+    }
+    var rows = live.steps.filter(function (r) { return r.qps !== null; });
+    rows.sort(function (a, b) { return a.users - b.users || a.step - b.step; });
+    var x = rows.map(function (r) { return r.users; });
+    var label = rows.map(function (r) { return String(r.step); });
+    var hover = rows.map(function (r) { return 'step ' + r.step + ': ' + r.users + ' users' + (r.why ? '<br>' + r.why : ''); });
+    var data = [
+      {x: x, y: rows.map(function (r) { return r.qps; }), name: 'QPS', mode: 'lines+markers+text', text: label,
+       textposition: 'top center', hovertext: hover, hoverinfo: 'text+y', line: {width: 3}},
+      {x: x, y: rows.map(function (r) { return r.p99_ms; }), name: 'P99 ms', mode: 'lines+markers', yaxis: 'y2',
+       hovertext: hover, hoverinfo: 'text+y', line: {dash: 'dot'}}];
+    var k = live.knee || {}, shapes = [], notes = [];
+    if (k.bracket && k.bracket[0] !== null) {
+      var hi = k.bracket[1] === null ? k.bracket[0] : k.bracket[1];
+      shapes.push({type: 'rect', xref: 'x', yref: 'paper', x0: k.bracket[0], x1: hi, y0: 0, y1: 1,
+                   fillcolor: '#1b5e20', opacity: 0.12, line: {width: 0}, name: 'knee bracket'});
+      notes.push({x: k.bracket[0], y: 1, yref: 'paper', text: 'knee in [' + k.bracket[0] + ', ' +
+                  (k.bracket[1] === null ? '?' : k.bracket[1]) + ']', showarrow: false, yanchor: 'bottom'});
+    }
+    if (k.users !== undefined && k.users !== null) {
+      shapes.push({type: 'line', xref: 'x', yref: 'paper', x0: k.users, x1: k.users, y0: 0, y1: 1,
+                   line: {color: '#1b5e20', width: 2, dash: 'dash'}, name: 'knee'});
+      notes.push({x: k.users, y: 0.92, yref: 'paper', text: 'knee: ' + k.users + ' users', showarrow: false, xanchor: 'left'});
+    }
+    Plotly.react(div, data, {
+      margin: {t: 30, r: 60, b: 40, l: 60}, xaxis: {title: {text: 'users'}}, shapes: shapes, annotations: notes,
+      yaxis: {title: {text: 'QPS'}, rangemode: 'tozero'},
+      yaxis2: {title: {text: 'P99 ms'}, overlaying: 'y', side: 'right', rangemode: 'tozero'},
+      legend: {orientation: 'h'}, title: {text: k.how ? 'QPS and P99 by users (' + k.how + ')' : 'QPS and P99 by users'}
+    }, {displaylogo: false});
+  }
+  poll(); setInterval(poll, 2000); setInterval(form, 300); setInterval(chart, 1000);
 })();
 """
+
+
+def plotly_js() -> Response:
+    """plotly.js from the installed plotly package (the report inlines the same), for the chart."""
+    from plotly.offline import get_plotlyjs
+
+    return Response(get_plotlyjs(), mimetype="text/javascript", headers={"Cache-Control": "max-age=86400"})
 
 
 def add_plan_arguments(parser: Any, current: Callable[[str], str]) -> None:
@@ -107,12 +241,14 @@ def form_overrides(opts: Any) -> dict[str, Any]:
                 out[key] = [int(x) for x in raw.replace(" ", "").split(",") if x]
             elif key == "load.hold" and raw == "auto":
                 out[key] = raw
-            elif key in ("load.ramp", "load.hold", "load.settle"):
+            elif key in NUMBER_KEYS:
                 out[key] = float(raw)
             else:
                 out[key] = raw
         except ValueError:
             raise ValueError(f"{option.replace('kneeswarm_', '')}: not a number list/number: {raw!r}") from None
+    if out.get("load.mode") == "search":  # the search chooses the steps: neither the form's grid steps
+        out["load.steps"] = []  # nor the plan file's are for it
     return out
 
 
@@ -162,7 +298,7 @@ def _login(web_ui: Any) -> None:
 class KneeTab:
     """The tabs, routes and live data of the web UI; ``live()`` gives the latest tables."""
 
-    def __init__(self, env: Any, live: Callable[[], dict[str, Any]], out: Callable[[], str],
+    def __init__(self, env: Any, live: Callable[[], LiveJson], out: Callable[[], str],
                  validate: Callable[[Any], str | None]):
         self.env, self.live, self.out, self.validate = env, live, out, validate
         web_ui = env.web_ui
@@ -178,6 +314,7 @@ class KneeTab:
         app.after_request(self.extend)
         app.add_url_rule("/kneeswarm/live.json", "kneeswarm_live", web_ui.auth_required_if_enabled(self.live_json))
         app.add_url_rule("/kneeswarm/knee.js", "kneeswarm_js", lambda: Response(KNEE_JS, mimetype="text/javascript"))
+        app.add_url_rule("/kneeswarm/plotly.js", "kneeswarm_plotly", plotly_js)
         app.add_url_rule("/favicon.ico", "kneeswarm_favicon",  # a report page's browser asks for it
                          lambda: Response(status=302, headers={"Location": "/assets/favicon-light.png"}))
         app.add_url_rule("/kneeswarm/runs/<run_id>/<path:name>", "kneeswarm_run_file",
@@ -195,7 +332,7 @@ class KneeTab:
         """/stats/requests carries the Knee tables; every page loads knee.js (the report link)."""
         if request.path == "/stats/requests" and response.is_json:
             live = self.live()
-            data = {**response.json, "extended_stats": [{"key": "knee", "data": live.get("steps", [])},
+            data = {**(response.json or {}), "extended_stats": [{"key": "knee", "data": live.get("steps", [])},
                                                         {"key": "knee-servers", "data": live.get("hosts", [])}]}
             response.set_data(json.dumps(data))
         elif request.path == "/" and response.mimetype == "text/html":

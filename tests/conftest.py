@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 import requests
@@ -48,6 +49,16 @@ def start_demo_target() -> Iterator[Callable[..., Target]]:
     yield start
     for t in started:
         t.stop()
+
+
+@pytest.fixture
+def busy() -> Iterator[subprocess.Popen]:
+    """A process that keeps about one core busy (sshd_fixture.start_busy), for collectors to watch."""
+    from sshd_fixture import start_busy, stop_proc
+
+    p = start_busy()
+    yield p
+    stop_proc(p)
 
 
 # The knee-mode demo target as a ground truth: at most KNEE_SLOTS requests at once for
@@ -119,6 +130,99 @@ def side_by_side() -> Iterator[dict[str, subprocess.Popen]]:
                 p.wait()
 
 
+@contextlib.contextmanager
+def runs_against_targets(tmp: Path, target_flags: dict[str, list[str]],
+                         plan: Callable[[str, str], str]) -> Iterator[dict[str, tuple[Path, Target]]]:
+    """Each named plan run by `kneeswarm run`, side by side, each against its own demo target started
+    with its flags; ``plan(name, target URL)`` gives the plan's text.  Yields {name: (its run
+    directory, its target)} once every run exited 0; the targets are stopped when the block ends."""
+    targets: dict[str, Target] = {}
+    try:
+        with side_by_side() as runs:
+            for name, flags in target_flags.items():
+                targets[name] = Target(*start_target(flags))
+                (tmp / f"{name}.toml").write_text(plan(name, targets[name].url))
+                runs[name] = start_cli("run", str(tmp / f"{name}.toml"), "--out", str(tmp / name), "-q")
+            for name, p in runs.items():
+                _, err = p.communicate(timeout=240)
+                assert p.returncode == 0, (name, err[-3000:])
+        yield {name: (only_run_dir(tmp / name), t) for name, t in targets.items()}
+    finally:
+        for t in targets.values():
+            t.stop()
+
+
+def only_run_dir(out: Path) -> Path:
+    """The one run directory `kneeswarm run --out out` made."""
+    (run_dir,) = [d for d in out.iterdir() if d.is_dir()]
+    return run_dir
+
+
+def bad_plan_line(tmp_path: Path, load: str) -> str:
+    """`kneeswarm run` on a plan whose [load] table is ``load``, which must be refused as bad input:
+    exit 2, one line on stderr, no traceback, no run directory.  Returns that line."""
+    plan = tmp_path / "plan.toml"
+    plan.write_text(f'target = "http://127.0.0.1:9"\n[load]\n{load}\n')
+    res = run_cli("run", str(plan), "--out", str(tmp_path / "out"), timeout=60)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    return lines[0]
+
+
+def chromium_or_skip() -> tuple[Any, str]:
+    """(playwright.sync_api, Debian's chromium) for a test that drives a browser; skipped where
+    either is missing (`make test` installs both)."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("Debian's chromium is not installed (make test installs it)")
+    return sync_api, chromium
+
+
+@contextlib.contextmanager
+def chromium_page(browsers: tuple[Any, str], url: str, **page: Any) -> Iterator[tuple[Any, Any]]:
+    """(browser, page) in Chromium (``browsers``: chromium_or_skip's), the page opened at ``url``
+    (``page``: new_page's options, e.g. a viewport); the browser is closed when the block ends."""
+    sync_api, chromium = browsers
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            opened = browser.new_page(**page)
+            opened.goto(url)
+            yield browser, opened
+        finally:
+            browser.close()
+
+
+def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    """The one line a refused command wrote on stderr (bad input: one line, no traceback)."""
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "Traceback" not in err[0]
+    return err[0]
+
+
+def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """iproute2's `ip` with these arguments (network namespaces, links, addresses)."""
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20, check=check)
+
+
+def skip_without_netns() -> None:
+    """Skip a test that builds network namespaces where it cannot: it needs root and iproute2."""
+    if shutil.which("ip") is None or os.geteuid() != 0:
+        pytest.skip("needs root and iproute2 (ip netns)")
+
+
+def answers_200(url: str, session: requests.Session | None = None) -> bool:
+    """The page at ``url`` answers 200 now (False while nothing listens yet), for ``wait_for``."""
+    try:
+        return (session or requests).get(url, timeout=1).status_code == 200
+    except requests.RequestException:
+        return False
+
+
 def wait_for(cond: Callable[[], bool], timeout: float, what: str, period: float = 0.1) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -171,6 +275,18 @@ def small_disk(tmp_path) -> Iterator[SmallDisk]:
         yield SmallDisk(path)
     finally:
         subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def release_cgroups(paths: list[Path]) -> None:
+    """Teardown of cgroups a test made: each one's processes moved back to its parent group (one
+    that has exited meanwhile is skipped), then the directory removed."""
+    for path in paths:
+        for pid in (path / "cgroup.procs").read_text().split():
+            try:
+                (path.parent / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass
+        path.rmdir()
 
 
 def find_libfaketime() -> str | None:

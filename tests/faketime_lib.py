@@ -5,7 +5,7 @@
 Skipped when the ``faketime`` package is not installed; a loud failure when it is installed but
 its library cannot be found or does not shift the clock of a python process (never a silent skip).
 The library goes through the environment, not the ``faketime`` wrapper: the wrapper waits for
-every process that inherited it, so a daemonising ``remote.py start`` would not return.
+every process that inherited it, so a daemonising ``remote.pyz start`` would not return.
 """
 
 from __future__ import annotations

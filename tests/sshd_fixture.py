@@ -1,5 +1,5 @@
 """A real OpenSSH server on loopback for the agents tests (ephemeral host key and user key), and
-process-table helpers (a busy process to monitor, leftover checks).
+process-table helpers (a busy process to monitor, a controller killed, leftover checks).
 
     from tests.sshd_fixture import sshd, SSHD   # noqa: F401 (the fixture)
 
@@ -9,6 +9,8 @@ The test is skipped (with the reason) when /usr/sbin/sshd is missing.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import signal
@@ -18,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Iterator
 
 import pytest
 
@@ -231,6 +234,17 @@ while True:
 """
 
 
+def kernel_cpu(pid: int) -> tuple[float, float]:
+    """(now, the CPU seconds the kernel has counted for ``pid``: utime + stime of /proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return time.time(), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def busy_share(a: tuple[float, float], b: tuple[float, float]) -> float:
+    """The % of a core the process got between two kernel_cpu readings."""
+    return 100.0 * (b[1] - a[1]) / (b[0] - a[0])
+
+
 def start_busy() -> subprocess.Popen:
     """A process that keeps about one core busy in a thread (something for pidstat to see)."""
     return subprocess.Popen([sys.executable, "-c", BUSY_CODE], stdin=subprocess.DEVNULL)
@@ -272,9 +286,36 @@ def collector_pids(status: dict) -> dict[str, tuple[int, int]]:
 
 def leftovers(remote_dir: str, pids: dict[str, tuple[int, int]]) -> list[str]:
     """Agent processes (by their directory) and collectors (by pid + start time) still alive."""
-    left = [f"{pid} {cmd}" for pid, cmd in processes_mentioning(remote_dir) if "remote.py" in cmd]
+    left = [f"{pid} {cmd}" for pid, cmd in processes_mentioning(remote_dir) if "remote.pyz" in cmd]
     left += [f"{name} pid {pid}" for name, (pid, st) in pids.items() if start_time(pid) == st]
     return left
+
+
+@contextlib.contextmanager
+def killed_controller(code: str, gone_within: float, remove: Callable[[str], None]) -> Iterator[tuple[str, list[str]]]:
+    """Run ``code`` (a controller: it opens an agent, starts it, prints {"remote_dir", "status"}
+    and sleeps) in its own process and SIGKILL it a second into collecting.  Yields (the agent's
+    remote_dir, what is still alive ``gone_within`` seconds later: wait_until_gone's list);
+    ``remove(remote_dir)`` cleans up on the way out, whatever happened."""
+    ctl = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    remote_dir = None
+    try:
+        assert ctl.stdout is not None
+        started = json.loads(ctl.stdout.readline())
+        remote_dir, pids = started["remote_dir"], collector_pids(started["status"])
+        assert {"pidstat", "vmstat"} <= set(pids)
+        time.sleep(1.0)  # the collectors at work
+        ctl.send_signal(signal.SIGKILL)
+        ctl.wait(timeout=5)
+        yield remote_dir, wait_until_gone(remote_dir, pids, gone_within)
+    finally:
+        if ctl.poll() is None:
+            ctl.kill()
+            ctl.wait()
+        if ctl.stdout is not None:
+            ctl.stdout.close()
+        if remote_dir:
+            remove(remote_dir)
 
 
 def wait_until_gone(remote_dir: str, pids: dict[str, tuple[int, int]], timeout: float) -> list[str]:

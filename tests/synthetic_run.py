@@ -41,8 +41,10 @@ def retrograde(k: int = 16, drop: float = 0.23, s_ms: float = S_MS) -> Callable[
 def make_run(tmp_path: Path, model: Callable[[int], tuple[float, float]], users=(1, 2, 4, 8, 16), *,
              seed: int = 0, noise: float = 0.03, min_requests: int = 100, complete: bool = True,
              last_t_end: bool = True, meta: bool = True, error_plan: dict | None = None,
-             generator_cpu: dict[int, float] | None = None, hosts: bool = True, t0: float = T0) -> RunDir:
-    """A synthetic run directory: steps, request parts (one per step), generator and host CSVs."""
+             generator_cpu: dict[int, float] | None = None, hosts: bool = True, t0: float = T0,
+             migrations_per_user: float = 5.0) -> RunDir:
+    """A synthetic run directory: steps, request parts (one per step), generator and host CSVs
+    (the process's migrations/s: ``migrations_per_user`` x users, at 300 % CPU from 4 users)."""
     rng = np.random.default_rng(seed)
     rd = RunDir.create(tmp_path, "synthetic")
     plan = Plan(load=LoadPlan(steps=list(users), ramp=RAMP, hold=HOLD, settle=SETTLE),
@@ -87,15 +89,18 @@ def make_run(tmp_path: Path, model: Callable[[int], tuple[float, float]], users=
                       [0] * len(secs), 1000 * users_at))
         write_csv(hd / "process.csv", ("t", "pid", "cpu_pct", "rss_mb", "threads", "cswch_s", "migrations_s"),
                   zip(secs, [4242] * len(secs), 300 * busy, [500.0] * len(secs), users_at + 2,
-                      50 * users_at, 5 * users_at))
+                      50 * users_at, migrations_per_user * users_at))
     if meta:
         rd.update_meta(run_id=rd.path.name, complete=complete, ended="finished" if complete else "crashed")
     return rd
 
 
-def steady_rows(rd: RunDir, step: int) -> pd.DataFrame:
-    """The steady rows of one step, selected here independently of analysis.loadstats."""
+def steady_rows(rd: RunDir, step: int, whole: bool = False) -> pd.DataFrame:
+    """The steady rows of one step, selected here independently of analysis.loadstats
+    (``whole``: every row of the run instead, for figures that count rows across windows)."""
     df = pd.concat([pq.read_table(p).to_pandas() for p in rd.request_parts()], ignore_index=True)
+    if whole:
+        return df
     st = pd.read_csv(rd.steps_path)
     row = st[st["index"] == step].iloc[0]
     lo = row["t_steady"] + SETTLE

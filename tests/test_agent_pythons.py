@@ -31,7 +31,6 @@ try:
 except ImportError:  # tests/ imported as a package
     from tests.sshd_fixture import REPO, collector_pids, start_busy, stop_proc, wait_until_gone
 
-REMOTE = REPO / "agents" / "remote.py"
 #: The oldest python3 the agent supports (issue 15: RHEL 8 / Ubuntu 18.04).
 OLDEST = (3, 6)
 PYENV_GLOB = "/root/.pyenv/versions/*/bin/python3"
@@ -61,18 +60,26 @@ def interpreters() -> dict[tuple[int, int], str]:
 PYTHONS = interpreters()
 
 
-#: Executes remote.py's module body (not main): every def, class and module-level annotation is
-#: evaluated, so ``int | None`` in a signature fails on 3.6-3.9 here, not only new syntax.
-LOAD_CODE = "import sys; p = sys.argv[1]; exec(compile(open(p).read(), p, 'exec'), {'__name__': 'remote'})"
+#: Imports every module of the agent's zipapp (not main): every def, class and module-level
+#: annotation is evaluated, so ``int | None`` in a signature fails on 3.6-3.9 here, not only new syntax.
+LOAD_CODE = ("import sys, zipfile; sys.path.insert(0, sys.argv[1]); import importlib; "
+             "names = sorted(n[:-3].replace('/', '.') for n in zipfile.ZipFile(sys.argv[1]).namelist() "
+             "if n.startswith('remote/') and n.endswith('.py')); "
+             "[importlib.import_module(n[:-len('.__init__')] if n.endswith('.__init__') else n) for n in names]; "
+             "print(len(names))")
 
 
-def test_remote_py_loads_on_every_python3_here():
+def test_the_agent_zipapp_loads_on_every_python3_here(tmp_path):
     """A syntax or annotation newer than the oldest interpreter fails here in a second."""
+    from agents.bundle import PACKAGE, write_agent_zipapp
+
     assert PYTHONS, "no python3 found"
+    pyz = write_agent_zipapp(tmp_path / "remote.pyz")
     for v, python in PYTHONS.items():
-        r = subprocess.run([python, "-I", "-S", "-c", LOAD_CODE, str(REMOTE)], capture_output=True, text=True,
+        r = subprocess.run([python, "-I", "-S", "-c", LOAD_CODE, str(pyz)], capture_output=True, text=True,
                            timeout=30)
         assert r.returncode == 0, f"python {v}: {r.stderr.strip().splitlines()[-1:]}"
+        assert int(r.stdout) == len(list(PACKAGE.glob("*.py")))  # every module of the package was imported
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """The shell agent (agents/remote.sh): a host without python3, or with one older than 3.6, is
 monitored all the same -- real pidstat and vmstat started by POSIX sh with the same raw files,
-clock offsets, watch-channel stop, heartbeat watchdog and verified fetch as remote.py.
+clock offsets, watch-channel stop, heartbeat watchdog and verified fetch as remote.pyz.
 
 Run on this machine through the ``local`` transport whose python is a path that does not exist
 (the probe then finds no python3, as on a distroless container), or pyenv's python 2.7; the
@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -29,9 +28,9 @@ from kneeswarm.plan import HostPlan
 from kneeswarm.rundir import RunDir
 
 try:
-    from sshd_fixture import REPO, collector_pids, start_busy, stop_proc, wait_until_gone
+    from sshd_fixture import REPO, collector_pids, killed_controller, stop_proc, wait_until_gone
 except ImportError:  # tests/ imported as a package
-    from tests.sshd_fixture import REPO, collector_pids, start_busy, stop_proc, wait_until_gone
+    from tests.sshd_fixture import REPO, collector_pids, killed_controller, stop_proc, wait_until_gone
 
 SCRIPT = REPO / "agents" / "remote.sh"
 NO_PYTHON = "/nonexistent/bin/python3"
@@ -39,13 +38,6 @@ PYTHON27 = "/root/.pyenv/versions/2.7.18/bin/python"
 HAVE_TOOLS = shutil.which("pidstat") and shutil.which("vmstat")
 CPU_TOL_POINTS = 15.0  # pidstat's mean cpu_pct vs the kernel's utime+stime over ~the same seconds
 CLOCK_TOL = 0.05  # seconds: the "host" is this machine, so a measured offset is all error
-
-
-@pytest.fixture
-def busy():
-    p = start_busy()
-    yield p
-    stop_proc(p)
 
 
 @pytest.fixture
@@ -135,29 +127,14 @@ time.sleep(120)
 @pytest.mark.skipif(not HAVE_TOOLS, reason="pidstat/vmstat not installed")
 def test_shell_agent_stops_everything_when_the_controller_is_killed(busy, run):
     code = CONTROLLER.format(repo=str(REPO), pid=busy.pid, run=str(run.path), python=NO_PYTHON)
-    ctl = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    started = None
-    try:
-        started = json.loads(ctl.stdout.readline())
-        remote_dir, pids = started["remote_dir"], collector_pids(started["status"])
-        assert {"pidstat", "vmstat"} <= set(pids)
-        time.sleep(1.0)
-        ctl.send_signal(signal.SIGKILL)
-        ctl.wait(timeout=5)
-        # the heartbeat timeout is 60 s: only the closed watch channel can stop it this soon
-        assert wait_until_gone(remote_dir, pids, 12.0) == []
+    with killed_controller(code, 12.0, lambda d: shutil.rmtree(d, ignore_errors=True)) as (remote_dir, left):
+        assert left == []  # the heartbeat timeout is 60 s: only the closed watch channel can stop it this soon
         deadline = time.monotonic() + 5
         while (Path(remote_dir) / "agent.pid").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         status = json.loads((Path(remote_dir) / "status.json").read_text())
         assert status["state"] == "stopped" and status["reason"].startswith("controller gone"), status["reason"]
         assert (Path(remote_dir) / "MANIFEST.json").exists()
-    finally:
-        if ctl.poll() is None:
-            ctl.kill()
-        ctl.stdout.close()
-        if started:
-            shutil.rmtree(started["remote_dir"], ignore_errors=True)
 
 
 def _sh(*args: str, stdin: str | None = None, timeout: float = 30) -> dict:

@@ -1,16 +1,16 @@
 """The agent on this machine (``local`` transport, no SSH): real pidstat, vmstat and /proc sampler.
 
 Also: the watchdog after a SIGKILLed controller, the clock offset under libfaketime, and the
-remote.py verbs on their own.
+agent zipapp's verbs on their own.
 """
 
 from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -21,25 +21,21 @@ import pytest
 
 from agents import AgentError, AgentSettings, clock, open_agent, write_parsed_csvs
 from agents import link as link_mod
+from agents.bundle import write_agent_zipapp
+from agents.remote.defaults import SCRIPT_FILE
 from kneeswarm.plan import HostPlan
 from kneeswarm.rundir import RunDir
 
 try:
+    from conftest import wait_for
     from faketime_lib import faketime_prefix
-    from sshd_fixture import BUSY_THREAD, REPO, collector_pids, start_busy, stop_proc, wait_until_gone
+    from sshd_fixture import BUSY_THREAD, REPO, busy_share, collector_pids, kernel_cpu, killed_controller, stop_proc, wait_until_gone
 except ImportError:  # tests/ imported as a package
+    from tests.conftest import wait_for
     from tests.faketime_lib import faketime_prefix
-    from tests.sshd_fixture import BUSY_THREAD, REPO, collector_pids, start_busy, stop_proc, wait_until_gone
+    from tests.sshd_fixture import BUSY_THREAD, REPO, busy_share, collector_pids, kernel_cpu, killed_controller, stop_proc, wait_until_gone
 
-REMOTE = REPO / "agents" / "remote.py"
 HAVE_TOOLS = shutil.which("pidstat") and shutil.which("vmstat")
-
-
-@pytest.fixture
-def busy():
-    p = start_busy()
-    yield p
-    stop_proc(p)
 
 
 @pytest.fixture
@@ -49,7 +45,7 @@ def run(tmp_path):
 
 @pytest.mark.skipif(not HAVE_TOOLS, reason="pidstat/vmstat (sysstat, procps) not installed")
 def test_local_agent_records_busy_process_and_leaves_nothing(busy, run):
-    host = HostPlan(pid=busy.pid, collectors=["pidstat", "vmstat", "procfs"])  # procfs too: listed, not by default
+    host = HostPlan(pid=busy.pid, collectors=["pidstat", "vmstat", "procfs"])  # pidstat too: listed, not by default
     with open_agent(host, run, AgentSettings(interval=1, max_duration=60, heartbeat_timeout=10)) as agent:
         facts = agent.preflight()
         assert facts["process"]["pid"] == busy.pid
@@ -57,6 +53,7 @@ def test_local_agent_records_busy_process_and_leaves_nothing(busy, run):
         assert facts["tools"]["pidstat"]["version"] and facts["tools"]["vmstat"]["version"]
         assert {"pidstat", "vmstat", "procfs"} <= set(facts["collectors"])
         agent.start()
+        started = kernel_cpu(busy.pid)
         remote_dir = agent.remote_dir
         pids = collector_pids(agent.start_status)
         assert {"pidstat", "vmstat"} <= set(pids)
@@ -64,6 +61,7 @@ def test_local_agent_records_busy_process_and_leaves_nothing(busy, run):
         live = agent.fetch()  # incremental, during the run
         assert (run.raw_dir("local") / "pidstat.txt").stat().st_size > 0, live
         time.sleep(1.0)
+        share = busy_share(started, kernel_cpu(busy.pid))
         info = agent.stop()
         assert info["reason"].startswith("signal")
         agent.fetch(final=True)
@@ -74,15 +72,18 @@ def test_local_agent_records_busy_process_and_leaves_nothing(busy, run):
     assert stats["pidstat"]["skipped"] == 0 and stats["vmstat"]["skipped"] == 0
     proc = pd.read_csv(run.host_dir("local") / "process.csv")
     assert len(proc) >= 3 and proc["pid"].eq(busy.pid).all()
-    assert proc["cpu_pct"].median() > 50  # the spinning thread
+    # The spinning thread: near 100 % on a quiet machine, as little as a fifth of a core when other
+    # work keeps both busy.  Against the kernel's own count for this process over the same seconds
+    # (its share moves from one second to the next with the other work: within half of it).
+    assert proc["cpu_pct"].median() > share / 2, (proc["cpu_pct"].tolist(), share)
     vm = pd.read_csv(run.host_dir("local") / "vmstat.csv")
     assert len(vm) >= 3 and {"r", "cs", "us", "sy", "id"} <= set(vm.columns)
     procfs = pd.read_csv(run.host_dir("local") / "process.procfs.csv")
-    assert len(procfs) >= 3 and procfs["cpu_pct"].median() > 50
+    assert len(procfs) >= 3 and procfs["cpu_pct"].median() > share / 2, (procfs["cpu_pct"].tolist(), share)
     threads = pd.read_csv(run.host_dir("local") / "threads.csv")
     spin = threads[threads["name"] == BUSY_THREAD]
     assert spin["tid"].nunique() == 1 and spin["tid"].iloc[0] != busy.pid, threads["name"].unique()
-    assert len(spin) >= 3 and spin["cpu_pct"].median() > 50  # the spinning thread, by its name
+    assert len(spin) >= 3 and spin["cpu_pct"].median() > share / 2  # the spinning thread, by its name
     meta = agent.meta()
     assert meta["clock"]["before"]["error"] < 0.01 and meta["clock"]["after"] is not None
     json.dumps(meta)  # serialisable for meta.json
@@ -90,6 +91,40 @@ def test_local_agent_records_busy_process_and_leaves_nothing(busy, run):
     write_parsed_csvs(run, "local", correction=2.0)
     shifted = pd.read_csv(run.host_dir("local") / "process.csv")
     assert (proc["t"] - shifted["t"]).sub(2.0).abs().max() < 0.01
+
+
+@pytest.mark.skipif(not HAVE_TOOLS, reason="pidstat/vmstat (sysstat, procps) not installed")
+@pytest.mark.parametrize("source,raw_name", [("pidstat", "pidstat.txt"), ("procfs", "procfs.jsonl")])
+def test_live_parse_reads_only_what_each_fetch_added(busy, run, source, raw_name):
+    """The live view's parse (write_parsed(live=True), every fetch of a run): a second fetch's parse
+    reads only the bytes the process-table collector (pidstat's text, or the /proc sampler's lines,
+    the default) wrote since the first, and its CSVs are the whole file's parse (for pidstat less
+    the interval still being written)."""
+    host = HostPlan(pid=busy.pid, collectors=[source, "vmstat"])
+    raw = run.raw_dir("local") / raw_name
+    with open_agent(host, run, AgentSettings(interval=1, max_duration=60, heartbeat_timeout=10)) as agent:
+        agent.preflight()
+        agent.start()
+        time.sleep(2.5)
+        agent.fetch()
+        agent.write_parsed(live=True)
+        first = agent.live_parse
+        assert first is not None and first.bytes_read == raw.stat().st_size > 0
+        fed = first.offset
+        time.sleep(2.5)
+        agent.fetch()
+        stats = agent.write_parsed(live=True)
+        assert agent.live_parse is first and first.bytes_read == raw.stat().st_size - fed > 0  # the new bytes only
+        live = {t: pd.read_csv(run.host_dir("local") / f"{t}.csv") for t in ("process", "threads", "vmstat")}
+        write_parsed_csvs(run, "local", agent.clock)  # the whole file at once, as after the final fetch
+        whole = {t: pd.read_csv(run.host_dir("local") / f"{t}.csv") for t in ("process", "threads", "vmstat")}
+        agent.stop()
+    last = whole["process"]["t"].max() if source == "pidstat" else math.inf  # procfs holds no sample back
+    assert len(live["process"]) >= 3 and stats[source]["tables"]["process"] == len(live["process"])
+    for t in ("process", "threads"):
+        pd.testing.assert_frame_equal(live[t], whole[t][whole[t]["t"] < last].reset_index(drop=True))
+    assert (live["threads"]["name"] == BUSY_THREAD).sum() >= (3 if source == "pidstat" else 1)  # procfs: threads every 2 s
+    pd.testing.assert_frame_equal(live["vmstat"], whole["vmstat"])  # one line a sample: parsed whole
 
 
 def test_preflight_fails_with_one_line_when_process_missing(run):
@@ -123,7 +158,7 @@ sys.path.insert(0, {repo!r})
 from kneeswarm.plan import HostPlan
 from kneeswarm.rundir import RunDir
 from agents import AgentSettings, open_agent
-agent = open_agent(HostPlan(pid={pid}), RunDir({run!r}), AgentSettings(interval=1, max_duration=120, heartbeat_timeout=60))
+agent = open_agent(HostPlan(pid={pid}, collectors=["pidstat", "vmstat", "procfs"]), RunDir({run!r}), AgentSettings(interval=1, max_duration=120, heartbeat_timeout=60))
 agent.preflight()
 agent.start()
 print(json.dumps({{"remote_dir": agent.remote_dir, "status": agent.start_status}}), flush=True)
@@ -134,69 +169,72 @@ time.sleep(120)
 @pytest.mark.skipif(not HAVE_TOOLS, reason="pidstat/vmstat not installed")
 def test_watchdog_stops_everything_when_the_controller_is_killed(busy, run):
     code = CONTROLLER.format(repo=str(REPO), pid=busy.pid, run=str(run.path))
-    ctl = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    try:
-        line = ctl.stdout.readline()
-        started = json.loads(line)
-        remote_dir, pids = started["remote_dir"], collector_pids(started["status"])
-        assert {"pidstat", "vmstat"} <= set(pids)
-        time.sleep(1.0)
-        ctl.send_signal(signal.SIGKILL)
-        ctl.wait(timeout=5)
-        # the heartbeat timeout is 60 s: only the closed watch channel can stop it this soon
-        assert wait_until_gone(remote_dir, pids, 10.0) == []
+    with killed_controller(code, 10.0, lambda d: shutil.rmtree(d, ignore_errors=True)) as (remote_dir, left):
+        assert left == []  # the heartbeat timeout is 60 s: only the closed watch channel can stop it this soon
         status = json.loads((Path(remote_dir) / "status.json").read_text())
         assert status["state"] == "stopped" and status["reason"].startswith("controller gone"), status["reason"]
         assert (Path(remote_dir) / "MANIFEST.json").exists()  # what was recorded is kept, checksummed
-    finally:
-        if ctl.poll() is None:
-            ctl.kill()
-        ctl.stdout.close()
-        shutil.rmtree(started["remote_dir"], ignore_errors=True) if "started" in locals() else None
 
 
 BURST_CODE = """
 import sys, time
+print("ready", flush=True)
 sys.stdin.readline()
-end = time.time() + 4.0
-while time.time() < end:
+t0 = time.time()
+while time.time() < t0 + 4.0:
     sum(range(10000))
+print(t0, time.time(), flush=True)
 sys.stdin.readline()
 """
 
 
 @pytest.mark.skipif(not HAVE_TOOLS, reason="pidstat/vmstat not installed")
-def test_agent_under_faketime_offset_within_20ms_and_burst_aligned(run, monkeypatch):
+def test_agent_under_faketime_offset_within_its_error_and_burst_aligned(run, monkeypatch):
+    """The agent's clock runs 2.5 s ahead (libfaketime); a process blocked on its stdin spins for 4 s
+    and stamps its own start and end on the master's clock (this machine's, not shifted).  The
+    offset measured is within its own error bound, and the samples that saw CPU are the burst's."""
     shifted = faketime_prefix(2.5)  # skips without faketime, fails when it is there but broken
     monkeypatch.setattr(link_mod, "ECHO_WRAPPER", shifted)
     monkeypatch.setattr(link_mod, "AGENT_WRAPPER", shifted)  # the agent and its collectors: +2.5 s
-    burst = subprocess.Popen([sys.executable, "-c", BURST_CODE], stdin=subprocess.PIPE)
+    burst = subprocess.Popen([sys.executable, "-c", BURST_CODE], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
+        assert burst.stdout.readline() == b"ready\n"  # started: no CPU from here until it is told to go
         host = HostPlan(pid=burst.pid, collectors=["pidstat", "vmstat", "procfs"])
         with open_agent(host, run, AgentSettings(interval=1, max_duration=60, heartbeat_timeout=10)) as agent:
             agent.preflight()
+            t_called = time.time()
             agent.start()
-            time.sleep(1.5)
-            t_burst = time.time()  # master clock
-            burst.stdin.write(b"go\n")
+            samples = Path(agent.remote_dir) / "procfs.jsonl"  # the sampler's file, on this machine
+            wait_for(lambda: samples.exists() and samples.read_bytes().count(b"\n") >= 3, 30, "3 samples")
+            burst.stdin.write(b"go\n")  # after two idle intervals
             burst.stdin.flush()
-            time.sleep(6.0)
+            t_start, t_end = map(float, burst.stdout.readline().split())  # the burst's own stamps
+            n = samples.read_bytes().count(b"\n")
+            wait_for(lambda: samples.read_bytes().count(b"\n") >= n + 2, 30, "2 samples after the burst")
             agent.stop()
             agent.fetch(final=True)
             agent.write_parsed()
     finally:
         stop_proc(burst)
+    # NTP's bound: each kept round trip's offset is within half its RTT of the truth, so their median
+    # is within the largest such half (clock.estimate's error); under 1 ms here on a quiet machine,
+    # tens of ms when every round trip waits for a core on a machine others keep busy
     for off in (agent.clock.before, agent.clock.after):
-        assert off is not None and abs(off.offset - 2.5) < 0.020, off
+        assert off is not None and abs(off.offset - 2.5) <= off.error + 1e-6, off
+    error = max(agent.clock.before.error, agent.clock.after.error)
     raw_t = [json.loads(x)["t"] for x in (run.raw_dir("local") / "procfs.jsonl").read_text().splitlines()]
-    assert raw_t[0] > t_burst - 1.5 + 2.5 - 1.0  # the host recorded on its shifted clock
+    assert raw_t[0] >= t_called + 2.5  # the host recorded on its shifted clock, after it was started
     df = pd.read_csv(run.host_dir("local") / "process.procfs.csv")  # samples stamped at interval end
-    # > 50: one spinning thread, on 2 cores shared with other tests, does not always get > 90%
-    busy = df[df["cpu_pct"] > 50]["t"] - t_burst
-    assert len(busy) >= 2, df[["t", "cpu_pct"]].assign(t=df["t"] - t_burst).to_string()
-    assert busy.min() > 0.5 and busy.max() < 4.0 + 1.2, busy.tolist()  # inside the burst, on the master's clock
-    onset = df[df["cpu_pct"] > 20]["t"].min() - t_burst
-    assert 0.0 < onset < 1.3  # unaligned, it would be about 2.5 s later
+    # Each sample covers (previous t, t].  /proc counts whole clock ticks (1 % of a 1 s interval) and a
+    # process blocked on its stdin gets none, while a spinner gets some in any second, however small
+    # its share of a core (41-63 % seen with other tests on the 2 cores): no sample outside the burst
+    # saw CPU, every one wholly inside it did.  Unaligned by 2.5 s, both would fail.
+    lo, hi, cpu = df["t"].shift(1).to_numpy()[1:], df["t"].to_numpy()[1:], df["cpu_pct"].to_numpy()[1:]
+    shown = pd.DataFrame({"lo": lo - t_start, "hi": hi - t_start, "cpu_pct": cpu}).to_string()
+    outside = (hi <= t_start - error) | (lo >= t_end + error)
+    inside = (lo >= t_start + error) & (hi <= t_end - error)
+    assert outside.sum() >= 2 and not (cpu[outside] > 0).any(), shown
+    assert inside.sum() >= 2 and (cpu[inside] > 0).all(), shown
 
 
 def test_clock_estimate_keeps_the_lowest_rtt_round_trips():
@@ -227,20 +265,26 @@ def test_clock_correction_interpolates_drift():
     assert again.offset_at(1800.0) == cc.offset_at(1800.0)
 
 
-# -- remote.py on its own ----------------------------------------------------------------------
-def _remote(*args: str, timeout: float = 30) -> dict:
-    out = subprocess.run([sys.executable, str(REMOTE), *args], capture_output=True, text=True, timeout=timeout)
+# -- the agent's zipapp on its own -----------------------------------------------------------
+def _pyz(directory: Path) -> Path:
+    """remote.pyz as deploy uploads it (agents/bundle.py), written into ``directory``."""
+    return write_agent_zipapp(directory / SCRIPT_FILE)
+
+
+def _remote(pyz: Path, *args: str, timeout: float = 30) -> dict:
+    out = subprocess.run([sys.executable, "-I", "-S", str(pyz), *args], capture_output=True, text=True,
+                         timeout=timeout)
     return json.loads(out.stdout)
 
 
 def test_remote_max_duration_stops_the_agent_and_a_bad_command_is_reported(tmp_path):
-    (tmp_path / "remote.py").write_bytes(REMOTE.read_bytes())
+    pyz = _pyz(tmp_path)
     cfg = {"interval": 1, "heartbeat_timeout": 60, "max_duration": 1.5,
            "collectors": [{"name": "nope", "argv": ["no-such-tool-xyz"], "raw_file": "nope.txt"},
-                          {"name": "procfs", "sampler": "procfs", "params": {"pid": os.getpid()},
-                           "raw_file": "procfs.jsonl"}]}
+                          {"name": "procfs", "sampler": "procfs", "params": {"pid": os.getpid(), "thread_interval": 0.5},
+                           "raw_file": "procfs.jsonl", "interval": 0.25}]}
     (tmp_path / "agent.json").write_text(json.dumps(cfg))
-    out = _remote("start", str(tmp_path / "agent.json"))
+    out = _remote(pyz, "start", str(tmp_path / "agent.json"))
     assert out["ok"]
     nope = out["status"]["collectors"]["nope"]
     assert not nope["running"] and "no-such-tool-xyz" in nope["error"]
@@ -250,13 +294,17 @@ def test_remote_max_duration_stops_the_agent_and_a_bad_command_is_reported(tmp_p
     status = json.loads((tmp_path / "status.json").read_text())
     assert status["reason"].startswith("max_duration") and status["state"] == "stopped"
     lines = [json.loads(x) for x in (tmp_path / "procfs.jsonl").read_text().splitlines()]
-    assert lines and {"utime", "stime", "rss_kb", "vol_cs", "tasks"} <= set(lines[-1])
-    stop = _remote("stop", str(tmp_path))  # idempotent after the agent stopped itself
+    assert len(lines) >= 4 and {"utime", "stime", "rss_kb", "threads", "read_bytes"} <= set(lines[-1])
+    # the threads every 0.5 s, the process every 0.25 s: every other line holds them, the first one
+    assert [("tasks" in x) for x in lines] == [k % 2 == 0 for k in range(len(lines))]
+    me = [task for task in lines[0]["tasks"] if task[0] == os.getpid()]  # the main thread's tid is the pid
+    assert me and lines[0]["vol_cs"] >= me[0][5]  # the sum over the threads holds the main thread's
+    stop = _remote(pyz, "stop", str(tmp_path))  # idempotent after the agent stopped itself
     assert stop["ok"] and "procfs.jsonl" in stop["manifest"]["files"]
 
 
-def test_remote_preflight_reports_tools_and_topology():
-    facts = _remote("preflight", json.dumps({"checks": {"sh": ["sh", "-c", "echo v1.2"], "gone": ["no-such-x"]},
+def test_remote_preflight_reports_tools_and_topology(tmp_path):
+    facts = _remote(_pyz(tmp_path), "preflight", json.dumps({"checks": {"sh": ["sh", "-c", "echo v1.2"], "gone": ["no-such-x"]},
                                              "pid": os.getpid()}))
     assert facts["tools"]["sh"]["output"].strip() == "v1.2" and facts["tools"]["gone"]["found"] is False
     assert facts["process"]["pid"] == os.getpid()
@@ -270,8 +318,8 @@ def test_remote_preflight_reports_tools_and_topology():
         assert cpu["sockets"] == len({p for p, _ in topo}) and cpu["physical_cores"] == len(set(topo))
 
 
-def test_remote_echo_answers_each_line_with_two_timestamps():
-    p = subprocess.Popen([sys.executable, str(REMOTE), "echo"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+def test_remote_echo_answers_each_line_with_two_timestamps(tmp_path):
+    p = subprocess.Popen([sys.executable, "-I", "-S", str(_pyz(tmp_path)), "echo"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     out, _ = p.communicate(b"a\nb\n", timeout=10)
     rows = [list(map(float, line.split())) for line in out.decode().splitlines()]
     assert len(rows) == 2 and all(abs(r[0] - time.time()) < 5 and r[1] >= r[0] for r in rows)
@@ -279,18 +327,18 @@ def test_remote_echo_answers_each_line_with_two_timestamps():
 
 def test_remote_heartbeat_timeout_stops_an_agent_nobody_renews(tmp_path):
     """No watch channel, no heartbeat (a network cut): the heartbeat timeout stops the agent."""
-    (tmp_path / "remote.py").write_bytes(REMOTE.read_bytes())
+    pyz = _pyz(tmp_path)
     cfg = {"interval": 1, "heartbeat_timeout": 1.5, "max_duration": 60,
            "collectors": [{"name": "sleep", "argv": ["sleep", "60"], "raw_file": "sleep.txt"}]}
     (tmp_path / "agent.json").write_text(json.dumps(cfg))
-    out = _remote("start", str(tmp_path / "agent.json"))
+    out = _remote(pyz, "start", str(tmp_path / "agent.json"))
     pid, start = out["status"]["collectors"]["sleep"]["pid"], out["status"]["collectors"]["sleep"]["start_time"]
     try:
         assert wait_until_gone(str(tmp_path), {"sleep": (pid, start)}, 10.0) == []
         status = json.loads((tmp_path / "status.json").read_text())
         assert status["state"] == "stopped" and status["reason"].startswith("heartbeat lost"), status["reason"]
     finally:
-        _remote("stop", str(tmp_path))
+        _remote(pyz, "stop", str(tmp_path))
 
 
 def _immutable(path: Path, on: bool) -> bool:
@@ -329,3 +377,54 @@ def test_an_agent_directory_that_cannot_be_removed_is_said_in_meta_and_fails_the
     assert any("left on the host" in w for w in problems.warnings)
     code, why = cli.verdict(run, {"complete": problems.complete, "ended": "completed"}, None, "completed")
     assert code == cli.EXIT_FAILED and why
+
+
+# A writer that waits for a "go" file, then appends and fsyncs CHUNKS x CHUNK_KB KiB, then says "done".
+IO_WRITER = """
+import os, sys, time
+out, go, done, n, kb = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+while not os.path.exists(go):
+    time.sleep(0.02)
+fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+for _ in range(n):
+    os.write(fd, b"x" * (kb * 1024)); os.fsync(fd); time.sleep(0.03)
+open(done, "w").close()
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not HAVE_TOOLS, reason="pidstat/vmstat (sysstat, procps) not installed")
+def test_procfs_sampler_reads_the_services_own_disk_writes(run, tmp_path):
+    # The /proc sampler stands in for pidstat where it is missing; io_wait weighs the service's own
+    # disk IO, so it reads /proc/PID/io as pidstat -d does.  A process writes a known 2 MiB (32 x 64
+    # KiB, each fsynced) on a real disk while both sample it: the kB the sampler's rates add up to
+    # are the bytes written (the kernel's page-granular write_bytes), and pidstat's agree.
+    n, kb = 32, 64
+    go, done = tmp_path / "go", tmp_path / "done"
+    writer = subprocess.Popen([sys.executable, "-c", IO_WRITER, str(tmp_path / "w.bin"), str(go), str(done),
+                               str(n), str(kb)])
+    try:
+        host = HostPlan(pid=writer.pid, collectors=["pidstat", "vmstat", "procfs"])
+        with open_agent(host, run, AgentSettings(interval=1, max_duration=60, heartbeat_timeout=10)) as agent:
+            agent.preflight()
+            agent.start()
+            time.sleep(2.5)  # two samples before the first write
+            go.touch()
+            deadline = time.time() + 30
+            while not done.exists() and time.time() < deadline:
+                time.sleep(0.1)
+            time.sleep(2.5)  # two samples after the last
+            agent.stop()
+            agent.fetch(final=True)
+            agent.write_parsed()
+    finally:
+        stop_proc(writer)
+    assert done.exists() and (tmp_path / "w.bin").stat().st_size == n * kb * 1024
+    procfs = pd.read_csv(run.host_dir("local") / "process.procfs.csv")
+    dt = procfs["t"].diff()
+    written_kb = (procfs["io_write_kb_s"] * dt).sum()
+    assert written_kb == pytest.approx(n * kb, rel=0.01), procfs[["t", "io_write_kb_s"]]
+    assert procfs["io_read_kb_s"].fillna(0).eq(0).all()  # nothing read from the disk (the page cache at most)
+    pid = pd.read_csv(run.host_dir("local") / "process.csv")
+    pid_kb = (pid["io_write_kb_s"] * pid["t"].diff()).sum()
+    assert pid_kb == pytest.approx(written_kb, rel=0.05), pid[["t", "io_write_kb_s"]]

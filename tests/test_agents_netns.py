@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import time
 
 import pandas as pd
@@ -22,6 +20,8 @@ from agents import ssh as ssh_mod
 from kneeswarm.plan import HostPlan
 from kneeswarm.rundir import RunDir
 
+from conftest import ip, skip_without_netns
+
 try:
     from sshd_fixture import SSHD, start_busy, stop_proc
 except ImportError:  # tests/ imported as a package
@@ -30,33 +30,28 @@ except ImportError:  # tests/ imported as a package
 LINK_DOWN = 10.0
 
 
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20, check=check)
-
-
 @pytest.fixture
 def netns():
-    if shutil.which("ip") is None or os.geteuid() != 0:
-        pytest.skip("needs root and iproute2 (ip netns)")
+    skip_without_netns()
     tag = f"{os.getpid() % 10000}"
     ns, veth_host, veth_ns = f"ksw-{tag}", f"kswh{tag}", f"kswn{tag}"
     subnet = 200 + os.getpid() % 50
     host_ip, ns_ip = f"10.213.{subnet}.1", f"10.213.{subnet}.2"
     try:
-        r = _ip("netns", "add", ns, check=False)
+        r = ip("netns", "add", ns, check=False)
         if r.returncode != 0:
             pytest.skip(f"cannot create a network namespace: {r.stderr.strip()}")
-        _ip("link", "add", veth_host, "type", "veth", "peer", "name", veth_ns)
-        _ip("link", "set", veth_ns, "netns", ns)
-        _ip("addr", "add", f"{host_ip}/30", "dev", veth_host)
-        _ip("link", "set", veth_host, "up")
-        _ip("netns", "exec", ns, "ip", "addr", "add", f"{ns_ip}/30", "dev", veth_ns)
-        _ip("netns", "exec", ns, "ip", "link", "set", veth_ns, "up")
-        _ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        ip("link", "add", veth_host, "type", "veth", "peer", "name", veth_ns)
+        ip("link", "set", veth_ns, "netns", ns)
+        ip("addr", "add", f"{host_ip}/30", "dev", veth_host)
+        ip("link", "set", veth_host, "up")
+        ip("netns", "exec", ns, "ip", "addr", "add", f"{ns_ip}/30", "dev", veth_ns)
+        ip("netns", "exec", ns, "ip", "link", "set", veth_ns, "up")
+        ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
         yield {"ns": ns, "veth": veth_host, "ip": ns_ip}
     finally:
-        _ip("link", "del", veth_host, check=False)
-        _ip("netns", "del", ns, check=False)
+        ip("link", "del", veth_host, check=False)
+        ip("netns", "del", ns, check=False)
 
 
 def test_link_down_for_10s_mid_run_loses_no_sample(netns, tmp_path, monkeypatch):
@@ -80,14 +75,14 @@ def test_link_down_for_10s_mid_run_loses_no_sample(netns, tmp_path, monkeypatch)
             t_start = time.time()
             time.sleep(3.0)
             agent.fetch()
-            _ip("link", "set", netns["veth"], "down")
+            ip("link", "set", netns["veth"], "down")
             down_at = time.monotonic()
             try:
                 time.sleep(2.0)
                 assert agent.fetch() == {}  # postponed (after RECONNECT_WINDOW of retries), not fatal
                 time.sleep(max(0.0, LINK_DOWN - (time.monotonic() - down_at)))
             finally:
-                _ip("link", "set", netns["veth"], "up")
+                ip("link", "set", netns["veth"], "up")
             time.sleep(3.0)
             agent.stop()
             t_stop = time.time()

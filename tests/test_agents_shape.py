@@ -1,10 +1,11 @@
-"""The shape of the agents: remote.py needs only the standard library, a collector is one module
+"""The shape of the agents: remote.pyz needs only the standard library, a collector is one module
 (registered at runtime here, it runs on the real local agent and reaches hosts/<host>/ parsed),
 selection and the remote agent name no collector, and several hosts are driven at once."""
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import threading
 import time
 from datetime import tzinfo
 from pathlib import Path
+from typing import Any, Iterator
 
 import pandas as pd
 import pytest
@@ -22,13 +24,15 @@ import pytest
 import collectors
 from agents import AgentError, AgentSettings, HostAgents, open_agent
 from agents import host as host_mod
+from agents.bundle import write_agent_zipapp
+from agents.remote.defaults import SCRIPT_FILE
 from collectors.base import Collector, Parsed, frame
 from kneeswarm.plan import HostPlan, load_plan
 from kneeswarm.rundir import RunDir
 from conftest import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
-REMOTE = REPO / "agents" / "remote.py"
+REMOTE = REPO / "agents" / "remote"  # the agent package (shipped as one zipapp)
 OPTIONAL_IMPORTS = {"pynvml"}  # imported only inside try/except ImportError
 
 
@@ -53,19 +57,29 @@ def _guarded_imports(tree: ast.AST) -> set[int]:
     return guarded
 
 
-def test_remote_imports_only_the_standard_library():
-    tree = ast.parse(REMOTE.read_text())
-    guarded = _guarded_imports(tree)
-    foreign = [(name, node.lineno) for name, node in _imports(tree) if name not in sys.stdlib_module_names]
-    assert foreign, "the check must see pynvml, the one optional import"
-    assert all(name in OPTIONAL_IMPORTS and id(node) in guarded for name, node in _imports(tree)
-               if name not in sys.stdlib_module_names), foreign
+def _package_trees() -> dict[str, ast.AST]:
+    return {p.name: ast.parse(p.read_text()) for p in sorted(REMOTE.glob("*.py"))}
+
+
+def test_remote_imports_only_the_standard_library_and_its_own_modules():
+    foreign = []
+    for name, tree in _package_trees().items():
+        guarded = _guarded_imports(tree)
+        for mod, node in _imports(tree):  # absolute imports; the package's own are relative (level 1)
+            if mod not in sys.stdlib_module_names and not (mod in OPTIONAL_IMPORTS and id(node) in guarded):
+                foreign.append((name, mod, node.lineno))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level > 1:
+                foreign.append((name, "." * node.level + (node.module or ""), node.lineno))
+    assert not foreign, foreign
+    optional = [mod for tree in _package_trees().values() for mod, _ in _imports(tree) if mod in OPTIONAL_IMPORTS]
+    assert optional, "the check must see pynvml, the one optional import"
 
 
 def test_remote_runs_without_site_packages(tmp_path):
     """Isolated mode, no site: only the standard library can be imported."""
-    shutil.copy(REMOTE, tmp_path / "remote.py")
-    out = subprocess.run([sys.executable, "-I", "-S", str(tmp_path / "remote.py"), "preflight",
+    pyz = write_agent_zipapp(tmp_path / SCRIPT_FILE)  # as deploy uploads it
+    out = subprocess.run([sys.executable, "-I", "-S", str(pyz), "preflight",
                           json.dumps({"pid": os.getpid()})], capture_output=True, text=True, timeout=60,
                          env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, cwd=tmp_path)
     facts = json.loads(out.stdout)
@@ -88,11 +102,11 @@ def test_selection_and_remote_name_no_collector():
     sel = ast.parse((REPO / "agents" / "selection.py").read_text())
     literals = {n.value for n in ast.walk(sel) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     assert not literals & names, literals & names
-    remote = ast.parse(REMOTE.read_text())
-    assert not _string_compares(remote) & names
-    sampler_classes = {"ProcfsSampler", "NvmlSampler", "PrometheusSampler"}
-    compared = {ast.unparse(c) for n in ast.walk(remote) if isinstance(n, ast.Compare) for c in n.comparators}
-    assert not compared & sampler_classes, compared & sampler_classes
+    for remote in _package_trees().values():
+        assert not _string_compares(remote) & names
+        sampler_classes = {"ProcfsSampler", "NvmlSampler", "PrometheusSampler"}
+        compared = {ast.unparse(c) for n in ast.walk(remote) if isinstance(n, ast.Compare) for c in n.comparators}
+        assert not compared & sampler_classes, compared & sampler_classes
 
 
 # -- a throwaway collector, registered at runtime ---------------------------------------------
@@ -156,12 +170,12 @@ def test_a_collector_registered_at_runtime_runs_and_reaches_hosts_parsed(tmp_pat
 
 
 def test_collector_children_get_sigint_back_even_when_the_controller_ignores_it(tmp_path):
-    shutil.copy(REMOTE, tmp_path / "remote.py")
+    pyz = write_agent_zipapp(tmp_path / SCRIPT_FILE)
     cfg = {"heartbeat_timeout": 60, "max_duration": 30,
            "collectors": [{"name": "sleep", "argv": ["sleep", "30"], "raw_file": "sleep.txt"}]}
     (tmp_path / "agent.json").write_text(json.dumps(cfg))
     ignore = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)  # noqa: E731 - a background job
-    out = subprocess.run([sys.executable, str(tmp_path / "remote.py"), "start", str(tmp_path / "agent.json")],
+    out = subprocess.run([sys.executable, str(pyz), "start", str(tmp_path / "agent.json")],
                          capture_output=True, text=True, timeout=30, preexec_fn=ignore)
     try:
         pid = json.loads(out.stdout)["status"]["collectors"]["sleep"]["pid"]
@@ -169,7 +183,7 @@ def test_collector_children_get_sigint_back_even_when_the_controller_ignores_it(
                        if line.startswith("SigIgn:"))
         assert not sig_ign & (1 << (signal.SIGINT - 1))
     finally:
-        subprocess.run([sys.executable, str(tmp_path / "remote.py"), "stop", str(tmp_path)], capture_output=True,
+        subprocess.run([sys.executable, str(pyz), "stop", str(tmp_path)], capture_output=True,
                        timeout=60)
 
 
@@ -178,6 +192,20 @@ def _plan(tmp_path, names):
     plan = load_plan(None, {"name": "hosts"})
     plan.hosts = [HostPlan(name=n, collectors=["vmstat"]) for n in names]
     return plan
+
+
+def two_hosts_finished(tmp_path: Path) -> tuple[RunDir, dict[str, Any]]:
+    """Agents on hosts a and b (vmstat alone) opened, started, and finished once each one's raw
+    file holds a sample of the run (two header lines, the since-boot line, one more): (the run,
+    meta per host)."""
+    run = RunDir.create(tmp_path, "hosts")
+    with HostAgents.open(_plan(tmp_path, ["a", "b"]), run) as agents:
+        agents.preflight_all()
+        agents.start_all()
+        raws = [Path(a.remote_dir) / "vmstat.txt" for a in agents]
+        wait_for(lambda: all(r.is_file() and len(r.read_bytes().splitlines()) >= 4 for r in raws), 10,
+                 "a vmstat sample of the run on each host")
+        return run, agents.finish_all()
 
 
 @pytest.mark.skipif(not shutil.which("vmstat"), reason="vmstat (procps) not installed")
@@ -192,12 +220,7 @@ def test_hosts_are_driven_concurrently(tmp_path, monkeypatch):
             return _real(self, *a, **kw)
 
         monkeypatch.setattr(host_mod.HostAgent, verb, together)
-    run = RunDir.create(tmp_path, "hosts")
-    with HostAgents.open(_plan(tmp_path, ["a", "b"]), run) as agents:
-        agents.preflight_all()
-        agents.start_all()
-        time.sleep(1.5)
-        meta = agents.finish_all()
+    run, meta = two_hosts_finished(tmp_path)
     assert [meta[h]["fetch"]["verified"] for h in ("a", "b")] == [True, True]
     assert all(len(pd.read_csv(run.host_dir(h) / "vmstat.csv")) >= 1 for h in ("a", "b"))
 
@@ -213,27 +236,29 @@ def test_one_hosts_failure_is_its_own(tmp_path, monkeypatch):
         return out
 
     monkeypatch.setattr(host_mod.HostAgent, "stop", stop)
-    run = RunDir.create(tmp_path, "hosts")
-    with HostAgents.open(_plan(tmp_path, ["a", "b"]), run) as agents:
-        agents.preflight_all()
-        agents.start_all()
-        time.sleep(1.5)
-        meta = agents.finish_all()
+    run, meta = two_hosts_finished(tmp_path)
     assert "stop failed: stop answered garbage" in meta["a"]["warnings"]
     assert not any("stop failed" in w for w in meta["b"]["warnings"])
     assert meta["a"]["fetch"]["verified"] and meta["b"]["fetch"]["verified"]
 
 
 # -- a final fetch that cannot be verified -----------------------------------------------------
-@pytest.mark.skipif(not shutil.which("vmstat"), reason="vmstat (procps) not installed")
-def test_checksum_mismatch_marks_the_host_incomplete_and_still_parses(tmp_path):
-    run = RunDir.create(tmp_path, "verify")
+@contextlib.contextmanager
+def vmstat_agent(run: RunDir, lines: int) -> Iterator[Any]:
+    """A local agent running vmstat alone, yielded once its raw file has ``lines`` lines."""
     with open_agent(HostPlan(collectors=["vmstat"]), run) as agent:
         agent.preflight()
         agent.start()
         raw = Path(agent.remote_dir) / "vmstat.txt"
-        # two header lines and two samples: the first (averages since boot) is not a sample of the run
-        wait_for(lambda: raw.is_file() and len(raw.read_bytes().splitlines()) >= 4, 10, "two vmstat samples")
+        wait_for(lambda: raw.is_file() and len(raw.read_bytes().splitlines()) >= lines, 10, f"{lines} lines of vmstat")
+        yield agent
+
+
+@pytest.mark.skipif(not shutil.which("vmstat"), reason="vmstat (procps) not installed")
+def test_checksum_mismatch_marks_the_host_incomplete_and_still_parses(tmp_path):
+    run = RunDir.create(tmp_path, "verify")
+    # two header lines and two samples: the first (averages since boot) is not a sample of the run
+    with vmstat_agent(run, lines=4) as agent:
         agent.stop()
         remote_dir = agent.remote_dir
         with open(Path(remote_dir) / "vmstat.txt", "r+b") as f:  # changed after MANIFEST.json was written
@@ -254,11 +279,7 @@ def test_checksum_mismatch_marks_the_host_incomplete_and_still_parses(tmp_path):
 @pytest.mark.skipif(not shutil.which("vmstat"), reason="vmstat (procps) not installed")
 def test_failed_final_fetch_marks_the_host_incomplete(tmp_path):
     run = RunDir.create(tmp_path, "gone")
-    with open_agent(HostPlan(collectors=["vmstat"]), run) as agent:
-        agent.preflight()
-        agent.start()
-        raw = Path(agent.remote_dir) / "vmstat.txt"
-        wait_for(lambda: raw.is_file() and raw.stat().st_size > 0, 10, "vmstat's first lines")
+    with vmstat_agent(run, lines=1) as agent:
         agent.fetch()
         agent.stop()
         shutil.rmtree(agent.remote_dir)
@@ -270,14 +291,18 @@ def test_failed_final_fetch_marks_the_host_incomplete(tmp_path):
     assert (run.host_dir("local") / "vmstat.csv").exists()  # what arrived before is still parsed
 
 
-def test_procfs_stands_in_for_pidstat_only_where_pidstat_cannot_run():
+def test_pidstat_stands_in_for_the_proc_sampler_only_where_the_python_agent_cannot_run():
     from agents import selection
 
     pidstat_ok = {"found": True, "rc": 0, "output": "sysstat version 12.6.1"}
-    with_pidstat = {"tools": {"pidstat": pidstat_ok}, "procfs": True}
-    sel = selection.select(with_pidstat, None, 123, AgentSettings(), "h")
-    assert "pidstat" in sel.enabled and "procfs" not in sel.enabled and "procfs" in sel.quiet
-    sel = selection.select({"tools": {"pidstat": {"found": False}}, "procfs": True}, None, 123, AgentSettings(), "h")
-    assert "procfs" in sel.enabled and "pidstat" in sel.skipped
-    sel = selection.select(with_pidstat, ["pidstat", "procfs"], 123, AgentSettings(), "h")  # listed: both run
+    python_host = {"tools": {"pidstat": pidstat_ok}, "procfs": True}
+    sel = selection.select(python_host, None, 123, AgentSettings(), "h")
+    assert "procfs" in sel.enabled and "pidstat" not in sel.enabled and "pidstat" in sel.quiet
+    spec = next(s for s in sel.specs if s.name == "procfs")  # threads read less often than the process
+    assert spec.params["thread_interval"] > spec.interval
+    shell_host = {"tools": {"pidstat": pidstat_ok}, "procfs": True, "samplers": []}  # remote.sh: no sampler
+    sel = selection.select(shell_host, None, 123, AgentSettings(), "h")
+    assert "pidstat" in sel.enabled and "procfs" in sel.skipped and "procfs" in sel.quiet
+    assert not any("procfs" in line for line in sel.news)  # the agent's note says what the shell agent lost
+    sel = selection.select(python_host, ["pidstat", "procfs"], 123, AgentSettings(), "h")  # listed: both run
     assert {"pidstat", "procfs"} <= set(sel.enabled)

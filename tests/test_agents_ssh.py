@@ -23,10 +23,10 @@ from kneeswarm.plan import HostPlan
 from kneeswarm.rundir import RunDir
 
 try:
-    from sshd_fixture import (REPO, SSHD, collector_pids, free_port, keygen, sshd, start_busy,  # noqa: F401
+    from sshd_fixture import (REPO, SSHD, busy_share, collector_pids, kernel_cpu, free_port, keygen, killed_controller, sshd, start_busy,  # noqa: F401
                               stop_proc, wait_until_gone)
 except ImportError:  # tests/ imported as a package
-    from tests.sshd_fixture import (REPO, SSHD, collector_pids, free_port, keygen, sshd, start_busy,  # noqa: F401
+    from tests.sshd_fixture import (REPO, SSHD, busy_share, collector_pids, kernel_cpu, free_port, keygen, killed_controller, sshd, start_busy,  # noqa: F401
                                     stop_proc, wait_until_gone)
 
 
@@ -50,12 +50,14 @@ def test_ssh_agent_records_fetches_verified_and_leaves_nothing(sshd, known_hosts
             facts = agent.preflight()
             assert facts["process"]["pid"] == busy.pid and facts["python"].startswith("3.")
             agent.start()
+            started = kernel_cpu(busy.pid)
             remote_dir, pids = agent.remote_dir, collector_pids(agent.start_status)
             assert remote_dir.startswith(".kneeswarm/runs/")
             time.sleep(3.5)
             agent.fetch()
-            assert (run.raw_dir("srv") / "pidstat.txt").stat().st_size > 0
+            assert (run.raw_dir("srv") / "procfs.jsonl").stat().st_size > 0
             time.sleep(1.0)
+            share = busy_share(started, kernel_cpu(busy.pid))
             agent.stop()
             agent.fetch(final=True)
             assert agent.fetch_info["verified"] and agent.fetch_info["files"] >= 5
@@ -68,7 +70,9 @@ def test_ssh_agent_records_fetches_verified_and_leaves_nothing(sshd, known_hosts
         stop_proc(busy)
     assert meta["transport"] == "ssh" and meta["clock"]["before"]["error"] < 0.01
     proc = pd.read_csv(run.host_dir("srv") / "process.csv")
-    assert len(proc) >= 3 and proc["cpu_pct"].median() > 50
+    # the spinning thread: near a core on a quiet machine, less when other work keeps both busy;
+    # against the kernel's own count for the process over the same seconds (within half of it)
+    assert len(proc) >= 3 and proc["cpu_pct"].median() > share / 2, (proc["cpu_pct"].tolist(), share)
     assert len(pd.read_csv(run.host_dir("srv") / "vmstat.csv")) >= 3
 
 
@@ -174,7 +178,8 @@ sys.path.insert(0, {repo!r})
 from kneeswarm.plan import HostPlan
 from kneeswarm.rundir import RunDir
 from agents import AgentSettings, open_agent
-plan = HostPlan(name="srv", ssh={target!r}, key_file={key!r}, known_hosts={kh!r}, pid={pid})
+plan = HostPlan(name="srv", ssh={target!r}, key_file={key!r}, known_hosts={kh!r}, pid={pid},
+                collectors=["pidstat", "vmstat", "procfs"])
 agent = open_agent(plan, RunDir({run!r}), AgentSettings(interval=1, max_duration=120, heartbeat_timeout=60))
 agent.preflight()
 agent.start()
@@ -186,35 +191,20 @@ time.sleep(120)
 def test_killed_controller_leaves_nothing_on_the_server(sshd, known_hosts, tmp_path):
     import json
     import shutil
-    import signal
-    import subprocess
-    import sys
     from pathlib import Path
 
     busy = start_busy()
     run = RunDir.create(tmp_path, "killed")
     code = CONTROLLER.format(repo=str(REPO), target=sshd.target, key=str(sshd.user_key), kh=str(known_hosts),
                              pid=busy.pid, run=str(run.path))
-    ctl = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    remote_dir = None
     try:
-        started = json.loads(ctl.stdout.readline())
-        remote_dir, pids = started["remote_dir"], collector_pids(started["status"])
-        assert {"pidstat", "vmstat"} <= set(pids)
-        time.sleep(1.0)
-        ctl.send_signal(signal.SIGKILL)
-        ctl.wait(timeout=5)
-        # the heartbeat timeout is 60 s: only the closed watch channel can stop it this soon
-        assert wait_until_gone(remote_dir, pids, 10.0) == []
-        status = json.loads((Path.home() / remote_dir / "status.json").read_text())
-        assert status["reason"].startswith("controller gone"), status["reason"]
+        with killed_controller(code, 10.0, lambda d: shutil.rmtree(Path.home() / Path(d).parent, ignore_errors=True)) \
+                as (remote_dir, left):
+            assert left == []  # the heartbeat timeout is 60 s: only the closed watch channel can stop it this soon
+            status = json.loads((Path.home() / remote_dir / "status.json").read_text())
+            assert status["reason"].startswith("controller gone"), status["reason"]
     finally:
-        if ctl.poll() is None:
-            ctl.kill()
-        ctl.stdout.close()
         stop_proc(busy)
-        if remote_dir:
-            shutil.rmtree(Path.home() / Path(remote_dir).parent, ignore_errors=True)
 
 
 def test_key_held_only_by_ssh_agent(sshd, known_hosts, tmp_path, monkeypatch):

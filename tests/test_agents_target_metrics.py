@@ -134,3 +134,41 @@ def test_run_writes_target_metrics_on_the_master_clock(start_demo_target, tmp_pa
     assert served[-1] > served[0]
     assert not (run.raw_dir("local") / "prometheus.jsonl").exists()  # not the agent's job any more
     assert "prometheus" not in meta["hosts"]["local"]["collectors"]
+
+
+def test_the_host_and_the_load_side_scrape_alike(tmp_path):
+    """One scraper (agents/remote/prometheus.py) behind both: the agent's sampler on a host and the
+    load side's PrometheusScraper give the same record for the same answers -- the text, an HTTP
+    error, and an answer over the size cap (a failed scrape in both, never a cut one)."""
+    import http.server
+
+    from agents.remote import PrometheusSampler
+    from agents.remote.defaults import PROMETHEUS_MAX_BYTES
+
+    bodies = {"/metrics": b"up 1\n", "/big": b"x" * (PROMETHEUS_MAX_BYTES + 1)}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            body = bodies.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.send_header("Content-Length", str(len(body or b"")))
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        for path, want in (("/metrics", {"text": "up 1\n"}), ("/nope", {"error": "HTTP 404"}),
+                           ("/big", {"error": f"answer larger than {PROMETHEUS_MAX_BYTES} bytes"})):
+            url = f"http://127.0.0.1:{srv.server_address[1]}{path}"
+            load_side = PrometheusScraper(url, tmp_path / "p.jsonl", timeout=5.0).scrape_once()
+            host = PrometheusSampler("prometheus", str(tmp_path / "h.jsonl"), 10.0, threading.Event(), url=url)
+            host_rec = host.sample(time.time())[0]
+            for rec in (load_side, host_rec):
+                assert {k: v for k, v in rec.items() if k in ("text", "error")} == want and rec["url"] == url, rec
+    finally:
+        srv.shutdown()
+        srv.server_close()

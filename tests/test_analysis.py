@@ -473,8 +473,10 @@ def test_sy_share_active_threads_from_procfs_tables(tmp_path):
     secs = np.arange(T0, T0 + 3 * (RAMP + HOLD), 1.0)
     users_at = np.array([1, 2, 4])[((secs - T0) // (RAMP + HOLD)).astype(int)]
     busy = users_at / 4
-    write_csv(hd / "process.procfs.csv", ("t", "pid", "cpu_pct", "usr_pct", "sys_pct", "threads", "migrations_s"),
-              zip(secs, [7] * len(secs), 300 * busy, 270 * busy, 30 * busy, users_at + 2, 3 * users_at))
+    write_csv(hd / "process.procfs.csv", ("t", "pid", "cpu_pct", "usr_pct", "sys_pct", "threads", "migrations_s",
+                                          "io_read_kb_s", "io_write_kb_s"),
+              zip(secs, [7] * len(secs), 300 * busy, 270 * busy, 30 * busy, users_at + 2, 3 * users_at,
+                  0 * users_at, 64 * users_at))
     rows = [(t, tid, "python3", 75.0 if tid <= n else 1.0) for t, n in zip(secs, users_at) for tid in range(1, n + 3)]
     write_csv(hd / "threads.procfs.csv", ("t", "tid", "name", "cpu_pct"), rows)
     s = analysis.analyze(rd.path)
@@ -486,6 +488,9 @@ def test_sy_share_active_threads_from_procfs_tables(tmp_path):
     md = (rd.report_dir / "summary.md").read_text()
     assert "| proc sy share | threads | active threads | top thread % | migrations/s |" in md
     assert "| 10% | 6 | 4.0 | 75 | 12.0 |" in md
+    # the service's own disk IO (the /proc sampler reads /proc/PID/io): its own columns
+    assert [x["io_write_kb_s"] for x in srv] == [64.0, 128.0, 256.0] and [x["io_read_kb_s"] for x in srv] == [0, 0, 0]
+    assert "| migrations/s | proc read kB/s | proc write kB/s |" in md and "| 12.0 | 0 | 256 |" in md
     html = (rd.report_dir / "index.html").read_text()
     assert "server-1: threads (active" in html
 
@@ -514,3 +519,57 @@ def test_per_request_timeline_stays_downsampled(tmp_path):
     req = rd.read_requests()
     ps = per_second(req, T0)
     assert len(req) > 2000 and len(ps) <= 2 * (RAMP + HOLD) + 2  # one row per second, not per request
+
+
+# -- threads.csv read a chunk at a time (issue 20 §1: bounded memory) ---------------------------
+FIXTURES = Path(__file__).parent / "fixtures" / "collectors"
+
+
+@pytest.mark.parametrize("collector,fixture", [("pidstat", "pidstat-12.6.1-t.txt"), ("pidstat", "pidstat-12.6.1-d-t.txt"),
+                                               ("procfs", "procfs-psutil.jsonl")])
+@pytest.mark.parametrize("chunk_rows", [1, 3, 7, 1_000_000])
+def test_thread_samples_read_in_chunks_equal_the_whole_table(tmp_path, collector, fixture, chunk_rows):
+    """Recorded thread tables: the chunked read's per-sample figures equal numpy's over the whole
+    table and the whole-table path's (pd.read_csv, then active_threads), chunks splitting samples."""
+    from analysis.inputs import _sorted_by_t, read_thread_samples
+    from analysis.serverstats import ACTIVE_THREAD_CPU_PCT, active_threads
+    from collectors import parse_raw_file
+    from kneeswarm.rundir import write_csv
+
+    table = parse_raw_file(collector, FIXTURES / fixture).frames["threads"]
+    assert len(table) > 10 and table["t"].nunique() > 2
+    path = tmp_path / "threads.csv"
+    write_csv(path, list(table.columns), table.itertuples(index=False, name=None))
+    got = read_thread_samples(path, chunk_rows)
+    whole = active_threads(_sorted_by_t(pd.read_csv(path)))
+    raw = pd.read_csv(path)  # numpy over the rows: per sample time, threads at >= 5 % and the busiest
+    t_all, cpu = raw["t"].to_numpy(float), raw["cpu_pct"].to_numpy(float)
+    t, inv = np.unique(t_all, return_inverse=True)
+    top = np.full(len(t), -np.inf)
+    np.maximum.at(top, inv, cpu)
+    active = np.bincount(inv, weights=(cpu >= ACTIVE_THREAD_CPU_PCT).astype(float), minlength=len(t))
+    for frame in (got, whole):
+        assert np.array_equal(frame["t"].to_numpy(float), t)
+        assert np.array_equal(frame["active_threads"].to_numpy(float), active)
+        assert np.array_equal(frame["top_thread_cpu_pct"].to_numpy(float), top)
+    assert active_threads(got) is got  # per-sample figures pass through to the windows and the report
+
+
+def test_thread_table_torn_or_without_cpu_reads_as_the_whole_table(tmp_path, monkeypatch):
+    """A torn line after the first chunk makes the table unreadable (said, counted) as a whole read
+    does; a table with t but no cpu_pct stands for the threads table with no samples."""
+    from analysis.inputs import read_host_table
+    from kneeswarm.rundir import WarningLog
+
+    torn = tmp_path / "threads.csv"
+    torn.write_text("t,tid,name,cpu_pct\n" + "".join(f"{T0 + k},{k % 4},w,{k % 50}\n" for k in range(40)) + "1,2,3,4,5,6\n")
+    monkeypatch.setattr("analysis.inputs.THREAD_CHUNK_ROWS", 8)
+    warnings, lost = WarningLog(), {}
+    with pytest.raises(pd.errors.ParserError):
+        pd.read_csv(torn)
+    assert read_host_table("threads", torn, "hosts/h/threads.csv", warnings, lost) is None
+    assert lost == {"host_csvs": 1} and "hosts/h/threads.csv: unreadable" in " ".join(warnings.items)
+    no_cpu = tmp_path / "threads2.csv"
+    no_cpu.write_text("t,tid\n1.0,2\n")
+    got = read_host_table("threads", no_cpu, "x", WarningLog(), {})
+    assert got is not None and got.empty

@@ -10,7 +10,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.requestscan import Chunk, RequestScan, scan_parts, timeline_bin, TIMELINE_MAX_BINS
+from analysis.findings.validity import LITTLE_TOLERANCE, littles_law_reason
+from analysis.requestscan import Chunk, RequestScan, scan_frame, scan_parts, timeline_bin, TIMELINE_MAX_BINS
 from kneeswarm.rundir import RunDir
 
 T0 = 1_700_000_000.0
@@ -46,7 +47,10 @@ def expected_steps(df: pd.DataFrame) -> list[dict]:
         lo, hi = r["t_steady"] + SETTLE, r["t_end"]
         win = df[(df["t_start"] >= lo) & (df["t_start"] < hi)]
         lat = win.loc[win["ok"], "latency_ms"].to_numpy()
-        out.append({"requests": len(win), "qps": len(lat) / (hi - lo), "mean_ms": lat.mean(),
+        # every row's time in flight inside the window (its latency, failed or not), over the window
+        done = df["t_start"] + df["latency_ms"] / 1000
+        inside = (np.minimum(done, hi) - np.maximum(df["t_start"], lo)).clip(lower=0).sum()
+        out.append({"in_flight": inside / (hi - lo), "requests": len(win), "qps": len(lat) / (hi - lo), "mean_ms": lat.mean(),
                     "p50_ms": np.percentile(lat, 50), "p99_ms": np.percentile(lat, 99),
                     "p999_ms": np.percentile(lat, 99.9),
                     "errors": win.loc[~win["ok"], "error"].value_counts().sort_index().to_dict(),
@@ -63,8 +67,8 @@ def test_shuffled_overlapping_parts_give_numpy_statistics_and_timeline(tmp_path)
     assert scan.requests == len(df) and scan.ok == int(df["ok"].sum()) and not scan.unreadable
     for got, want, workers in zip(scan.stats.to_dict("records"), expected_steps(df), scan.workers):
         assert got["requests"] == want["requests"] and got["errors"] == want["errors"]
-        for k in ("qps", "mean_ms", "p50_ms", "p99_ms", "p999_ms"):
-            assert got[k] == pytest.approx(want[k], rel=1e-12), k
+        for k in ("qps", "mean_ms", "p50_ms", "p99_ms", "p999_ms", "in_flight"):
+            assert got[k] == pytest.approx(want[k], rel=1e-9), k
         assert workers == want["workers"]
     # the timeline: per 1-s bin of completion time, by pandas on all rows at once
     done = df["t_start"] + df["latency_ms"] / 1000
@@ -74,6 +78,31 @@ def test_shuffled_overlapping_parts_give_numpy_statistics_and_timeline(tmp_path)
     assert tl["qps"].sum() == df["ok"].sum() and tl["errors_s"].sum() == (~df["ok"]).sum()
     np.testing.assert_allclose(tl.loc[p99.index, "p99_ms"].to_numpy(), p99.to_numpy(), rtol=1e-12)
     assert scan.t0 == T0  # the first ramp
+
+
+def test_in_flight_is_the_users_of_a_closed_loop_whose_answers_come_in_bursts():
+    # 4 users that never pause, each request served when a 500 ms period releases it (a CPU quota's
+    # pattern): latencies of 1 ms to 499 ms, answers in bursts at the period edges.  Every user is
+    # busy all the time, so the time-average in flight is exactly 4 on any window; X·R, from the
+    # requests that started in a 2.45 s window, misses by a burst (here by more than Little's 10 %).
+    rng = np.random.default_rng(7)
+    t, lat = [], []
+    for _ in range(4):
+        now = T0
+        while now < T0 + 12:
+            wait = 0.5 - (now - T0) % 0.5 or 0.5  # to the next period edge
+            take = rng.choice([0.001, wait])  # in this period, or at its edge
+            t.append(now)
+            lat.append(take * 1000.0)
+            now += take
+    df = pd.DataFrame({"t_start": t, "latency_ms": lat, "ok": True, "step": 0, "worker": "w1"})
+    steps = pd.DataFrame({"index": [0], "users": [4], "t_ramp": [T0], "t_steady": [T0 + 1.3], "t_end": [T0 + 4.0]})
+    got = scan_frame(df, steps, 0.25).stats.iloc[0]
+    assert got["in_flight"] == pytest.approx(4.0, rel=1e-9)
+    x_r = got["rps"] * got["mean_ms"] / 1000.0
+    assert abs(x_r / 4 - 1) > LITTLE_TOLERANCE  # the estimate would have called this loop not held
+    assert littles_law_reason(4, got["rps"], got["mean_ms"]) is not None
+    assert littles_law_reason(4, got["rps"], got["mean_ms"], in_flight=got["in_flight"]) is None
 
 
 def test_a_finished_step_is_freed_before_the_last_part():

@@ -50,10 +50,19 @@ def test_littles_law_step_that_did_not_hold_the_load_is_invalid_and_out_of_knee_
     window = HOLD - SETTLE
     in_system = len(rows) / window * rows.loc[rows["ok"], "latency_ms"].mean() / 1000.0
     assert in_system / 8 == pytest.approx(0.5, abs=0.05)
+    # the number the check reads: the time-average in flight over the window, by numpy over every
+    # row (a request that started before the window counts for its part inside it)
+    st = s["steps"][3]
+    lo, hi = st["t_lo"], st["t_hi"]
+    every = steady_rows(rd, 3, whole=True)
+    done = every["t_start"] + every["latency_ms"] / 1000.0
+    in_flight = (np.minimum(done, hi) - np.maximum(every["t_start"], lo)).clip(lower=0).sum() / (hi - lo)
+    assert st["in_flight"] == pytest.approx(in_flight, rel=1e-9)
+    assert in_flight / 8 == pytest.approx(0.5, abs=0.05)
     bad = s["steps"][3]
     assert bad["valid"] is False
     assert len(bad["reasons"]) == 1 and bad["reasons"][0].startswith("Little's law:")
-    assert f"users busy of 8 ({in_system / 8:.0%})" in bad["reasons"][0]
+    assert f"users busy of 8 ({in_flight / 8:.0%})" in bad["reasons"][0]
     assert all(st["valid"] and st["reasons"] == [] for i, st in enumerate(s["steps"]) if i != 3)
     # the fit uses only the 4 valid steps: the least-squares fit (numpy, tests/usl_truth.py) of their
     # points alone, their QPS counted from the rows
@@ -109,7 +118,7 @@ def test_worker_clock_error_from_generator_clocks_json(tmp_path):
 
 
 def test_findings_and_usl_in_summary_json_and_reports(tmp_path):
-    rd = make_run(tmp_path, retrograde(), users=(1, 2, 4, 8, 16, 32))
+    rd = make_run(tmp_path, retrograde(), users=(1, 2, 4, 8, 16, 32), migrations_per_user=50.0)
     analysis.analyze(rd.path)
     s = strict_json(rd.report_dir / "summary.json")
     window = HOLD - SETTLE
@@ -118,7 +127,8 @@ def test_findings_and_usl_in_summary_json_and_reports(tmp_path):
     assert set(retro) == {"id", "severity", "steps", "evidence", "text", "advice"}
     assert retro["evidence"]["peak_users"] == 16 and retro["evidence"]["users"] == 32
     assert retro["evidence"]["drop"] == pytest.approx(1 - qps[32] / qps[16], abs=1e-3)
-    # the story's host: cs/s = 1000 x users (4x from 8 to 32 users), migrations 5/s x users
+    # the story's host: cs/s = 1000 x users (4x from 8 to 32 users), migrations 50/s x users (at 3 CPUs:
+    # past 100 per CPU-second from 8 users)
     assert {f["id"] for f in s["findings"]} == {"retrograde", "switch_storm", "migrations_high"}
     expected = usl_lstsq(list(qps), list(qps.values()))  # numpy least squares on the rows' QPS
     assert s["usl"]["kappa"] == pytest.approx(expected["kappa"], rel=1e-3)

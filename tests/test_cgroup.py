@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -24,9 +25,10 @@ import pytest
 from analysis.findings import explain
 from analysis.hostfacts import host_facts, service_limits
 from collectors import get
+from tests.conftest import release_cgroups
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "agents"))
-import remote  # noqa: E402  (the agent is one stdlib file, imported by path as it runs)
+import remote  # noqa: E402  (the agent package, imported under the name its zipapp gives it)
 
 FIX = Path(__file__).parent / "fixtures"
 V2 = FIX / "cgroup-v2"
@@ -205,7 +207,8 @@ def test_cpu_rules_judge_against_the_cpus_the_service_may_use():
 
 
 # -- real runs --------------------------------------------------------------------------------
-CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
+CGROUP_V1 = Path("/sys/fs/cgroup")
+CPU_CGROUP = CGROUP_V1 / "cpu"
 HALF_CPU_QUOTA_US, PERIOD_US = 50000, 100000
 # cpu.shares well above the default 1024: the quota still caps the group at half a CPU, but on
 # this shared 2-core machine the group reaches that cap however busy the other tests keep it
@@ -284,6 +287,7 @@ def kernel_vs_summary(run_dir: Path, log: CpuStatLog, summary: dict) -> list[tup
     return out
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_half_cpu_quota_is_throttling_and_cpu_rules_count_half_a_cpu(half_cpu_cgroup, start_demo_target, tmp_path):
     from tests.conftest import read_summary, run_cli
@@ -341,3 +345,59 @@ def test_no_quota_no_throttling(knee_run):
     services = [f["service"] for f in summary["hosts"].values() if "cgroup_version" in f.get("service", {})]
     assert services and all(s["bound"] == "host" and s["cpus"] == os.cpu_count() for s in services)
     assert "cpu_throttled" not in {f["id"] for f in summary["findings"]}
+
+
+@pytest.fixture
+def cpu_and_cpuacct_apart():
+    """The same new group in the v1 cpu and cpuacct hierarchies, mounted apart (as on this
+    machine: /sys/fs/cgroup/cpu and /sys/fs/cgroup/cpuacct), the cpu one with half a CPU of quota;
+    skipped where they are not two hierarchies or root cannot make the groups."""
+    acct_root = CGROUP_V1 / "cpuacct"
+    if not (acct_root / "cpuacct.usage").exists() or (CPU_CGROUP / "cpuacct.usage").exists():
+        pytest.skip("needs cgroup v1 with cpu and cpuacct mounted apart")
+    name = f"kneeswarm-test-{uuid.uuid4().hex[:8]}"
+    made = []
+    try:
+        for root in (CPU_CGROUP, acct_root):
+            (root / name).mkdir()
+            made.append(root / name)
+    except OSError as e:
+        pytest.skip(f"cannot create cgroups (needs root): {e}")
+    try:
+        (CPU_CGROUP / name / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+        (CPU_CGROUP / name / "cpu.cfs_quota_us").write_text(str(HALF_CPU_QUOTA_US))
+        yield made[0], made[1]
+    finally:
+        release_cgroups(made)
+
+
+def test_v1_cpu_and_cpuacct_mounted_apart_give_the_quota_and_the_groups_cpu_time(cpu_and_cpuacct_apart, tmp_path):
+    # A busy process under half a CPU.  Joined to the cpu group alone (its cpuacct group the root:
+    # the whole host's time) the sampler reads the quota and no CPU time; joined to the same group
+    # in both it reads that group's cpuacct.usage: the kernel's counter, read by the test around it.
+    cpu_dir, acct_dir = cpu_and_cpuacct_apart
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        (cpu_dir / "cgroup.procs").write_text(str(burner.pid))
+        s = remote.CgroupSampler("cgroup", str(tmp_path / "cgroup.jsonl"), 1.0, threading.Event(), pid=burner.pid)
+        s.setup()
+        [alone] = s.sample(time.time())
+        assert alone["quota_us"] == HALF_CPU_QUOTA_US and alone["cpu_dir"] == str(cpu_dir)
+        assert "usage_ns" not in alone, alone  # not the root's (the host's) time
+        (acct_dir / "cgroup.procs").write_text(str(burner.pid))
+        rows, kernel = [], []
+        for _ in range(2):
+            before = int((acct_dir / "cpuacct.usage").read_text())
+            [row] = s.sample(time.time())
+            kernel.append((before, int((acct_dir / "cpuacct.usage").read_text())))
+            rows.append(row)
+            time.sleep(1.0)
+    finally:
+        burner.kill()
+        burner.wait()
+    for row, (lo, hi) in zip(rows, kernel):
+        assert row["quota_us"] == HALF_CPU_QUOTA_US and lo <= row["usage_ns"] <= hi, (row, lo, hi)
+    table = get("cgroup").parse("\n".join(json.dumps(r) for r in rows)).frames["cgroup"]
+    used = table["usage_cpus"].iloc[-1]
+    assert used == pytest.approx((rows[1]["usage_ns"] - rows[0]["usage_ns"]) / 1e9 / (rows[1]["t"] - rows[0]["t"]))
+    assert 0.2 < used <= 0.55, used  # at most the half CPU of its quota (less on this busy host)

@@ -6,19 +6,12 @@ import pytest
 
 from kneeswarm import cli, conductor
 
-from conftest import run_cli
+from conftest import one_error_line, run_cli
 
 
 @pytest.fixture(autouse=True)
 def quick_health(monkeypatch):
     monkeypatch.setattr(conductor, "HEALTH_TIMEOUT", 1.0)
-
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    assert "Traceback" not in err[0]
-    return err[0]
 
 
 def test_plan_with_unknown_key(tmp_path, capsys):
@@ -82,6 +75,15 @@ def test_console_script_help_documents_every_run_flag():
     for flag in ("--target", "--protocol", "--model", "--steps", "--hold", "--ramp", "--settle", "--workers",
                  "--pid", "--process", "--out", "--name"):
         assert flag in res.stdout
+
+
+def test_help_speaks_to_users_not_of_the_code_s_floors(capsys):
+    # The parser's description is the module docstring's first paragraph: no developer's plan in it.
+    for command in ([], ["run"], ["demo"], ["analyze"], ["compare"], ["history"], ["worker"]):
+        with pytest.raises(SystemExit):
+            cli.main([*command, "--help"])
+        out = capsys.readouterr().out
+        assert out.startswith("usage: kneeswarm") and "floor" not in out.lower(), (command, out)
 
 
 def test_demo_target_that_fails_to_start_is_one_error_not_a_hang():

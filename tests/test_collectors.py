@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 import collectors
 from agents.remote import SAMPLERS
 from collectors import COLLECTORS, Parsed, get, parse_raw
-from collectors.base import (GPU_COLUMNS, GPU_PROC_COLUMNS, PROCESS_COLUMNS, THREAD_COLUMNS,
-                             VMSTAT_COLUMNS)
+from collectors.base import (GPU_COLUMNS, GPU_PROC_COLUMNS, MIGRATIONS_KERNEL, MIGRATIONS_SAMPLED, PROCESS_COLUMNS,
+                             THREAD_COLUMNS, VMSTAT_COLUMNS)
 from collectors.prometheus import parse_exposition, scrapes_to_frame
 from conftest import wait_for
 
@@ -43,6 +43,7 @@ FIXTURES: dict[str, list[Path]] = {
     "procfs": [FIX / "procfs-psutil.jsonl"],
     "prometheus": [FIX / "prometheus-client-0.x.jsonl"],
     "cgroup": [FIX / "cgroup-v1-recorded.jsonl"],
+    "fds": [FIX / "fds-recorded.jsonl"],  # agents/remote/ FdSampler on a process opening 4 sockets
 }
 
 
@@ -74,7 +75,7 @@ def test_registry_holds_every_collector_with_the_same_interface():
 
 def test_commands_are_the_documented_ones():
     argv, env = get("pidstat").command(42, 1)
-    assert argv == ["pidstat", "-H", "-h", "-u", "-r", "-w", "-t", "-p", "42", "1"]
+    assert argv == ["pidstat", "-H", "-h", "-u", "-r", "-w", "-d", "-t", "-p", "42", "1"]
     assert env["S_TIME_FORMAT"] == "ISO" and env["LC_ALL"] == "C"
     assert get("pidstat").command(42, 2.0, version="11.2.0")[0][1] == "-h"  # no -H before 11.6
     assert get("vmstat").command(None, 1)[0] == ["vmstat", "-n", "-t", "-w", "1"]
@@ -113,6 +114,24 @@ def test_pidstat_threads_fixture_process_and_thread_tables():
     assert spin0["tid"] == 4043 and spin0["cpu_pct"] == 48.0 and spin0["core"] == 0
     assert set(thr["name"]) == {"python", "spin0", "spin1", "spin2"}
     assert len(thr) == 24
+
+
+def test_pidstat_disk_io_of_the_process_and_its_threads_blocked_on_it():
+    # recorded with -d: the process row's kB_wr/s is the thread group's (fsync0's), its iodelay the
+    # main thread's only (0): io_delay_pct sums the thread rows' ticks (USER_HZ 100, 1 s intervals)
+    p = parse_raw("pidstat", read(FIX / "pidstat-12.6.1-d-t.txt"))
+    proc = p.frames["process"]
+    assert p.skipped == 0 and list(proc.columns) == PROCESS_COLUMNS and len(proc) == 4
+    assert list(proc["io_write_kb_s"]) == [64256.0, 64780.0, 70912.0, 64260.0]
+    assert list(proc["io_read_kb_s"]) == [0.0, 4.0, 0.0, 4.0]
+    assert list(proc["io_delay_pct"]) == [9.0, 19.0, 11.0, 12.0]
+    assert list(proc["threads"]) == [3.0] * 4 and proc["wait_pct"].iloc[0] == 87.0
+    # without -d the columns are there, NaN; pidstat's -1 (no access to /proc/PID/io) is NaN too
+    old = parse_raw("pidstat", read(FIX / "pidstat-12.6.1-t.txt")).frames["process"]
+    assert old[["io_read_kb_s", "io_write_kb_s", "io_delay_pct"]].isna().all().all()
+    denied = read(FIX / "pidstat-12.6.1-d-t.txt").replace("64256.00      0.00       0", "-1.00     -1.00      -1")
+    first = parse_raw("pidstat", denied).frames["process"].iloc[0]
+    assert math.isnan(first["io_write_kb_s"]) and first["io_delay_pct"] == 9.0
 
 
 def test_pidstat_migrations_count_threads_that_changed_core():
@@ -172,6 +191,74 @@ def test_pidstat_sectioned_output_is_merged_by_time_and_task():
     shifted = parse_raw("pidstat", read(FIX / "pidstat-12.6.1-sections.txt"),
                         tz=timezone(timedelta(hours=2)))
     assert shifted.frames["process"]["t"].iloc[0] == 1796002341.0 - 7200
+
+
+PIDSTAT_RECORDED = [FIX / "pidstat-12.6.1-t.txt", FIX / "pidstat-12.6.1-d-t.txt", FIX / "pidstat-12.6.1-sections.txt",
+                    FIX / "pidstat-12.6.1.txt", FIX / "pidstat-10.1.5-t-handmade.txt"]
+
+
+@pytest.mark.parametrize("path", PIDSTAT_RECORDED, ids=lambda p: p.name)
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_pidstat_read_in_pieces_equals_the_whole_text(path, newline, tmp_path, monkeypatch):
+    """The file read 97 characters at a time (collectors.parse_raw_file: every piece cuts lines,
+    CR LF pairs too), and the stream fed whole lines a few at a time with the closed intervals
+    taken after each (the live view's way), give exactly the tables of the whole text at once."""
+    from collectors import parse_raw_file
+    from collectors import pidstat as ps
+
+    text = read(path).replace("\n", newline)
+    whole = parse_raw("pidstat", text)
+    assert len(whole.frames["process"]) >= 3  # the value tests above check these tables
+    monkeypatch.setattr(ps, "LINES_CHUNK", 97)
+    (tmp_path / "pidstat.txt").write_bytes(text.encode())
+    chunked = parse_raw_file("pidstat", tmp_path / "pidstat.txt")
+    stream, taken = ps.PidstatStream(timezone.utc), []
+    lines = text.splitlines(keepends=True)
+    for k in range(0, len(lines), 5):
+        stream.feed_text("".join(lines[k:k + 5]))
+        taken.append(stream.take(final=False))
+        assert len(taken[-1].frames["process"]) < len(whole.frames["process"])  # the open interval is held
+    taken.append(stream.take())
+    joined = {t: pd.concat([p.frames[t] for p in taken if len(p.frames[t])] or [taken[-1].frames[t]],
+                           ignore_index=True) for t in ("process", "threads")}
+    for got in (chunked, Parsed(joined, stream.lines, stream.skipped)):
+        assert (got.lines, got.skipped) == (whole.lines, whole.skipped)
+        for table in ("process", "threads"):
+            pd.testing.assert_frame_equal(got.frames[table], whole.frames[table], check_index_type=False)
+
+
+def test_live_parse_appends_new_intervals_and_starts_again_on_a_new_clock(tmp_path):
+    """collectors.parsed.LiveParse on a recorded file arriving in two pieces, the first cut inside a
+    line: the second update reads only from that line on; the CSV is the whole file's parse less its
+    last interval (still open); another clock offset writes it anew from the first byte."""
+    from collectors.parsed import LiveParse, write_parsed_csvs
+    from kneeswarm.rundir import RunDir
+
+    run = RunDir(tmp_path / "run")
+    raw = run.raw_dir("h")
+    raw.mkdir(parents=True)
+    data = read(FIX / "pidstat-12.6.1-t.txt").encode()
+    cut = data.index(b"\n", len(data) // 2) + 20
+    (raw / "pidstat.txt").write_bytes(data[:cut])
+    live = LiveParse(run, "h")
+    live.update(0.0, ["pidstat"])
+    fed = live.offset
+    assert live.bytes_read == cut and fed == data.rindex(b"\n", 0, cut) + 1
+    (raw / "pidstat.txt").write_bytes(data)
+    live.update(0.0, ["pidstat"])
+    assert live.bytes_read == len(data) - fed
+    got = {t: pd.read_csv(run.host_dir("h") / f"{t}.csv") for t in ("process", "threads")}
+    whole = parse_raw("pidstat", data.decode())
+    last = whole.frames["process"]["t"].max()
+    assert len(got["process"]) == len(whole.frames["process"]) - 1 == 5
+    for t in ("process", "threads"):
+        pd.testing.assert_frame_equal(got[t], whole.frames[t][whole.frames[t]["t"] < last], check_dtype=False)
+    live.update(2.0, ["pidstat"])
+    assert live.bytes_read == len(data)
+    shifted = pd.read_csv(run.host_dir("h") / "threads.csv")
+    assert len(shifted) == len(got["threads"]) and (got["threads"]["t"] - shifted["t"] == 2.0).all()
+    write_parsed_csvs(run, "h", 2.0, ["pidstat"])  # the final parse: every interval
+    assert len(pd.read_csv(run.host_dir("h") / "process.csv")) == 6
 
 
 def test_pidstat_sysstat10_format_handmade():
@@ -305,10 +392,11 @@ def test_procfs_differences_counters_into_rates():
     lines = [
         '{"t": 100.0, "pid": 7, "utime": 1000, "stime": 100, "clk_tck": 100, "rss_kb": 2048,'
         ' "vsz_kb": 4096, "threads": 2, "vol_cs": 10, "invol_cs": 5, "minflt": 0, "majflt": 0,'
-        ' "ncpu": 4, "wait_ns": 0, "tasks": [[7, "m", 0, 0, 0, 1, 1], [8, "w", 1000, 100, 1, 9, 4]]}',
+        ' "ncpu": 4, "wait_ns": 0, "read_bytes": 0, "write_bytes": 1048576,'
+        ' "tasks": [[7, "m", 0, 0, 0, 1, 1], [8, "w", 1000, 100, 1, 9, 4]]}',
         '{"t": 102.0, "pid": 7, "utime": 1300, "stime": 120, "clk_tck": 100, "rss_kb": 3072,'
         ' "vsz_kb": 4096, "threads": 2, "vol_cs": 210, "invol_cs": 45, "minflt": 50, "majflt": 2,'
-        ' "ncpu": 4, "wait_ns": 400000000, "tasks": [[7, "m", 0, 0, 0, 1, 1],'
+        ' "ncpu": 4, "wait_ns": 400000000, "read_bytes": 8192, "write_bytes": 1310720, "tasks": [[7, "m", 0, 0, 0, 1, 1],'
         ' [8, "w", 1300, 120, 3, 209, 44]]}',
         'not json', '{"t": 103.0, "pid": 7, "utime": 5}',
     ]
@@ -320,11 +408,82 @@ def test_procfs_differences_counters_into_rates():
     assert r["sys_pct"] == 10.0 and r["wait_pct"] == 20.0 and r["rss_mb"] == 3.0
     assert r["cswch_s"] == 100.0 and r["nvcswch_s"] == 20.0 and r["minflt_s"] == 25.0
     assert r["migrations_s"] == 0.5 and r["threads"] == 2
+    # /proc/PID/io read_bytes, write_bytes: kB/s as pidstat -d gives them (8 KiB, 256 KiB in 2 s)
+    assert r["io_read_kb_s"] == 4.0 and r["io_write_kb_s"] == 128.0 and math.isnan(r["io_delay_pct"])
     thr = p.frames["threads"]
     w = thr[thr["tid"] == 8].iloc[0]
     assert w["cpu_pct"] == 160.0 and w["core"] == 3 and w["name"] == "w"
     # a counter that went down (5 < 1300) or is missing gives NaN, never a negative rate
     assert math.isnan(proc.iloc[1]["cpu_pct"]) and math.isnan(proc.iloc[1]["sys_pct"])
+    assert math.isnan(proc.iloc[1]["io_write_kb_s"])  # /proc/PID/io not read (no permission): not recorded
+
+
+def test_procfs_thread_sums_and_threads_over_the_span_between_thread_samples():
+    # threads read every 2nd sample (THREAD_INTERVAL): the process's own counters every second,
+    # the sums and the thread rows over the 2 s between two thread samples (rates by hand below)
+    base = '"pid": 7, "clk_tck": 100, "rss_kb": 1024, "vsz_kb": 2048, "threads": 2, "minflt": 0, "majflt": 0'
+    lines = [
+        '{"t": 10.0, %s, "utime": 0, "stime": 0, "read_bytes": 0, "write_bytes": 0, "vol_cs": 0,'
+        ' "invol_cs": 0, "wait_ns": 0, "blkio_ticks": 0, "tasks": [[8, "w", 0, 0, 0, 0, 0]]}' % base,
+        '{"t": 11.0, %s, "utime": 50, "stime": 0, "read_bytes": 1024, "write_bytes": 4096}' % base,
+        '{"t": 12.0, %s, "utime": 100, "stime": 20, "read_bytes": 2048, "write_bytes": 8192, "vol_cs": 40,'
+        ' "invol_cs": 6, "wait_ns": 100000000, "blkio_ticks": 30, "tasks": [[8, "w", 90, 10, 1, 40, 6]]}' % base,
+    ]
+    p = get("procfs").parse("\n".join(lines))
+    proc = p.frames["process"].set_index("t")
+    assert list(proc.index) == [11.0, 12.0] and p.skipped == 0
+    assert proc.loc[11.0, "cpu_pct"] == 50.0 and proc.loc[12.0, "cpu_pct"] == 70.0  # (100-50 + 20) ticks in 1 s
+    assert proc.loc[11.0, "io_read_kb_s"] == 1.0 and proc.loc[12.0, "io_write_kb_s"] == 4.0
+    for col in ("cswch_s", "nvcswch_s", "wait_pct", "io_delay_pct", "migrations_s"):  # no thread sample at 11
+        assert math.isnan(proc.loc[11.0, col]), col
+    assert proc.loc[12.0, "cswch_s"] == 20.0 and proc.loc[12.0, "nvcswch_s"] == 3.0  # 40 and 6 over 2 s
+    assert proc.loc[12.0, "wait_pct"] == 5.0  # 0.1 s of run delay in 2 s
+    assert proc.loc[12.0, "io_delay_pct"] == 15.0  # 30 ticks = 0.3 s blocked in 2 s
+    assert proc.loc[12.0, "migrations_s"] == 0.5  # one thread moved from core 0 to 1 in 2 s
+    thr = p.frames["threads"]
+    assert list(thr["t"]) == [12.0] and thr.iloc[0]["cpu_pct"] == 50.0 and thr.iloc[0]["cswch_s"] == 20.0
+
+
+def test_procfs_read_in_pieces_gives_the_whole_files_tables():
+    # the live view feeds what each fetch added: the pieces' rows, one after another, are the
+    # rows of the whole file read at once (the counters carried over each cut, wherever it falls)
+    from collectors.procfs import ProcfsStream
+
+    text = read(FIX / "procfs-psutil.jsonl")
+    whole = get("procfs").parse(text)
+    lines = text.splitlines(keepends=True)
+    stream = ProcfsStream()
+    got = {"process": [], "threads": []}
+    edges = [0, 1, 2, len(lines) // 2, len(lines) - 1, len(lines)]
+    for a, b in zip(edges, edges[1:]):
+        stream.feed_text("".join(lines[a:b]))
+        for table, df in stream.take(final=False).frames.items():
+            got[table].append(df)
+    for table in ("process", "threads"):
+        pieced = pd.concat(got[table], ignore_index=True)
+        assert len(pieced) == len(whole.frames[table]) > 0, table
+        pd.testing.assert_frame_equal(pieced, whole.frames[table].reset_index(drop=True), check_dtype=False)
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+@pytest.mark.parametrize("piece", [97, 1 << 22])
+def test_procfs_file_read_in_pieces_equals_the_whole_text(newline, piece, tmp_path):
+    """collectors.parse_raw_file reads procfs.jsonl ``piece`` characters at a time (every piece
+    cutting lines, CR LF pairs too), a malformed line, a bad byte and a last line without its
+    newline among them: exactly the tables, dtypes and line counts of the whole text at once."""
+    from collectors import parse_raw_file
+    from collectors.procfs import parse_procfs_file
+
+    lines = read(FIX / "procfs-psutil.jsonl").splitlines()
+    text = newline.join(lines[:3] + ["not json", '{"t": "x"}'] + lines[3:])
+    data = text.encode().replace(b'"spin1"', b'"spin\xff1"')  # not UTF-8: replaced, as the whole read does
+    (tmp_path / "procfs.jsonl").write_bytes(data)
+    whole = parse_raw("procfs", data.decode("utf-8", "replace"))
+    assert len(whole.frames["threads"]) > 10 and whole.skipped == 2
+    for got in (parse_raw_file("procfs", tmp_path / "procfs.jsonl"), parse_procfs_file(tmp_path / "procfs.jsonl", piece)):
+        assert (got.lines, got.skipped, got.error) == (whole.lines, whole.skipped, None)
+        for table in ("process", "threads"):
+            pd.testing.assert_frame_equal(got.frames[table], whole.frames[table], check_index_type=False)
 
 
 def test_procfs_recorded_by_psutil_sampler():
@@ -484,3 +643,28 @@ def test_every_parser_survives_mutated_fixtures(data):
             fields[k] = data.draw(GARBAGE)
             lines[i] = sep.join(fields)
     _check(_parse_checked(name, "\n".join(lines)), name)
+
+
+def test_procfs_migrations_by_the_kernels_counter_per_thread():
+    # tasks carry se.nr_migrations (8th field): migrations_s is its increase summed over the threads
+    # (by hand: tid 8 +30, tid 9 gone, tid 10 new since the first sample: 12 from its birth at 0,
+    # tid 11 +0) over 2 s; a sample where one thread lacks it falls back to the threads whose core
+    # changed (tid 8: 1 -> 0), and says so (migrations_counted).
+    base = '"pid": 7, "clk_tck": 100, "utime": 0, "stime": 0, "vol_cs": 0, "invol_cs": 0'
+    lines = [
+        '{"t": 10.0, %s, "tasks": [[8, "w", 0, 0, 0, 0, 0, 100], [9, "w", 0, 0, 0, 0, 0, 500],'
+        ' [11, "w", 0, 0, 1, 0, 0, 7]]}' % base,
+        '{"t": 12.0, %s, "tasks": [[8, "w", 0, 0, 1, 0, 0, 130], [10, "w", 0, 0, 0, 0, 0, 12],'
+        ' [11, "w", 0, 0, 1, 0, 0, 7]]}' % base,
+        '{"t": 14.0, %s, "tasks": [[8, "w", 0, 0, 0, 0, 0, 150], [10, "w", 0, 0, 0, 0, 0],'
+        ' [11, "w", 0, 0, 1, 0, 0, 7]]}' % base,
+    ]
+    proc = get("procfs").parse("\n".join(lines)).frames["process"].set_index("t")
+    assert proc.loc[12.0, "migrations_s"] == (30 + 12) / 2 and proc.loc[12.0, "migrations_counted"] == MIGRATIONS_KERNEL
+    assert proc.loc[14.0, "migrations_s"] == 1 / 2 and proc.loc[14.0, "migrations_counted"] == MIGRATIONS_SAMPLED
+    from analysis.hostfacts import host_lines, migrations_counted
+    assert migrations_counted(proc) == "kernel, sampled"
+    assert migrations_counted(proc.iloc[:1]) == "kernel"
+    assert migrations_counted(proc.drop(columns="migrations_counted")) is None
+    [line] = [x for x in host_lines("h", {"migrations_counted": "kernel"}) if x.startswith("migrations/s")]
+    assert "se.nr_migrations" in line

@@ -18,10 +18,13 @@ import numpy as np
 import pytest
 
 from analysis import bootstrap
-from analysis.compare import (EXIT_REGRESSION, IMPROVED, MIN_RELATIVE_CHANGE, NO_CHANGE, NOT_COMPARABLE, NOT_COMPARED,
-                              REGRESSED, compare_html, compare_markdown, compare_runs, compare_summaries, main_compare)
+from analysis.compare import (COMPARE_VERSION, IMPROVED, MIN_RELATIVE_CHANGE, NO_CHANGE, NOT_COMPARABLE, NOT_COMPARED,
+                              REGRESSED, Change, Comparison, Side, StepComparison, compare_html, compare_markdown,
+                              compare_runs, compare_summaries)
 from analysis.junit import junit_xml
 from conftest import read_summary
+from kneeswarm import cli
+from kneeswarm.outcome import EXIT_REGRESSION
 from kneeswarm.rundir import RunDir
 
 USERS = (1, 2, 4, 8)
@@ -31,6 +34,11 @@ HOLD = 20.0
 T0 = 1_700_000_000.0
 Z = 1.959964  # the normal quantile of a 95 % interval
 SLOWDOWN = 1.3
+
+
+def kneeswarm_compare(argv: list[str]) -> int:
+    """`kneeswarm compare ARGV...`, its exit code (kneeswarm.cli, in this process)."""
+    return cli.main(["compare", *argv])
 
 
 def make_run(root, name: str, seed: int, slow: float = 1.0, users=USERS, bad_ok_share: dict | None = None):
@@ -185,7 +193,7 @@ def test_unmatched_and_invalid_steps(tmp_path, runs):
     (s1,) = r2["steps"]
     assert s1["verdict"] == NOT_COMPARED and s1["new"]["valid"] is False
     assert r2["verdict"] == NOT_COMPARABLE
-    assert main_compare([str(runs["base"]), str(short), "-q", "--out", str(tmp_path / "o")]) == 2
+    assert kneeswarm_compare([str(runs["base"]), str(short), "-q", "--out", str(tmp_path / "o")]) == 2
 
 
 def test_a_torn_part_of_unknown_range_is_a_warning_and_leaves_nothing_comparable(tmp_path, runs):
@@ -236,18 +244,23 @@ def test_markdown_html_and_junit_of_a_regression(runs):
     assert "8 users p99_ms" in [c.get("name") for c in suite.findall("testcase")]
 
 
-def test_main_compare_exit_codes_and_files(runs, tmp_path, capsys):
+def test_compare_command_exit_codes_and_files(runs, tmp_path, capsys):
     out = tmp_path / "cmp"
-    assert main_compare([str(runs["base"]), str(runs["slow"]), "--out", str(out), "-q"]) == 0  # no gate asked
-    assert main_compare([str(runs["base"]), str(runs["slow"]), "--out", str(out), "--fail-on-regression", "-q"]) \
+    assert kneeswarm_compare([str(runs["base"]), str(runs["slow"]), "--out", str(out), "-q"]) == 0  # no gate asked
+    assert kneeswarm_compare([str(runs["base"]), str(runs["slow"]), "--out", str(out), "--fail-on-regression", "-q"]) \
         == EXIT_REGRESSION == 4
-    assert json.loads((out / "compare.json").read_text())["verdict"] == REGRESSED
+    written = json.loads((out / "compare.json").read_text())
+    assert written["verdict"] == REGRESSED
+    # compare.json holds what analysis.compare declares, no more and no less (its one contract)
+    assert set(written) == Comparison.__required_keys__ and written["version"] == COMPARE_VERSION
+    assert all(set(s) == StepComparison.__required_keys__ and set(s["base"]) == Side.__required_keys__
+               and set(s["qps"]) == Change.__required_keys__ for s in written["steps"])
     assert {p.name for p in out.iterdir()} >= {"compare.json", "compare.md", "compare.html", "junit.xml"}
     ET.parse(out / "junit.xml")
-    assert main_compare([str(runs["base"]), str(runs["same"]), "--fail-on-regression"]) == 0
+    assert kneeswarm_compare([str(runs["base"]), str(runs["same"]), "--fail-on-regression"]) == 0
     assert (RunDir(runs["same"]).report_dir / "compare" / "compare.md").exists()  # default: NEW/report/compare
     assert "no significant change" in capsys.readouterr().out
-    assert main_compare([str(runs["base"]), str(tmp_path / "nowhere")]) == 2
+    assert kneeswarm_compare([str(runs["base"]), str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "nowhere" in err and "not a directory" in err
 
@@ -261,7 +274,7 @@ def test_an_unreadable_plan_is_bad_input_and_a_missing_one_is_said(runs, tmp_pat
     (bad / "report" / "compare").mkdir(parents=True, exist_ok=True)
     shutil.rmtree(bad / "report" / "compare")
     (bad / "plan.toml").write_text("[load\nsettle = 0.0\n")
-    assert main_compare([str(runs["base"]), str(bad), "-q"]) == 2
+    assert kneeswarm_compare([str(runs["base"]), str(bad), "-q"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "plan.toml" in err and "unreadable" in err and "Traceback" not in err
     assert not (bad / "report" / "compare").exists()
@@ -311,6 +324,7 @@ def real_runs(start_demo_target, out, service_ms: dict[str, float]) -> dict[str,
     return paths
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_real_target_slowed_by_30_percent_is_regressed_and_a_repeat_is_not(start_demo_target, tmp_path):
     runs = real_runs(start_demo_target, tmp_path, {"base": KNEE_SERVICE_MS, "again": KNEE_SERVICE_MS,
@@ -330,4 +344,4 @@ def test_real_target_slowed_by_30_percent_is_regressed_and_a_repeat_is_not(start
         assert s["qps"]["direction"] == "worse", s
         assert -0.30 <= s["qps"]["rel"] <= -0.12, s
     # and the gate's exit code, through the command line function
-    assert main_compare([str(base), str(slow), "--fail-on-regression", "-q", "--out", str(tmp_path / "o")]) == 4
+    assert kneeswarm_compare([str(base), str(slow), "--fail-on-regression", "-q", "--out", str(tmp_path / "o")]) == 4

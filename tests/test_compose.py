@@ -16,7 +16,7 @@ import requests
 from kneeswarm.conductor import free_port
 from kneeswarm.rundir import RunDir
 
-from conftest import REPO, read_summary, wait_for
+from conftest import REPO, answers_200, read_summary, wait_for
 
 yaml = pytest.importorskip("yaml")
 
@@ -61,7 +61,8 @@ def test_compose_commands_run_as_plain_processes(tmp_path):
     plan = tmp_path / "plan.toml"
     text = (REPO / "compose" / "plan.toml").read_text()
     text = re.sub(r"steps = \[.*\]", "steps = [1, 2]", text)
-    text = re.sub(r"hold = .*", "hold = 3.0", text).replace("ramp = 2.0", "ramp = 0.5").replace("settle = 2.0", "settle = 0.5")
+    # hold 1.5 s: the test reads the files, steps and end of each run, not its figures
+    text = re.sub(r"hold = .*", "hold = 1.5", text).replace("ramp = 2.0", "ramp = 0.5").replace("settle = 2.0", "settle = 0.5")
     plan.write_text(text)
     subs = {r"^0\.0\.0\.0$": "127.0.0.1", r"^8000$": str(target_port), r"^5557$": str(master_port),
             r"^8089$": str(web_port), r"^master:5557$": f"127.0.0.1:{master_port}",
@@ -73,11 +74,11 @@ def test_compose_commands_run_as_plain_processes(tmp_path):
     try:
         tlog = (tmp_path / "target.log").open("w")
         procs.append(_spawn(_local(services["target"]["command"], subs), tlog))
-        wait_for(lambda: _ok(f"http://127.0.0.1:{target_port}/v2/health/ready"), 60, "the target")
+        wait_for(lambda: answers_200(f"http://127.0.0.1:{target_port}/v2/health/ready"), 60, "the target")
         procs.append(_spawn(_local(services["master"]["command"], subs), (tmp_path / "master.log").open("w")))
         procs.append(_spawn(_local(services["worker"]["command"], subs), (tmp_path / "worker.log").open("w")))
         base = f"http://127.0.0.1:{web_port}"
-        wait_for(lambda: _ok(base + "/") and requests.get(base + "/stats/requests", timeout=2).json()["workers"], 60,
+        wait_for(lambda: answers_200(base + "/") and requests.get(base + "/stats/requests", timeout=2).json()["workers"], 60,
                  "the web UI with its worker")
         r = requests.post(base + "/swarm", data={"user_count": 1, "spawn_rate": 1}, timeout=10)
         assert r.json()["success"], r.text
@@ -105,10 +106,3 @@ def test_compose_commands_run_as_plain_processes(tmp_path):
         assert (run_dir / "hosts" / "target" / "prometheus.csv").is_file()  # the plan's metrics_url, scraped
         assert [st["users"] for st in read_summary(run_dir)["steps"]] == [1, 2]
         assert RunDir(run_dir).read_meta()["ended"] == "completed"
-
-
-def _ok(url: str) -> bool:
-    try:
-        return requests.get(url, timeout=1).status_code == 200
-    except requests.RequestException:
-        return False

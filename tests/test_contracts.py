@@ -26,7 +26,8 @@ EXEMPT = {"agents.remote"}
 
 
 def checked_sources() -> list[Path]:
-    return [p for p in sources() if not module_name(p).startswith("kneeswarm.target") and module_name(p) not in EXEMPT]
+    return [p for p in sources() if not module_name(p).startswith("kneeswarm.target")
+            and not any(module_name(p) == e or module_name(p).startswith(e + ".") for e in EXEMPT)]
 
 
 def docstrings(tree: ast.AST) -> set[int]:
@@ -118,7 +119,7 @@ def test_readme_lists_every_exit_code():
 
 
 #: tunables shared by several parts, and their one owner
-SHARED_TUNABLES = {"FETCH_PERIOD": "kneeswarm.lifecycle", "HEARTBEAT_TIMEOUT": "kneeswarm.plan"}
+SHARED_TUNABLES = {"FETCH_PERIOD": "kneeswarm.lifecycle", "HEARTBEAT_TIMEOUT": "agents.remote.defaults"}
 
 
 def test_shared_tunables_are_defined_once():
@@ -133,8 +134,8 @@ def test_shared_tunables_are_defined_once():
 
 
 def test_the_remote_agents_heartbeat_fallback_is_the_plans(tmp_path):
-    """agents/remote.py (standard library only, cannot import the plan) falls back to the same
-    heartbeat timeout as the plan's default when agent.json gives none."""
+    """The agent (standard library only, cannot import the plan) falls back to the same heartbeat
+    timeout as the plan's default when agent.json gives none: the plan imports the agent's."""
     from agents.remote import Agent
     from agents.settings import AgentSettings
     from kneeswarm.plan import HEARTBEAT_TIMEOUT, MonitorPlan
@@ -185,3 +186,112 @@ def test_an_undeclared_summary_key_is_named():
     summary = {"run_id": "r", "complete": True, "bogus": 1, "steps": [{"users": 1, "qps": 2.0, "qpz": 3}],
                "knee": {"users": 4, "method": "saturation", "why": "x"}, "totals": {"requests": 1, "lost": 0}}
     assert undeclared_keys(summary) == ["bogus", "steps[0].qpz", "knee.why", "totals.lost"]
+
+
+# -- typed contracts of the run directory and the processes' messages ----------------------------
+OLD_RUN = ROOT / "tests" / "fixtures" / "run-72ed389"
+
+
+def test_an_old_run_directory_still_analyses(tmp_path):
+    """A run directory written by kneeswarm before the contracts were typed (main at 72ed389):
+    `kneeswarm analyze` on a copy exits 0, and each step's requests are the request rows that
+    completed in its steady window [t_steady + settle, t_end) (pyarrow and numpy on the rows),
+    as that version's own summary said."""
+    import shutil
+
+    import numpy as np
+    import pyarrow.parquet as pq
+    import tomllib
+
+    from conftest import read_summary
+    from kneeswarm import cli
+
+    run = Path(shutil.copytree(OLD_RUN, tmp_path / OLD_RUN.name))
+    then = read_summary(run)
+    assert cli.main(["analyze", str(run)]) == outcome.EXIT_OK
+    now = read_summary(run)
+    rows = pq.read_table(sorted((run / "requests").glob("*.parquet")), columns=["t_start", "latency_ms", "ok"])
+    done = rows["t_start"].to_numpy() + rows["latency_ms"].to_numpy() / 1000.0
+    ok = rows["ok"].to_numpy(zero_copy_only=False)
+    settle = tomllib.loads((run / rundir.PLAN_FILE).read_text())["load"]["settle"]
+    steps = rundir.RunDir(run).read_steps()
+    truth = [int(np.sum(ok & (done >= s.t_steady + settle) & (done < s.t_end))) for s in steps.itertuples()]
+    assert [s["requests"] for s in now["steps"]] == truth == [s["requests"] for s in then["steps"]]
+    assert now["totals"]["requests"] == len(rows) and now["complete"] is True and now["ended"] == outcome.Ended.COMPLETED
+    assert [s["valid"] for s in now["steps"]] == [True, True]
+
+
+def test_the_knee_tabs_columns_are_the_live_rows_keys():
+    from locustfiles.webui import HOST_COLUMNS, STEP_COLUMNS, LiveHost, LiveStep
+
+    assert {k for k, _ in STEP_COLUMNS} <= LiveStep.__required_keys__
+    assert {k for k, _ in HOST_COLUMNS} <= LiveHost.__optional_keys__
+
+
+def meta_keys_written(path: Path) -> list[tuple[int, str]]:
+    """(line, key) of every keyword given to ``update_meta(...)`` / ``_record_meta(...)`` in ``path``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("update_meta", "_record_meta"):
+            out += [(node.lineno, k.arg) for k in node.keywords if k.arg is not None]
+    return out
+
+
+@pytest.mark.parametrize("path", sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_meta_key_written_is_declared(path):
+    # rundir.Meta declares meta.json (update_meta takes Unpack[Meta]: mypy checks the writers' types)
+    wrong = [f"line {line}: {key}" for line, key in meta_keys_written(path) if key not in rundir.Meta.__annotations__]
+    assert not wrong, f"{path.relative_to(ROOT)}: meta.json keys kneeswarm.rundir.Meta does not declare: {wrong}"
+
+
+def test_the_meta_check_catches_an_undeclared_key(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("run.update_meta(complete=True, finsihed=1.0)\n")
+    assert [k for _, k in meta_keys_written(probe) if k not in rundir.Meta.__annotations__] == ["finsihed"]
+
+
+def test_an_old_meta_json_reads_whole():
+    """Every key the old run's meta.json holds is declared with its type: it reads back as the
+    json module parses it, with nothing added to its warnings."""
+    import json
+
+    raw = json.loads((OLD_RUN / rundir.META_FILE).read_text())
+    assert rundir.RunDir(OLD_RUN).read_meta() == raw
+
+
+def test_a_meta_value_of_the_wrong_type_is_left_out_and_said(tmp_path):
+    """A hand-edited meta.json: a declared key whose value has another JSON type is left out of
+    what readers get and said in its warnings (which reach summary.json); an integer time is a
+    number; an undeclared key is not read; the file itself is left as it was."""
+    import json
+
+    import analysis
+    from synthetic_run import closed_loop, make_run
+
+    rd = make_run(tmp_path, closed_loop(k=4), users=(1, 2))
+    on_disk = {**json.loads(rd.meta_path.read_text()), "started": 1_800_000_000, "complete": 1, "hosts": [],
+               "workers": True, "ended": None, "warnings": ["an old warning"], "not_a_key": {"x": 1}}
+    rd.meta_path.write_text(json.dumps(on_disk))
+    meta = rd.read_meta()
+    assert meta == {"run_id": rd.path.name, "started": 1_800_000_000, "warnings": [
+        "an old warning",
+        "meta.json: 'complete' is a JSON number, not true/false; left out",
+        "meta.json: 'ended' is a JSON null, not string; left out",
+        "meta.json: 'hosts' is a JSON array, not object; left out",
+        "meta.json: 'workers' is a JSON true/false, not number; left out"]}  # in the file's order
+    assert json.loads(rd.meta_path.read_text()) == on_disk
+    summary = analysis.analyze(rd.path)
+    assert summary["complete"] is False and set(meta["warnings"]) <= set(summary["warnings"])
+    assert summary["meta"] == {"started": 1_800_000_000}
+
+
+def test_summary_meta_keys_are_meta_json_keys_of_the_same_type():
+    """summary.json "meta" copies keys of meta.json as they are: each is declared in both
+    contracts with one type (a rename or retype in rundir.Meta fails here)."""
+    import typing
+
+    from analysis.summary import SummaryMeta
+
+    meta, copied = typing.get_type_hints(rundir.Meta), typing.get_type_hints(SummaryMeta)
+    assert {k: meta.get(k) for k in copied} == copied

@@ -123,6 +123,7 @@ def few_workers_run(request, tmp_path_factory):
         stop_target(target)
 
 
+@pytest.mark.long
 def test_a_worker_killed_mid_step_the_run_goes_on(tmp_path, start_demo_target):
     """kill -9 of one of two workers during step 1: the run completes on the other; step 1 (only)
     is flagged with the time and the worker; every row the killed worker sent is kept (the demo
@@ -189,6 +190,44 @@ def test_a_worker_killed_mid_step_the_run_goes_on(tmp_path, start_demo_target):
     assert s["workers"][lost["worker"]]["lost"]["step"] == 1
     md = (run_dir / "report" / "summary.md").read_text()
     assert flag[0] in md.replace("\\", "") and f"lost at {clock}Z in step 1" in md
+
+
+@pytest.mark.long
+def test_a_search_with_workers_on_other_machines_locates_the_knee(tmp_path, start_demo_target):
+    """mode = "search" with `kneeswarm run --workers 0` and two `kneeswarm worker` processes (workers on
+    other machines): the master chooses each probe from both workers' rows as they arrive; the knee
+    target's K = 6 slots of 200 ms are the truth (min(N, 6) x 5 req/s: the knee is 6 users).  Both
+    workers carry every probe of 2 users or more, and the knee lands within max(1, 10 %) of K."""
+    slots = 6
+    target = start_demo_target("--mode", "knee", "--slots", str(slots), "--service-ms", "200")
+    plan = tmp_path / "search.toml"
+    plan.write_text('[load]\nmode = "search"\nstart = 1\nmax = 64\nhold = "auto"\nmin_hold = 3\nmax_hold = 18\n'
+                    'settle = 1\nramp = 0.5\n')
+    port, out = free_port(), tmp_path / "runs"
+    logs = [(tmp_path / f"worker-{i}.log").open("w") for i in range(2)]
+    run = _cli("run", str(plan), "--target", target.url, "--workers", "0", "--expect-workers", "2",
+               "--master-port", str(port), "--out", str(out), "-q", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    workers = [_worker(port, logs[i]) for i in range(2)]
+    try:
+        _, err = run.communicate(timeout=400)
+    finally:
+        for w in workers:
+            _stop(w)
+        _stop(run)
+    assert run.returncode == 0, err[-3000:]
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    s = read_summary(run_dir)["search"]
+    users = [pr["users"] for pr in s["probes"]]
+    print(users, s["knee_bracket"], s["stopped_because"], s["load_s"])
+    lo, hi = s["knee_bracket"]
+    assert abs(lo - slots) <= max(1, 0.1 * slots) and hi - lo <= 1, s
+    assert users[:4] == [1, 2, 4, 8] and max(users) == 8, users  # growth stops at the first saturated probe
+    rows = RunDir(run_dir).read_requests()
+    steps = RunDir(run_dir).read_steps()
+    assert list(steps["users"]) == users
+    for _, st in steps[steps["users"] >= 2].iterrows():  # each such probe carried by both workers
+        mine = rows[rows["step"] == st["index"]]
+        assert set(mine["worker"]) == {"worker-0", "worker-1"}, (st["users"], mine["worker"].value_counts())
 
 
 def test_run_names_how_many_workers_came(few_workers_run):

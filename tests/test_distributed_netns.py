@@ -5,7 +5,6 @@ joined by a bridge in the root namespace.  Skipped where namespaces cannot be cr
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ import pytest
 
 from kneeswarm.rundir import RunDir
 
-from conftest import REPO, wait_for
+from conftest import REPO, ip, skip_without_netns, wait_for
 from test_distributed import REPORT_INTERVAL, check_worker_table
 
 pytestmark = pytest.mark.slow
@@ -34,15 +33,10 @@ def _stop_all(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20, check=check)
-
-
 @pytest.fixture
 def hosts():
     """{role: (namespace, address)} on one bridge; always removed."""
-    if shutil.which("ip") is None or os.geteuid() != 0:
-        pytest.skip("needs root and iproute2 (ip netns)")
+    skip_without_netns()
     tag = os.getpid() % 10000
     net = f"10.215.{100 + os.getpid() % 100}"
     bridge = f"kswb{tag}"
@@ -50,29 +44,29 @@ def hosts():
     out: dict = {}
     links: dict[str, str] = {}
     try:
-        if _ip("link", "add", bridge, "type", "bridge", check=False).returncode != 0:
+        if ip("link", "add", bridge, "type", "bridge", check=False).returncode != 0:
             pytest.skip("cannot create a bridge")
-        _ip("link", "set", bridge, "up")
+        ip("link", "set", bridge, "up")
         for i, role in enumerate(ROLES):
             ns, here, there, addr = f"ksw{tag}{role[0]}{i}", f"kswv{tag}{i}", f"kswp{tag}{i}", f"{net}.{i + 2}"
-            if _ip("netns", "add", ns, check=False).returncode != 0:
+            if ip("netns", "add", ns, check=False).returncode != 0:
                 pytest.skip("cannot create a network namespace")
             made.append(ns)
-            _ip("link", "add", here, "type", "veth", "peer", "name", there)
-            _ip("link", "set", there, "netns", ns)
-            _ip("link", "set", here, "master", bridge)
-            _ip("link", "set", here, "up")
-            _ip("netns", "exec", ns, "ip", "addr", "add", f"{addr}/24", "dev", there)
-            _ip("netns", "exec", ns, "ip", "link", "set", there, "up")
-            _ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+            ip("link", "add", here, "type", "veth", "peer", "name", there)
+            ip("link", "set", there, "netns", ns)
+            ip("link", "set", here, "master", bridge)
+            ip("link", "set", here, "up")
+            ip("netns", "exec", ns, "ip", "addr", "add", f"{addr}/24", "dev", there)
+            ip("netns", "exec", ns, "ip", "link", "set", there, "up")
+            ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
             out[role] = (ns, addr)
             links[role] = here
         out["links"] = links  # {role: its veth end on the bridge}: down = that host's network gone
         yield out
     finally:
         for ns in made:
-            _ip("netns", "del", ns, check=False)
-        _ip("link", "del", bridge, check=False)
+            ip("netns", "del", ns, check=False)
+        ip("link", "del", bridge, check=False)
 
 
 def _in(ns: str, *argv: str, **kw) -> subprocess.Popen:
@@ -110,6 +104,7 @@ def test_master_two_workers_and_target_on_four_hosts(hosts, tmp_path):
     assert gen == ["worker-0.csv", "worker-1.csv"]  # their CPU/RSS/users samples came home too
 
 
+@pytest.mark.long
 def test_a_worker_whose_network_goes_mid_step_is_flagged(hosts, tmp_path):
     """worker2's link goes down during step 1: the run completes on worker1, step 1 (only) is
     flagged with the worker and the time, and the rows worker2 reported before are kept."""
@@ -135,7 +130,7 @@ def test_a_worker_whose_network_goes_mid_step_is_flagged(hosts, tmp_path):
         assert run.poll() is None, run.communicate()[1][-2000:]
         time.sleep(3)
         t_cut = time.time()
-        _ip("link", "set", hosts["links"]["worker2"], "down")
+        ip("link", "set", hosts["links"]["worker2"], "down")
         _, err = run.communicate(timeout=240)
     finally:
         _stop_all([*workers.values(), target])

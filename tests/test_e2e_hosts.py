@@ -113,7 +113,7 @@ def only(out: Path) -> RunDir:
 
 
 def server_metrics_every_step(run: RunDir, pid: int) -> dict[str, list[int]]:
-    """Samples of the monitored process (pidstat) and of the host (vmstat) in each step's window."""
+    """Samples of the monitored process (/proc sampler or pidstat) and of the host (vmstat) in each step's window."""
     out = {}
     for table in ("process", "vmstat"):
         df = run.read_host_csv(HOST, table)
@@ -148,7 +148,7 @@ def test_a_host_whose_python3_is_3_6_is_monitored_by_the_python_agent(runs):
     assert h["facts"]["python"].startswith("3.6.")
     log = (run.raw_dir(HOST) / "agent.log").read_text()
     assert " python 3.6." in log, log[:300]  # the daemon's own first line names its interpreter
-    assert h["collectors"]["pidstat"]["enabled"] and h["collectors"]["vmstat"]["enabled"]
+    assert h["collectors"]["procfs"]["enabled"] and h["collectors"]["vmstat"]["enabled"]
 
 
 def test_a_host_without_python3_is_monitored_by_the_shell_agent_and_says_what_it_lost(runs):

@@ -133,7 +133,7 @@ def test_meta_carries_the_ssh_hosts_facts_and_clock(runs, sshd):  # noqa: F811
     facts = h["facts"]
     assert facts["python"].startswith("3.") and facts["process"]["pid"] == runs["pid"]
     assert facts["cpu"]["logical_cpus"] >= 1 and facts["memory_total_kb"] > 0
-    assert h["collectors"]["pidstat"]["enabled"] and h["collectors"]["vmstat"]["enabled"]
+    assert h["collectors"]["procfs"]["enabled"] and h["collectors"]["vmstat"]["enabled"]
     for when in ("before", "after"):
         c = h["clock"][when]
         assert c is not None and abs(c["offset"]) < 0.05 and c["error"] < 0.05, h["clock"]

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 import psutil
@@ -90,12 +91,13 @@ def test_kill_9_of_demo_leaves_nothing_running_and_analyze_reports_what_was_reco
         roles = run_processes(psutil.Process(proc.pid))
         assert len(roles["master"]) == 1 and len(roles["worker"]) >= 1 and len(roles["target"]) == 1, roles
         (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
-        raw = run_dir / "hosts" / "local" / "raw" / "pidstat.txt"
-        wait_for(lambda: raw.exists() and raw.stat().st_size > 0, 60, "a first incremental fetch of pidstat")
-        time.sleep(6)  # one more fetch (every 5 s): samples inside the first step's steady window
+        raw = run_dir / "hosts" / "local" / "raw" / "procfs.jsonl"
+        wait_for(lambda: raw.exists() and raw.stat().st_size > 0, 60, "a first incremental fetch of the /proc sampler")
+        first_fetch = raw.stat().st_size  # one more fetch (every 5 s): samples inside the first step's steady window
+        wait_for(lambda: raw.stat().st_size > first_fetch, 60, "a second incremental fetch of the /proc sampler")
         roles["agent"] = agent_processes(run_dir.name)
         names = {p.name() for p in roles["agent"] if alive(p)}
-        assert {"pidstat", "vmstat"} <= names, names  # the agent and its collectors are running
+        assert "vmstat" in names, names  # the agent (its /proc sampler a thread of it) and its commands run
         started = [p for ps in roles.values() for p in ps]
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
@@ -201,24 +203,35 @@ def test_exit_1_when_no_request_succeeded(quick_runs):
     assert f"({len(rows)} requests, all failed: http_5xx {len(rows)})" in line
 
 
+def run_disturbed(args: list[str], out: Path, disturb: Callable[[subprocess.Popen], None]) -> tuple[int, str, str]:
+    """`kneeswarm` with ``args`` (writing under ``out``); once its first request rows are there,
+    ``disturb(its process)``.  (Exit code, stdout, stderr) when it ended; killed if the test failed first."""
+    proc = subprocess.Popen([KNEESWARM, *args], cwd=REPO, env=kneeswarm_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: any(out.glob("*/requests/part-*.parquet")) or proc.poll() is not None, 60,
+                 "the first request rows")
+        disturb(proc)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, stdout, stderr
+
+
 def test_exit_1_when_the_load_dies(tmp_path, start_demo_target):
     """The Locust master dies mid-run: the load did not complete, exit 1, the report still written."""
     target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
     args = quick_run(target.url, tmp_path, "--pid", str(target.pid))
     args[args.index("--hold") + 1] = "60"
-    proc = subprocess.Popen([KNEESWARM, *args], cwd=REPO, env=kneeswarm_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: any(tmp_path.glob("*/requests/part-*.parquet")) or proc.poll() is not None, 60,
-                 "the first request rows")
+
+    def kill_the_master(proc: subprocess.Popen) -> None:
         (master,) = run_processes(psutil.Process(proc.pid))["master"]
         master.kill()
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 1, err[-2000:]
+
+    code, out, err = run_disturbed(args, tmp_path, kill_the_master)
+    assert code == 1, err[-2000:]
     assert last_line(err).startswith("kneeswarm: error: the load did not complete (ended: load_failed)")
     (run_dir,) = tmp_path.iterdir()
     assert f"report: {run_dir / 'report' / 'index.html'}" in out
@@ -228,20 +241,16 @@ def test_exit_1_when_the_analysis_fails(tmp_path, start_demo_target):
     """report/ is not a directory, so the report cannot be written: exit 1 with the reason, and no
     `report:` line pointing at a report that does not exist; `analyze` says the same."""
     target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
-    proc = subprocess.Popen([KNEESWARM, *quick_run(target.url, tmp_path, "--pid", str(target.pid))], cwd=REPO,
-                            env=kneeswarm_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: any(tmp_path.glob("*/requests/part-*.parquet")) or proc.poll() is not None, 60,
-                 "the first request rows")
+
+    def report_not_a_folder(_: subprocess.Popen) -> None:
         (run_dir,) = tmp_path.iterdir()
         (run_dir / "report").rmdir()
         (run_dir / "report").write_text("not a directory\n")
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 1, err[-2000:]
+
+    code, out, err = run_disturbed(quick_run(target.url, tmp_path, "--pid", str(target.pid)), tmp_path,
+                                   report_not_a_folder)
+    (run_dir,) = tmp_path.iterdir()
+    assert code == 1, err[-2000:]
     assert last_line(err).startswith("kneeswarm: error: analysis failed: "), err[-2000:]
     assert "report:" not in out and "Traceback" not in err
     assert len(pd.read_parquet(run_dir / "requests")) > 0  # what was recorded is kept

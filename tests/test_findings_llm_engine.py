@@ -28,7 +28,7 @@ from analysis.findings.llm_engine import KV_FULL_PCT, unchecked
 from analysis.sections import findings_section
 from kneeswarm.rundir import RunDir
 
-from conftest import read_summary, side_by_side, start_cli
+from conftest import read_summary, runs_against_targets
 
 ENGINE_FINDINGS = {"kv_cache_full", "preemption", "queue_growing", "prefill_bound", "decode_bound"}
 PLANS = {  # name: (target flags, prompt words, output tokens)
@@ -71,30 +71,13 @@ def by_users(summary: dict) -> dict[str, dict]:
 def engine_runs(tmp_path_factory, request):
     """The three plans run side by side against three engine-model targets: {name: (summary,
     RunDir, the target's /metrics after the run)}."""
-    from conftest import Target
-    from kneeswarm.cli import start_target
-
     tmp = tmp_path_factory.mktemp("engine")
-    targets, out = {}, {}
-    try:
-        with side_by_side() as runs:
-            for name, (flags, prompt, n) in PLANS.items():
-                proc, url = start_target(["--mode", "knee", *flags])
-                targets[name] = Target(proc, url)
-                (tmp / f"{name}.toml").write_text(plan_text(name, url, prompt, n))
-                runs[name] = start_cli("run", str(tmp / f"{name}.toml"), "--out", str(tmp / name), "-q")
-            for name, p in runs.items():
-                _, err = p.communicate(timeout=240)
-                assert p.returncode == 0, (name, err[-3000:])
-        for name, t in targets.items():
-            (run_dir,) = [d for d in (tmp / name).iterdir() if d.is_dir()]
-            out[name] = (read_summary(run_dir), RunDir(run_dir), t.metrics())
-    finally:
-        for t in targets.values():
-            t.stop()
-    return out
+    flags = {name: ["--mode", "knee", *target] for name, (target, _, _) in PLANS.items()}
+    with runs_against_targets(tmp, flags, lambda name, url: plan_text(name, url, *PLANS[name][1:])) as runs:
+        return {name: (read_summary(run_dir), RunDir(run_dir), t.metrics()) for name, (run_dir, t) in runs.items()}
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(PLANS))
 def test_each_engine_finding_fires_on_the_plan_built_to_cause_it_and_not_on_the_others(engine_runs, name):
@@ -109,6 +92,7 @@ def test_each_engine_finding_fires_on_the_plan_built_to_cause_it_and_not_on_the_
     assert (metrics["vllm:num_preemptions_total"] > 0) == (name == "kv")
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_engine_findings_numbers_equal_the_targets_counters(engine_runs):
     for name, (summary, rd, _) in engine_runs.items():

@@ -25,9 +25,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.capacity import EXIT_SLA_FAILED
-from analysis.compare import EXIT_REGRESSION
 from kneeswarm import cli
+from kneeswarm.outcome import EXIT_REGRESSION, EXIT_SLA_FAILED
 from kneeswarm.plan import plan_from_dict
 from kneeswarm.rundir import RunDir
 
@@ -89,9 +88,9 @@ def build_run(root: Path, name: str, plan: dict | None, error_share: dict | None
 def open_loop(plan_toml: str) -> str:
     """The rows above arrive at RATE·u whatever their latency: an open loop, which the plan must
     say, or the analysis rightly finds Little's law broken for a closed loop and no step valid."""
-    if 'mode = "closed"' in plan_toml:
-        return plan_toml.replace('mode = "closed"', 'mode = "open"', 1)
-    return plan_toml.replace("[load]\n", '[load]\nmode = "open"\n', 1)
+    if 'arrivals = "closed"' in plan_toml:
+        return plan_toml.replace('arrivals = "closed"', 'arrivals = "open"', 1)
+    return plan_toml.replace("[load]\n", '[load]\narrivals = "open"\n', 1)
 
 
 def truth(run: Path) -> dict[int, dict[str, float]]:

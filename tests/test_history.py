@@ -26,7 +26,8 @@ import pytest
 from analysis.history import INDEX_NAME
 from kneeswarm.outcome import EXIT_DRIFT
 from kneeswarm.cli import start_target, stop_target
-from tests.conftest import REPO, run_cli, side_by_side, start_cli
+from tests.conftest import REPO, read_summary, run_cli, side_by_side, start_cli
+from tests.test_soak import SOAK_PLAN
 
 # rising 4 ms a run, and +18 ms where the inputs grow: steps above the few ms by which a busy
 # 2-core machine lifts one run's median (seen: +5 ms)
@@ -35,13 +36,16 @@ DRIFT_PROMPT = (32, 32, 32, 32, 512, 512)
 CHANGED_AT = 4  # the run where the prompts grew
 STEADY_TTFT_MS, STEADY_RUNS = 20, 5
 USERS = 2
+# hold 1.5 s after a settle of 0.5 s: a steady window of ~1 s.  The slowest run (54 ms + at most the
+# 15 ms round trip the test allows) still makes 2 / 0.069 s = 29 requests in it: above min_requests
+# (20) and the 20 a P50 needs to be measured (MIN_TAIL_ROWS 10 / 0.5); its P99 stays unmeasured.
 PLAN = """name = "{name}"
 target = "{target}"
 protocol = "openai"
 [load]
 steps = [{users}]
 ramp = 0.5
-hold = 2.5
+hold = 1.5
 settle = 0.5
 workers = 1
 [request]
@@ -119,6 +123,7 @@ def _series(result: dict, plan: str, figure: str) -> dict:
     return next(s for s in g["series"] if s["figure"] == figure)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_history_finds_the_drift_and_names_input_length_at_the_change_point(built: History):
     res = _history(str(built.root), "--fail-on-drift")
@@ -148,7 +153,7 @@ def test_history_finds_the_drift_and_names_input_length_at_the_change_point(buil
     assert "plotly" in html and "change point" in html and "<script src=" not in html  # offline
     for name in ("P50", "P95", "P99", "P99.9"):  # one line per percentile on each latency chart
         assert html.count(f'"name":"{name}"') == 4, name  # 2 plans x (2 users, the SLA boundary)
-    # --figures p99_ms: the drift plan's P99 rests on ~2 rows per step (< MIN_TAIL_ROWS): not tested, exit 0
+    # --figures p99_ms: the drift plan's P99 rests on < 1 row per step (< MIN_TAIL_ROWS): not tested, exit 0
     p99 = _history(str(built.root), "--plan", "drift", "--figures", "p99_ms", "--fail-on-drift",
                    "--out", str(built.root.parent / "p99"))
     assert p99.returncode == 0, p99.stdout + p99.stderr
@@ -158,6 +163,7 @@ def test_history_finds_the_drift_and_names_input_length_at_the_change_point(buil
     assert only.returncode == 0, only.stdout + only.stderr
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_history_index_is_one_table_read_again_only_where_a_run_changed(built: History):
     assert _history(str(built.root), "-q").returncode in (0, EXIT_DRIFT)
@@ -186,6 +192,7 @@ def test_history_index_is_one_table_read_again_only_where_a_run_changed(built: H
         victim.write_bytes(saved)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_history_names_runs_without_a_summary_or_incomplete(built: History, tmp_path):
     """A run without a summary is named as skipped; an incomplete one is named as left out of the
@@ -210,6 +217,7 @@ def test_history_names_runs_without_a_summary_or_incomplete(built: History, tmp_
     assert result["index"]["runs"] == len(built.runs["drift"]) + len(built.runs["steady"]) + 2
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_history_since_keeps_the_runs_started_then_or_later(built: History, tmp_path):
     started = {d.resolve(): json.loads((d / "meta.json").read_text())["started"]
@@ -224,6 +232,7 @@ def test_history_since_keeps_the_runs_started_then_or_later(built: History, tmp_
     assert len([r for g in result["groups"] if g["plan"] == "drift" for r in g["runs"]]) == len(DRIFT_TTFT_MS) - 2
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_history_bad_input_is_one_line_exit_2(built: History, tmp_path):
     bad_index = tmp_path / "bad.sqlite"
@@ -241,3 +250,114 @@ def test_history_exit_code_is_documented():
     readme = (REPO / "README.md").read_text()
     assert f"`{EXIT_DRIFT}` a figure drifted worse" in readme
     assert f"exit {EXIT_DRIFT} when a figure drifted worse" in " ".join(_history("--help").stdout.split())
+
+
+# A soak and step runs of one plan name against one target, in one history: the soak is indexed as
+# one step of its load (each figure the median over its windows, its trends and findings beside),
+# in a group of its own.  The target's service time drifts +120 ms/min (2 ms/s: +6 ms per 3-s window
+# over a 20-ms service), so the soak's P50 rises window by window: latency_drift.
+MIXED_STEPS = """name = "mixed"
+[load]
+steps = [1, 2]
+ramp = 0.5
+hold = 1.5
+settle = 0.5
+workers = 1
+[analysis]
+min_requests = 20
+"""
+MIXED_SOAK = SOAK_PLAN.format(name="mixed") + "[analysis]\nmin_requests = 20\n"  # test_soak.py's soak plan, its min_requests lower
+
+
+def _window_medians(run: Path, summary: dict) -> dict[str, float]:
+    """numpy over the soak's own request rows: each valid window's percentiles, then their median."""
+    import glob
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = pa.concat_tables([pq.read_table(p, columns=["t_start", "latency_ms", "ok"])
+                          for p in sorted(glob.glob(str(run / "requests" / "part-*.parquet")))])
+    ts, lat, ok = (t[c].to_numpy(zero_copy_only=False) for c in ("t_start", "latency_ms", "ok"))
+    per: dict[str, list[float]] = {"p50_ms": [], "p99_ms": [], "qps": [], "requests": []}
+    for w in summary["steps"]:
+        if not w["valid"]:
+            continue
+        m = (ts >= w["t_lo"]) & (ts < w["t_hi"])
+        good = lat[m & ok.astype(bool)]
+        per["p50_ms"].append(np.percentile(good, 50))
+        per["p99_ms"].append(np.percentile(good, 99))
+        per["qps"].append(len(good) / (w["t_hi"] - w["t_lo"]))
+        per["requests"].append(int(m.sum()))
+    return {"requests": min(per.pop("requests")), **{k: float(np.median(v)) for k, v in per.items()}}
+
+
+@pytest.mark.long
+@pytest.mark.slow
+def test_history_indexes_a_soak_beside_step_runs_of_the_same_plan(tmp_path):
+    root = tmp_path / "runs"
+    proc, url = start_target(["--mode", "knee", "--slots", "2", "--service-ms", "20", "--drift-ms-per-min", "120"])
+    try:
+        made = []
+        for i, text in enumerate((MIXED_STEPS, MIXED_SOAK, MIXED_STEPS)):
+            plan = tmp_path / f"mixed-{i}.toml"
+            plan.write_text(text)
+            res = run_cli("run", str(plan), "--target", url, "--out", str(root), "-q", timeout=180,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+            assert res.returncode == 0, res.stderr[-3000:]
+            made.append(next(d for d in sorted(root.iterdir()) if d.is_dir() and d not in made))
+    finally:
+        stop_target(proc)
+    res = _history(str(root))
+    assert res.returncode == 0, res.stdout + res.stderr
+    result = _result(root)
+    assert not result["skipped"]
+    (steps,) = [g for g in result["groups"] if not g["soak"]]
+    (soak,) = [g for g in result["groups"] if g["soak"]]
+    assert (steps["plan"], steps["target"]) == (soak["plan"], soak["target"]) == ("mixed", url)
+    assert [r["path"] for r in steps["runs"]] == [str(made[0].resolve()), str(made[2].resolve())]
+    assert [r["path"] for r in soak["runs"]] == [str(made[1].resolve())]
+    # the step runs as before: their steps' P50 at 2 users, from their summaries
+    at2 = next(s for s in steps["series"] if s["figure"] == "p50_ms at 2 users")
+    assert at2["values"] == [next(s["p50_ms"] for s in read_summary(d)["steps"] if s["users"] == 2)
+                             for d in (made[0], made[2])]
+    # the soak: each figure the median over its windows, as numpy finds it over the rows
+    summary = read_summary(made[1])
+    truth = _window_medians(made[1], summary)
+    figure = {s["figure"]: s["values"] for s in soak["series"]}
+    assert figure["p50_ms at 2 users (windows' median)"][0] == pytest.approx(truth["p50_ms"], rel=1e-9)
+    assert figure["p99_ms at 2 users (windows' median)"][0] == pytest.approx(truth["p99_ms"], rel=1e-9)
+    assert figure["QPS (windows' median)"][0] == pytest.approx(truth["qps"], rel=1e-9)
+    last_window = [w for w in summary["steps"] if w["valid"]][-1]["p50_ms"]
+    assert truth["p50_ms"] < last_window  # read as steps, the drifting soak's figure would be its last window
+    # what crept within it: the target's drift, as the soak's own trend found it
+    entry = soak["runs"][0]["soak"]
+    assert entry["windows"] == 7 and entry["valid_windows"] == sum(w["valid"] for w in summary["steps"])
+    assert "latency_drift" in {f["id"] for f in entry["findings"]}
+    assert entry["trends"]["p50_ms"]["direction"] == "worse"
+    assert entry["trends"]["p50_ms"]["slope"] == pytest.approx(2.0, rel=0.3)  # 120 ms/min = 2 ms/s, set on the target
+    with sqlite3.connect(root / INDEX_NAME) as con:
+        modes = dict(con.execute("SELECT path, mode FROM runs"))
+        requests = json.loads(con.execute("SELECT steps FROM runs WHERE mode = 'soak'").fetchone()[0])[0]["requests"]
+    assert sorted(modes.values()) == ["grid", "grid", "soak"] and requests == truth["requests"]
+    md = (root / "history" / "history.md").read_text()
+    assert "## mixed → " + url + " (soak)" in md and "latency_drift" in md
+
+
+def test_read_run_takes_meta_through_rundir_and_skips_a_run_it_cannot_place(tmp_path):
+    """meta.json is read as RunDir.read_meta reads it: the old fixture's started/run_id as written,
+    and an unreadable one (or a started of the wrong JSON type) skips the run rather than index it
+    without a place in start order."""
+    from analysis.history import read_run
+
+    fixture = REPO / "tests" / "fixtures" / "run-72ed389"
+    written = json.loads((fixture / "meta.json").read_text())
+    run = tmp_path / "old"
+    shutil.copytree(fixture, run)
+    row = read_run(run)
+    assert (row["run_id"], row["started"], row["target"]) == (written["run_id"], written["started"], written["target"])
+    for broken in (b"{not json", json.dumps({**written, "started": "yesterday"}).encode()):
+        (run / "meta.json").write_bytes(broken)
+        row = read_run(run)
+        assert (row["status"], row["reason"]) == ("skipped", "meta.json missing or unreadable"), row

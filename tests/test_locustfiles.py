@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +12,8 @@ from kneeswarm.rundir import REQUEST_COLUMNS, RunDir
 from locustfiles.protocols import KServeV2, BadPayload
 from locustfiles.recorder import WIRE_COLUMNS, RequestWriter, RowBuffer, categorize
 from locustfiles.steps import StepSchedule
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_schedule_holds_each_step_from_when_its_users_are_running():
@@ -26,6 +29,25 @@ def test_schedule_holds_each_step_from_when_its_users_are_running():
     s.spawned(28.0)
     assert s.tick(38.0, 4) is None and s.done
     assert [r.row() for r in s.log] == [(0, 1, 0.0, 6.0, 16.0), (1, 2, 16.0, 17.0, 27.0), (2, 4, 27.0, 28.0, 38.0)]
+
+
+def test_the_last_step_drains_past_its_window_end():
+    """The last step's window ends with its hold; its load goes on ``drain()`` seconds more so that
+    the requests it started complete (steps.py), then the test stops."""
+    seen = []
+    s = StepSchedule([1, 2], ramp=0.0, hold=10.0, drain=lambda: 2.5, on_change=lambda log: seen.append(log[-1].t_end))
+    s.tick(0.0, 0)
+    s.spawned(0.0)
+    assert s.tick(10.0, 1) == (2, 1.0)
+    s.spawned(10.0)
+    assert s.tick(20.0, 2) == (2, 1.0) and not s.done  # the hold is over: same load, window closed
+    assert s.log[-1].t_end == 20.0 and seen[-1] == 20.0  # written to steps.csv at once
+    assert s.tick(22.0, 2) == (2, 1.0)
+    assert s.tick(22.6, 2) is None and s.done
+    assert s.log[-1].t_end == 20.0  # the drain is not in the window
+    s.finish(23.0)
+    assert [r.row() for r in s.log] == [(0, 1, 0.0, 0.0, 10.0), (1, 2, 10.0, 10.0, 20.0)]
+    assert StepSchedule([1], ramp=0.0, hold=1.0, drain=lambda: 0.0).tick(0.0, 0) == (1, 1.0)
 
 
 def test_spawn_rate_spreads_the_step_over_the_ramp():
@@ -150,3 +172,151 @@ def test_rows_of_a_failed_write_are_held_retried_and_counted(small_disk, monkeyp
     assert writer.rows_lost == 110 and writer.rows_held == 0
     small_disk.free()
     assert len(run.read_requests()) == writer.rows_received - writer.rows_lost
+
+
+JUDGED_BAD = """
+import json
+from locustfiles.users import STALE_CONNECTION_RETRIES, InferenceUser  # Locust first: gevent's patching
+from locustfiles.protocols import BadPayload, PreparedRequest
+
+
+class Answer:  # Locust's ResponseContextManager, as much of it as users._whole reads
+    status_code, content = 200, b'{"outputs": "not a list"}'
+
+    def __init__(self):
+        self.request_meta, self.judged = {"exception": None, "context": {}}, []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def failure(self, e):
+        self.judged.append(type(e).__name__)
+        self.request_meta["exception"] = e
+
+    def success(self):
+        self.judged.append("ok")
+
+
+class Client:
+    sent = []
+
+    def request(self, *args, **kwargs):
+        self.sent.append(Answer())
+        return self.sent[-1]
+
+
+class Judge:
+    def check_response(self, body):
+        raise BadPayload("no outputs")
+
+
+user = object.__new__(InferenceUser)
+user.client, user.protocol = Client(), Judge()
+user._send(PreparedRequest("POST", "/v2/models/m/infer", b"{}"), None)
+print(json.dumps({"retries": STALE_CONNECTION_RETRIES, "judged": [a.judged for a in Client.sent]}))
+"""
+
+
+def test_an_answer_judged_bad_is_sent_once():
+    # users._whole returned None ("not sent") for an answer the protocol judged bad: the request
+    # went out again (STALE_CONNECTION_RETRIES), one task made two requests and two failure rows.
+    # (In its own interpreter: Locust must be imported before anything loads ssl.)
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", JUDGED_BAD], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["retries"] >= 1  # else nothing could be sent twice
+    assert out["judged"] == [["BadPayload"]]
+
+
+
+MASTER_QUIT = """
+import json, types
+from locustfiles import prompt  # Locust first: gevent's patching
+import gevent
+
+got, at_kill = [], []  # final reports in, in order; what was in when the runner was killed
+
+class Clients(dict):
+    @property
+    def all(self):
+        return list(self.values())
+
+clients = Clients(a=types.SimpleNamespace(id="a"), b=types.SimpleNamespace(id="b"), mute=types.SimpleNamespace(id="mute"))
+
+def send_to_client(msg):
+    if msg.node_id != "mute":  # a worker: its final report, then its "quit" (gone from clients)
+        gevent.spawn_later(0.05 if msg.node_id == "a" else 0.1, lambda: (got.append(msg.node_id), clients.pop(msg.node_id)))
+
+runner = types.SimpleNamespace(stop=lambda **_kw: None, clients=clients,
+                               server=types.SimpleNamespace(send_to_client=send_to_client),
+                               greenlet=types.SimpleNamespace(kill=lambda block: at_kill.append(list(got))))
+prompt._quit(runner)
+left = list(clients)
+got.clear()
+prompt._quit(runner)  # again (Locust calls it up to four times): only the silent worker to wait for
+print(json.dumps({"at_kill": at_kill, "left": left}))
+"""
+
+
+def test_master_quit_waits_for_each_workers_final_report_and_no_longer():
+    """locustfiles/prompt.py: MasterRunner.quit ends once every worker told to quit has quit (its
+    final report came first), not after a fixed sleep; a worker that never answers does not hold it."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", MASTER_QUIT], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["at_kill"][0] == ["a", "b"]  # both final reports in before the runner's greenlets were killed
+    assert out["left"] == ["mute"]  # the silent one was waited for (up to Locust's 0.5 s), then left
+    assert out["at_kill"][1] == []
+
+
+def master_quit_source(module_source: str) -> str:
+    """The text of ``MasterRunner.quit`` in locust/runners.py's source (read from the file, so
+    prompt.install's replacement on the class does not hide it)."""
+    import ast
+
+    tree = ast.parse(module_source)
+    master = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "MasterRunner")
+    quit_def = next(n for n in master.body if isinstance(n, ast.FunctionDef) and n.name == "quit")
+    return ast.get_source_segment(module_source, quit_def) or ""
+
+
+def quit_hash(module_source: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(master_quit_source(module_source).encode()).hexdigest()
+
+
+def recorded_quit_hash() -> str:
+    """locustfiles/prompt.py's LOCUST_QUIT_SHA256, read from the file (importing it would import
+    Locust, whose gevent patching must not reach this process)."""
+    import ast
+
+    tree = ast.parse((ROOT / "locustfiles" / "prompt.py").read_text())
+    return next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                and [getattr(t, "id", None) for t in n.targets] == ["LOCUST_QUIT_SHA256"])
+
+
+def test_locusts_master_quit_is_the_one_prompt_copied():
+    """locustfiles/prompt.py's _quit is Locust's MasterRunner.quit without its fixed sleep: a Locust
+    whose quit changed (an upgrade) fails here, so the copy is re-checked, not silently diverging."""
+    import importlib.metadata
+    import importlib.util
+
+    spec = importlib.util.find_spec("locust")  # finds the package without running it
+    assert spec is not None and spec.submodule_search_locations
+    source = (Path(spec.submodule_search_locations[0]) / "runners.py").read_text()
+    assert quit_hash(source) == recorded_quit_hash(), (
+        f"locust {importlib.metadata.version('locust')}'s MasterRunner.quit is not the one locustfiles/prompt.py's "
+        "_quit was copied from (locust 2.47.0): re-check _quit against it, then record its sha256 in "
+        f"prompt.LOCUST_QUIT_SHA256:\n{master_quit_source(source)}")
+    changed = source.replace("gevent.sleep(0.5)  # wait for final stats report", "gevent.sleep(1)  # wait for final stats report")
+    assert changed != source and quit_hash(changed) != recorded_quit_hash()  # the probe: a changed quit is caught

@@ -282,6 +282,20 @@ EVENT_LINES = st.sampled_from([
 ])
 
 
+def fed_in_cuts(arrivals, body: bytes, cuts: list[int]) -> type | None:
+    """Feed ``body`` to an sse.Arrivals in pieces cut at ``cuts`` (mod its length), then close it:
+    the BadPayload type it raised, None when it took it all."""
+    try:
+        last = 0
+        for cut in sorted(c % (len(body) + 1) for c in cuts) + [len(body)]:
+            arrivals.feed(body[last:cut], 0.0)
+            last = cut
+        arrivals.close(0.0)
+    except BadPayload as e:
+        return type(e)
+    return None
+
+
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.lists(EVENT_LINES, min_size=1, max_size=3), max_size=10), st.lists(st.integers(0, 4000), max_size=6),
        st.booleans(), st.booleans())
@@ -294,7 +308,7 @@ def test_reading_per_arrival_equals_reading_line_by_line(events, cuts, crlf, fin
     if not final_blank and body:
         body = body[: -len(nl)]
     reference, by_arrival = ChatStream(0.0), ChatStream(0.0)
-    ref_error = arr_error = None
+    ref_error = None
     try:
         decoder = SSEDecoder()
         for line in body.split(b"\n"):
@@ -306,26 +320,12 @@ def test_reading_per_arrival_equals_reading_line_by_line(events, cuts, crlf, fin
             reference.event(tail, 0.0)
     except BadPayload as e:
         ref_error = type(e)
-    try:
-        arrivals, last = Arrivals(by_arrival), 0
-        for cut in sorted(c % (len(body) + 1) for c in cuts) + [len(body)]:
-            arrivals.feed(body[last:cut], 0.0)
-            last = cut
-        arrivals.close(0.0)
-    except BadPayload as e:
-        arr_error = type(e)
+    arr_error = fed_in_cuts(Arrivals(by_arrival), body, cuts)
     assert ref_error == arr_error
     # Text kept (a tokenizer): every event fully parsed, the same judgement -- or a refusal of an
     # event of several data lines that the byte search lets pass (two JSON documents joined)
-    counting, count_error = ChatStream(0.0, count=len), None
-    try:
-        arrivals, last = Arrivals(counting), 0
-        for cut in sorted(c % (len(body) + 1) for c in cuts) + [len(body)]:
-            arrivals.feed(body[last:cut], 0.0)
-            last = cut
-        arrivals.close(0.0)
-    except BadPayload as e:
-        count_error = type(e)
+    counting = ChatStream(0.0, count=len)
+    count_error = fed_in_cuts(Arrivals(counting), body, cuts)
     assert ref_error is None or count_error is not None
     if count_error is not None and ref_error is None:  # only where two data lines made one event
         assert any(sum(line.startswith(b"data:") for line in lines) > 1 for lines in events)

@@ -25,6 +25,8 @@ event = st.fixed_dictionaries({
                                     st.none() | st.integers(0, 9), st.integers(0, 9),
                                     st.none() | st.integers(0, 9), st.none() | st.integers(0, 9)),
     "latency": st.floats(0, 1000),
+    "tags": st.none() | st.tuples(st.none() | st.integers(0, 7), st.none() | st.integers(1, 9)),  # (prefix, turn)
+    "resent": st.sampled_from([None, None, 1, 2]),  # users.py: sent again after a clean close
 })
 
 
@@ -37,7 +39,9 @@ def expected_row(i: int, e: dict) -> dict:
             "error": None if exc is None else categorize(e["status"], exc), "name": f"n{i % 3}",
             "tokens_in": tin, "tokens_out": tout, "ttft_ms": ttft,
             "itl_ms": itl, "tokens_counted": counted, "usage_out": usage, "chunks_out": chunks,
-            "tokens_tokenizer": tokenizer, "tokens_pinned": pinned}
+            "tokens_tokenizer": tokenizer, "tokens_pinned": pinned,
+            "prefix": (e["tags"] or (None, None))[0], "turn": (e["tags"] or (None, None))[1],
+            "resent": e["resent"]}
 
 
 @settings(max_examples=200, deadline=None)
@@ -54,6 +58,10 @@ def test_every_row_comes_out_as_its_event_said(events, cut):
             context["kneeswarm"] = e["tokens"]
         if e["stream"]:
             context["kneeswarm_stream"] = e["stream"]
+        if e["tags"]:
+            context["kneeswarm_tags"] = e["tags"]
+        if e["resent"]:
+            context["kneeswarm_resent"] = e["resent"]
         buf.on_request("POST", f"n{i % 3}", e["latency"], i, Resp(e["status"]) if e["status"] else None,
                        context, ConnectionResetError("reset") if e["failed"] else None, start_time=100.0 + i)
     cols = buf.take()

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 
 import analysis
-from kneeswarm.rundir import RunDir
+from kneeswarm.rundir import RunDir, write_csv
 from synthetic_run import closed_loop, make_run
 
 
@@ -142,3 +143,21 @@ def test_a_part_write_on_a_full_disk_raises_and_leaves_no_temporary_file(small_d
     small_disk.free()
     rd.write_request_part(cols, 0)  # the retry, once there is room
     assert len(rd.read_requests()) == n
+
+
+def test_read_csv_latest_reads_the_whole_latest_sample_from_the_end(tmp_path):
+    """The live view's read of a growing host CSV: the rows at the latest t, even where that sample
+    is larger than the first tail read (3 x 4,000 thread rows, ~70 kB each), and not a last line
+    still being appended."""
+    from kneeswarm.rundir import read_csv_latest
+
+    rows = [(100.0 + s, 1000 + k, f"w{k}", k % 97 + 0.5) for s in range(3) for k in range(4000)]
+    path = tmp_path / "threads.csv"
+    write_csv(path, ["t", "tid", "name", "cpu_pct"], rows)
+    whole = pd.read_csv(path)
+    expected = whole[whole["t"] == 102.0].reset_index(drop=True)
+    assert len(expected) == 4000 and path.stat().st_size > 3 * 65536
+    with path.open("a") as f:
+        f.write("103.0,1000,w0,4")  # cut: no newline yet
+    pd.testing.assert_frame_equal(read_csv_latest(path), expected)
+    assert read_csv_latest(tmp_path / "missing.csv") is None

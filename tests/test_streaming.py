@@ -47,6 +47,16 @@ def run_probe(tmp_path: Path, target_url: str, plan_body: str, users: int, hold:
     return runs[0], json.loads(probe.read_text()), res
 
 
+def server_ttft(url: str) -> tuple[float, float]:
+    """The target's own TTFT so far (its /metrics: arrival to first token, on its clock): (sum s, count)."""
+    import requests
+
+    from collectors.prometheus import parse_exposition
+
+    m = parse_exposition(requests.get(url + "/metrics", timeout=5).text)
+    return m["vllm:time_to_first_token_seconds_sum"], m["vllm:time_to_first_token_seconds_count"]
+
+
 @pytest.fixture(scope="module")
 def llm_target():
     from kneeswarm.cli import start_target, stop_target
@@ -58,16 +68,22 @@ def llm_target():
 
 @pytest.mark.parametrize("users", [1, 16])
 def test_ttft_and_itl_medians_match_the_targets_schedule(tmp_path, llm_target, users):
+    before = server_ttft(llm_target)
     run_dir, probe, res = run_probe(tmp_path, llm_target, f"[request]\nmax_tokens = {MAX_TOKENS}\n", users)
+    after = server_ttft(llm_target)
+    # the server's TTFT is D plus however late its event loop woke (more with 16 streams on a busy
+    # machine); the client adds only the way in and out (loopback, under 5 ms) and never sees the
+    # first token before D (less the target's TIMER_SLACK_S, 0.5 ms)
+    late_ms = 1000 * (after[0] - before[0]) / (after[1] - before[1]) - D_MS
     rows = RunDir(run_dir).read_requests()
     assert len(rows) >= 10, res.stderr[-2000:]
     assert rows["ok"].all(), rows["error"].value_counts()
     ttft = rows["ttft_ms"].to_numpy(dtype=float)
     itl = np.concatenate([np.asarray(g, dtype=float) for g in probe["itl_ms"]])
     ttft_median, itl_median = float(np.median(ttft)), float(np.median(itl))
-    print(f"{users} users: {len(rows)} requests, TTFT median {ttft_median:.2f} ms (D={D_MS}), "
-          f"ITL median {itl_median:.2f} ms over {len(itl)} gaps (G={G_MS})")
-    assert abs(ttft_median - D_MS) <= 5.0
+    print(f"{users} users: {len(rows)} requests, TTFT median {ttft_median:.2f} ms (D={D_MS}, server mean "
+          f"{D_MS + late_ms:.2f}), ITL median {itl_median:.2f} ms over {len(itl)} gaps (G={G_MS})")
+    assert D_MS - 0.5 <= ttft_median <= D_MS + late_ms + 5.0, (ttft_median, late_ms)
     assert abs(itl_median - G_MS) <= 3.0
     # Every request: the server's usage says MAX_TOKENS, the client saw as many text chunks.
     assert set(rows["tokens_out"]) == {MAX_TOKENS}

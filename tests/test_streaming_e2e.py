@@ -2,7 +2,8 @@
 Locust master and worker, recorder, analysis) against the real demo target, whose first token
 leaves D ms after a request arrives and each later one G ms after the one before.
 
-Independent truths: D and G themselves, and numpy on the request rows the run stored.
+Independent truths: D and G themselves, the target's own TTFT (its /metrics), and numpy on the request
+rows the run stored.
 """
 
 from __future__ import annotations
@@ -41,13 +42,20 @@ def steady(rd: RunDir, step: dict):
 def test_step_ttft_itl_tpot_and_tokens_s_match_the_targets_schedule(tmp_path, start_demo_target):
     target = start_demo_target(*TINY_MODEL, "--ttft-ms", str(D_MS), "--itl-ms", str(G_MS))
     summary, rd = run(tmp_path, target.url, f"[request]\nmax_tokens = {MAX_TOKENS}\nignore_eos = true\n")
+    # The server's own TTFT (its /metrics: arrival to first token, on its clock) is D plus however late
+    # its event loop woke: 0.5-1 ms here, more on a machine others keep busy (55.3 ms seen at a load
+    # average of 6-10).  The client adds only the way in and out (loopback, under 5 ms) and can never
+    # see the first token before D (less the target's TIMER_SLACK_S, 0.5 ms).
+    m = target.metrics()
+    late_ms = 1000 * m["vllm:time_to_first_token_seconds_sum"] / m["vllm:time_to_first_token_seconds_count"] - D_MS
     for step in summary["steps"]:
         ok = steady(rd, step)
         w = step["t_hi"] - step["t_lo"]
-        print(f"{step['users']} users: {len(ok)} ok, TTFT P50 {step['ttft_p50_ms']:.2f} (D={D_MS}), ITL P50 "
+        print(f"{step['users']} users: {len(ok)} ok, TTFT P50 {step['ttft_p50_ms']:.2f} (D={D_MS}, server "
+              f"{D_MS + late_ms:.2f}), ITL P50 "
               f"{step['itl_p50_ms']:.2f} (G={G_MS}), TPOT P50 {step['tpot_p50_ms']:.2f}, {step['tokens_s']:.1f} tokens/s")
         assert step["valid"], step["reasons"]
-        assert abs(step["ttft_p50_ms"] - D_MS) <= 5.0
+        assert D_MS - 0.5 <= step["ttft_p50_ms"] <= D_MS + late_ms + 5.0, (step["ttft_p50_ms"], late_ms)
         assert abs(step["itl_p50_ms"] - G_MS) <= 3.0
         assert abs(step["tpot_p50_ms"] - G_MS) <= 3.0
         assert step["tokens_s"] == pytest.approx(len(ok) / w * MAX_TOKENS)  # ok rps x output length

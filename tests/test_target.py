@@ -351,7 +351,7 @@ def test_help_documents_the_knobs():
     for flag in ("--mode", "--port", "--request-threads", "--queue-size", "--intra-op-threads",
                  "--inter-op-threads", "--batch-max", "--batch-wait-ms", "--slots", "--service-ms",
                  "--work", "--model-name", "--ttft-ms", "--itl-ms", "--output-tokens", "--api-key-env",
-                 "--fail-rate", "--reset-rate", "--truncate-rate", "--stall-ms", "--stall-every",
+                 "--fail-rate", "--reset-rate", "--truncate-rate", "--stall-ms", "--stall-every", "--fail-above",
                  "--sigma", "--kappa", "--warmup-s", "--warmup-extra-ms",
                  "--kv-tokens", "--max-batch", "--prefill-ms-per-token", "--decode-ms", "--decode-ms-per-seq"):
         assert flag in proc.stdout

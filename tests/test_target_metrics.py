@@ -261,7 +261,7 @@ RECORDED = ["kneeswarm-0.1.0.txt", "kserve-0.21.0.txt", "torchserve-0.12.0.txt",
             "llamacpp-0.3.36.txt"]
 FROM_DOCS = ["vllm-docs.txt", "tgi-docs.txt", "sglang-docs.txt", "triton-docs.txt"]
 NAMES_SOURCE = {"kneeswarm": SCRAPE, "kserve": SCRAPE, "torchserve": SCRAPE, "triton": SCRAPE, "llamacpp": SCRAPE,
-                "vllm": DOCS, "tgi": DOCS, "sglang": DOCS}
+                "vllm": DOCS, "tgi": DOCS, "sglang": DOCS, "llamacpp-old": DOCS}
 
 
 @pytest.mark.parametrize("fixture", RECORDED + FROM_DOCS)
@@ -342,3 +342,17 @@ def test_source_lines_say_which_names_and_where_from(tmp_path):
     assert any(line.startswith("vllm names from its documentation (vllm-project/vllm ") and line.endswith(
         "server TTFT ms, server ITL ms, server gen tok/s, server prompt tok/s, engine running, engine waiting")
         for line in lines), lines
+
+
+def test_older_llamacpp_kv_cache_usage_is_read_as_kv_cache_usage(tmp_path):
+    """llama.cpp's server exported llamacpp:kv_cache_usage_ratio (0..1) until mid-2025; the recorded
+    0.3.36 scrape has no KV series, so an example written from its documentation stands in."""
+    text = ("# HELP llamacpp:kv_cache_usage_ratio KV-cache usage. 1 means 100 percent usage.\n"
+            "# TYPE llamacpp:kv_cache_usage_ratio gauge\nllamacpp:kv_cache_usage_ratio {v}\n"
+            "# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 2\n")
+    path = tmp_path / "llamacpp-old.txt"
+    path.write_text("# example written from llama.cpp's server README (before mid-2025), made up values\n"
+                    f"#### scrape t=0\n{text.format(v=0.25)}#### scrape t=2\n{text.format(v=0.75)}")
+    got, used = analyse(path, tmp_path)
+    assert got["kv_cache_usage_pct"] == pytest.approx(50.0)
+    assert used["kv_cache_usage_pct"]["server"] == "llamacpp-old" and used["kv_cache_usage_pct"]["source"] == DOCS

@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from kneeswarm.cli import start_target, stop_target
-from kneeswarm.target.engine import UslEngine, Warmup, usl_service_s, warmup_extra_s
+from kneeswarm.target.engine import UslEngine, Warmup, usl_efficiency_users, usl_service_s, warmup_extra_s
 from kneeswarm.target.metrics import TargetMetrics
 from tests.conftest import KNEESWARM, REPO, read_summary
 
@@ -31,6 +31,18 @@ def test_service_time_is_the_usl_closed_form(n, sigma, kappa):
     # N users each always in service: X(N) = N / service time = the USL with λ = 1/T
     x = n / usl_service_s(n, 0.08, sigma, kappa)
     assert x == pytest.approx(n * 12.5 / (1 + sigma * (n - 1) + kappa * n * (n - 1)))
+
+
+@pytest.mark.parametrize("sigma,kappa", [(0.0, 0.01), (0.02, 0.002), (0.05, 0.0025)])
+def test_the_efficiency_knee_is_where_the_served_rates_marginal_gain_falls_that_low(sigma, kappa):
+    """usl_efficiency_users against numpy: X(N) from usl_service_s on a fine grid, its slope by
+    np.gradient over X/N, the first N where that falls under 0.6."""
+    import numpy as np
+
+    n = np.arange(1.0, 200.0, 0.001)
+    x = n / usl_service_s(n, 1.0, sigma, kappa)  # type: ignore[arg-type]  # the formula, elementwise
+    crossing = n[np.argmax(np.gradient(x, n) / (x / n) < 0.6)]
+    assert usl_efficiency_users(sigma, kappa, 0.6) == pytest.approx(crossing, abs=0.002)
 
 
 def test_warmup_extra_falls_linearly_to_zero():
@@ -76,6 +88,7 @@ USL_STEPS = (1, 2, 4, 6, 8, 11, 14)
 USL_FIT_STEPS = USL_STEPS[:-1]
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_fit_usl_recovers_the_usl_targets_sigma_kappa_and_peak(tmp_path):
     proc, url = start_target(["--mode", "usl", "--sigma", str(USL_SIGMA), "--kappa", str(USL_KAPPA),

@@ -15,7 +15,7 @@ import requests
 from kneeswarm.conductor import free_port
 from kneeswarm.rundir import RunDir
 
-from conftest import REPO, read_summary, run_cli, wait_for
+from conftest import REPO, answers_200, chromium_or_skip, chromium_page, read_summary, run_cli, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 def test_web_ui_start_records_a_run(tmp_path, start_demo_target):
     target = start_demo_target("--mode", "knee", "--slots", "2", "--service-ms", "20")
     plan = tmp_path / "plan.toml"
-    plan.write_text('name = "ui"\n[load]\nsteps = [1, 2]\nramp = 0.5\nhold = 3.0\nsettle = 0.5\n')
+    plan.write_text('name = "ui"\n[load]\nsteps = [1, 2]\nramp = 0.5\nhold = 1.5\nsettle = 0.5\n')
     port = free_port()
     out = tmp_path / "runs"
     ui = subprocess.Popen(
@@ -33,13 +33,7 @@ def test_web_ui_start_records_a_run(tmp_path, start_demo_target):
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        def up() -> bool:
-            try:
-                return requests.get(base + "/", timeout=1).status_code == 200
-            except requests.RequestException:
-                return False
-
-        wait_for(up, 60, "the web UI")
+        wait_for(lambda: answers_200(base + "/"), 60, "the web UI")
         def finished(n: int) -> bool:
             runs = sorted(out.glob("*/report/index.html")) if out.exists() else []
             return len(runs) >= n
@@ -76,19 +70,18 @@ def _start_ui(tmp_path, plan, out, port, *extra):
     )
 
 
+@pytest.mark.long
 def test_web_ui_in_chromium_plan_knee_tab_agents_and_report(tmp_path, start_demo_target):
-    """Chromium: the plan in the form, Start, the Knee tabs fill, the report link at the stop; the
-    run directory has the monitored host's parsed CSVs and a report that opens with no console error."""
-    import shutil
-
-    playwright = pytest.importorskip("playwright.sync_api")
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.skip("Debian's chromium is not installed (make test installs it)")
-    target = start_demo_target("--mode", "knee", "--slots", "2", "--service-ms", "20")
+    """Chromium: the plan in the form, Start, the Knee tabs fill (the chart with a point per step so
+    far), the report link at the stop and the report's knee marked on the chart; the run directory
+    has the monitored host's parsed CSVs and a report that opens with no console error.  One slot:
+    saturated from 1 or 2 users (the client's own time per request keeps 2 users from filling 2
+    slots, and a grid 1, 2, 3 then shows no knee)."""
+    browsers = chromium_or_skip()
+    target = start_demo_target("--mode", "knee", "--slots", "1", "--service-ms", "20")
     plan = tmp_path / "plan.toml"
     plan.write_text(f'name = "ui"\ntarget = "{target.url}"\nmetrics_url = "{target.url}/metrics"\n'
-                    '[load]\nsteps = [1, 2]\nramp = 0.5\nhold = 4.0\nsettle = 0.5\n'
+                    '[load]\nsteps = [1, 2]\nramp = 0.5\nhold = 3.0\nsettle = 0.5\n'
                     f'[[hosts]]\nname = "server"\npid = {target.pid}\n')
     port, out = free_port(), tmp_path / "runs"
     ui = _start_ui(tmp_path, plan, out, port)
@@ -96,15 +89,12 @@ def test_web_ui_in_chromium_plan_knee_tab_agents_and_report(tmp_path, start_demo
     shots = tmp_path / "screenshots"
     shots.mkdir()
     try:
-        wait_for(lambda: _up(base), 60, "the web UI")
-        with playwright.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(base + "/")
+        wait_for(lambda: answers_200(base + "/"), 60, "the web UI")
+        with chromium_page(browsers, base + "/", viewport={"width": 1400, "height": 1000}) as (browser, page):
             steps_field = page.locator("[name=kneeswarmSteps]")
             steps_field.wait_for(timeout=30_000)
             assert steps_field.input_value() == "1,2"  # the plan file's steps, in the form
-            assert page.locator("[name=kneeswarmHold]").input_value() == "4.0"
+            assert page.locator("[name=kneeswarmHold]").input_value() == "3.0"
             assert not page.locator("[name=userCount]").is_visible()  # the step plan drives the load
             assert page.locator("#kneeswarm-plan-note").is_visible()
             page.screenshot(path=str(shots / "1-form.png"))
@@ -114,6 +104,7 @@ def test_web_ui_in_chromium_plan_knee_tab_agents_and_report(tmp_path, start_demo
                      "the load to start (after the host agents)")
             page.goto(base + "/?tab=knee")
             page.locator("td", has_text="steady").first.wait_for(timeout=60_000)
+            wait_for(lambda: _chart_shows_the_steps(page, base), 30, "the chart's points: the steps so far")
             page.screenshot(path=str(shots / "2-knee.png"))
             page.goto(base + "/?tab=knee-servers")
             page.locator("td", has_text="server").first.wait_for(timeout=60_000)
@@ -122,8 +113,11 @@ def test_web_ui_in_chromium_plan_knee_tab_agents_and_report(tmp_path, start_demo
             link.wait_for(timeout=120_000)
             page.goto(base + "/?tab=knee")
             page.locator("td", has_text="done").nth(2).wait_for(timeout=30_000)  # all three steps
+            wait_for(lambda: _chart_shows_the_steps(page, base, knee=True), 30, "the chart: every step, the knee")
+            chart = _chart(page)
             page.screenshot(path=str(shots / "4-report-link.png"))
             live = requests.get(base + "/kneeswarm/live.json", timeout=5).json()
+            assert chart["qps"] == [r["qps"] for r in live["steps"]] and chart["p99"] == [r["p99_ms"] for r in live["steps"]]
             assert [r["users"] for r in live["steps"]] == [1, 2, 3]
             assert all(r["valid"] == "yes" or r["valid"].startswith("no: ") for r in live["steps"])  # the summary's verdict
             (server,) = [h for h in live["hosts"] if h["host"] == "server"]
@@ -139,7 +133,6 @@ def test_web_ui_in_chromium_plan_knee_tab_agents_and_report(tmp_path, start_demo
             report.wait_for_load_state("networkidle")
             report.screenshot(path=str(shots / "5-report.png"), full_page=False)
             assert errors == []
-            browser.close()
     finally:
         ui.terminate()
         ui.wait(timeout=60)
@@ -155,13 +148,28 @@ def test_web_ui_in_chromium_plan_knee_tab_agents_and_report(tmp_path, start_demo
     assert "server" in meta["hosts"] and meta["ended"] == "completed"
     s = read_summary(run_dir)
     assert [st["users"] for st in s["steps"]] == [1, 2, 3]
+    assert s["knee"]["users"] in (1, 2)  # 1 slot
+    assert [sh["x0"] for sh in chart["shapes"] if sh["name"] == "knee"] == [s["knee"]["users"]]  # marked
 
 
-def _up(base: str) -> bool:
-    try:
-        return requests.get(base + "/", timeout=1).status_code == 200
-    except requests.RequestException:
-        return False
+CHART = """() => { const d = document.getElementById('kneeswarm-chart');
+  if (!d || !d.data || !d.layout) { return null; }
+  return {x: d.data[0].x, qps: d.data[0].y, p99: d.data[1].y, why: d.data[0].hovertext,
+          shapes: (d.layout.shapes || []).map(s => ({name: s.name, x0: s.x0, x1: s.x1}))}; }"""
+
+
+def _chart(page) -> dict | None:
+    """The Knee tab's chart as plotly drew it (its div's data and layout), or None."""
+    return page.evaluate(CHART)
+
+
+def _chart_shows_the_steps(page, base: str, knee: bool = False) -> bool:
+    """The chart has a point for each step with a QPS so far in live.json, by users (and, with
+    ``knee``, a knee mark or bracket)."""
+    steps = requests.get(base + "/kneeswarm/live.json", timeout=5).json()["steps"]
+    users = sorted(r["users"] for r in steps if r["qps"] is not None)
+    chart = _chart(page)
+    return bool(users) and chart is not None and chart["x"] == users and (not knee or bool(chart["shapes"]))
 
 
 def test_web_ui_refuses_a_public_address_without_login(tmp_path):
@@ -236,13 +244,7 @@ def test_web_login_from_environment_variables(tmp_path):
         s = requests.Session()
         s.trust_env = False  # 127.0.0.2 is not in a proxy's no_proxy list
 
-        def up() -> bool:
-            try:
-                return s.get(base + "/login", timeout=1).status_code == 200
-            except requests.RequestException:
-                return False
-
-        wait_for(up, 60, "the login page")
+        wait_for(lambda: answers_200(base + "/login", s), 60, "the login page")
         anon = s.get(base + "/kneeswarm/live.json", timeout=5, allow_redirects=False)
         assert anon.status_code in (302, 401)
         bad = s.post(base + "/kneeswarm/login", data={"username": "alice", "password": "wrong"}, timeout=5)
@@ -253,3 +255,48 @@ def test_web_login_from_environment_variables(tmp_path):
     finally:
         ui.terminate()
         ui.wait(timeout=30)
+
+
+@pytest.mark.long
+def test_web_ui_search_in_chromium_shows_each_probes_why(tmp_path, start_demo_target):
+    """Chromium, issue 18: mode = "search" set in the start form over a grid plan; the Knee tab shows
+    why each probe was chosen as it is decided; the report has the search section.  A fixed hold
+    of 3 s: each probe is judged once its rows are in (they trail the workers' reports)."""
+    browsers = chromium_or_skip()
+    target = start_demo_target("--mode", "knee", "--slots", "2", "--service-ms", "20")
+    plan = tmp_path / "plan.toml"
+    plan.write_text(f'name = "ui-search"\ntarget = "{target.url}"\n'
+                    '[load]\nsteps = [1, 2]\nramp = 0.5\nhold = 3.0\nsettle = 0.5\n')
+    port, out = free_port(), tmp_path / "runs"
+    ui = _start_ui(tmp_path, plan, out, port)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: answers_200(base + "/"), 60, "the web UI")
+        with chromium_page(browsers, base + "/", viewport={"width": 1400, "height": 1000}) as (_, page):
+            page.locator("[name=kneeswarmMode]").wait_for(timeout=30_000)
+            page.locator("[name=kneeswarmMode]").fill("search")
+            page.locator("[name=kneeswarmStart]").fill("1")
+            page.locator("[name=kneeswarmMax]").fill("8")
+            page.get_by_role("button", name="Start").click()
+            wait_for(lambda: requests.get(base + "/stats/requests", timeout=5).json()["state"] == "running", 120,
+                     "the load to start")
+            page.goto(base + "/?tab=knee")
+            page.locator("td", has_text="growth x2 from 1").first.wait_for(timeout=90_000)  # decided, shown
+            wait_for(lambda: _chart_shows_the_steps(page, base), 30, "the chart's points: the probes so far")
+            assert _chart(page)["why"][0].endswith("start")  # each point says why its probe was chosen
+            page.locator("#kneeswarm-report-link").wait_for(timeout=180_000)
+            wait_for(lambda: _chart_shows_the_steps(page, base, knee=True), 30, "the chart: every probe, the knee")
+            chart = _chart(page)
+            live = requests.get(base + "/kneeswarm/live.json", timeout=5).json()
+    finally:
+        ui.terminate()
+        ui.wait(timeout=60)
+    whys = [r["why"] for r in live["steps"]]
+    assert whys[0] == "start" and whys[1].startswith("growth") and all(whys), whys
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    s = read_summary(run_dir)["search"]
+    users = [p["users"] for p in s["probes"]]
+    assert users[:3] == [1, 2, 4] and s["knee_bracket"][0] == 2 and s["stopped_because"], s  # 2 slots
+    assert "<h2>Search</h2>" in (run_dir / "report" / "index.html").read_text()
+    assert chart["x"] == sorted(users)  # the chart orders the probes by users; each labelled with its why
+    assert [[sh["x0"], sh["x1"]] for sh in chart["shapes"] if sh["name"] == "knee bracket"] == [s["knee_bracket"]]

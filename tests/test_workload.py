@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import random
+from pathlib import Path
+from typing import Callable, TypeVar
 
 import numpy as np
 import pytest
@@ -15,6 +17,8 @@ from hypothesis import strategies as st
 from kneeswarm.plan import PlanError, plan_from_dict
 from locustfiles.protocols import for_plan
 from locustfiles.protocols.workload import LengthDist, WorkloadError, load_dataset, words
+
+T = TypeVar("T")
 
 
 def write_jsonl(tmp_path, lines: list[str], name: str = "p.jsonl") -> str:
@@ -90,17 +94,24 @@ def test_the_length_generator_survives_any_table(dist, mean, stdev, lo, hi, seed
         assert isinstance(n, int) and d.min <= n <= d.max
 
 
+def loaded_or_refused(load: Callable[[str], list[T]], path: Path, lines: list[str]) -> list[T] | None:
+    """``load`` on a file of these lines: its records, or None when it refused the file as bad input
+    must be refused (a WorkloadError of one line that names the file)."""
+    path.write_text("\n".join(lines), encoding="utf-8")
+    try:
+        return load(str(path))
+    except WorkloadError as e:
+        assert "\n" not in str(e) and str(path) in str(e)
+        return None
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.one_of(st.text(max_size=40), st.sampled_from([
     '{"prompt": "a b"}', '{"messages": [{"role": "user", "content": "x y z"}], "max_tokens": 3}',
     '{"prompt": 1}', '{"max_tokens": true, "prompt": ""}', "null", "{}"])), max_size=12))
 def test_the_dataset_loader_survives_any_file(tmp_path_factory, lines):
-    path = tmp_path_factory.mktemp("ds") / "d.jsonl"
-    path.write_text("\n".join(lines), encoding="utf-8")
-    try:
-        records = load_dataset(str(path))
-    except WorkloadError as e:
-        assert "\n" not in str(e) and str(path) in str(e)
+    records = loaded_or_refused(load_dataset, tmp_path_factory.mktemp("ds") / "d.jsonl", lines)
+    if records is None:
         return
     assert records and all(words(r) >= 0 for r in records)
     assert all(("prompt" in r) != ("messages" in r) for r in records)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 
@@ -32,6 +33,20 @@ def pytest_collection_modifyitems(items):
     for item in items:
         item.add_marker(pytest.mark.conformance)
         item.add_marker(pytest.mark.timeout(TEST_TIMEOUT_S))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def servers_installed(request) -> None:
+    """Every server the selected tests need (their module's ``SERVER_INSTALL``), installed side by
+    side before the first test runs (servers.install_side_by_side): the cold installs overlap."""
+    from servers import install_side_by_side
+
+    wanted = []
+    for item in request.session.items:
+        install = getattr(item.module, "SERVER_INSTALL", None)
+        if install is not None and install not in wanted:
+            wanted.append(install)
+    install_side_by_side(wanted)
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -55,6 +70,15 @@ class Run:
     seconds: float
 
 
+def plan_text(name: str, url: str, protocol: str, metrics_url: str, steps: Sequence[int], hold: float,
+              request: str, workers: int = 2) -> str:
+    """The plan of every conformance run: ``steps`` each held ``hold`` s after a 1 s ramp and a
+    1 s settle, at least 30 requests a step; ``request``: the [request] table's lines."""
+    return (f'name = "{name}"\ntarget = "{url}"\nprotocol = "{protocol}"\nmetrics_url = "{metrics_url}"\n\n'
+            f'[load]\nsteps = [{", ".join(map(str, steps))}]\nramp = 1.0\nhold = {hold}\nsettle = 1.0\n'
+            f"workers = {workers}\n\n[request]\n{request}\n[analysis]\nmin_requests = 30\n")
+
+
 def kneeswarm_run(plan: str, out: Path, *args: str, timeout: float = 600) -> Run:
     """The installed `kneeswarm` console script on PLAN (TOML text), its run directory under OUT."""
     import time
@@ -69,6 +93,15 @@ def kneeswarm_run(plan: str, out: Path, *args: str, timeout: float = 600) -> Run
     runs = sorted(p for p in (out / "runs").iterdir() if p.is_dir()) if (out / "runs").exists() else []
     assert res.returncode == 0 and len(runs) == 1, (res.returncode, runs, res.stderr[-4000:])
     return Run(runs[0], res, seconds)
+
+
+def scrape(metrics_url: str) -> dict[str, float]:
+    """The server's Prometheus exposition now, as {"name{labels}": value}."""
+    import requests
+
+    from collectors.prometheus import parse_exposition
+
+    return parse_exposition(requests.get(metrics_url, timeout=5).text)
 
 
 def read_summary(run_dir: Path) -> dict:
@@ -99,10 +132,13 @@ def assert_every_step_valid(run_dir: Path, rows=None) -> dict:
     return s
 
 
-def record_counts(server: str, figs: list[tuple[int, int, int]]) -> None:
-    """The printed table's "requests client/server" of one server (per_step_counts' figures)."""
-    FIGURES.setdefault(server, {})["requests client/server"] = (
-        f"{sum(c for _, c, _ in figs)}/{sum(s for _, _, s in figs)}")
+def record_counts(key: str, figs: list[tuple[int, int, int]], **columns: str) -> None:
+    """The printed table's "requests client/server" in the row KEY (per_step_counts' figures), and
+    other COLUMNS of that row (e.g. server="...": its name; a row no test names shows its KEY)."""
+    row = FIGURES.setdefault(key, {})
+    row["requests client/server"] = f"{sum(c for _, c, _ in figs)}/{sum(s for _, _, s in figs)}"
+    row.update(columns)
+    row.setdefault("server", key)
 
 
 def row_ends(rows):

@@ -17,12 +17,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import requests
 
 from conftest import (
-    FIGURES, assert_every_step_valid, kneeswarm_run, per_step_counts, read_summary, record_counts,
+    FIGURES, assert_every_step_valid, kneeswarm_run, per_step_counts, plan_text, read_summary, record_counts, scrape,
     rows_and_steps, Run, target_of)
 from servers import Installed, Server, free_port, kserve
+
+SERVER_INSTALL = kserve  # installed with the others before the first test (conftest.py)
 
 pytestmark = pytest.mark.slow
 
@@ -31,12 +32,6 @@ KNEE = SLOTS  # QPS rises to SLOTS users (<= SLOTS * 1000 / 50 ms = 80/s) and ho
 STEPS = (1, 2, 4, 8, 16)
 HOLD_S = 8.0
 PREDICT = "request_predict_seconds"
-
-
-def scrape(url: str) -> dict[str, float]:
-    from collectors.prometheus import parse_exposition
-
-    return parse_exposition(requests.get(url + "/metrics", timeout=5).text)
 
 
 @dataclass
@@ -62,34 +57,17 @@ def start(ks: Installed) -> Server:
 
 
 def plan(url: str, protocol: str, steps: tuple[int, ...], hold: float) -> str:
-    return f"""name = "kserve-{protocol}"
-target = "{url}"
-protocol = "{protocol}"
-metrics_url = "{url}/metrics"
-
-[load]
-steps = [{", ".join(map(str, steps))}]
-ramp = 1.0
-hold = {hold}
-settle = 1.0
-workers = 2
-
-[request]
-model = "spin"
-shape = [1, 8]
-
-[analysis]
-min_requests = 30
-"""
+    return plan_text(f"kserve-{protocol}", url, protocol, f"{url}/metrics", steps, hold,
+                     'model = "spin"\nshape = [1, 8]\n')
 
 
 def kserve_run(ks: Installed, out: Path, protocol: str, steps: tuple[int, ...], hold: float) -> KServeRun:
     server = start(ks)
     try:
-        before = scrape(server.url)
+        before = scrape(server.url + "/metrics")
         run = kneeswarm_run(plan(server.url, protocol, steps, hold), out, "--pid", str(server.pid))
         time.sleep(1.0)
-        after = scrape(server.url)
+        after = scrape(server.url + "/metrics")
     finally:
         server.stop()
     return KServeRun(ks, run, list(server.lines), before, after)

@@ -14,7 +14,9 @@ The truths, all the server's own:
   "eval time = Y ms / M tokens (Z ms per token ...)"), each line stamped by this test as it
   arrives -- requests per step, the server's latency per request, and at one user (requests one
   after another) a one-to-one pairing with the client's rows: TTFT >= the server's prompt time,
-  TPOT within 10 % of its time per generated token;
+  latency >= its prompt + eval time, TPOT within 10 % of its time per generated token (eval time
+  over the generated tokens less one: server-common.h's t_gen_per_token_ms, the same span as
+  (latency - TTFT) / (tokens - 1)) where its first token was not held (HELD_MS);
 - its /metrics (--metrics): llamacpp:tokens_predicted_total against the sum of `usage`, and the
   metric names analysis/target.py must match on the live scrape.
 """
@@ -31,12 +33,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import requests
 
 from conftest import (
-    FIGURES, assert_every_step_valid, kneeswarm_run, per_step_counts, read_summary, record_counts,
+    FIGURES, assert_every_step_valid, kneeswarm_run, per_step_counts, plan_text, read_summary, record_counts, scrape,
     row_ends, rows_and_steps, Run, target_of)
 from servers import Installed, Server, free_port, llama_cpp
+
+SERVER_INSTALL = llama_cpp  # installed with the others before the first test (conftest.py)
 
 pytestmark = pytest.mark.slow
 
@@ -51,12 +54,17 @@ MAX_TOKENS = 32  # pinned (ignore_eos): every answer is exactly this long
 LAYERS = 64  # the tiny model's depth: ~1.5-2.5 ms per token alone, a request ~50-80 ms (module docstring)
 CTX_PER_SLOT = 128  # prompt (~20 tokens) + answer; a small KV cache keeps a decode step cheap
 TPOT_REL = 0.10  # the issue's bound: client TPOT within 10 % of the server's time per token ...
-TPOT_SHARE = 0.75  # ... on most requests, NOT all (measured 83-99 % over five runs): with
-#                    TCP_QUICKACK (locustfiles/users.py) some answers still arrive bunched (the server writes with Nagle on
-#                    and the first segment's ACK is delayed; TTFT ~ latency); on two cores shared
-#                    with the load generator a reader descheduled for a few ms moves others.  The
-#                    median is checked to TPOT_MEDIAN_REL.
-TPOT_MEDIAN_REL = 0.05
+TPOT_SHARE = 0.90  # ... on the requests whose first token was not held (HELD_MS) ...
+TPOT_MEDIAN_REL = 0.02  # ... and their median |rel| (measured 0.2-0.5 %)
+# A first token "held": it reached this machine (the reader's kernel receive stamp, users.py) more
+# than HELD_MS after the server's prompt time ended (median 2-5 ms: the request's way in, parsing,
+# tokenizing).  llama-server writes with Nagle on (cpp-httplib's CPPHTTPLIB_TCP_NODELAY is false):
+# its first chunk waits for the ACK of its headers, and a client whose ACK is delayed -- a busy
+# machine -- gets it ~40 ms late (the delayed-ACK timer: holds of 37-43 ms measured) or with the
+# whole answer.  A plain socket client with kernel stamps saw the same on 0-19 % of 150 requests
+# depending on the machine's load, so it is the server's send path, not the reader.  Such a
+# request's TTFT is late and its TPOT short by the hold; its latency still covers the server's work.
+HELD_MS = 10.0
 PAIR_S = 0.030  # a row's end and its server line's stamp: well under one request (~80 ms) apart
 
 TIMING = re.compile(r"task (\d+) \|.*?prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens.*?"
@@ -92,12 +100,6 @@ def timings(server: Server) -> list[Timing]:
     return out
 
 
-def scrape(url: str) -> dict[str, float]:
-    from collectors.prometheus import parse_exposition
-
-    return parse_exposition(requests.get(url + "/metrics", timeout=5).text)
-
-
 @dataclass
 class LlamaRun:
     installed: Installed
@@ -130,38 +132,18 @@ def start_llama(llama: Installed, model: Path) -> Server:
 
 
 def plan(url: str, endpoint: str, steps: tuple[int, ...], hold: float) -> str:
-    return f"""name = "llamacpp-{endpoint}"
-target = "{url}"
-protocol = "openai"
-metrics_url = "{url}/metrics"
-
-[load]
-steps = [{", ".join(map(str, steps))}]
-ramp = 1.0
-hold = {hold}
-settle = 1.0
-workers = 1
-
-[request]
-model = "tiny"
-endpoint = "{endpoint}"
-max_tokens = {MAX_TOKENS}
-ignore_eos = true
-prompt_tokens = 16
-timeout = 30.0
-
-[analysis]
-min_requests = 30
-"""
+    return plan_text(f"llamacpp-{endpoint}", url, "openai", f"{url}/metrics", steps, hold,
+                     f'model = "tiny"\nendpoint = "{endpoint}"\nmax_tokens = {MAX_TOKENS}\nignore_eos = true\n'
+                     "prompt_tokens = 16\ntimeout = 30.0\n", workers=1)
 
 
 def llama_run(llama: Installed, model: Path, out: Path, endpoint: str, steps: tuple[int, ...], hold: float) -> LlamaRun:
     server = start_llama(llama, model)
     try:
-        before = scrape(server.url)
+        before = scrape(server.url + "/metrics")
         run = kneeswarm_run(plan(server.url, endpoint, steps, hold), out, "--pid", str(server.pid))
         time.sleep(1.0)  # the last answers' log lines
-        after = scrape(server.url)
+        after = scrape(server.url + "/metrics")
     finally:
         server.stop()
     return LlamaRun(llama, run, timings(server), before, after, server.log_text())
@@ -203,7 +185,8 @@ def test_requests_per_step_equal_the_server_log(which, request):
     # The whole run: every request the server finished is a row, but those in flight when the load
     # stopped (at most the last step's users) -- they were cut, not recorded.
     assert 0 <= len(r.server_timings) - len(rows) <= max(STEPS), (len(r.server_timings), len(rows))
-    record_counts(f"llama.cpp {which}", figures)
+    record_counts(f"llama.cpp {which}", figures, server=f"llama.cpp llama-server ({which}, streamed)",
+                  version=r.installed.version, protocol="openai")
 
 
 @pytest.mark.parametrize("which", ["chat", "completions"])
@@ -218,31 +201,51 @@ def test_usage_tokens_equal_the_server_counter(which, request):
 
 
 # -- per request: TTFT and TPOT against the server's own timings ---------------------------------
+def paired_in_order(ends: np.ndarray, stamps: np.ndarray) -> tuple[int, np.ndarray]:
+    """Rows one after another (ENDS, sorted) and the server's blocks in the order it logged them:
+    the first block of the run of len(ENDS) consecutive ones whose stamps lie nearest the rows'
+    ends (least median distance), and those distances."""
+    n = len(ends)
+    best = min(range(len(stamps) - n + 1), key=lambda k: float(np.median(np.abs(stamps[k:k + n] - ends))))
+    return best, np.abs(stamps[best:best + n] - ends)
+
+
 @pytest.mark.parametrize("which", ["chat", "completions"])
 def test_one_user_ttft_and_tpot_against_the_server_timings(which, request):
-    """At one user the requests run one after another (~80 ms each): each row of the step's steady
-    part and the timing block the server logged when it ended (its line stamped within PAIR_S of
-    the row's last byte, and no other) are the same request."""
+    """At one user the requests run one after another (~80 ms each), and so do the server's timing
+    blocks: the steady part's rows and a run of consecutive blocks are the same requests, in order
+    (the run whose log stamps lie nearest the rows' ends: within PAIR_S at the median -- a line's
+    stamp lags by however long the server's log thread and this test's reader wait for a core)."""
     r: LlamaRun = request.getfixturevalue(which)
     rows, steps = rows_of(r)
     st = steps.iloc[0]
     assert st.users == 1
     one = rows[(rows["t_start"] >= st.t_steady) & (ends(rows) < st.t_end)].sort_values("t_start")
     stamps = np.array([t.t for t in r.server_timings])
-    nearest = [int(np.argmin(np.abs(stamps - e))) for e in ends(one)]
-    gaps = np.abs(stamps[nearest] - ends(one))
-    assert len(set(nearest)) == len(nearest) > 20 and (gaps < PAIR_S).all(), (len(nearest), sorted(gaps)[-3:])
-    srv = [r.server_timings[i] for i in nearest]
+    first, gaps = paired_in_order(ends(one), stamps)
+    assert len(one) > 20 and np.median(gaps) < PAIR_S, (len(one), np.median(gaps), sorted(gaps)[-3:])
+    srv = r.server_timings[first:first + len(one)]
     ttft = one["ttft_ms"].to_numpy()
     tpot = (one["latency_ms"].to_numpy() - ttft) / (one["usage_out"].to_numpy() - 1)
     prompt = np.array([t.prompt_ms for t in srv])
     per_token = np.array([t.per_token_ms for t in srv])
     assert (np.array([t.gen_n for t in srv]) == MAX_TOKENS).all()
     assert (ttft >= prompt).all(), list(zip(ttft[ttft < prompt], prompt[ttft < prompt]))
-    rel = np.abs(tpot - per_token) / per_token
+    # every request: the client's latency covers the server's own time for it (held or not)
+    total = np.array([t.total_ms for t in srv])
+    latency = one["latency_ms"].to_numpy()
+    assert (latency >= total).all(), list(zip(latency[latency < total], total[latency < total]))
+    held = ttft - prompt > HELD_MS
+    assert (~held).sum() > 20, (int(held.sum()), len(held))
+    rel_all = np.abs(tpot - per_token) / per_token
+    rel = rel_all[~held]
     within = float((rel <= TPOT_REL).mean())
-    print(f"{which}: TPOT within {TPOT_REL:.0%} of the server's on {within:.1%} of {len(rel)} requests; "
-          f"median |rel| {np.median(rel):.3f}")
+    print(f"{which}: TPOT within {TPOT_REL:.0%} of the server's on {within:.1%} of {len(rel)} requests not held "
+          f"({(rel_all <= TPOT_REL).mean():.1%} of all {len(rel_all)}); "
+          f"median |rel| {np.median(rel):.3f}; p95 {np.percentile(rel, 95):.3f}; "
+          f"TTFT - prompt ms median {np.median(ttft - prompt):.2f} p95 {np.percentile(ttft - prompt, 95):.2f}; "
+          f"held {int(held.sum())}: TTFT - prompt ms {sorted(np.round(ttft - prompt, 1)[held].tolist())}; "
+          f"worst {[(round(float(a), 3), round(float(b), 2)) for a, b in sorted(zip(rel, ttft - prompt))[-4:]]}")
     assert within >= TPOT_SHARE and np.median(rel) <= TPOT_MEDIAN_REL, sorted(zip(rel, tpot, per_token))[-5:]
 
 
@@ -279,6 +282,9 @@ def test_knee_where_one_stream_fills_the_compute_thread(chat):
     # the shape's finding: one compute thread (-t 1) is the serial section -- or, where the load
     # generator on the same two cores left no CPU idle to tell, the CPU as a whole
     assert {"single_thread_bound", "cpu_saturated"} & set(ids), ids
+    # its RSS grows with the users (KV and prompt cache, ~20 MB per user), by far less than a model
+    # copy per user (analysis/findings/memory_gpu.py MODEL_COPY_MIN_MB_PER_USER)
+    assert "model_copies" not in ids, [f for f in s["findings"] if f["id"] == "model_copies"]
 
 
 # -- the server's metric names, matched on the live scrape ------------------------------------------

@@ -22,9 +22,11 @@ import pytest
 import requests
 
 from conftest import (
-    FIGURES, assert_every_step_valid, kneeswarm_run, per_step_counts, read_summary, record_counts,
+    FIGURES, assert_every_step_valid, kneeswarm_run, per_step_counts, plan_text, read_summary, record_counts, scrape,
     rows_and_steps, Run, target_of)
 from servers import Installed, Server, free_port, torchserve
+
+SERVER_INSTALL = torchserve  # installed with the others before the first test (conftest.py)
 
 pytestmark = pytest.mark.slow
 
@@ -44,12 +46,6 @@ class TSRun:
     before: dict[str, float]
     after: dict[str, float]
     t_before: float  # when `before` was scraped
-
-
-def scrape(url: str) -> dict[str, float]:
-    from collectors.prometheus import parse_exposition
-
-    return parse_exposition(requests.get(url, timeout=5).text)
 
 
 def served(m: dict[str, float]) -> float:
@@ -96,25 +92,8 @@ def ts_run(ts, tmp_path_factory) -> TSRun:
                                                             timeout=30).status_code != 200:
             time.sleep(0.5)
         t_before, before = time.time(), scrape(metrics)
-        plan = f"""name = "torchserve"
-target = "{server.url}"
-protocol = "torchserve"
-metrics_url = "{metrics}"
-
-[load]
-steps = [{", ".join(map(str, STEPS))}]
-ramp = 1.0
-hold = {HOLD_S}
-settle = 1.0
-workers = 2
-
-[request]
-model = "echo"
-shape = [1, 8]
-
-[analysis]
-min_requests = 30
-"""
+        plan = plan_text("torchserve", server.url, "torchserve", metrics, STEPS, HOLD_S,
+                         'model = "echo"\nshape = [1, 8]\n')
         # the monitored process: the Java frontend (the `torchserve` launcher only waits for it)
         run = kneeswarm_run(plan, home / "out", "--pid", str(server.serving_pid("java")))
         time.sleep(1.0)

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import requests
 
 from conftest import (
-    FIGURES, assert_every_step_valid, kneeswarm_run, per_step_counts, read_summary, record_counts,
+    FIGURES, assert_every_step_valid, kneeswarm_run, per_step_counts, plan_text, read_summary, record_counts, scrape,
     rows_and_steps, Run, target_of)
 from servers import Installed, Server, free_port, pytriton
+
+SERVER_INSTALL = pytriton  # installed with the others before the first test (conftest.py)
 
 pytestmark = pytest.mark.slow
 
@@ -38,12 +39,6 @@ class TritonRun:
     before: dict[str, float]
     after: dict[str, float]
     t_before: float
-
-
-def scrape(url: str) -> dict[str, float]:
-    from collectors.prometheus import parse_exposition
-
-    return parse_exposition(requests.get(url, timeout=5).text)
 
 
 def success(m: dict[str, float]) -> float:
@@ -66,26 +61,8 @@ def triton_run(tr, tmp_path_factory) -> TritonRun:
     metrics = f"http://127.0.0.1:{mport}/metrics"
     try:
         t_before, before = time.time(), scrape(metrics)
-        plan = f"""name = "triton"
-target = "{server.url}"
-protocol = "kserve"
-metrics_url = "{metrics}"
-
-[load]
-steps = [{", ".join(map(str, STEPS))}]
-ramp = 1.0
-hold = {HOLD_S}
-settle = 1.0
-workers = 2
-
-[request]
-model = "double"
-input_name = "x"
-shape = [1, 8]
-
-[analysis]
-min_requests = 30
-"""
+        plan = plan_text("triton", server.url, "kserve", metrics, STEPS, HOLD_S,
+                         'model = "double"\ninput_name = "x"\nshape = [1, 8]\n')
         # the monitored process: tritonserver itself (pytriton's Python process only launched it)
         run = kneeswarm_run(plan, home / "out", "--pid", str(server.serving_pid("tritonserver")))
         time.sleep(2.5)  # Triton refreshes some metrics every 2 s

@@ -20,6 +20,7 @@ returns ``{"findings": [...], "usl": {...}, "littles_law": [...], "rule_errors":
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Callable
 
 from analysis.findings import cgroup, cpu, engine, llm_engine, load, memory_gpu, scaling
@@ -60,12 +61,13 @@ RULES: tuple[Rule, ...] = (
     llm_engine.queue_growing,
     llm_engine.prefill_bound,
     llm_engine.decode_bound,
+    llm_engine.prefix_cache_cold,
 )
 # Rules that name a cause only when the others found none: they get the ids found so far.
 RESIDUAL_RULES = (load.waiting_not_computing,)
 
 
-def _run(rule: Callable[..., list[dict[str, Any]]], errors: list[str], *args: Any) -> list[dict[str, Any]]:
+def _run(rule: Callable[..., list[Any]], errors: list[str], *args: Any) -> list[Any]:
     try:
         return list(rule(*args))
     except Exception as exc:  # noqa: BLE001 — one broken rule must not hide the others' findings
@@ -79,15 +81,15 @@ def findings(ctx: Context, errors: list[str]) -> list[dict[str, Any]]:
     for rule in RULES:
         out += _run(rule, errors, ctx)
     found = {f["id"] for f in out}
-    for rule in RESIDUAL_RULES:
-        out += _run(rule, errors, ctx, found)
+    for residual in RESIDUAL_RULES:
+        out += _run(residual, errors, ctx, found)
     return out
 
 
 def usl_section(ctx: Context) -> dict[str, Any]:
-    users = [num(s["users"]) for s in ctx.valid]
-    fit = fit_usl(users, [num(s["qps"]) for s in ctx.valid])
-    fit["curve"] = usl_curve(fit, max(users) if users else 0)
+    points = [(u, num(s.get("qps"))) for s in ctx.valid if (u := num(s.get("users"))) is not None]  # all (Context)
+    fit = fit_usl([u for u, _ in points], [math.nan if x is None else x for _, x in points])  # NaN: left out
+    fit["curve"] = usl_curve(fit, max((u for u, _ in points), default=0))
     fit["text"] = describe(fit)
     return fit
 

@@ -4,9 +4,9 @@ Keys read (anything missing or malformed reads as "not measured", so a rule does
 
 * ``steps[]``: ``users``, ``qps``, ``rps``, ``p99_ms``, ``mean_ms``, ``valid``, ``reasons``,
   ``errors`` {category: count}, ``window_s``, ``generator_cpu_max``, ``generator.cpu_pct``
-  {worker: %}, ``server[host]`` {metric: mean} with the keys of analysis/steps.py
-  ``server_metrics``: vmstat ``us sy wa cs r``; process ``cpu_pct usr_pct sys_pct wait_pct rss_mb threads
-  cswch_s nvcswch_s migrations_s sy_share``; threads ``active_threads top_thread_cpu_pct``; GPU
+  {worker: %}, ``server[host]`` {metric: mean} with the keys of analysis/serverstats.py
+  ``server_metrics``: vmstat ``us sy wa cs r bi bo``; process ``cpu_pct usr_pct sys_pct wait_pct rss_mb threads
+  cswch_s nvcswch_s migrations_s sy_share io_read_kb_s io_write_kb_s io_delay_pct``; threads ``active_threads top_thread_cpu_pct``; GPU
   ``sm_pct mem_pct fb_used_mb fb_peak_mb power_w``; and ``target`` {``queue_length rejected_s ...``};
 * ``knee.users``; ``analysis.generator_cpu_max``; ``load.loop``;
 * ``hosts[host].cpu`` {``logical_cpus physical_cores``}, ``hosts[host].process.cmdline``,
@@ -51,6 +51,15 @@ def rounded(x: float | None, digits: int = 4) -> float | None:
     return float(f"{x:.{digits}g}")
 
 
+def known(step: dict[str, Any], key: str) -> float:
+    """A figure the Context promises: ``users`` of every step (from_summary keeps no other), and
+    ``qps`` of a valid one.  ValueError where that promise was broken (a Context built by hand)."""
+    v = num(step.get(key))
+    if v is None:
+        raise ValueError(f"a findings step without numeric {key!r}: {step!r}")
+    return v
+
+
 @dataclass
 class Context:
     """The steps sorted by users, the knee, the host facts and the plan, read once."""
@@ -61,10 +70,12 @@ class Context:
     plan: dict[str, Any]
     generator_cpu_max: float
     loop: str = "closed"  # summary["load"]["loop"] (analysis/loop.py): "closed" unless it says "open"
-    valid: list[dict[str, Any]] = field(init=False)
+    llm_workload: dict[str, Any] = field(default_factory=dict)  # summary["llm_workload"] (analysis/llmworkload.py)
+    valid: list[dict[str, Any]] = field(init=False)  # the steps marked valid with numeric users and QPS
 
     def __post_init__(self) -> None:
-        self.valid = [s for s in self.steps if s.get("valid") is True and num(s.get("qps")) is not None]
+        self.valid = [s for s in self.steps if s.get("valid") is True and num(s.get("qps")) is not None
+                      and num(s.get("users")) is not None]
 
     @classmethod
     def from_summary(cls, summary: Any, plan: Any = None) -> Context:
@@ -72,14 +83,15 @@ class Context:
         if hasattr(plan, "to_dict"):  # a kneeswarm.plan.Plan rather than its dict
             plan = plan.to_dict()
         raw = summary.get("steps") if isinstance(summary.get("steps"), list) else []
-        steps = sorted((s for s in raw if isinstance(s, dict) and num(s.get("users")) is not None),
-                       key=lambda s: num(s.get("users")))
+        by_users = [(u, s) for s in raw if isinstance(s, dict) and (u := num(s.get("users"))) is not None]
+        steps = [s for _, s in sorted(by_users, key=lambda us: us[0])]
         knee = num(as_dict(summary.get("knee")).get("users"))
         gmax = num(as_dict(summary.get("analysis")).get("generator_cpu_max"))
         hosts = {str(h): as_dict(f) for h, f in as_dict(summary.get("hosts")).items()}
         loop = "open" if as_dict(summary.get("load")).get("loop") == "open" else "closed"
         return cls(steps=steps, knee_users=knee, hosts=hosts, plan=as_dict(plan),
-                   generator_cpu_max=DEFAULT_GENERATOR_CPU_MAX if gmax is None else gmax, loop=loop)
+                   generator_cpu_max=DEFAULT_GENERATOR_CPU_MAX if gmax is None else gmax, loop=loop,
+                   llm_workload=as_dict(summary.get("llm_workload")))
 
     # -- steps ---------------------------------------------------------------------------------
     def knee_step(self) -> dict[str, Any] | None:
@@ -91,16 +103,17 @@ class Context:
     def late(self) -> list[dict[str, Any]]:
         """The valid steps at or after the knee; without a knee, the last valid step alone
         (the highest load tested: where a resource limit would show first)."""
-        if self.knee_users is None:
+        knee = self.knee_users
+        if knee is None:
             return self.valid[-1:]
-        return [s for s in self.valid if num(s.get("users")) >= self.knee_users]
+        return [s for s in self.valid if known(s, "users") >= knee]
 
     def before_knee(self) -> dict[str, Any] | None:
         """The valid step just before the knee (the knee step itself when it is the first)."""
-        ks = self.knee_step()
-        if ks is None:
+        ks, knee = self.knee_step(), self.knee_users
+        if ks is None or knee is None:
             return None
-        earlier = [s for s in self.valid if num(s.get("users")) < self.knee_users]
+        earlier = [s for s in self.valid if known(s, "users") < knee]
         return earlier[-1] if earlier else ks
 
     # -- metrics -------------------------------------------------------------------------------
@@ -115,6 +128,13 @@ class Context:
         if key.startswith("target."):
             return num(as_dict(m.get("target")).get(key[len("target."):]))
         return num(m.get(key))
+
+    @classmethod
+    def metric_at_each(cls, steps: list[dict[str, Any]], host: str, key: str) -> list[float] | None:
+        """:meth:`metric` at each of ``steps``; None when any of them did not measure it."""
+        values = [cls.metric(s, host, key) for s in steps]
+        measured = [v for v in values if v is not None]
+        return measured if len(measured) == len(values) else None
 
     def cpu_fact(self, host: str, key: str) -> float | None:
         """hosts[host]["cpu"][key] (``logical_cpus``, ``physical_cores``), if positive."""
@@ -153,12 +173,40 @@ class Context:
         CPU: its run delay (pidstat %wait summed over threads, CPU-seconds per second) over the
         request-seconds in flight per second (throughput x mean latency, = the users in a closed
         loop).  None when either is not measured."""
-        wait = self.metric(step, host, "wait_pct")
+        return self.share_of_time_in_flight(step, host, "wait_pct")
+
+    def share_of_time_in_flight(self, step: dict[str, Any], host: str, column: str) -> float | None:
+        """A per-thread delay ``column`` of the process (percent: CPU-seconds per second summed over
+        threads) over the request-seconds in flight per second (throughput, the rps or else the
+        qps, x mean latency).  None when either is not measured."""
+        delay = self.metric(step, host, column)
         x, r = num(step.get("rps")), num(step.get("mean_ms"))
         x = x if x is not None else num(step.get("qps"))
-        if wait is None or x is None or r is None or x * r <= 0:
+        if delay is None or x is None or r is None or x * r <= 0:
             return None
-        return (wait / 100.0) / (x * r / 1000.0)
+        return (delay / 100.0) / (x * r / 1000.0)
+
+    def io_share(self, step: dict[str, Any], host: str) -> float | None:
+        """The monitored process's part of the host's disk traffic (0..1): its kB read + written
+        per second (pidstat -d) over vmstat's bi + bo (KiB/s); 1 when the host's counters show none
+        but the process did IO, 0 when the process did none.  None when the process's IO was not
+        recorded (a run directory from before it was, or the procfs sampler)."""
+        rd, wr = self.metric(step, host, "io_read_kb_s"), self.metric(step, host, "io_write_kb_s")
+        if rd is None or wr is None:
+            return None
+        own = rd + wr
+        if own <= 0:
+            return 0.0
+        bi, bo = self.metric(step, host, "bi"), self.metric(step, host, "bo")
+        total = (bi or 0.0) + (bo or 0.0)
+        return 1.0 if total <= 0 else min(own / total, 1.0)
+
+    def io_delay_share(self, step: dict[str, Any], host: str) -> float | None:
+        """The share of the requests' time in flight that the process's threads spent blocked on
+        disk IO (pidstat iodelay summed over threads, over throughput x mean latency, as
+        ``cpu_wait_share``); None when not measured.  Reads 0 where the kernel's delay accounting
+        is off (kernel.task_delayacct): never a reason to fire on its own there."""
+        return self.share_of_time_in_flight(step, host, "io_delay_pct")
 
     def host_busy(self, step: dict[str, Any], host: str) -> float | None:
         """Host CPU us + sy (vmstat), percent of all CPUs."""

@@ -68,19 +68,19 @@ def _sources(ctx: Context) -> list[tuple[str | None, dict[str, Any], str]]:
     return [d for d in demo if d[1].get("mode") == "onnx"]
 
 
-def _competed(ctx: Context, host: str | None, cpus: float) -> bool:
+def _competed(ctx: Context, host: str, cpus: float) -> bool:
     """The CPUs were full with the service's work at a late step, or the host was not measured."""
-    measured = [s for s in ctx.late() if host is not None and (ctx.host_busy(s, host) is not None
-                                                                or ctx.metric(s, host, "cpu_pct") is not None)]
+    measured = [s for s in ctx.late() if ctx.host_busy(s, host) is not None
+                or ctx.metric(s, host, "cpu_pct") is not None]
     return not measured or any(fills_cores(ctx, s, host, cpus) for s in measured)
 
 
 def engine_oversubscribed(ctx: Context) -> list[dict[str, Any]]:
     out = []
     for host, knobs, source in _sources(ctx):
-        cpus = ctx.service_cpus(host) if host else None
+        cpus = ctx.service_cpus(host) if host else None  # a plan's knobs name no host: its CPUs unknown
         req, intra = num(knobs.get("request_threads")), num(knobs.get("intra_op_threads"))
-        if cpus is None or req is None or intra is None or intra < 0:
+        if host is None or cpus is None or req is None or intra is None or intra < 0:
             continue
         engine = intra or ctx.cpu_fact(host, "physical_cores") or cpus  # 0: ONNX Runtime's default, one per core
         if req * engine <= cpus or not _competed(ctx, host, cpus):

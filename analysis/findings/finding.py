@@ -42,6 +42,12 @@ SEVERITY = {
     "queue_growing": "warning",
     "prefill_bound": "warning",
     "decode_bound": "warning",
+    "prefix_cache_cold": "warning",
+    "memory_growth": "warning",  # issue 20: a soak's trends over its windows (analysis/soak.py)
+    "latency_drift": "warning",
+    "throughput_decay": "warning",
+    "fd_growth": "warning",
+    "thread_growth": "warning",
 }
 FINDING_IDS = tuple(SEVERITY)
 

@@ -7,7 +7,8 @@ against the step before it.  ``unchecked(ctx)`` says, for a streaming run, which
 host's /metrics could not feed (no such series under any known server's names): the findings
 section prints those lines; they are not findings.
 
-``prefix_cache_cold`` needs the workload's shared-prefix share (issue 19 part 1) and is not here.
+``prefix_cache_cold`` reads the workload's shared prefixes (summary ``llm_workload``,
+analysis/llmworkload.py) against the server's prefix-cache hit rate (``prefix_hit_pct``).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ CARRY_SHARE = 0.6
 
 # What each rule needs from the server, and the servers whose names provide it (analysis/target.py).
 NEEDS = {
-    "kv_cache_full": (("kv_cache_usage_pct",), "KV-cache usage (vLLM, SGLang)"),
+    "kv_cache_full": (("kv_cache_usage_pct",), "KV-cache usage (vLLM, SGLang, older llama.cpp)"),
     "preemption": (("preempted_s",), "preemption counter (vLLM, SGLang)"),
     "queue_growing": (("llm_running", "llm_waiting"), "engine running and waiting sequences "
                                                       "(vLLM, SGLang, TGI, llama.cpp)"),
@@ -122,7 +123,7 @@ def queue_growing(ctx: Context) -> list[dict[str, Any]]:
     for host in _hosts_with(ctx, "llm_waiting"):
         w0, w1 = ctx.metric(knee, host, "target.llm_waiting"), ctx.metric(last, host, "target.llm_waiting")
         r0, r1 = ctx.metric(knee, host, "target.llm_running"), ctx.metric(last, host, "target.llm_running")
-        if None in (w0, w1, r0, r1) or r0 <= 0:
+        if w0 is None or w1 is None or r0 is None or r1 is None or r0 <= 0:
             continue
         if w1 - w0 < WAITING_RISE_MIN or r1 > r0 * (1 + RUNNING_FLAT_SHARE):
             continue
@@ -173,19 +174,34 @@ def _carrier(ctx: Context) -> tuple[str, dict[str, Any]] | None:
 def _engine_queue(ctx: Context, steps: list[dict[str, Any]]) -> tuple[str, list[float]] | None:
     """(host, the server's mean wait to be scheduled at each step, ms) where a host exports it."""
     for host in _hosts_with(ctx, "llm_queue_ms"):
-        values = [ctx.metric(s, host, "target.llm_queue_ms") for s in steps]
-        if None not in values:
-            return host, values  # type: ignore[return-value]
+        values = ctx.metric_at_each(steps, host, "target.llm_queue_ms")
+        if values is not None:
+            return host, values
     return None
 
 
-def prefill_bound(ctx: Context) -> list[dict[str, Any]]:
+def _carried_by(ctx: Context, part: str) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """(evidence, the two valid steps it compares) when ``part`` ("prefill_bound" | "decode_bound")
+    carries the latency rise (:func:`_carrier`), else None."""
     got = _carrier(ctx)
-    if got is None or got[0] != "prefill_bound":
-        return []
+    if got is None or got[0] != part:
+        return None
     ev = got[1]
-    u0, u1 = ev["users"]
-    steps = [s for s in ctx.valid if num(s.get("users")) in (num(u0), num(u1))]
+    users = tuple(num(u) for u in ev["users"])
+    return ev, [s for s in ctx.valid if num(s.get("users")) in users]
+
+
+def _rise(ev: dict[str, Any]) -> str:
+    """The opening both carriers' findings share: "From N to M users P50 latency rose a -> b ms"."""
+    (u0, u1), (p0, p1) = ev["users"], ev["p50_ms"]
+    return f"From {users_text(u0)} to {users_text(u1)} P50 latency rose {p0:.0f} -> {p1:.0f} ms"
+
+
+def prefill_bound(ctx: Context) -> list[dict[str, Any]]:
+    carried = _carried_by(ctx, "prefill_bound")
+    if carried is None:
+        return []
+    ev, steps = carried
     why = "requests wait to be admitted or prefilled, not to decode"
     queue = _engine_queue(ctx, steps) if len(steps) == 2 else None
     if queue is not None:
@@ -195,8 +211,7 @@ def prefill_bound(ctx: Context) -> list[dict[str, Any]]:
                + ("most of it is waiting to be scheduled" if q1 - q0 >= 0.5 * (ev["ttft_p50_ms"][1] - ev["ttft_p50_ms"][0])
                   else "most of it is prefill, not waiting to be scheduled"))
     return [finding("prefill_bound", steps, ev,
-                    f"From {users_text(u0)} to {users_text(u1)} P50 latency rose {ev['p50_ms'][0]:.0f} -> "
-                    f"{ev['p50_ms'][1]:.0f} ms and the time to the first token carried {ev['ttft_share']:.0%} of the "
+                    f"{_rise(ev)} and the time to the first token carried {ev['ttft_share']:.0%} of the "
                     f"rise (TTFT P50 {ev['ttft_p50_ms'][0]:.0f} -> {ev['ttft_p50_ms'][1]:.0f} ms): {why}.",
                     "Read queue_growing / kv_cache_full for why admission waits; for long prompts enable "
                     "chunked prefill (vLLM --enable-chunked-prefill, --max-num-batched-tokens) and prefix "
@@ -204,15 +219,12 @@ def prefill_bound(ctx: Context) -> list[dict[str, Any]]:
 
 
 def decode_bound(ctx: Context) -> list[dict[str, Any]]:
-    got = _carrier(ctx)
-    if got is None or got[0] != "decode_bound":
+    carried = _carried_by(ctx, "decode_bound")
+    if carried is None:
         return []
-    ev = got[1]
-    u0, u1 = ev["users"]
-    steps = [s for s in ctx.valid if num(s.get("users")) in (num(u0), num(u1))]
+    ev, steps = carried
     return [finding("decode_bound", steps, ev,
-                    f"From {users_text(u0)} to {users_text(u1)} P50 latency rose {ev['p50_ms'][0]:.0f} -> "
-                    f"{ev['p50_ms'][1]:.0f} ms and decoding ((tokens - 1) x TPOT) carried {1 - ev['ttft_share']:.0%} of "
+                    f"{_rise(ev)} and decoding ((tokens - 1) x TPOT) carried {1 - ev['ttft_share']:.0%} of "
                     f"the rise ({ev['decode_ms'][0]:.0f} -> {ev['decode_ms'][1]:.0f} ms): each decode step slows "
                     "as the batch grows.",
                     "Decoding is memory-bandwidth bound: a quantized model or KV cache (FP8), speculative "
@@ -228,10 +240,79 @@ def unchecked(ctx: Context) -> list[str]:
              if any(as_dict(as_dict(as_dict(s.get("server")).get(h)).get("target")) for s in ctx.steps)]
     if not hosts:
         return ["kv_cache_full, preemption, queue_growing: not checked, no server /metrics was scraped "
-                "(set metrics_url)"]
+                "(set metrics_url)"] + prefix_unchecked(ctx)
     out = []
     for host in hosts:
         for rule, (keys, what) in NEEDS.items():
             if not all(host in _hosts_with(ctx, k) for k in keys):
                 out.append(f"{rule}: not checked on {host}, its /metrics has no {what}")
+    return out + prefix_unchecked(ctx)
+
+
+# prefix_cache_cold: the workload shares prefixes worth at least PREFIX_EXPECT_MIN_PCT of its prompt
+# tokens (analysis/llmworkload.py: share x the cacheable fraction, measured on the rows) and the
+# server's prefix-cache hit rate, mean over the valid steps, is below COLD_SHARE of that.  Half: a
+# block cache reads a block or so below the expectation and misses each prefix's first use (on the
+# demo target, 8 prefixes of 64 tokens behind 16-token messages at share 0.9: 77.5 % measured for
+# 78.2 % expected, tests/test_llm_prefixes.py);
+# a cache that is off or thrashes reads near 0.  No published figure.
+PREFIX_EXPECT_MIN_PCT = 10.0
+COLD_SHARE = 0.5
+PREFIX_NEEDS = "prefix-cache hit and query counters (vLLM, SGLang, llama.cpp)"
+
+
+def _expected_hit(ctx: Context) -> dict[str, Any] | None:
+    """The workload's [request.prefix] facts (or a trace's) when it shares enough tokens to expect hits."""
+    for key in ("prefix", "trace"):
+        p = as_dict(ctx.llm_workload.get(key))
+        expected = num(p.get("expected_hit_pct"))
+        if expected is not None and expected >= PREFIX_EXPECT_MIN_PCT:
+            return p
+    return None
+
+
+def _hit_hosts(ctx: Context) -> list[str]:
+    return [h for h in ctx.server_hosts()
+            if any(ctx.metric(s, h, f"target.{k}") is not None for s in ctx.steps
+                   for k in ("prefix_hit_pct", "prefix_hit_own_pct"))]
+
+
+def prefix_cache_cold(ctx: Context) -> list[dict[str, Any]]:
+    p = _expected_hit(ctx)
+    if p is None:
+        return []
+    expected = float(p["expected_hit_pct"])
+    out = []
+    for host in _hit_hosts(ctx):
+        key = "prefix_hit_pct" if host in _hosts_with(ctx, "prefix_hit_pct") else "prefix_hit_own_pct"
+        series = _series(ctx, host, key, ctx.valid)
+        if not series:
+            continue
+        mean = sum(v for _, v in series) / len(series)
+        if mean >= COLD_SHARE * expected:
+            continue
+        out.append(finding("prefix_cache_cold", [s for s, _ in series],
+                           {"host": host, "hit_pct": {str(s["users"]): round(v, 2) for s, v in series},
+                            "hit_pct_mean": round(mean, 2), "expected_hit_pct": expected,
+                            "share": p.get("share"), "prefix_tokens": p.get("tokens"), "prefixes": p.get("count"),
+                            "cold_share": COLD_SHARE},
+                           f"{host}: the prefix cache served {mean:.0f} % of prompt tokens although "
+                           f"{expected:.0f} % were shared {_sharing(p)}: shared prompts are computed again.",
+                           "Turn prefix caching on (vLLM --enable-prefix-caching, on by default in V1; SGLang's radix "
+                           "cache unless --disable-radix-cache), give the cache room to keep the prefixes (more KV "
+                           "memory), and route requests that share a prefix to the same replica."))
     return out
+
+
+def _sharing(p: dict[str, Any]) -> str:
+    if "share" in p:
+        return (f"prefixes ({p.get('count')} prefixes of {p.get('tokens')} tokens in "
+                f"{float(p.get('share') or 0):.0%} of requests)")
+    return f"blocks (the trace's hash ids, {p.get('block_tokens')}-token blocks, over one pass)"
+
+
+def prefix_unchecked(ctx: Context) -> list[str]:
+    """The line for prefix_cache_cold where the workload shares prefixes but no host says its hit rate."""
+    if _expected_hit(ctx) is None or _hit_hosts(ctx):
+        return []
+    return [f"prefix_cache_cold: not checked, no server /metrics has {PREFIX_NEEDS}"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from analysis.findings.context import Context, as_dict, num, users_text
+from analysis.findings.context import Context, as_dict, known, num, users_text
 from analysis.findings.cpu import CPU_SATURATED_PCT, CPU_WAIT_DISTURBS
 from analysis.findings.finding import finding
 
@@ -60,18 +60,19 @@ def qps_resolution(step: dict[str, Any]) -> float:
 def retrograde(ctx: Context) -> list[dict[str, Any]]:
     if not ctx.valid:
         return []
-    peak = max(ctx.valid, key=lambda s: num(s["qps"]))
-    pq, pu = num(peak["qps"]), num(peak["users"])
-    later = [s for s in ctx.valid if num(s["users"]) > pu and num(s["qps"]) <= (1 - RETROGRADE_DROP) * pq
-             and pq - num(s["qps"]) > qps_resolution(peak) + qps_resolution(s)]
+    peak = max(ctx.valid, key=lambda s: known(s, "qps"))
+    pq, pu = known(peak, "qps"), known(peak, "users")
+    later = [s for s in ctx.valid if known(s, "users") > pu and known(s, "qps") <= (1 - RETROGRADE_DROP) * pq
+             and pq - known(s, "qps") > qps_resolution(peak) + qps_resolution(s)]
     if pq <= 0 or not later:
         return []
-    worst = min(later, key=lambda s: num(s["qps"]))
-    drop = 1 - num(worst["qps"]) / pq
+    worst = min(later, key=lambda s: known(s, "qps"))
+    wq = known(worst, "qps")
+    drop = 1 - wq / pq
     return [finding("retrograde", [peak, *later], {"peak_users": peak["users"], "peak_qps": pq,
-                                                  "users": worst["users"], "qps": num(worst["qps"]),
+                                                  "users": worst["users"], "qps": wq,
                                                   "drop": drop, "threshold": RETROGRADE_DROP},
-                    f"QPS fell {drop:.0%} from its peak {pq:,.1f}/s at {users_text(peak['users'])} to {num(worst['qps']):,.1f}/s "
+                    f"QPS fell {drop:.0%} from its peak {pq:,.1f}/s at {users_text(peak['users'])} to {wq:,.1f}/s "
                     f"at {users_text(worst['users'])}: more concurrency made the service slower.",
                     f"Cap the concurrency at about {users_text(peak['users'])} per instance (pool size, admission limit) "
                     "and scale out with replicas; read the CPU findings for the crosstalk behind the drop.")]
@@ -85,8 +86,8 @@ def _generator_top(step: dict[str, Any]) -> tuple[str | None, float | None]:
 
 
 def generator_bound(ctx: Context) -> list[dict[str, Any]]:
-    hits = [(s, *_generator_top(s)) for s in ctx.steps]
-    hits = [(s, w, v) for s, w, v in hits if v is not None and v > ctx.generator_cpu_max]
+    tops = [(s, *_generator_top(s)) for s in ctx.steps]
+    hits = [(s, w, v) for s, w, v in tops if v is not None and v > ctx.generator_cpu_max]
     if not hits:
         return []
     step, worker, cpu = max(hits, key=lambda h: h[2])
@@ -117,7 +118,7 @@ def _span(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]] | None:
     if not ctx.valid:
         return None
     base, last = ctx.knee_step() or ctx.valid[0], ctx.valid[-1]
-    return (base, last) if num(last["users"]) > num(base["users"]) else None
+    return (base, last) if known(last, "users") > known(base, "users") else None
 
 
 def queue_pushback(ctx: Context) -> list[dict[str, Any]]:
@@ -128,7 +129,7 @@ def queue_pushback(ctx: Context) -> list[dict[str, Any]]:
     r0, r1 = pushback_rate(ctx, base), pushback_rate(ctx, last)
     if r0 is None or r1 is None or r1 <= 0 or r1 <= r0:
         return []
-    steps = [s for s in ctx.steps if num(s["users"]) >= num(base["users"]) and (pushback_rate(ctx, s) or 0) > 0]
+    steps = [s for s in ctx.steps if known(s, "users") >= known(base, "users") and (pushback_rate(ctx, s) or 0) > 0]
     return [finding("queue_pushback", steps, {"from_users": base["users"], "to_users": last["users"],
                                               "rejected_s_from": r0, "rejected_s_to": r1,
                                               "error_rate": num(last.get("error_rate"))},
@@ -142,7 +143,7 @@ def _little_growth(base: dict[str, Any], last: dict[str, Any]) -> float | None:
     """How much users / throughput grew from ``base`` to ``last`` (closed loop: the latency growth
     the added users alone explain); None when a step lacks users or throughput."""
     u0, u1, x0, x1 = num(base.get("users")), num(last.get("users")), num(base.get("qps")), num(last.get("qps"))
-    if None in (u0, u1, x0, x1) or min(u0, u1, x0, x1) <= 0:
+    if u0 is None or u1 is None or x0 is None or x1 is None or min(u0, u1, x0, x1) <= 0:
         return None
     return (u1 / x1) / (u0 / x0)
 
@@ -158,7 +159,7 @@ def unbounded_queue(ctx: Context) -> list[dict[str, Any]]:
     little = _little_growth(base, last) if ctx.loop == "closed" else None
     if little is not None and p1 / p0 < UNBOUNDED_BEYOND_LITTLE * little:
         return []
-    if any((pushback_rate(ctx, s) or 0) > 0 for s in ctx.steps if num(s["users"]) >= num(base["users"])):
+    if any((pushback_rate(ctx, s) or 0) > 0 for s in ctx.steps if known(s, "users") >= known(base, "users")):
         return []
     queue = [v for h in ctx.server_hosts() if (v := ctx.metric(last, h, "target.queue_length")) is not None]
     return [finding("unbounded_queue", [base, last], {"from_users": base["users"], "to_users": last["users"],

@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from analysis.findings.context import Context, num, users_text
-from analysis.findings.cpu import CPU_SATURATED_PCT, by_service
+from analysis.findings.cpu import cpu_full_by_service
 from analysis.findings.finding import finding
 
 logger = logging.getLogger(__name__)
@@ -27,7 +27,9 @@ CPU_STILL_RISING = 0.10  # ... at a step where the process's CPU rose at least 1
 # CPU-second swings with its fixed costs)
 EFFICIENCY_MIN_CORES = 0.5
 
-# latency_swinging: P99 / P50 of a step, with the service's CPUs full (cpu_saturated's "full").
+# latency_swinging: P99 / P50 of a step, with the service's CPUs full by the service's own work
+# (cpu.cpu_full_by_service: cpu_saturated's "full", CPU_SATURATED_PCT busy and SATURATED_SHARE_MIN
+# of it the service's; a host others filled is host_contended, not threads of the service fighting).
 # The digest: "CPU full and RT swinging high => threads are fighting over scheduling", as distinct
 # from a steady queue, where every request waits about as long (the knee-mode target measured
 # P99/P50 1.1 at 4x its slots).  No published figures:
@@ -89,19 +91,16 @@ def _spread(s: dict[str, Any]) -> float | None:
     return p99 / p50 if p50 is not None and p99 is not None and p50 > 0 else None
 
 
-def _cpu_full_by_service(c: Context, s: dict[str, Any], h: str) -> bool:
-    busy = c.service_busy(s, h)
-    return busy is not None and busy >= CPU_SATURATED_PCT and by_service(c, s, h)
-
-
 def latency_swinging(ctx: Context) -> list[dict[str, Any]]:
     base = ctx.before_knee() or (ctx.valid[0] if ctx.valid else None)
     b = None if base is None else _spread(base)
-    if b is None:
+    u0 = None if base is None else num(base.get("users"))
+    if base is None or b is None or u0 is None:
         return []
     out = []
     for h in ctx.server_hosts():
-        hits = [(s, sp) for s in ctx.late() if num(s["users"]) > num(base["users"]) and _cpu_full_by_service(ctx, s, h)
+        hits = [(s, sp) for s in ctx.late() if (u := num(s["users"])) is not None and u > u0
+                and cpu_full_by_service(ctx, s, h)
                 and (sp := _spread(s)) is not None and sp >= SWING_MIN_SPREAD and sp >= SWING_GROWTH * b]
         if not hits:
             continue

@@ -4,7 +4,10 @@
 a bounded FIFO queue in front of ``request_threads`` worker threads that share ONE ONNX Runtime
 session. The async handler puts the request on the queue (503 when the queue is full) and awaits a
 future that a worker resolves with ``loop.call_soon_threadsafe``; inference never runs on the
-event loop. With ``batch_max`` > 1 a micro-batcher forms batches: the worker whose turn it is
+event loop. With ``copy_per_request`` (``--model-copy-per-request``, a copy per concurrent request:
+the anti-pattern the ``model_copies`` finding names) a batch runs on a session of its own, taken
+from a pool that opens one more (``make_session``) whenever none is free: the pool grows to the
+concurrency seen, and the memory with it. With ``batch_max`` > 1 a micro-batcher forms batches: the worker whose turn it is
 takes the oldest request, then keeps taking queued requests until it holds ``batch_max`` of them
 or ``batch_wait_s`` has passed since the oldest one was queued, and runs them as one batch (while
 it runs, the next free worker collects the next batch).
@@ -79,8 +82,13 @@ class OnnxEngine:
         queue_size: int = 0,
         batch_max: int = 1,
         batch_wait_s: float = 0.0,
+        make_session: Any = None,
     ) -> None:
         self._session = session
+        self._make_session = make_session  # given: a session per concurrent batch, from a growing pool
+        self._free_sessions: list[Any] = [session]
+        self._pool_lock = threading.Lock()
+        self.sessions = 1  # sessions opened (the model's copies in memory)
         self._metrics = metrics
         self._request_threads = request_threads
         self._queue_size = queue_size  # 0 = unbounded
@@ -142,7 +150,7 @@ class OnnxEngine:
             if first is _STOP:
                 return None
             batch = [first]
-            deadline = first.enqueued + self._batch_wait_s  # type: ignore[union-attr]
+            deadline = first.enqueued + self._batch_wait_s  # type: ignore[attr-defined]
             while len(batch) < self._batch_max:
                 remaining = deadline - time.monotonic()
                 try:
@@ -158,6 +166,22 @@ class OnnxEngine:
                 batch.append(job)
             return [self._dequeued(j) for j in batch]  # type: ignore[arg-type]
 
+    def _take_session(self) -> Any:
+        """The shared session; with a pool, a free one, or a new copy when none is free."""
+        if self._make_session is None:
+            return self._session
+        with self._pool_lock:
+            if self._free_sessions:
+                return self._free_sessions.pop()
+            self.sessions += 1
+        self._metrics.faults.labels(kind="model_copy").inc()
+        return self._make_session()
+
+    def _give_session(self, session: Any) -> None:
+        if self._make_session is not None:
+            with self._pool_lock:
+                self._free_sessions.append(session)
+
     def _dequeued(self, job: _Job) -> _Job:
         with self._count_lock:
             self._queued -= 1
@@ -170,15 +194,19 @@ class OnnxEngine:
     def _run(self, batch: list[_Job]) -> None:
         try:
             x = batch[0].x if len(batch) == 1 else np.concatenate([j.x for j in batch])
+            session = self._take_session()
             started = time.perf_counter()
-            out = self._session.run([OUTPUT_NAME], {INPUT_NAME: x})[0]
+            try:
+                out = session.run([OUTPUT_NAME], {INPUT_NAME: x})[0]
+            finally:
+                self._give_session(session)
             ran = time.perf_counter() - started
             self._metrics.inference_duration.observe(ran)
             self._metrics.nv_compute_us.inc(ran * 1e6)
             self._metrics.nv_exec.inc()
             self._metrics.batch_size.observe(x.shape[0])
             offset = 0
-            results = []
+            results: list[tuple[_Job, Any, Exception | None]] = []
             for j in batch:
                 rows = j.x.shape[0]
                 results.append((j, out[offset : offset + rows], None))
@@ -251,6 +279,19 @@ def usl_service_s(n: int, service_s: float, sigma: float, kappa: float) -> float
     """T·(1 + σ·(N − 1) + κ·N·(N − 1)): the time of a request that starts with ``n`` in service
     (itself included), so that N users in a closed loop get X(N) = N / that = the USL with λ = 1/T."""
     return service_s * (1.0 + sigma * (n - 1) + kappa * n * (n - 1))
+
+
+def usl_efficiency_users(sigma: float, kappa: float, efficiency: float) -> float:
+    """The N where the USL target's marginal efficiency 1 − N·d′(N)/d(N) (dX/dN over X/N, with
+    d(N) = 1 + σ(N − 1) + κN(N − 1)) falls to ``efficiency``: bisection on the closed form, in [1, 1000].
+    The knee a search over this target must find (tests, bench/search.py): its ground truth."""
+    def eff(n: float) -> float:
+        return 1 - n * (sigma + kappa * (2 * n - 1)) / (1 + sigma * (n - 1) + kappa * n * (n - 1))
+    lo, hi = 1.0, 1000.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if eff(mid) >= efficiency else (lo, mid)
+    return lo
 
 
 def warmup_extra_s(since_first_s: float, warmup_s: float, extra_s: float) -> float:

@@ -79,6 +79,7 @@ class LLMConfig:
     prefill_ms_per_token: float = 0.0
     decode_ms: float = DEFAULT_DECODE_MS
     decode_ms_per_seq: float = 0.0
+    prefix_cache_blocks: int = 0  # the engine model's prefix cache, in blocks (0: none)
 
 
 @dataclass
@@ -90,6 +91,7 @@ class Completion:
     finish: str  # "length" or "stop"
     stream: bool
     usage: bool
+    words: list[str] | None = None  # the prompt's words (the engine model's prefix cache reads them)
 
 
 def parse_completion(doc: Any, chat: bool, cfg: LLMConfig) -> Completion:
@@ -102,9 +104,10 @@ def parse_completion(doc: Any, chat: bool, cfg: LLMConfig) -> Completion:
             raise BadLLMRequest("'messages' must be a non-empty list of objects")
         prompt = " ".join(str(m.get("content") or "") for m in messages)
     else:
-        prompt = doc.get("prompt")
-        if not isinstance(prompt, str):
+        given = doc.get("prompt")
+        if not isinstance(given, str):
             raise BadLLMRequest("'prompt' must be a string")
+        prompt = given
     max_tokens = doc.get("max_tokens", doc.get("max_completion_tokens", DEFAULT_MAX_TOKENS))
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise BadLLMRequest(f"'max_tokens' must be a positive integer, got {max_tokens!r}")
@@ -115,9 +118,10 @@ def parse_completion(doc: Any, chat: bool, cfg: LLMConfig) -> Completion:
     if isinstance(min_tokens, int) and not isinstance(min_tokens, bool):
         n = min(max_tokens, max(n, min_tokens))
     options = doc.get("stream_options") or {}
-    return Completion(model=str(doc.get("model", "")), chat=chat, prompt_tokens=len(prompt.split()), n=n,
+    words = prompt.split()
+    return Completion(model=str(doc.get("model", "")), chat=chat, prompt_tokens=len(words), n=n,
                       finish="length" if n == max_tokens else "stop", stream=bool(doc.get("stream")),
-                      usage=bool(isinstance(options, dict) and options.get("include_usage")))
+                      usage=bool(isinstance(options, dict) and options.get("include_usage")), words=words)
 
 
 class TokenChain:
@@ -142,7 +146,7 @@ def llm_routes(model_name: str, chain: TokenChain, metrics: TargetMetrics, cfg: 
     """The OpenAI-compatible routes; ``ready()`` says whether the server is ready."""
     streams = itertools.count(1)  # streamed answers so far (--no-text-every)
     engine = (LLMEngine(metrics, cfg.kv_tokens, cfg.max_batch, cfg.prefill_ms_per_token, cfg.decode_ms,
-                        cfg.decode_ms_per_seq)
+                        cfg.decode_ms_per_seq, cfg.prefix_cache_blocks)
               if cfg.kv_tokens > 0 else None)
 
     async def health(request: Request) -> Response:
@@ -216,39 +220,41 @@ class Generation:
                 delay = due - time.perf_counter() - TIMER_SLACK_S
                 if delay > 0:
                     await asyncio.sleep(delay)
-                now = time.perf_counter()
-                if k == 0:
-                    m.ttft.observe(now - self.arrived)
-                else:
-                    m.itl.observe(now - last)
-                last = now
-                m.generation_tokens.inc()
+                last = self._token_out(k, last)
                 yield VOCAB[prev % len(VOCAB)] + " "
-            m.llm_success.labels(finished_reason=self.c.finish).inc()
-            m.e2e.observe(time.perf_counter() - self.arrived)
-            m.requests.labels(code="200").inc()
+            self._done()
         finally:
             m.llm_running.dec()
 
+    def _token_out(self, k: int, last: float) -> float:
+        """Token ``k`` leaves now: its time to the first token (k = 0) or from the one before
+        (``last``) and the count, in /metrics; returns now."""
+        m, now = self.metrics, time.perf_counter()
+        if k == 0:
+            m.ttft.observe(now - self.arrived)
+        else:
+            m.itl.observe(now - last)
+        m.generation_tokens.inc()
+        return now
+
+    def _done(self) -> None:
+        """Every token left: the request counted as served, with its end-to-end time."""
+        m = self.metrics
+        m.llm_success.labels(finished_reason=self.c.finish).inc()
+        m.e2e.observe(time.perf_counter() - self.arrived)
+        m.requests.labels(code="200").inc()
+
     async def _engine_tokens(self, engine: LLMEngine) -> AsyncIterator[str]:
         """The tokens as the engine model produces them (its batch, its cache, its preemptions)."""
-        m, prev, last = self.metrics, self.c.prompt_tokens, 0.0
-        seq = engine.submit(self.c.prompt_tokens, self.c.n)
+        prev, last = self.c.prompt_tokens, 0.0
+        seq = engine.submit(self.c.prompt_tokens, self.c.n, self.c.words)
         try:
             for k in range(self.c.n):
                 await seq.out.get()
-                now = time.perf_counter()
-                if k == 0:
-                    m.ttft.observe(now - self.arrived)
-                else:
-                    m.itl.observe(now - last)
-                last = now
-                m.generation_tokens.inc()
+                last = self._token_out(k, last)
                 prev = (prev * 7 + 3) % len(VOCAB)
                 yield VOCAB[prev] + " "
-            m.llm_success.labels(finished_reason=self.c.finish).inc()
-            m.e2e.observe(time.perf_counter() - self.arrived)
-            m.requests.labels(code="200").inc()
+            self._done()
         finally:
             engine.abort(seq)  # a client that left frees its KV (no-op once done)
 
@@ -280,7 +286,7 @@ class Generation:
                 yield self._chunk("" if self.no_text else "".join(merged), self.c.finish if k == self.c.n else None)
                 merged = []
         if self.c.usage:
-            doc = {"id": self.id, "object": "chat.completion.chunk" if self.c.chat else "text_completion",
+            doc: dict[str, Any] = {"id": self.id, "object": "chat.completion.chunk" if self.c.chat else "text_completion",
                    "created": self.created, "model": self.c.model, "choices": [], "usage": self._usage()}
             yield b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
         yield b"data: [DONE]\n\n"

@@ -32,17 +32,33 @@ and per finished request, on the model's clock, ``vllm:request_queue_time_second
 first scheduled), ``vllm:request_prefill_time_seconds`` (first scheduled to first token) and
 ``vllm:request_decode_time_seconds`` (first token to last); the prompt and generation token
 counters are llm.py's.
+
+Prefix cache (``--prefix-cache-blocks N`` > 0, :class:`PrefixCache`): vLLM's automatic prefix
+caching, simplified.  A prompt (its words: the target counts a token per word) is cut into blocks
+of ``BLOCK_TOKENS``; each full block is known by a hash chained over every block before it, so a
+block is found only behind the same prefix.  A request's hit is its longest run of leading
+blocks found in the cache, capped so that its last prompt token is computed (vLLM: at most
+``num_tokens - 1`` tokens come from the cache), and the prefill computes only the tokens after
+it.  Its blocks are then put in the cache at once (looked up and inserted when the request
+arrives: a second request behind the same new prefix hits even while the first still prefills),
+least recently used first out once the cache holds N blocks.  The cache is apart from
+``--kv-tokens`` (a sequence's KV is counted whole).  Exported as vLLM V1's counters, in tokens:
+``vllm:prefix_cache_queries_total`` (prompt tokens looked up) and ``vllm:prefix_cache_hits_total``
+(tokens found); without the cache neither moves (vLLM records no stats when caching is off).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
 logger = logging.getLogger(__name__)
+
+BLOCK_TOKENS = 16  # tokens per prefix-cache block (vLLM's default block_size)
 
 
 class PromptTooLong(ValueError):
@@ -57,6 +73,7 @@ class Seq:
     n: int
     produced: int = 0
     cached: int = 0  # tokens held in the KV cache (0 while waiting)
+    hit: int = 0  # leading prompt tokens found in the prefix cache (not prefilled)
     preempted: int = 0  # times it was preempted
     out: Any = field(default=None, repr=False)  # the driver's per-token queue
     # the driver's clock (event-loop seconds): arrived, first scheduled, first token
@@ -145,7 +162,7 @@ class Scheduler:
             self.running.append(s)
             s.cached = need
             self.used += need
-            prefilled += need
+            prefilled += need - s.hit
         return prefilled
 
     def schedule(self) -> StepResult:
@@ -178,13 +195,50 @@ class Scheduler:
         return r
 
 
+class PrefixCache:
+    """Blocks of ``block_tokens`` words known by their chained hash, ``blocks`` at most (LRU)."""
+
+    def __init__(self, blocks: int, block_tokens: int = BLOCK_TOKENS) -> None:
+        self.blocks = blocks
+        self.block_tokens = block_tokens
+        self._lru: OrderedDict[bytes, None] = OrderedDict()
+        self.queries = 0  # prompt tokens looked up
+        self.hits = 0  # of those, found in the cache
+
+    def _hashes(self, words: list[str]) -> list[bytes]:
+        out, prev, b = [], b"", self.block_tokens
+        for i in range(len(words) // b):
+            prev = hashlib.blake2b(prev + "\x00".join(words[i * b:(i + 1) * b]).encode(), digest_size=16).digest()
+            out.append(prev)
+        return out
+
+    def lookup(self, words: list[str]) -> int:
+        """Tokens of ``words`` found (leading full blocks, at most len - 1); the blocks are cached now."""
+        hashes = self._hashes(words)
+        found = 0
+        for h in hashes:
+            if h not in self._lru:
+                break
+            found += 1
+        hit = min(found * self.block_tokens, max(0, (len(words) - 1) // self.block_tokens * self.block_tokens))
+        for h in hashes:
+            self._lru[h] = None
+            self._lru.move_to_end(h)
+        while len(self._lru) > self.blocks:
+            self._lru.popitem(last=False)
+        self.queries += len(words)
+        self.hits += hit
+        return hit
+
+
 class LLMEngine:
     """Runs the Scheduler in real time: steps end on a virtual clock, tokens are released at their end."""
 
     def __init__(self, metrics: Any, kv_tokens: int, max_batch: int, prefill_ms_per_token: float,
-                 decode_ms: float, decode_ms_per_seq: float = 0.0) -> None:
+                 decode_ms: float, decode_ms_per_seq: float = 0.0, prefix_cache_blocks: int = 0) -> None:
         self.sched = Scheduler(kv_tokens, max_batch, prefill_ms_per_token / 1000.0, decode_ms / 1000.0,
                                decode_ms_per_seq / 1000.0)
+        self.prefix_cache = PrefixCache(prefix_cache_blocks) if prefix_cache_blocks > 0 else None
         self.metrics = metrics
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -193,9 +247,14 @@ class LLMEngine:
     def check(self, prompt: int, n: int) -> None:
         self.sched.check(prompt, n)
 
-    def submit(self, prompt: int, n: int) -> Seq:
-        """Queue a sequence; its ``out`` queue gets one item per token produced."""
+    def submit(self, prompt: int, n: int, words: list[str] | None = None) -> Seq:
+        """Queue a sequence (``words``: its prompt, for the prefix cache); its ``out`` queue gets one
+        item per token produced."""
         seq = Seq(prompt=prompt, n=n, out=asyncio.Queue(), t_arrived=asyncio.get_running_loop().time())
+        if self.prefix_cache is not None and words is not None:
+            seq.hit = self.prefix_cache.lookup(words)
+            self.metrics.prefix_queries.inc(len(words))
+            self.metrics.prefix_hits.inc(seq.hit)
         self.sched.add(seq)
         if self._task is None:
             self._wake = asyncio.Event()
@@ -220,11 +279,12 @@ class LLMEngine:
         """Record a sequence's phases once it produced its first token (t) and when it is done."""
         if s.t_first is None and s.produced >= 1:
             s.t_first = t
-        if s.done and None not in (s.t_arrived, s.t_scheduled, s.t_first):
+        arrived, scheduled, first = s.t_arrived, s.t_scheduled, s.t_first
+        if s.done and arrived is not None and scheduled is not None and first is not None:
             m = self.metrics
-            m.queue_time.observe(max(0.0, s.t_scheduled - s.t_arrived))
-            m.prefill_time.observe(s.t_first - s.t_scheduled)
-            m.decode_time.observe(t - s.t_first)
+            m.queue_time.observe(max(0.0, scheduled - arrived))
+            m.prefill_time.observe(first - scheduled)
+            m.decode_time.observe(t - first)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -41,7 +41,11 @@ What the target received and did on purpose (the ground truth of kneeswarm's own
 ``kneeswarm_target_faults_total{kind}``               counter: faults injected: "fail" (500),
                                                       "reset" (TCP RST, no answer), "truncate"
                                                       (stream cut without [DONE]), "stall"
-                                                      (requests held by a stall window).
+                                                      (requests held by a stall window),
+                                                      "write" (--write-kb: fsynced writes),
+                                                      "spin_yield" (--spin-wait: sched_yield
+                                                      calls), "model_copy" (sessions opened by
+                                                      --model-copy-per-request).
 
 The OpenAI-compatible endpoints also export the names vLLM v1 uses (from vLLM's documentation,
 "Production Metrics"), so that a scrape of the demo reads like a scrape of vLLM:
@@ -52,7 +56,8 @@ The OpenAI-compatible endpoints also export the names vLLM v1 uses (from vLLM's 
 engine model (``--kv-tokens``, llmengine.py) also ``vllm:kv_cache_usage_perc`` (gauge, 0..1) and
 ``vllm:num_preemptions_total`` (counter), ``vllm:request_queue_time_seconds``,
 ``vllm:request_prefill_time_seconds``, ``vllm:request_decode_time_seconds`` (histograms), and
-running/waiting are the engine's batch and queue.
+running/waiting are the engine's batch and queue; with its prefix cache (``--prefix-cache-blocks``)
+``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total`` (counters, in tokens).
 
 The KServe v2 endpoint also exports Triton's names (from Triton's documentation, "Metrics"),
 labelled ``{model, version}``: ``nv_inference_request_success``, ``nv_inference_request_failure``
@@ -186,6 +191,10 @@ class TargetMetrics:
         # the engine model (--kv-tokens, llmengine.py); 0 without it
         self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = 100 percent", registry=r)
         self.preemptions = Counter("vllm:num_preemptions", "Sequences preempted (recomputed later)", registry=r)
+        # the engine model's prefix cache (--prefix-cache-blocks): tokens looked up, tokens found
+        self.prefix_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                                      registry=r)
+        self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache", registry=r)
         self.queue_time = Histogram("vllm:request_queue_time_seconds", "Time requests waited to be scheduled",
                                     buckets=LATENCY_BUCKETS, registry=r)
         self.prefill_time = Histogram("vllm:request_prefill_time_seconds", "First scheduled to first token",

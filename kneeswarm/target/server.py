@@ -37,7 +37,8 @@ Endpoints (KServe v2 / Open Inference Protocol over HTTP, JSON tensors)
          --ttft-ms, then one every --itl-ms; --output-tokens cuts generation short.  With
          --kv-tokens K a model of an LLM engine serves them instead (llmengine.py): continuous
          batching of --max-batch sequences over a K-token KV cache, --prefill-ms-per-token and
-         --decode-ms per step, preemption when the cache is full, vLLM's engine metrics.
+         --decode-ms per step, preemption when the cache is full, vLLM's engine metrics;
+         --prefix-cache-blocks N adds its block prefix cache (hit and query counters).
     TorchServe and TF Serving (serving.py): GET /ping, POST /predictions/{name}[/{version}],
          GET /v1/models/{name}, POST /v1/models/{name}:predict.
     GET  /metrics                             Prometheus text; names documented in metrics.py:
@@ -62,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -87,6 +89,7 @@ from kneeswarm.target.gate import FaultPlan, Gate
 from kneeswarm.target.llm import DEFAULT_DECODE_MS, DEFAULT_MAX_BATCH, LLMConfig, TokenChain, llm_routes
 from kneeswarm.target.metrics import PROMETHEUS_CONTENT_TYPE, TargetMetrics
 from kneeswarm.target.requestlog import RequestLog
+from kneeswarm.target.soak import Soak
 from kneeswarm.target.serving import serving_routes
 
 logger = logging.getLogger(__name__)
@@ -201,7 +204,7 @@ def received_inputs(inputs: list[Any]) -> tuple[int, list[tuple[str, str, str]]]
     seen = []
     for t in inputs:
         if isinstance(t, dict):
-            shape = t.get("shape") if isinstance(t.get("shape"), list) else []
+            shape = given if isinstance(given := t.get("shape"), list) else []
             seen.append((str(t.get("name")), str(t.get("datatype")), "x".join(str(d) for d in shape)))
     first = inputs[0].get("shape") if inputs and isinstance(inputs[0], dict) else None
     items = first[0] if isinstance(first, list) and first and isinstance(first[0], int) else 1
@@ -267,9 +270,9 @@ def build_app(
             if not known(name):
                 served.labels(code="404").inc()
                 return _error(404, f"unknown model {name!r}: this server serves {info.name!r}")
-            if is_onnx:
+            if isinstance(engine, OnnxEngine):  # is_onnx, said so mypy knows which infer()
                 x = parse_tensor(inputs, info.input_dim)
-                output = await engine.infer(x)  # type: ignore[call-arg]
+                output = await engine.infer(x)
                 tensor = {
                     "name": model_mod.OUTPUT_NAME,
                     "shape": list(output.shape),
@@ -277,7 +280,7 @@ def build_app(
                     "data": output.ravel().tolist(),
                 }
             else:
-                await engine.infer()  # type: ignore[call-arg]
+                await engine.infer()
                 tensor = KNEE_OUTPUT
         except BadRequest as exc:
             served.labels(code="400").inc()
@@ -434,6 +437,9 @@ def build_parser(prog: str = "kneeswarm target") -> argparse.ArgumentParser:
     onnx.add_argument("--batch-wait-ms", type=_non_negative_float, default=DEFAULT_BATCH_WAIT_MS,
                       help="micro-batching: longest wait after the oldest queued request for a "
                            "batch to fill")
+    onnx.add_argument("--model-copy-per-request", action="store_true",
+                      help="run each concurrent request on a model copy of its own, from a pool that opens "
+                           "one more session whenever none is free (memory grows with the concurrency)")
     onnx.add_argument("--work", type=_int_at_least(1), default=model_mod.DEFAULT_LAYERS,
                       help="cost of one inference: number of hidden layers (time grows linearly)")
     onnx.add_argument("--hidden", type=_int_at_least(1), default=model_mod.DEFAULT_HIDDEN,
@@ -481,6 +487,10 @@ def build_parser(prog: str = "kneeswarm target") -> argparse.ArgumentParser:
                        help="added to each step per sequence in the batch (a decode step that grows with "
                             "the batch, as a memory-bound GPU's does)")
 
+    model.add_argument("--prefix-cache-blocks", type=_int_at_least(0), default=0, metavar="N",
+                       help="the engine model's prefix cache: N blocks of 16 tokens, least recently used out "
+                            "(0 = no prefix caching)")
+
     gate = p.add_argument_group("credentials and fault injection (inference requests)")
     gate.add_argument("--api-key-env", metavar="NAME",
                       help="require 'Authorization: Bearer $NAME' on every request but health and "
@@ -494,7 +504,18 @@ def build_parser(prog: str = "kneeswarm target") -> argparse.ArgumentParser:
                       help="length of each stall window: requests arriving in it wait for its end")
     gate.add_argument("--stall-every", type=_non_negative_float, default=0.0,
                       help="seconds between the starts of stall windows (0 = no stalls)")
+    gate.add_argument("--fail-above", type=int, default=0, metavar="N",
+                      help="answer 500 to an inference request that arrives with more than N in service "
+                           "(itself included): a service that fails above N concurrent; 0 = never")
     gate.add_argument("--fault-seed", type=int, default=0, help="seed of the fault draws")
+    gate.add_argument("--write-kb", type=_int_at_least(0), default=0, metavar="N",
+                      help="append N KiB to --write-file and fsync it before each inference request (disk IO)")
+    gate.add_argument("--write-file", metavar="PATH", help="the file --write-kb writes")
+    gate.add_argument("--cpu-work-per-inflight", type=_int_at_least(0), default=0, metavar="K",
+                      help="CPU work per inference request: K units (~0.4 ms) x the requests in flight")
+    gate.add_argument("--spin-wait", type=_int_at_least(0), default=0, metavar="K",
+                      help="let at most K inference requests through at once; the others wait by spinning on a "
+                           "lock with sched_yield() (threads fighting over a lock); 0 = off")
     gate.add_argument("--request-log", metavar="PATH",
                       help="append one JSON line per POST request: arrival time, path, body (requestlog.py)")
 
@@ -508,6 +529,15 @@ def build_parser(prog: str = "kneeswarm target") -> argparse.ArgumentParser:
                      help="contention: each other request in service adds this share of --service-ms")
     usl.add_argument("--kappa", type=_rate, default=DEFAULT_KAPPA,
                      help="coherency: N(N-1) pairs in service add this share each; peak at sqrt((1-sigma)/kappa)")
+    soak = p.add_argument_group("soak faults (inference requests; kneeswarm.target.soak)")
+    soak.add_argument("--leak-kb-per-request", type=_non_negative_float, default=0.0, metavar="KB",
+                      help="keep this many kB per request for the life of the process (RSS grows by KB x QPS)")
+    soak.add_argument("--drift-ms-per-min", type=_non_negative_float, default=0.0, metavar="MS",
+                      help="hold each request this many ms longer per minute since the first inference request")
+    soak.add_argument("--leak-fd-every", type=_int_at_least(0), default=0, metavar="N",
+                      help="open /dev/null and never close it, once every N inference requests (fds grow)")
+    soak.add_argument("--leak-thread-every", type=_int_at_least(0), default=0, metavar="N",
+                      help="start a thread that never ends, once every N inference requests (threads grow)")
     drift = p.add_argument_group("latency drift (knee and usl modes)")
     drift.add_argument("--warmup-s", type=_non_negative_float, default=0.0,
                        help="seconds, from the first inference request, over which the extra time falls to 0")
@@ -575,9 +605,10 @@ def _build(args: argparse.Namespace) -> tuple[ModelInfo, OnnxEngine | KneeEngine
         tokens=args.tokens,
         parameters=spec.parameters,
     )
-    session = model_mod.make_session(
-        model_mod.build_mlp(spec), args.intra_op_threads, args.inter_op_threads
-    )
+    model = model_mod.build_mlp(spec)
+    session = model_mod.make_session(model, args.intra_op_threads, args.inter_op_threads)
+    copy = (lambda: model_mod.make_session(model, args.intra_op_threads, args.inter_op_threads)) \
+        if args.model_copy_per_request else None
     metrics = TargetMetrics(
         info_labels, workers=args.request_threads, queue_capacity=args.queue_size
     )
@@ -588,6 +619,7 @@ def _build(args: argparse.Namespace) -> tuple[ModelInfo, OnnxEngine | KneeEngine
         queue_size=args.queue_size,
         batch_max=args.batch_max,
         batch_wait_s=args.batch_wait_ms / 1000.0,
+        make_session=copy,
     )
     info = ModelInfo(args.model_name, "onnxruntime_onnx", args.input_dim, args.output_dim)
     return info, engine, metrics
@@ -606,10 +638,16 @@ def _wrapped_app(args: argparse.Namespace, info: ModelInfo, engine: OnnxEngine |
                     no_text_every=args.no_text_every, kv_tokens=args.kv_tokens, max_batch=args.max_batch,
                     prefill_ms_per_token=args.prefill_ms_per_token, decode_ms=args.decode_ms,
                     decode_ms_per_seq=args.decode_ms_per_seq)
+    llm = dataclasses.replace(llm, prefix_cache_blocks=args.prefix_cache_blocks)  # the prefix cache (issue 19)
     faults = FaultPlan(fail_rate=args.fail_rate, reset_rate=args.reset_rate, truncate_rate=args.truncate_rate,
-                       stall_ms=args.stall_ms, stall_every=args.stall_every, seed=args.fault_seed)
-    app: Any = Gate(build_app(info, engine, metrics, on_started=announce, llm=llm), metrics, faults,
-                    api_key_env=args.api_key_env)
+                       stall_ms=args.stall_ms, stall_every=args.stall_every, seed=args.fault_seed,
+                       fail_above=args.fail_above,
+                       write_kb=args.write_kb, write_file=args.write_file,
+                       cpu_work_per_inflight=args.cpu_work_per_inflight, spin_wait=args.spin_wait)
+    inner: Any = build_app(info, engine, metrics, on_started=announce, llm=llm)
+    if args.leak_kb_per_request or args.drift_ms_per_min or args.leak_fd_every or args.leak_thread_every:
+        inner = Soak(inner, args.leak_kb_per_request, args.drift_ms_per_min, args.leak_fd_every, args.leak_thread_every)
+    app: Any = Gate(inner, metrics, faults, api_key_env=args.api_key_env)
     return RequestLog(app, args.request_log) if args.request_log else app
 
 

@@ -8,6 +8,8 @@ keeps the two equal).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from locustfiles.protocols.base import (BadPayload, PreflightError, PreparedRequest, Protocol, ProtocolError,
                                         StreamTruncated, Tokens, connection_problem, detail, refusal_hint)
 from locustfiles.protocols.http import GenericHTTP
@@ -15,7 +17,10 @@ from locustfiles.protocols.kserve import KServeV2
 from locustfiles.protocols.openai import OpenAI
 from locustfiles.protocols.tfserving import TFServing
 from locustfiles.protocols.torchserve import TorchServe
-from locustfiles.protocols.workload import Replayed, token_counter
+from locustfiles.protocols.workload import Replayed, Traced, token_counter
+
+if TYPE_CHECKING:
+    from kneeswarm.plan import Plan
 
 PROTOCOLS: dict[str, type[Protocol]] = {
     "kserve": KServeV2,
@@ -26,11 +31,15 @@ PROTOCOLS: dict[str, type[Protocol]] = {
 }
 
 
-def for_plan(plan: object, seed: int = 0) -> Protocol:
+def for_plan(plan: Plan, seed: int = 0) -> Protocol:
     """The plan's protocol for one user (ProtocolError when the plan cannot be turned into requests);
-    with ``[request] replay`` its requests are the recording's (workload.Replayed)."""
-    request = vars(plan.request)  # type: ignore[attr-defined]
-    protocol = PROTOCOLS[plan.protocol](request, seed=seed, endpoint=plan.endpoint)  # type: ignore[attr-defined]
+    with ``[request] replay`` its requests are the recording's (workload.Replayed), with ``[request]
+    trace`` a Mooncake trace's (workload.Traced)."""
+    request = vars(plan.request)
+    protocol = PROTOCOLS[plan.protocol](request, seed=seed, endpoint=plan.endpoint)
+    if request.get("trace"):  # a Mooncake trace: lengths, shared blocks, arrival times (issue 19)
+        return Traced(protocol, str(request["trace"]), token_counter(request.get("tokenizer")),  # type: ignore[return-value]
+                      int(request.get("trace_block_tokens") or 512))
     if request.get("replay"):
         return Replayed(protocol, str(request["replay"]), token_counter(request.get("tokenizer")))  # type: ignore[return-value]
     return protocol

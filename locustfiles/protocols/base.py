@@ -74,6 +74,8 @@ class PreparedRequest:
     stream: bool = False  # the answer is read as it arrives (Protocol.new_stream)
     items: int = 1  # inputs carried (the batch)
     tokens_pinned: int | None = None  # output length the request pins (LLM: ignore_eos or min_tokens = max_tokens)
+    prefix: int | None = None  # the shared prefix it starts with ([request.prefix]; its row's `prefix`)
+    turn: int | None = None  # its turn in a conversation, from 1 ([request.conversation]; its row's `turn`)
 
 
 #: Distinct random bodies pre-built per user: requests cycle through them, so building a body
@@ -138,7 +140,7 @@ class Protocol:
         """Raise BadPayload if ``body`` is not a valid answer; return token counts when known."""
         raise NotImplementedError  # pragma: no cover - interface
 
-    def new_stream(self) -> Any:
+    def new_stream(self, t0: float) -> Any:
         """Per-request state of a streamed answer (protocols whose requests have stream=True)."""
         raise NotImplementedError(f"protocol {self.name} does not stream")  # pragma: no cover
 

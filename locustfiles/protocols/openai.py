@@ -19,10 +19,25 @@ approximated by whitespace-separated words (workload.TokenCounter); where the se
 Workloads (workload.py): ``dataset`` (JSONL prompts or chats, each user starting at its own
 place in the file) or ``[request.lengths]`` (input and output lengths drawn per request from a
 distribution; LENGTH_VARIANTS bodies pre-built per user).
+
+Shared prefixes (``[request.prefix] tokens, count, share``, workload.SharedPrefixes): each request
+starts with one of ``count`` prompts of ``tokens`` tokens (a chat's system message; a completion's
+first words) with probability ``share``; the rest is the request's own message, whose first word is
+a nonce (``u<user>n<k>``), so that nothing after the prefix is ever shared by chance.  Bodies are
+then built per request; the row records which prefix (``prefix``).
+
+Conversations (``[request.conversation] turns, think_ms``): each user runs sessions of ``turns``
+turns (a number, or a distribution table as in ``[request.lengths]``); each turn sends the whole
+history -- every message so far, with the answers the server gave -- plus a new user message, and
+waits ``think_ms`` before the next turn (``[load] wait_ms`` between sessions).  With a dataset, a
+session is one record: its user messages are the turns (its assistant messages are replaced by the
+server's answers).  A failed turn ends its session.  The row records the turn number (``turn``).
+The answer comes back through :meth:`OpenAI.answered` (users.py calls it after each turn).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
@@ -31,7 +46,8 @@ from kneeswarm.plan import EndpointPlan
 from locustfiles.protocols.base import (BODY_VARIANTS, BadPayload, PreflightError, PreparedRequest, Protocol, Tokens,
                                         parse_json)
 from locustfiles.protocols.sse import ChatStream
-from locustfiles.protocols.workload import WORDS, LengthDist, dataset_tokens, load_dataset, token_counter
+from locustfiles.protocols.workload import (WORDS, LengthDist, SharedPrefixes, dataset_tokens, dist_of,
+                                            load_dataset, token_counter)
 
 logger = logging.getLogger(__name__)
 
@@ -48,9 +64,38 @@ def pinned_length(body: dict) -> int | None:
     return n if body.get("ignore_eos") or (isinstance(low, int) and low >= n) else None
 
 
+@dataclasses.dataclass
+class Session:
+    """One user's conversation: the turn it is at, its history and what comes next."""
+
+    turns_dist: LengthDist
+    think: LengthDist | None
+    turns: int = 0
+    turn: int = 0
+    prefix: int | None = None
+    system: list[dict] = dataclasses.field(default_factory=list)
+    history: list[dict] = dataclasses.field(default_factory=list)
+    pending: list[dict] = dataclasses.field(default_factory=list)  # the turn in flight's messages
+    scripted: list[str] = dataclasses.field(default_factory=list)  # a dataset record's user messages
+
+    @property
+    def over(self) -> bool:
+        return self.turn >= self.turns
+
+    @classmethod
+    def from_cfg(cls, table: dict | None, seed: int) -> Session | None:
+        if table is None:  # an empty [request.conversation] is one: its defaults (1 turn, no think time)
+            return None
+        turns = dist_of(table.get("turns", 1), "request.conversation.turns")
+        assert turns is not None  # dist_of gives None only for a 0 where 0 is allowed (minimum 0)
+        return cls(turns, dist_of(table.get("think_ms", 0), "request.conversation.think_ms", minimum=0))
+
+
 class OpenAI(Protocol):
     name = "openai"
     health_path = "/health"
+    _last_text: str | None = None
+    _lengths: tuple[LengthDist, LengthDist] | None = None  # [request.lengths] (input, output)
 
     def __init__(self, request_cfg: dict, seed: int = 0, endpoint: EndpointPlan | None = None):
         super().__init__(request_cfg, seed, endpoint)
@@ -63,6 +108,10 @@ class OpenAI(Protocol):
         self.counter = token_counter(request_cfg.get("tokenizer"))  # a tokenizer, or words
         self._dataset: list[dict] | None = None
         self._i = 0
+        self._rng = rng
+        self._prefixes = (SharedPrefixes(request_cfg["prefix"], self.counter, request_cfg.get("seed", 0))
+                          if request_cfg.get("prefix") is not None else None)
+        self._session = Session.from_cfg(request_cfg.get("conversation"), seed)
         if request_cfg.get("dataset"):
             self._dataset = load_dataset(str(request_cfg["dataset"]))
             self._dataset_tokens = dataset_tokens(str(request_cfg["dataset"]), self.counter)
@@ -79,6 +128,7 @@ class OpenAI(Protocol):
                                     "request.lengths.input")
         out = LengthDist.from_table(table.get("output", {"mean": self.cfg.get("max_tokens", 64)}),
                                     "request.lengths.output")
+        self._lengths = (inp, out)
         return [self._build(self.counter.prompt(inp.sample(rng), rng), self.stream,
                             max_tokens=out.sample(rng)) for _ in range(LENGTH_VARIANTS)]
 
@@ -109,6 +159,12 @@ class OpenAI(Protocol):
                                tokens_pinned=pinned_length(body))
 
     def next_request(self) -> PreparedRequest:
+        if self._session is not None:
+            return self._turn(self._session)
+        if self._prefixes is not None:
+            k = self._prefixes.draw(self._rng)
+            text, max_tokens = self._message()
+            return self._prefixed(k, [{"role": "user", "content": text}], max_tokens)
         self._i += 1
         if self._dataset is not None:  # built per request: an LLM request's ~10 us, no per-user copy
             k = self._i % len(self._dataset)
@@ -119,8 +175,79 @@ class OpenAI(Protocol):
         return self._requests[self._i % len(self._requests)]
 
     def new_stream(self, t0: float) -> ChatStream:
-        """A streamed answer's state; with the plan's tokenizer its text is kept and counted."""
-        return ChatStream(t0, self.chat, self.counter.count if self.counter.path else None)
+        """A streamed answer's state; with the plan's tokenizer its text is kept and counted (and
+        kept in a conversation: the next turn carries it)."""
+        return ChatStream(t0, self.chat, self.counter.count if self.counter.path else None,
+                          keep_text=self._session is not None)
+
+    # -- shared prefixes and conversations (issue 19) ------------------------------------------------
+    def _message(self) -> tuple[str, int | None]:
+        """A new user message and its max_tokens: a dataset record's text, or a synthetic prompt
+        (``[request.lengths]`` or ``prompt_tokens``) whose first word is a nonce."""
+        self._i += 1
+        if self._dataset is not None:
+            r = self._dataset[self._i % len(self._dataset)]
+            text = r["prompt"] if "prompt" in r else "\n".join(m["content"] for m in r["messages"])
+            return f"u{self.seed}n{self._i} {text}", r.get("max_tokens")
+        n, max_tokens = int(self.cfg.get("prompt_tokens", 32)), None
+        if self._lengths is not None:
+            n, max_tokens = self._lengths[0].sample(self._rng), self._lengths[1].sample(self._rng)
+        rest = self.counter.prompt(n - 1, self._rng) if n > 1 else ""
+        return f"u{self.seed}n{self._i} {rest}".rstrip(), max_tokens
+
+    def _prefixed(self, k: int | None, messages: list[dict], max_tokens: int | None,
+                  turn: int | None = None) -> PreparedRequest:
+        """A request of ``messages`` behind shared prefix ``k`` (None: none), tagged for its row."""
+        tokens = sum(self.counter.count(m["content"]) for m in messages)
+        if k is not None:
+            assert self._prefixes is not None
+            messages = [{"role": "system", "content": self._prefixes.texts[k]}, *messages]
+            tokens += self._prefixes.token_counts[k]
+        req = self._build("", self.stream, max_tokens, messages, tokens_in=tokens)
+        return dataclasses.replace(req, prefix=k, turn=turn)
+
+    def _turn(self, s: Session) -> PreparedRequest:
+        """The session's next turn (a new session when the last one is over)."""
+        if s.over:
+            self._new_session(s)
+        s.turn += 1
+        if s.scripted:
+            text, max_tokens = s.scripted[s.turn - 1], None
+        else:
+            text, max_tokens = self._message()
+        s.pending = [*s.history, {"role": "user", "content": text}]
+        return self._prefixed(s.prefix, [*s.system, *s.pending], max_tokens, turn=s.turn)
+
+    def _new_session(self, s: Session) -> None:
+        s.turn, s.history, s.system, s.scripted = 0, [], [], []
+        s.prefix = self._prefixes.draw(self._rng) if self._prefixes is not None else None
+        if self._dataset is not None:  # a record is a whole conversation: its user messages are the turns
+            self._i += 1
+            r = self._dataset[self._i % len(self._dataset)]
+            messages = r.get("messages") or [{"role": "user", "content": r["prompt"]}]
+            s.system = [m for m in messages[:1] if m["role"] == "system"]
+            s.scripted = [m["content"] for m in messages if m["role"] == "user"] or [messages[-1]["content"]]
+            s.turns = len(s.scripted)
+        else:
+            s.turns = s.turns_dist.sample(self._rng)
+
+    def answered(self, ok: bool, stream: ChatStream | None) -> None:
+        """A conversation turn's outcome (users.py): its answer joins the history; a failure ends the session."""
+        s = self._session
+        if s is None:
+            return
+        text = "".join(stream.texts or []) if stream is not None else self._last_text
+        if not ok or text is None:
+            s.turns = s.turn  # over: the next request starts a new session
+            return
+        s.history = [*s.pending, {"role": "assistant", "content": text}]
+
+    def think_s(self, between_sessions: float) -> float:
+        """Seconds to wait before the next request: think_ms within a session, else ``between_sessions``."""
+        s = self._session
+        if s is None or s.over or s.think is None:
+            return between_sessions
+        return s.think.sample(self._rng) / 1000.0
 
     def check_response(self, body: bytes) -> Tokens | None:
         """A whole (not streamed) answer: choices with text, and usage when the server sends it."""
@@ -135,6 +262,7 @@ class OpenAI(Protocol):
         text = (first.get("message") or {}).get("content") if self.chat else first.get("text")
         if not isinstance(text, str):
             raise BadPayload("response's first choice has no text")
+        self._last_text = text  # a conversation's next turn carries it (answered)
         usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else {}
         tin, tout = usage.get("prompt_tokens"), usage.get("completion_tokens")
         return Tokens(tin if isinstance(tin, int) else None, tout if isinstance(tout, int) else None)

@@ -71,7 +71,8 @@ class ChatStream:
     __slots__ = ("t0", "text_key", "first", "last", "itl_ms", "chunks", "done", "finished",
                  "usage_in", "usage_out", "events", "_mark", "count", "texts")
 
-    def __init__(self, t0: float, chat: bool = True, count: Callable[[str], int] | None = None):
+    def __init__(self, t0: float, chat: bool = True, count: Callable[[str], int] | None = None,
+                 keep_text: bool = False):
         self.t0 = t0  # perf_counter() just before the request was sent
         self.text_key = "delta" if chat else "text"
         self.first: float | None = None  # arrival of the first text chunk
@@ -85,7 +86,8 @@ class ChatStream:
         self.events = 0
         self._mark = b'"content":"' if chat else b'"text":"'
         self.count = count  # the plan's tokenizer (TokenCounter.count), or None
-        self.texts: list[str] | None = [] if count is not None else None  # each text chunk, when counted
+        # each text chunk, when counted (or kept: a conversation's next turn carries the answer)
+        self.texts: list[str] | None = [] if count is not None or keep_text else None
 
     def event(self, data: bytes, now: float) -> None:
         """One event's data, arrived at ``now`` (perf_counter seconds); BadPayload if it is not a chunk."""

@@ -23,6 +23,18 @@ path the plan sends to.  Either every line has ``t`` or none; times never go bac
 sent as recorded (the plan's ``model`` fills in only where a body has none) in file order, from one
 cursor per load-generator process; after the last line the file starts again.  In open loop with
 times, arrivals follow the recorded gaps, scaled so that the step's rate is kept (see ``Replay``).
+
+Mooncake trace (``[request] trace = "trace.jsonl"``, openai): one JSON object per line with
+``timestamp`` (milliseconds), ``input_length``, ``output_length`` and ``hash_ids`` (one integer per
+block of ``trace_block_tokens`` prompt tokens, 512 in Mooncake's traces; requests with the same id
+share that block).  Prompts are synthesised (``TracePrompts``): each hash id's block is drawn from
+the id alone, so shared ids are shared tokens; ``output_length`` is the request's ``max_tokens``.
+Sent in file order, round and round, timed like a replay (``Replay``: the trace's gaps, scaled to
+each step's rate in open loop).  A line with a field missing, times going back, a hash id that is
+not an integer, or more hash ids than its input length has blocks: one-line ``WorkloadError``
+naming the line, before any load.
+
+Shared prefixes and conversations (``SharedPrefixes``, ``dist_of``): see protocols/openai.py.
 """
 
 from __future__ import annotations
@@ -366,3 +378,149 @@ def _replayed_request(inner: Any, template: PreparedRequest, r: Recorded, where:
     return PreparedRequest(template.method, template.path, data, template.headers,
                            tokens_in=counter.count_record(body) if llm else None,
                            stream=llm and body.get("stream") is True, items=template.items)
+
+
+# -- shared prefixes, conversations, Mooncake traces (issue 19) ----------------------------------
+def dist_of(value: Any, where: str, minimum: int = 1) -> LengthDist | None:
+    """A number (fixed) or a LengthDist table; None for 0 (``think_ms = 0``: no think time)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value == 0 and minimum == 0:
+            return None
+        if not math.isfinite(value) or value < max(1, minimum):
+            raise WorkloadError(f"{where} must be >= {max(1, minimum)} or a table like "
+                                "{dist = \"normal\", mean = 4, stdev = 1}")
+        return LengthDist(mean=float(value), min=1, max=max(int(value), MAX_LENGTH))
+    return LengthDist.from_table(value, where)
+
+
+class SharedPrefixes:
+    """``[request.prefix] tokens, count, share``: ``count`` prompts of ``tokens`` tokens, the same in
+    every load-generator process (drawn from the plan's seed only); each request starts with one of
+    them (chosen uniformly) with probability ``share``."""
+
+    def __init__(self, table: dict, counter: TokenCounter, seed: Any = 0):
+        self.tokens = int(table.get("tokens", 1))
+        self.count = int(table.get("count", 1))
+        self.share = float(table.get("share", 1.0))
+        self.texts = [counter.prompt(self.tokens, random.Random(f"prefix:{seed}:{k}")) for k in range(self.count)]
+        self.token_counts = [counter.count(t) for t in self.texts]
+
+    def draw(self, rng: random.Random) -> int | None:
+        """The prefix a new request starts with, or None."""
+        if self.share <= 0 or rng.random() >= self.share:
+            return None
+        return rng.randrange(self.count)
+
+
+class TraceRecord(NamedTuple):
+    t: float  # seconds since the trace began (its timestamp is in milliseconds)
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...]  # one per block of the prompt, in order; a shared id = shared tokens
+
+
+TRACE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+
+
+def _positive_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def _trace_record(line: str, where: str, block_tokens: int) -> TraceRecord:
+    doc = _json_object(line, where)
+    missing = [f for f in TRACE_FIELDS if f not in doc]
+    if missing:
+        raise WorkloadError(f"{where}: missing {', '.join(repr(f) for f in missing)} "
+                            f"(a Mooncake trace line has {', '.join(TRACE_FIELDS)})")
+    t, n_in, n_out, ids = (doc[f] for f in TRACE_FIELDS)
+    if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
+        raise WorkloadError(f"{where}: timestamp must be milliseconds >= 0, got {t!r}")
+    if not _positive_int(n_in) or not _positive_int(n_out):
+        raise WorkloadError(f"{where}: input_length and output_length must be integers >= 1, "
+                            f"got {n_in!r} and {n_out!r}")
+    if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
+        raise WorkloadError(f"{where}: hash_ids must be a list of integers, got {str(ids)[:60]}")
+    if len(ids) > -(-n_in // block_tokens):
+        raise WorkloadError(f"{where}: {len(ids)} hash_ids are more blocks than input_length {n_in} holds at "
+                            f"{block_tokens} tokens a block (request.trace_block_tokens)")
+    return TraceRecord(float(t) / 1000.0, n_in, n_out, tuple(ids))
+
+
+def load_trace(path: str, block_tokens: int = 512) -> list[TraceRecord]:
+    """A Mooncake trace (JSONL), in order, or WorkloadError (one line naming file and line)."""
+    where = f"request.trace {path}"
+    records: list[TraceRecord] = []
+    for number, line in _jsonl_lines(path, where):
+        r = _trace_record(line, f"{where}:{number}", block_tokens)
+        if records and r.t < records[-1].t:
+            raise WorkloadError(f"{where}:{number}: times go back (timestamp {r.t * 1000:g} after "
+                                f"{records[-1].t * 1000:g})")
+        records.append(r)
+    if not records:
+        raise WorkloadError(f"{where}: no records")
+    if len(records) > 1 and records[-1].t == records[0].t:
+        raise WorkloadError(f"{where}: every timestamp is {records[0].t * 1000:g}: the trace spans no time")
+    return records
+
+
+class TracePrompts:
+    """Prompts synthesised from a trace: block j of a request is the text of its hash id j
+    (``block_tokens`` words drawn from the id alone, so requests sharing an id share those tokens,
+    the last block cut to the input length); tokens beyond its hash ids are this sending's own
+    (drawn afresh each time the request is sent, in each process: a trace sent round and round
+    shares what its hash ids say, nothing more)."""
+
+    CACHED_BLOCKS = 4096
+
+    def __init__(self, counter: TokenCounter, block_tokens: int, seed: Any = 0):
+        self.counter, self.block_tokens, self.seed = counter, block_tokens, seed
+        self._blocks: dict[int, list[str]] = {}
+        self._own = random.Random()  # the tokens beyond the hash ids: never the same twice
+
+    def block(self, h: int) -> list[str]:
+        if h not in self._blocks:
+            if len(self._blocks) >= self.CACHED_BLOCKS:
+                self._blocks.pop(next(iter(self._blocks)))
+            self._blocks[h] = self.counter.prompt(self.block_tokens, random.Random(f"trace:{self.seed}:{h}")).split()
+        return self._blocks[h]
+
+    def prompt(self, r: TraceRecord) -> str:
+        words: list[str] = []
+        for h in r.hash_ids:
+            words += self.block(h)[:r.input_length - len(words)]
+        rest = r.input_length - len(words)
+        if rest > 0:
+            words += self.counter.prompt(rest, self._own).split()
+        return " ".join(words)
+
+
+class _LazyRequests:
+    """A trace's requests, built when first sent (a whole trace's prompts would not fit in memory)."""
+
+    def __init__(self, records: list[TraceRecord], build: Any):
+        self.records, self.build = records, build
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> PreparedRequest:
+        return self.build(self.records[i])
+
+
+class Traced(Replayed):
+    """A protocol (openai) whose requests follow a Mooncake trace: its lengths, shared blocks and
+    arrival times (workload.Replay hands them out and, in open loop, times them)."""
+
+    def __init__(self, inner: Any, path: str, counter: TokenCounter, block_tokens: int):  # noqa: D107
+        self.inner = inner
+        key = ("trace", path, block_tokens, inner.cfg.get("model"), counter.path, inner.cfg.get("endpoint"))
+        if key not in _replays:
+            records = load_trace(path, block_tokens)
+            prompts = TracePrompts(counter, block_tokens, inner.cfg.get("seed", 0))
+
+            def build(r: TraceRecord) -> PreparedRequest:
+                text = prompts.prompt(r)
+                return inner._build(text, inner.stream, max_tokens=r.output_length, tokens_in=counter.count(text))
+
+            _replays[key] = Replay([Recorded({}, r.t, None) for r in records], _LazyRequests(records, build))  # type: ignore[arg-type]
+        self.replay = _replays[key]

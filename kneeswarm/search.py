@@ -1,0 +1,348 @@
+"""``[load] mode = "search"`` (issue 18): the next probe is chosen from the probes so far.
+
+``decide`` is pure: the probes measured so far (each an ordinary step: users, QPS, P99, errors)
+in, the next probe and why out, or the reason to stop.  The rules, in order:
+
+1. **Growth**: from ``start``, multiply the highest probe by ``growth`` until the first
+   saturated probe (``saturated``): scaling efficiency from the last scaling probe below
+   ``EFFICIENCY_MIN``, P99 above ``P99_RISE`` x the best P99 so far and rising (closed loop), errors above
+   ``[sla] error_rate`` (``ERROR_RATE`` without one), 429/503 pushback above ``PUSHBACK_SHARE``,
+   or (open loop) achieved rate below ``ACHIEVED_MIN`` x the offered one (the successes
+   completed in the probe's window against the arrivals in it: steady.ProbeMeter).  Nothing goes above
+   the first saturated probe except, with an ``[sla]`` still met there, one more growth step.
+2. **Refinement**: the knee lies between the last scaling probe (lo) and the first saturated one
+   (hi); probe inside until hi - lo <= max(1, precision x lo).  With ``MIN_FIT_PROBES`` valid
+   probes or more, the next probe is aimed by the USL fit (analysis/usl.py): where its efficiency
+   from lo crosses ``EFFICIENCY_MIN``, else its N*, when either lies strictly inside the bracket
+   and R² >= ``R2_AIM``; otherwise bisection.
+3. **SLA boundary** (with an ``[sla]``): the most users whose probe meets every limit, bracketed
+   the same way.
+4. **Stop** when both are bracketed, at ``max`` still scaling, or past ``max_duration`` of load.
+
+The master drives it through ``SearchDriver`` (a callable the step schedule asks when a probe
+ends); the probes' figures come from the rows the master receives (locustfiles.steady.ProbeMeter),
+not from Locust's rounded statistics.  generator/search.json records each decision.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from analysis.usl import fit_usl, usl_throughput
+from kneeswarm.plan import Plan
+from kneeswarm.rundir import SEARCH_FILE, RunDir, write_json
+from locustfiles.steps import WAIT
+
+logger = logging.getLogger(__name__)
+
+# QPS gain below this share of the ideal linear gain from the last scaling probe: saturated.  Above
+# 0.5 so that a sharp knee half-way through a growth step (24 users between 16 and 32: gain 0.5)
+# counts; a sharp knee in the top 40 % of a growth step (27 between 16 and 32: gain 0.69) is missed
+# there and found at the next step up (the bracket's low end is then the probe past it).
+EFFICIENCY_MIN = 0.6
+# QPS per user below this share of the last scaling probe's: saturated.  The gain alone, over a wide
+# bracket, passes a probe beyond a sharp knee (28 users from 16 at a knee of 24: gain 0.67, but
+# each user gets 86 % of what it got at 16); a probe within 12 % past a sharp knee still passes.
+PER_USER_MIN = 0.88
+# a scaling probe whose next one up gains less than PLATEAU_GAIN of the linear gain, and whose own QPS
+# per user is below PLATEAU_PER_USER x that of the probe before it, is on the plateau past a sharp knee
+PLATEAU_GAIN, PLATEAU_PER_USER = 0.3, 0.92
+P99_RISE = 3.0  # P99 above this x the best probe's P99 (and above the last scaling probe's): saturated
+ERROR_RATE = 0.01  # failed share above this (without [sla] error_rate): saturated
+PUSHBACK_SHARE = 0.01  # share of 429/503 answers above this: the server pushes back, saturated
+ACHIEVED_MIN = 0.95  # open loop: achieved rate below this x the offered rate: saturated ...
+ARRIVAL_Z = 3.0  # ... when the shortfall is beyond this many standard deviations of Poisson arrivals
+MIN_FIT_PROBES = 4  # valid probes needed before the USL fit aims the next probe
+R2_AIM = 0.95  # below this R² the fit does not aim: bisection
+MIN_PROBE_REQUESTS = 50  # a probe is not judged on fewer rows: held until they are in (rows trail by lag_s)
+MAX_WAIT_S = 30.0  # ... but not longer than this past the end of its hold (then judged on what there is)
+
+
+@dataclass
+class Probe:
+    """One probe as measured (a step of the run)."""
+
+    users: int  # users (open loop: arrival sources of source_rate req/s each)
+    qps: float  # successful requests/s over its steady window
+    p99_ms: float | None
+    error_rate: float = 0.0  # failed share of its requests
+    pushback: float = 0.0  # share of 429/503 answers
+    valid: bool = True  # steady and known (hold = "auto"), with requests
+    offered: float | None = None  # open loop: requests/s offered (qps: the successes completed)
+    requests: int = 0
+    window_s: float = 0.0  # open loop: the window the completions were counted over
+
+
+@dataclass
+class Settings:
+    start: int
+    max: int
+    growth: float = 2.0
+    precision: float = 0.10
+    max_duration: float = 1800.0
+    sla_p99_ms: float | None = None
+    sla_error_rate: float | None = None
+    unit: float = 1.0  # open loop: req/s per user (source_rate), for the words
+
+    @property
+    def has_sla(self) -> bool:
+        return self.sla_p99_ms is not None or self.sla_error_rate is not None
+
+    def width(self, lo: int) -> int:
+        """The bracket width that is precise enough at ``lo``: max(1, precision x lo), whole users."""
+        return max(1, int(math.floor(self.precision * lo + 1e-9)))
+
+
+@dataclass
+class Decision:
+    users: int | None  # the next probe, or None: stop
+    why: str  # why this probe (or why the search stops)
+    stopped_because: str | None = None
+    knee_bracket: list[int | None] | None = None  # [last scaling, first saturated]
+    sla_bracket: list[int | None] | None = None  # [most users meeting the SLA, fewest failing it]
+
+
+def saturated(p: Probe, ref: Probe | None, best_p99: float | None, s: Settings) -> str | None:
+    """Why ``p`` is saturated (one line), or None: it still scales from ``ref`` (the last scaling
+    probe below it); ``best_p99``: the best P99 below it."""
+    limit = s.sla_error_rate if s.sla_error_rate is not None else ERROR_RATE
+    if p.error_rate > limit:
+        return f"errors {p.error_rate:.1%} > {limit:.1%}"
+    if p.pushback > PUSHBACK_SHARE:
+        return f"429/503 pushback {p.pushback:.1%} of answers"
+    if p.offered and p.qps < ACHIEVED_MIN * p.offered and _beyond_arrival_noise(p):
+        return f"achieved {p.qps:.1f} req/s < {ACHIEVED_MIN:.0%} of the offered {p.offered:.1f}"
+    if ref is None:
+        return None
+    # closed loop only: in open loop a queue left by an overloaded probe inflates the latency of the
+    # next ones below capacity, whose completions show that they keep up (the rule above)
+    if p.offered is None and best_p99 and p.p99_ms is not None and ref.p99_ms is not None and \
+            p.p99_ms > P99_RISE * best_p99 and p.p99_ms > ref.p99_ms:
+        return f"P99 {p.p99_ms:.1f} ms > {P99_RISE:g} x the best {best_p99:.1f} ms and rising"
+    if p.offered is None and ref.qps > 0 and p.users > ref.users and \
+            (p.qps / p.users) < PER_USER_MIN * (ref.qps / ref.users):
+        return (f"QPS per user {p.qps / p.users:.3g} < {PER_USER_MIN:g} x {ref.qps / ref.users:.3g} at {ref.users} users "
+                f"({p.qps * ref.users / (p.users * ref.qps):.0%})")
+    if p.offered is None and ref.qps > 0 and p.users > ref.users:
+        eff = (p.qps - ref.qps) / (ref.qps * (p.users / ref.users - 1.0))
+        if eff < EFFICIENCY_MIN:
+            return f"scaling efficiency {eff:.2f} from {ref.users} users < {EFFICIENCY_MIN:g}"
+    return None
+
+
+def _beyond_arrival_noise(p: Probe) -> bool:
+    """Open loop: the shortfall of completions is more than Poisson arrivals explain: a service
+    that keeps up completes what arrived, and n Poisson arrivals are offered·W ± √(offered·W);
+    beyond ARRIVAL_Z of that, it did not keep up (an unknown window: any shortfall counts)."""
+    if not p.offered or p.window_s <= 0:
+        return True
+    expected = p.offered * p.window_s
+    return (p.offered - p.qps) * p.window_s > ARRIVAL_Z * math.sqrt(expected)
+
+
+def knee_bracket(probes: list[Probe], s: Settings) -> tuple[Probe | None, Probe | None, str | None]:
+    """(last scaling probe, first saturated probe, why it is saturated), walking the probes by users."""
+    ref: Probe | None = None
+    before: Probe | None = None  # the scaling probe before ref
+    best: float | None = None
+    for p in sorted(probes, key=lambda q: q.users):
+        why = saturated(p, ref, best, s)
+        if why:
+            plateau = on_plateau(ref, p, before)
+            return (before, ref, plateau) if plateau else (ref, p, why)
+        before, ref = ref, p
+        if p.p99_ms is not None and p.valid:
+            best = p.p99_ms if best is None else min(best, p.p99_ms)
+    return ref, None, None
+
+
+def on_plateau(lo: Probe | None, hi: Probe, before: Probe | None) -> str | None:
+    """Why ``lo``, which passed as scaling from ``before``, is past a sharp knee after all: ``hi``
+    above it gained (almost) nothing over it, and its own QPS per user is short of ``before``'s.
+    Across a wide bracket the rules pass a probe up to 12 % past a sharp knee (27 users from 16
+    at a knee of 24: 89 % of the per-user rate, a gain of 0.73: bench/search.py's K = 24 miss); a
+    plateau after it shows it (28 serves what 27 does).  A smooth curve still gains there (the USL target's 16 over 8), and a
+    probe at the knee keeps its per-user rate, so neither is moved."""
+    if lo is None or before is None or lo.offered is not None or before.qps <= 0 or lo.qps <= 0:
+        return None
+    gain = (hi.qps - lo.qps) / (lo.qps * (hi.users / lo.users - 1.0))
+    per_user = (lo.qps / lo.users) / (before.qps / before.users)
+    if gain < PLATEAU_GAIN and per_user < PLATEAU_PER_USER:
+        return (f"on the plateau: {hi.users} users gain {gain:.2f} over {lo.users}, whose QPS per user is "
+                f"{per_user:.0%} of {before.users}'s")
+    return None
+
+
+def meets_sla(p: Probe, s: Settings) -> bool:
+    if s.sla_error_rate is not None and p.error_rate > s.sla_error_rate:
+        return False
+    return s.sla_p99_ms is None or (p.p99_ms is not None and p.p99_ms <= s.sla_p99_ms)
+
+
+def sla_bracket(probes: list[Probe], s: Settings) -> tuple[int, int | None]:
+    """(most users of a probe meeting the SLA below the first failing one, or 0; the fewest
+    users of a probe failing it, or None)."""
+    lo, hi = 0, None
+    for p in sorted(probes, key=lambda q: q.users):
+        if not meets_sla(p, s):
+            hi = p.users
+            break
+        lo = p.users
+    return lo, hi
+
+
+def aim(probes: list[Probe], lo_p: Probe | None, hi: int, s: Settings) -> tuple[int, str]:
+    """The next probe strictly inside (lo, hi): where the USL fit predicts the first saturated
+    probe (the same rules, on the fitted QPS), else its N*, when either lies inside the bracket
+    and the fit has enough valid probes and R² >= R2_AIM; otherwise the midpoint."""
+    lo = lo_p.users if lo_p else 0
+    tried = {p.users for p in probes}
+    valid = [p for p in probes if p.valid and p.qps > 0 and p.offered is None]
+    mid = (lo + hi) // 2
+    if len(valid) < MIN_FIT_PROBES or lo_p is None:
+        return mid, f"bisection of [{lo}, {hi}]"
+    fit = fit_usl([p.users for p in valid], [p.qps for p in valid])
+    r2 = fit.get("r2")
+    if fit.get("sigma") is None or r2 is None or r2 < R2_AIM:
+        return mid, f"bisection of [{lo}, {hi}] (USL fit {'none' if r2 is None else f'R² {r2:.2f} < {R2_AIM:g}'})"
+    model = [Probe(users=n, qps=float(usl_throughput(n, fit["sigma"], fit["kappa"], fit["lambda"])), p99_ms=None)
+             for n in range(1, hi + 1)]
+    guard = max(1, (hi - lo) // 4)  # a model step stays a quarter of the bracket from its ends (as Brent's
+    #                                 method guards its interpolation): a smooth fit of a sharp knee creeps
+    for m in model[lo:hi - 1]:  # users lo+1 .. hi-1
+        if saturated(m, model[lo - 1], None, s):
+            for n in (m.users, m.users - 1):
+                n = min(max(n, lo + guard), hi - guard)
+                if lo < n < hi and n not in tried:
+                    return n, f"USL fit (R² {r2:.2f}) predicts saturation at {m.users} users"
+            break
+    n_star = fit.get("n_star")
+    if n_star is not None and lo < round(n_star) < hi and round(n_star) not in tried:
+        return int(round(n_star)), f"USL fit (R² {r2:.2f}): N* = {n_star:.1f} inside [{lo}, {hi}]"
+    return mid, f"bisection of [{lo}, {hi}] (the USL fit, R² {r2:.2f}, predicts no saturation inside)"
+
+
+def _grow(probes: list[Probe], s: Settings, why_scaling: str) -> Decision:
+    top = max(p.users for p in probes)
+    if top >= s.max:
+        return Decision(None, f"max ({s.max}) reached, still scaling", f"max reached ({s.max}): still scaling")
+    nxt = min(s.max, max(top + 1, int(math.ceil(top * s.growth - 1e-9))))
+    return Decision(nxt, f"growth x{s.growth:g} from {top}: {why_scaling}")
+
+
+def decide(probes: list[Probe], s: Settings, load_s: float) -> Decision:
+    """The next probe (and why), or stop (``users`` None, ``stopped_because``)."""
+    if not probes:
+        return Decision(s.start, "start")
+    lo_p, hi_p, why_sat = knee_bracket(probes, s)
+    lo = lo_p.users if lo_p else 0
+    knee = [lo if lo_p else None, hi_p.users if hi_p else None]
+    sla_lo, sla_hi = sla_bracket(probes, s) if s.has_sla else (0, None)
+    sla = [sla_lo or None, sla_hi] if s.has_sla else None
+    if load_s >= s.max_duration:
+        return Decision(None, "max_duration reached", f"max_duration ({s.max_duration:g} s of load) reached", knee, sla)
+    if hi_p is None:
+        d = _grow(probes, s, "still scaling")
+        d.knee_bracket, d.sla_bracket = knee, sla
+        return d
+    if hi_p.users - lo > s.width(lo):
+        users, why = aim(probes, lo_p, hi_p.users, s)
+        return Decision(users, f"knee in [{lo}, {hi_p.users}] ({hi_p.users}: {why_sat}); {why}", None, knee, sla)
+    if s.has_sla:
+        top = max(p.users for p in probes)
+        if sla_hi is None and top == hi_p.users and top < s.max:
+            nxt = min(s.max, max(top + 1, int(math.ceil(top * s.growth - 1e-9))))
+            return Decision(nxt, f"SLA still met at the first saturated probe ({top}): one growth step past it",
+                            None, knee, sla)
+        if sla_hi is not None and sla_hi - sla_lo > s.width(sla_lo):
+            users, why = (sla_lo + sla_hi) // 2, f"bisection of [{sla_lo}, {sla_hi}]"
+            if sla_lo == 0:
+                users = max(1, sla_hi // 2)
+            return Decision(users, f"SLA boundary in [{sla_lo}, {sla_hi}]: {why}", None, knee, sla)
+    done = f"knee bracketed in [{lo}, {hi_p.users}]"
+    if s.has_sla:
+        done += f", SLA boundary in [{sla_lo}, {sla_hi if sla_hi is not None else 'beyond'}]"
+    return Decision(None, done, done, knee, sla)
+
+
+def settings_of(plan: Plan) -> Settings:
+    """The search's settings from a plan (open loop: users are arrival sources of source_rate)."""
+    load = plan.load
+    unit = load.source_rate if load.arrivals == "open" else 1.0
+    return Settings(start=int(round(load.start / unit)), max=int(round(load.max / unit)), growth=load.growth,
+                    precision=load.precision, max_duration=load.max_duration, sla_p99_ms=plan.sla.p99_ms,
+                    sla_error_rate=plan.sla.error_rate, unit=unit)
+
+
+@dataclass
+class SearchDriver:
+    """The master's side: asked by the step schedule when a probe ends; measures it on the rows
+    (``meter``: locustfiles.steady.ProbeMeter), decides, and records generator/search.json."""
+
+    settings: Settings
+    meter: Any  # .figures(t_lo, horizon) -> dict; .forget_before(t)
+    run: RunDir | None = None
+    settle: float = 0.0
+    lag_s: float = 0.0
+    open_loop: bool = False
+    auto_hold: bool = False
+    probes: list[Probe] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    last: Decision | None = None
+    _asked: dict[int, float] = field(default_factory=dict)  # step index -> when its end was first asked
+
+    def first(self) -> int:
+        self.last = decide([], self.settings, 0.0)
+        self.records.append({"index": 0, "users": self.last.users, "why": self.last.why})
+        self._write()
+        return self.settings.start  # decide's first answer: the start
+
+    def __call__(self, step: Any, now: float, load_s: float) -> int | None:
+        """The step ``step`` (steps.StepRecord) ends at ``now``: the next probe's users, or None."""
+        t_lo = step.t_cut if step.t_cut is not None else (step.t_steady or step.t_ramp) + self.settle
+        fig = self.meter.figures(t_lo, now - self.lag_s)
+        self._asked.setdefault(step.index, now)
+        if fig["requests"] < MIN_PROBE_REQUESTS and now - self._asked[step.index] < MAX_WAIT_S:
+            return WAIT
+        self.meter.forget_before(now)
+        offered, qps = None, fig["qps"]
+        if self.open_loop:  # what the service completed against what was offered (steady.ProbeMeter): the
+            #  arrivals still in flight are not rows yet, so the offered rate is the plan's
+            offered, qps = step.users * self.settings.unit, fig["completed_qps"]
+        # steady: no warm-up still running (hold = "auto" found a cut); a P99 not yet known within
+        # the asked CI still leaves the QPS the search compares
+        steady = not self.auto_hold or step.t_cut is not None
+        self.probes.append(Probe(users=step.users, qps=qps, p99_ms=fig["p99_ms"], error_rate=fig["error_rate"],
+                                 pushback=fig["pushback"], valid=fig["requests"] > 0 and steady,
+                                 offered=offered, requests=fig["requests"], window_s=max(0.0, now - self.lag_s - t_lo)))
+        self.records[-1].update(measured={k: fig[k] for k in ("qps", "p99_ms", "error_rate", "pushback", "requests",
+                                                             "arrival_rate", "completed_qps") if k in fig},
+                                steady=steady)
+        self.last = decide(self.probes, self.settings, load_s)
+        if self.last.users is not None:
+            self.records.append({"index": step.index + 1, "users": self.last.users, "why": self.last.why})
+        logger.info("kneeswarm search: %s", self.last.why)
+        self._write()
+        return self.last.users
+
+    @property
+    def stopped_because(self) -> str | None:
+        return self.last.stopped_because if self.last else None
+
+    def _write(self) -> None:
+        if self.run is None:
+            return
+        d = self.last or Decision(None, "")
+        doc = {"probes": self.records, "stopped_because": d.stopped_because, "knee_bracket": d.knee_bracket,
+               "sla_bracket": d.sla_bracket, "settings": asdict(self.settings), "t": time.time(),
+               "rules": {"efficiency_min": EFFICIENCY_MIN, "per_user_min": PER_USER_MIN, "plateau_gain": PLATEAU_GAIN,
+                         "plateau_per_user": PLATEAU_PER_USER, "p99_rise": P99_RISE, "error_rate": ERROR_RATE,
+                         "pushback_share": PUSHBACK_SHARE, "achieved_min": ACHIEVED_MIN, "arrival_z": ARRIVAL_Z, "r2_aim": R2_AIM}}
+        try:
+            write_json(self.run.generator_dir / SEARCH_FILE, doc)
+        except OSError as e:  # the load goes on; the conductor sees the file missing
+            logger.error("kneeswarm: could not write generator/%s: %s", SEARCH_FILE, e)
