@@ -206,6 +206,56 @@ def test_a_cpu_burner_beside_the_service_is_not_the_service_saturating_the_cpu(s
         assert only(summary, "host_contended")["evidence"]["process_share"] == pytest.approx(share, rel=0.01)
 
 
+def run_delay_s(pid: int) -> float:
+    """The kernel's time ``pid``'s live threads spent runnable but waiting for a CPU
+    (/proc/PID/task/TID/schedstat, second field, ns), seconds."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9
+
+
+@pytest.mark.long
+@pytest.mark.slow
+def test_a_service_the_scheduler_keeps_waiting_behind_other_work_is_host_contended(cgroup_v1, start_demo_target,
+                                                                                     tmp_path):
+    # The real positive of host_contended, made certain: the ONNX target (one request thread, one
+    # ONNX thread) in a v1 cpu cgroup whose weight (cpu.shares 256) is a quarter of each of the two
+    # burners' beside it (1024 each, in the root), so its one busy thread gets about a fifth of a
+    # CPU and waits for one most of its requests' time.  (Without the cgroup the scheduler's sleeper
+    # credit lets it in at once and it waits little: the test above.)  The kernel's own run delay
+    # is the truth that it waited.
+    cpu = cgroup_v1("cpu")
+    (cpu / "cpu.shares").write_text("256")
+    burners = [subprocess.Popen([sys.executable, "-c", BURNER]) for _ in range(2)]
+    try:
+        target = start_demo_target("--mode", "onnx", "--request-threads", "1", "--intra-op-threads", "1")
+        (cpu / "cgroup.procs").write_text(str(target.pid))
+        waited0 = run_delay_s(target.pid)
+        summary, run_dir = short_run(target, tmp_path, "starved", [1])
+        waited = run_delay_s(target.pid) - waited0
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    from kneeswarm.rundir import RunDir
+    in_flight = RunDir(run_dir).read_requests()["latency_ms"].sum() / 1000.0  # request-seconds, every row
+    [step] = summary["steps"]
+    [server] = step["server"].values()
+    busy, share = server["us"] + server["sy"], server["cpu_pct"] / 2 / (server["us"] + server["sy"])
+    print(f"host busy {busy:.0f} %, the target's share {share:.0%}, the kernel's run delay {waited:.2f} s over "
+          f"{in_flight:.2f} request-seconds:", summary["findings"])
+    assert busy >= 90.0 and share < 0.5, server
+    assert waited / in_flight >= 0.10  # the kernel: it waited for a CPU a tenth of its requests' time or more
+    assert "host_contended" in ids(summary), summary["findings"]
+    assert "cpu_saturated" not in ids(summary), summary["findings"]
+    ev = only(summary, "host_contended")["evidence"]
+    assert ev["process_share"] == pytest.approx(share, rel=0.01) and ev["cpu_wait_share"] >= 0.10, ev
+
+
 def vm_rss_mb(pid: int) -> float:
     """The kernel's resident set of ``pid`` (/proc/PID/status VmRSS), MiB."""
     line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmRSS:"))
