@@ -319,16 +319,29 @@ def _header_columns(tokens: list[str]) -> list[str]:
     return tokens
 
 
+# The kernel's largest pid (PID_MAX_LIMIT on 64-bit, include/linux/threads.h): an id beyond it is
+# garbage (a fuzzed line once carried a 30-digit TID, which overflowed the int64 column).
+PID_MAX_LIMIT = 4 * 1024 * 1024
+
+
+def _pid(text: str) -> int:
+    """A process or thread id, ValueError unless 0 <= id <= PID_MAX_LIMIT."""
+    n = int(text)
+    if not 0 <= n <= PID_MAX_LIMIT:
+        raise ValueError(f"not a pid: {text}")
+    return n
+
+
 def _row_key(row: dict[str, str], last_tgid: int | None) -> tuple[int, int | None] | None:
-    """(pid, tid) of a data row: tid None for a process row."""
+    """(pid, tid) of a data row: tid None for a process row; None for a row whose ids are not ids."""
     tgid = row.get("TGID", row.get("PID"))
     tid = row.get("TID")
     try:
         if tid is None or tid in NO_ID:
-            return (int(tgid), None) if tgid is not None and tgid not in NO_ID else None
+            return (_pid(tgid), None) if tgid is not None and tgid not in NO_ID else None
         if tgid is None or tgid in NO_ID:
-            return (last_tgid, int(tid)) if last_tgid is not None else None
-        return int(tgid), int(tid)
+            return (last_tgid, _pid(tid)) if last_tgid is not None else None
+        return _pid(tgid), _pid(tid)
     except ValueError:
         return None
 

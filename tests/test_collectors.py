@@ -645,6 +645,22 @@ def test_every_parser_survives_mutated_fixtures(data):
     _check(_parse_checked(name, "\n".join(lines)), name)
 
 
+def test_pidstat_an_id_beyond_the_kernels_pid_range_is_a_skipped_line():
+    # Found by the fuzz test above: a 30-digit TID overflowed the parser's int64 column and the whole
+    # parse failed; such a line is garbage (no kernel has that pid) and is counted as skipped.
+    text = read(FIX / "pidstat-12.6.1-t.txt")
+    lines = text.splitlines()
+    header = next(ln.split() for ln in lines if ln.startswith("#") and "TID" in ln)
+    at_col = header.index("TID") - 1  # the header's "#" is a token of its own
+    i = next(k for k, ln in enumerate(lines) if "|__" in ln)
+    fields = lines[i].split()
+    fields[at_col] = "9" * 30
+    lines[i] = " ".join(fields)
+    before, after = _parse_checked("pidstat", text), _parse_checked("pidstat", "\n".join(lines))
+    assert after.skipped == before.skipped + 1
+    assert len(after.frames["threads"]) == len(before.frames["threads"]) - 1
+
+
 def test_procfs_migrations_by_the_kernels_counter_per_thread():
     # tasks carry se.nr_migrations (8th field): migrations_s is its increase summed over the threads
     # (by hand: tid 8 +30, tid 9 gone, tid 10 new since the first sample: 12 from its birth at 0,
