@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +20,14 @@ import requests
 from kneeswarm.cli import start_target, stop_target
 
 REPO = Path(__file__).resolve().parent.parent
+
+# A suite started as a background job of a script (`make test &`) has SIGINT ignored, and every
+# process it starts inherits that: a test that stops a child with SIGINT (as the agent stops
+# vmstat) would wait forever.  The agent resets it for its collectors (agents.remote.processes.
+# child_setup, tested in test_collectors.py); the suite gives itself the default handler, which
+# exec resets to SIG_DFL in its children, so its results do not depend on how it was started.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class Target:

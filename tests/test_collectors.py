@@ -28,6 +28,7 @@ from collectors.base import (GPU_COLUMNS, GPU_PROC_COLUMNS, MIGRATIONS_KERNEL, M
 from collectors.prometheus import parse_exposition, scrapes_to_frame
 from conftest import wait_for
 
+ROOT = Path(__file__).resolve().parent.parent
 FIX = Path(__file__).parent / "fixtures" / "collectors"
 GPU = Path(__file__).parent / "fixtures" / "gpu"
 UTC = timezone.utc
@@ -532,6 +533,34 @@ BUSY = textwrap.dedent("""\
     time.sleep(60)
     """)
 LIVE_SECONDS = 3.3
+
+
+STOPPED_BY_SIGINT = """
+import signal, subprocess, sys, time
+from agents.remote.processes import child_setup
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a controller started with `cmd &` in a script has it
+p = subprocess.Popen(["vmstat", "1"], stdout=subprocess.DEVNULL,
+                     preexec_fn=child_setup() if sys.argv[1] == "agent" else None)
+time.sleep(0.5)
+p.send_signal(signal.SIGINT)
+try:
+    p.wait(timeout=3)
+    print("stopped")
+except subprocess.TimeoutExpired:
+    p.kill()
+    print("still running")
+"""
+
+
+@pytest.mark.skipif(not shutil.which("vmstat"), reason="vmstat not installed")
+@pytest.mark.parametrize("setup,expected", [("agent", "stopped"), ("plain", "still running")])
+def test_a_collector_started_by_the_agent_stops_on_sigint_even_where_sigint_was_ignored(setup, expected):
+    # CI once started the suite as a background job: SIGINT ignored, inherited by vmstat, which then
+    # never stopped.  The agent's child_setup puts SIGINT back to default in each collector; without
+    # it (the control) the ignored signal is inherited and vmstat keeps running.
+    out = subprocess.run([sys.executable, "-c", STOPPED_BY_SIGINT, setup], capture_output=True, text=True,
+                         timeout=30, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.stdout.strip() == expected, out.stderr
 
 
 @pytest.mark.skipif(not (shutil.which("pidstat") and shutil.which("vmstat")),
