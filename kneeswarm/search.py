@@ -11,7 +11,9 @@ in, the next probe and why out, or the reason to stop.  The rules, in order:
    completed in the probe's window against the arrivals in it: steady.ProbeMeter).  Nothing goes above
    the first saturated probe except, with an ``[sla]`` still met there, one more growth step.
 2. **Refinement**: the knee lies between the last scaling probe (lo) and the first saturated one
-   (hi); probe inside until hi - lo <= max(1, precision x lo).  With ``MIN_FIT_PROBES`` valid
+   (hi); probe inside until hi - lo <= max(1, precision x lo).  When the probes fit a sharp knee's
+   asymptotic bounds (``bound_knee``), the next probe is where they cross, and a scaling probe past
+   that crossing is moved above the bracket (``past_bound_knee``).  Else, with ``MIN_FIT_PROBES`` valid
    probes or more, the next probe is aimed by the USL fit (analysis/usl.py): where its efficiency
    from lo crosses ``EFFICIENCY_MIN``, else its N*, when either lies strictly inside the bracket
    and R² >= ``R2_AIM``; otherwise bisection.
@@ -51,6 +53,20 @@ PER_USER_MIN = 0.88
 # a scaling probe whose next one up gains less than PLATEAU_GAIN of the linear gain, and whose own QPS
 # per user is below PLATEAU_PER_USER x that of the probe before it, is on the plateau past a sharp knee
 PLATEAU_GAIN, PLATEAU_PER_USER = 0.3, 0.92
+# A sharp knee's probes lie on the asymptotic bounds min(N x the linear QPS per user, the plateau's
+# QPS) within BOUND_TOL (bound_knee): ~2.5 sd of a probe's ratio to them under 3 % QPS noise; a USL
+# curve bends further below them near its knee (4 users of σ = 0, κ = 0.01: 11 %).  Measured with
+# bench/search_sim.py (200 seeds): 0.08 fits a sharp knee too rarely under 5 % noise (K = 24: 151 of
+# 200 within 10 % against 166 at 0.10); 0.12 lets the USL curves fit (σ = 0, κ = 0.01, 3 % noise:
+# 109 of 200 within 10 % against 118).
+BOUND_TOL = 0.10
+# a scaling probe more than this above the bounds' crossing is past the knee: the crossing, an average
+# of several probes, is known to ~2 % under 3 % noise, and a probe within 5 % of the knee is within the
+# 10 % asked of the search either way
+PAST_MARGIN = 0.05
+# ... when the plateau, from the first saturated probe up, has at least this many probes: one probe's
+# QPS is too little to call flat (with one, USL σ = 0.02, κ = 0.002 had 15 of 200 searches moved by it)
+PLATEAU_PROBES = 2
 P99_RISE = 3.0  # P99 above this x the best probe's P99 (and above the last scaling probe's): saturated
 ERROR_RATE = 0.01  # failed share above this (without [sla] error_rate): saturated
 PUSHBACK_SHARE = 0.01  # share of 429/503 answers above this: the server pushes back, saturated
@@ -149,15 +165,58 @@ def knee_bracket(probes: list[Probe], s: Settings) -> tuple[Probe | None, Probe 
     ref: Probe | None = None
     before: Probe | None = None  # the scaling probe before ref
     best: float | None = None
-    for p in sorted(probes, key=lambda q: q.users):
+    scaling: list[Probe] = []
+    ordered = sorted(probes, key=lambda q: q.users)
+    for p in ordered:
         why = saturated(p, ref, best, s)
         if why:
+            past = past_bound_knee(ordered, scaling, p)
+            if past:
+                return past
             plateau = on_plateau(ref, p, before)
             return (before, ref, plateau) if plateau else (ref, p, why)
         before, ref = ref, p
+        scaling.append(p)
         if p.p99_ms is not None and p.valid:
             best = p.p99_ms if best is None else min(best, p.p99_ms)
     return ref, None, None
+
+
+def bound_knee(probes: list[Probe], lo: Probe, hi: int, min_flat: int = 1) -> float | None:
+    """The users where the asymptotic bounds of a sharp knee cross (operational analysis, Denning &
+    Buzen 1978; Lazowska et al., Quantitative System Performance ch. 5: X(N) <= min(N·X(1), X_max)):
+    N_b = X_plateau / the linear region's QPS per user, when those two bounds fit every probe within
+    BOUND_TOL; else None.  The linear rate: the mean QPS per user of the probes at or below half of
+    ``lo`` (the last scaling probe); the plateau: the mean QPS of the probes at or above ``hi`` users.  A
+    smooth curve (USL) bends below both bounds near its knee by more than that, so it gets None; so
+    does a plateau of fewer than ``min_flat`` probes."""
+    ok = [p for p in probes if p.valid and p.offered is None and p.qps > 0 and p.error_rate <= ERROR_RATE
+          and p.pushback <= PUSHBACK_SHARE]
+    low = [p.qps / p.users for p in ok if p.users <= lo.users / 2]
+    flat = [p.qps for p in ok if p.users >= hi]
+    if not low or len(flat) < min_flat:
+        return None
+    rate, x_max = sum(low) / len(low), sum(flat) / len(flat)
+    if any(abs(p.qps / min(rate * p.users, x_max) - 1.0) > BOUND_TOL for p in ok):
+        return None
+    return x_max / rate
+
+
+def past_bound_knee(ordered: list[Probe], scaling: list[Probe], first: Probe) -> tuple[Probe | None, Probe, str] | None:
+    """(the last scaling probe, the first probe past a sharp knee, why) when scaling probes lie more
+    than PAST_MARGIN beyond the bounds' crossing (``bound_knee``): the QPS-per-user rule passes a
+    probe up to 12 % past a sharp knee, and the plateau it sits on shows it (``first``: the first
+    saturated probe, where the plateau starts).  None otherwise."""
+    if not scaling:
+        return None
+    nb = bound_knee(ordered, scaling[-1], first.users, PLATEAU_PROBES)
+    if nb is None or scaling[-1].users <= nb * (1 + PAST_MARGIN):
+        return None
+    below = [p for p in scaling if p.users <= nb * (1 + PAST_MARGIN)]
+    lo = below[-1] if below else None
+    hi = next(p for p in ordered if p.users > (lo.users if lo else 0))
+    return lo, hi, (f"past the bounds' knee: {hi.users} users serve the plateau (linear rate x users crosses it "
+                    f"at {nb:.1f})")
 
 
 def on_plateau(lo: Probe | None, hi: Probe, before: Probe | None) -> str | None:
@@ -203,7 +262,14 @@ def aim(probes: list[Probe], lo_p: Probe | None, hi: int, s: Settings) -> tuple[
     tried = {p.users for p in probes}
     valid = [p for p in probes if p.valid and p.qps > 0 and p.offered is None]
     mid = (lo + hi) // 2
-    if len(valid) < MIN_FIT_PROBES or lo_p is None:
+    if lo_p is None:
+        return mid, f"bisection of [{lo}, {hi}]"
+    nb = bound_knee(sorted(probes, key=lambda q: q.users), lo_p, hi)  # a sharp knee: where its bounds cross,
+    if nb is not None:  # which the USL fit smooths over (it creeps from the bracket's ends)
+        for n in (int(round(nb)), int(math.floor(nb)), int(math.ceil(nb))):
+            if lo < n < hi and n not in tried:
+                return n, f"the bounds' knee: linear rate x users meets the plateau at {nb:.1f} users"
+    if len(valid) < MIN_FIT_PROBES:
         return mid, f"bisection of [{lo}, {hi}]"
     fit = fit_usl([p.users for p in valid], [p.qps for p in valid])
     r2 = fit.get("r2")
@@ -340,7 +406,8 @@ class SearchDriver:
         doc = {"probes": self.records, "stopped_because": d.stopped_because, "knee_bracket": d.knee_bracket,
                "sla_bracket": d.sla_bracket, "settings": asdict(self.settings), "t": time.time(),
                "rules": {"efficiency_min": EFFICIENCY_MIN, "per_user_min": PER_USER_MIN, "plateau_gain": PLATEAU_GAIN,
-                         "plateau_per_user": PLATEAU_PER_USER, "p99_rise": P99_RISE, "error_rate": ERROR_RATE,
+                         "plateau_per_user": PLATEAU_PER_USER, "bound_tol": BOUND_TOL, "past_margin": PAST_MARGIN,
+                         "p99_rise": P99_RISE, "error_rate": ERROR_RATE,
                          "pushback_share": PUSHBACK_SHARE, "achieved_min": ACHIEVED_MIN, "arrival_z": ARRIVAL_Z, "r2_aim": R2_AIM}}
         try:
             write_json(self.run.generator_dir / SEARCH_FILE, doc)
