@@ -63,7 +63,10 @@ class WorkerClocks:
     def answered(self, worker: str, data: Pong | dict[str, Any]) -> None:
         t4 = time.time()
         try:
-            t1, t2 = float(data["t1"]), float(data["t2"])
+            got_t1, t2 = data["t1"], float(data["t2"])
+            if got_t1 is None:
+                return  # the pong of a ping without t1: no round trip to measure
+            t1 = float(got_t1)
         except (KeyError, TypeError, ValueError):
             return  # not our format: ignore
         s = Sample(rtt=t4 - t1, offset=t2 - (t1 + t4) / 2, t=t4)

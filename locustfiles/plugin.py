@@ -490,9 +490,13 @@ class Recording:
         self.stopped = False
         self.generator_rows_lost = 0
         self.outcome_errors: list[tuple[str, str]] = []  # (file, why) of the last write_outcome's failures
-        self.local_sampler = GeneratorSampler(lambda: env.runner.user_count) if local_buffer is not None else None
+        self.local_sampler = GeneratorSampler(self._user_count) if local_buffer is not None else None
         self._flusher = gevent.spawn(self._flush_loop)
         self._sampler = gevent.spawn(self.local_sampler.run_forever) if self.local_sampler else None
+
+    def _user_count(self) -> int:
+        """The users running now; 0 with no runner (as StepShape.tick reads it), not a crash of the sampler."""
+        return self.env.runner.user_count if self.env.runner is not None else 0
 
     def _failed(self, what: str, e: OSError) -> None:
         entry = self.failures.setdefault(what, [0, ""])
@@ -550,6 +554,7 @@ class Recording:
     def flush(self, final: bool = False) -> None:
         if self.local_buffer is not None:
             self._rows("local", self.local_buffer.take())
+        if self.local_sampler is not None:  # there is one exactly when there is a local buffer
             self.add_generator_rows("local", self.local_sampler.take())
         for worker, rows, samples in self.gate.release(final):
             self._rows(worker, rows)

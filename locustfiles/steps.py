@@ -120,7 +120,7 @@ class StepSchedule:
             return None
         if cur.t_steady is None and running_users >= cur.users:
             self.spawned(now)  # spawning_complete was missed (e.g. a worker joined late)
-        if cur.t_steady is not None and self._held(cur, now):
+        if cur.t_steady is not None and self._held(cur, cur.t_steady, now):
             if self.chooser is not None and cur.index + 1 >= len(self.steps):
                 nxt = self.chooser(cur, now, sum((s.t_end or now) - s.t_ramp for s in self.log))
                 if nxt == WAIT:
@@ -144,13 +144,18 @@ class StepSchedule:
         logger.info("step %d: window ended; its load goes on %.1fs for the requests in flight", cur.index, tail)
         return cur.users, self.spawn_rate(cur.index)
 
-    def _held(self, cur: StepRecord, now: float) -> bool:
-        """The current step has been held long enough: ``hold`` seconds, or (auto) steady and known."""
+    def _held(self, cur: StepRecord, steady: float, now: float) -> bool:
+        """The current step (all its users running since ``steady``) has been held long enough:
+        ``hold`` seconds, or (auto) steady and known."""
         if self.continuous:
-            return now >= self.log[0].t_steady + (cur.index + 1) * self.hold
+            first = self.log[0].t_steady
+            # never None here: the first window is the current one (steady, as the caller checked) or
+            # it was held before a later one began, and nothing sets a t_steady back to None
+            assert first is not None
+            return now >= first + (cur.index + 1) * self.hold
         if self.auto is None:
-            return now >= cur.t_steady + self.hold
-        end, t_cut, reason = self.auto.decide(cur.t_steady, now)
+            return now >= steady + self.hold
+        end, t_cut, reason = self.auto.decide(steady, now)
         if end:
             cur.t_cut, cur.hold_reason = t_cut, reason
             if reason:
