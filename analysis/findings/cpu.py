@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from analysis.findings.context import Context, num, users_text
+from analysis.findings.context import Context, known, users_text
 from analysis.findings.finding import finding
 
 logger = logging.getLogger(__name__)
@@ -224,11 +224,13 @@ def host_contended(ctx: Context) -> list[dict[str, Any]]:
     numbers may be disturbed.  Not a diagnosis of the service."""
     def check(c: Context, h: str) -> dict[str, Any] | None:
         def others(s: dict[str, Any]) -> float | None:  # the other processes' part of the busy CPU
-            return None if fills_cpu(c, s, h) or not _host_full(c, s, h) or not cpu_starved(c, s, h) \
-                else 1.0 - c.process_share(s, h)
+            share = c.process_share(s, h)  # not measured: fills_cpu holds, so the step is not one
+            if share is None or fills_cpu(c, s, h) or not _host_full(c, s, h) or not cpu_starved(c, s, h):
+                return None
+            return 1.0 - share
 
         hits, worst, rest = _worst(c.late(), others, lambda v: True)
-        if worst is None:
+        if worst is None or rest is None:  # no step fired (_worst gives a value with every step)
             return None
         busy, r = c.host_busy(worst, h), c.metric(worst, h, "r")
         return finding("host_contended", hits, {"host": h, "users": worst["users"], "busy_pct": busy, "r": r,
@@ -306,9 +308,10 @@ def single_thread_bound(ctx: Context) -> list[dict[str, Any]]:
 def _kernel_share(c: Context, s: dict[str, Any], h: str) -> tuple[str, float] | None:
     """("process"|"host", sy share) where the CPU did real work, else None."""
     proc_cpu, share = c.metric(s, h, "cpu_pct"), c.metric(s, h, "sy_share")
-    if proc_cpu is not None or share is not None:
-        ok = proc_cpu is not None and share is not None and proc_cpu >= KERNEL_MIN_PROCESS_CPU_PCT
-        return ("process", share) if ok else None
+    if proc_cpu is not None or share is not None:  # the process was measured: its share or none
+        if proc_cpu is None or share is None or proc_cpu < KERNEL_MIN_PROCESS_CPU_PCT:
+            return None
+        return "process", share
     busy, sy = c.host_busy(s, h), c.metric(s, h, "sy")
     if busy is None or sy is None or busy < KERNEL_MIN_HOST_BUSY_PCT:
         return None
@@ -322,9 +325,10 @@ def kernel_time_high(ctx: Context) -> list[dict[str, Any]]:
             return None if ks is None else ks[1]
 
         hits, worst, share = _worst(c.late(), value, lambda v: v > KERNEL_SHARE)
-        if worst is None:
+        # the worst step fired, so its _kernel_share was not None: the checks only narrow the types
+        if worst is None or share is None or (ks := _kernel_share(c, worst, h)) is None:
             return None
-        where = _kernel_share(c, worst, h)[0]
+        where = ks[0]
         return finding("kernel_time_high", hits, {"host": h, "users": worst["users"], "of": where,
                                                   "sy_share": share, "sy": c.metric(worst, h, "sy"),
                                                   "sys_pct": c.metric(worst, h, "sys_pct"),
@@ -349,11 +353,14 @@ def _switches(c: Context, s: dict[str, Any], h: str) -> float | None:
 def switch_storm(ctx: Context) -> list[dict[str, Any]]:
     def check(c: Context, h: str) -> dict[str, Any] | None:
         base, last = c.before_knee(), (c.valid[-1] if c.valid else None)
-        if base is None or last is None or num(last["users"]) <= num(base["users"]):
+        # both are valid steps: their users and qps are numbers (Context.valid, ``known``)
+        if base is None or last is None or known(last, "users") <= known(base, "users"):
             return None
         cs0, cs1 = _switches(c, base, h), _switches(c, last, h)
-        q0, q1 = num(base.get("qps")), num(last.get("qps"))
-        if None in (cs0, cs1, q0, q1) or cs0 <= 0 or q0 <= 0 or q1 <= 0 or cs1 < SWITCH_STORM_MIN_PER_S:
+        q0, q1 = known(base, "qps"), known(last, "qps")
+        if cs0 is None or cs1 is None:
+            return None  # switches not measured at both steps
+        if cs0 <= 0 or q0 <= 0 or q1 <= 0 or cs1 < SWITCH_STORM_MIN_PER_S:
             return None
         growth, work = cs1 / cs0, q1 / q0
         if growth < SWITCH_STORM_GROWTH or growth / work < SWITCH_PER_REQUEST_GROWTH:
@@ -411,7 +418,9 @@ def io_wait(ctx: Context) -> list[dict[str, Any]]:
         if worst is None:
             return None
         wa, share, delay = c.metric(worst, h, "wa"), c.io_share(worst, h), c.io_delay_share(worst, h)
-        kb = None if share is None else c.metric(worst, h, "io_read_kb_s") + c.metric(worst, h, "io_write_kb_s")
+        # io_share is not None exactly when both are measured (Context.io_share), so kb is then too
+        rd, wr = c.metric(worst, h, "io_read_kb_s"), c.metric(worst, h, "io_write_kb_s")
+        kb = None if rd is None or wr is None else rd + wr
         own = ("the service's own disk IO was not recorded (a run from before pidstat -d or the procfs sampler's "
                "IO, or no permission to read /proc/PID/io): this is the host's wait, which other processes' IO may cause"
                if share is None else
