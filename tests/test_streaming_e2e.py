@@ -44,18 +44,25 @@ def test_step_ttft_itl_tpot_and_tokens_s_match_the_targets_schedule(tmp_path, st
     summary, rd = run(tmp_path, target.url, f"[request]\nmax_tokens = {MAX_TOKENS}\nignore_eos = true\n")
     # The server's own TTFT (its /metrics: arrival to first token, on its clock) is D plus however late
     # its event loop woke: 0.5-1 ms here, more on a machine others keep busy (55.3 ms seen at a load
-    # average of 6-10).  The client adds only the way in and out (loopback, under 5 ms) and can never
-    # see the first token before D (less the target's TIMER_SLACK_S, 0.5 ms).
+    # average of 6-10).  The client adds only the way in and out, and can never see the first token
+    # before D (less the target's TIMER_SLACK_S, 0.5 ms).  The way in and out is not assumed (2.4 ms
+    # here, 5.2 ms on a busy 2-core CI machine): it is measured on the same requests, as the
+    # client's mean latency less the server's mean generation time (its e2e histogram).
     m = target.metrics()
     late_ms = 1000 * m["vllm:time_to_first_token_seconds_sum"] / m["vllm:time_to_first_token_seconds_count"] - D_MS
+    server_e2e_ms = 1000 * m["vllm:e2e_request_latency_seconds_sum"] / m["vllm:e2e_request_latency_seconds_count"]
+    served = rd.read_requests().query("ok")
+    way_ms = max(0.0, float(served["latency_ms"].mean()) - server_e2e_ms)
     for step in summary["steps"]:
         ok = steady(rd, step)
         w = step["t_hi"] - step["t_lo"]
         print(f"{step['users']} users: {len(ok)} ok, TTFT P50 {step['ttft_p50_ms']:.2f} (D={D_MS}, server "
-              f"{D_MS + late_ms:.2f}), ITL P50 "
+              f"{D_MS + late_ms:.2f}, way in and out {way_ms:.2f}), ITL P50 "
               f"{step['itl_p50_ms']:.2f} (G={G_MS}), TPOT P50 {step['tpot_p50_ms']:.2f}, {step['tokens_s']:.1f} tokens/s")
         assert step["valid"], step["reasons"]
-        assert D_MS - 0.5 <= step["ttft_p50_ms"] <= D_MS + late_ms + 5.0, (step["ttft_p50_ms"], late_ms)
+        # the first token, not the headers (< D) nor the second token (G later than the first)
+        assert D_MS - 0.5 <= step["ttft_p50_ms"] <= D_MS + late_ms + way_ms + 2.0, (step["ttft_p50_ms"], late_ms, way_ms)
+        assert step["ttft_p50_ms"] < D_MS + late_ms + G_MS / 2
         assert abs(step["itl_p50_ms"] - G_MS) <= 3.0
         assert abs(step["tpot_p50_ms"] - G_MS) <= 3.0
         assert step["tokens_s"] == pytest.approx(len(ok) / w * MAX_TOKENS)  # ok rps x output length
