@@ -84,8 +84,8 @@ def test_link_down_for_10s_mid_run_loses_no_sample(netns, tmp_path, monkeypatch)
             finally:
                 ip("link", "set", netns["veth"], "up")
             time.sleep(3.0)
+            t_stop = time.time()  # when the stop is asked: samples run until then (stop() itself takes a round trip)
             agent.stop()
-            t_stop = time.time()
             agent.fetch(final=True)
             assert agent.fetch_info["verified"]
             agent.write_parsed()
