@@ -385,20 +385,22 @@ def decide(probes: list[Probe], s: Settings, load_s: float) -> Decision:
     placed = ""
     if smooth is not None:  # a smooth curve: the fit places the knee; its bracket's ends are probed to confirm it
         nf, how = smooth
+        tried = {p.users for p in probes}
         top = max(p.users for p in _usable(probes))
         # nothing well past the crossing yet: one growth step (the crossing is at most one growth step past
         # the first saturated probe, so this goes at most two past it, where the rules misjudged the curve)
-        if top < FIT_SPAN * nf and top < s.max:
-            nxt = min(s.max, max(top + 1, int(math.ceil(top * s.growth - 1e-9))))
+        nxt = min(s.max, max(top + 1, int(math.ceil(top * s.growth - 1e-9))))
+        if top < FIT_SPAN * nf and top < s.max and nxt not in tried:  # (tried: not valid, not probed again)
             return Decision(nxt, f"knee in [{lo}, {hi_p.users}] ({hi_p.users}: {why_sat}); {how}: growth x{s.growth:g} "
                                  f"from {top} to see past it", None, knee, sla)
         # the low end (the knee read from a bracket) is the whole user nearest the crossing: the fit is
-        # unbiased (~0.4 user sd at 3 % noise), and its floor would add up to a user of error to that
+        # unbiased (3 % noise, bench/search_sim.py's USL cases: -0.1 ± 0.2 and 0.2 ± 0.7 users), and
+        # its floor would add half a user of error to that
         width = s.width(max(1, int(nf)))
-        a = max(1, int(math.floor(nf - (width - 1) / 2 + 0.5)))
+        a = min(s.max, max(1, int(math.floor(nf - (width - 1) / 2 + 0.5))))
         knee = [a, min(a + width, s.max)]
         for n in knee:
-            if n not in {p.users for p in probes}:
+            if n not in tried:
                 return Decision(n, f"knee in [{lo}, {hi_p.users}] ({hi_p.users}: {why_sat}); {how}: probe {n} to confirm",
                                 None, knee, sla)
         placed = f" ({how})"
