@@ -102,6 +102,20 @@ def peak_of(sigma: float, kappa: float, lam: float) -> tuple[float | None, float
     return None, None, "none"
 
 
+def efficiency_users(sigma: float, kappa: float, efficiency: float) -> float | None:
+    """The N where the USL's marginal efficiency (dX/dN over X/N: 1 − N·d′(N)/d(N), with
+    d(N) = 1 + σ(N − 1) + κN(N − 1)) falls to ``efficiency`` (0 < e < 1), in closed form:
+    (1 − e)·d(N) = N·d′(N) is κ(1 + e)N² + e(σ − κ)N − (1 − e)(1 − σ) = 0, its positive root
+    (κ = 0: N = (1 − e)(1 − σ)/(eσ)).  None where it never falls that far (σ = κ = 0: linear)."""
+    e = efficiency
+    if kappa > KAPPA_ZERO:
+        b = e * (sigma - kappa)
+        return (-b + math.sqrt(b * b + 4 * kappa * (1 + e) * (1 - e) * (1 - sigma))) / (2 * kappa * (1 + e))
+    if sigma > 0:
+        return (1 - e) * (1 - sigma) / (e * sigma)
+    return None
+
+
 def fit_usl(users: Sequence[float], throughput: Sequence[float]) -> dict[str, Any]:
     """Fit the USL to (users, throughput) points; never raises.
 

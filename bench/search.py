@@ -12,8 +12,8 @@ efficiency 1 − N·d′/d (d = 1 + σ(N−1) + κN(N−1)) falls to kneeswarm.s
 
     nice python bench/search.py [--service-ms 200] [--cases knee:3,knee:5,usl:0.0:0.01]
 
-Each case's probes' QPS per user (the summary's, by probe) go to stderr, to see which rule a probe
-near the knee passed or failed by how much.
+Each case's probes' QPS per user (the summary's, by probe) and each probe's why and the reason the
+search stopped go to stderr, to see which rule chose or judged a probe near the knee.
 
 It runs for long (about 3 minutes a case on 2 cores); ``nice`` it on a shared host.
 """
@@ -98,7 +98,8 @@ def figures(r: dict) -> dict:
             "grid_knee": grid_knee, "grid_err": err(grid_knee), "probes": [p["users"] for p in probes],
             "search_s": search["load_s"], "grid_s": grid_s, "linear_s": linear_s,
             "n_star": (r["search"].get("usl") or {}).get("n_star"),
-            "per_user": {p["users"]: p["qps"] / p["users"] for p in probes if p.get("qps") is not None}}
+            "per_user": {p["users"]: p["qps"] / p["users"] for p in probes if p.get("qps") is not None},
+            "whys": [f"{p['users']}: {p.get('why')}" for p in probes], "stopped_because": search.get("stopped_because")}
 
 
 def main() -> int:
@@ -117,6 +118,8 @@ def main() -> int:
               f"{'yes' if f['within'] else 'NO'} | {f['grid_knee']} | {pct(f['grid_err'])} | {f['search_s']:.0f} | "
               f"{f['grid_s']:.0f} | {f['linear_s']:.0f} | {f['search_s'] / f['linear_s']:.2f} |", flush=True)
         print(f"  {f['case']} QPS per user by probe: " + ", ".join(f"{u}: {q:.2f}" for u, q in f["per_user"].items()),
+              file=sys.stderr, flush=True)
+        print(f"  {f['case']} decisions:\n    " + "\n    ".join(f["whys"]) + f"\n    stop: {f['stopped_because']}",
               file=sys.stderr, flush=True)
     return 0
 

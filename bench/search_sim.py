@@ -6,7 +6,10 @@ and ``usl:σ:κ`` (QPS = N/(S·(1 + σ(N−1) + κN(N−1))), its truth where th
 to kneeswarm.search.EFFICIENCY_MIN).  Each probe's QPS is the closed form times (1 + noise·z), z a
 standard normal drawn per probe from the seed's generator (a real 2-core host: 2–5 % QPS noise).
 
-    python bench/search_sim.py [--seeds 200] [--first-seed 0] [--noise 0.03] [--cases knee:3,...]
+    python bench/search_sim.py [--seeds 200] [--first-seed 0] [--noise 0.03] [--cases knee:3,...] [--why 3]
+
+``--why N`` prints to stderr, for the first N searches of each case that miss, every probe with the
+rule that chose it and the reason the search stopped.
 
 Pure: no processes, no load; a few seconds a case.
 """
@@ -48,23 +51,33 @@ def closed_form(case: str) -> tuple[Callable[[int], tuple[float, float]], float]
 
 
 def one_search(truth: Callable[[int], tuple[float, float]], rng: np.random.Generator, noise: float,
-               settings: Settings) -> tuple[list[int], int | None]:
-    """(the users probed in order, the knee reported: the bracket's low end)."""
+               settings: Settings, whys: list[str] | None = None) -> tuple[list[int], int | None]:
+    """(the users probed in order, the knee reported: the bracket's low end); ``whys`` gets each
+    probe's users and why, then the reason the search stopped."""
     probes: list[Probe] = []
     d = decide(probes, settings, 0.0)
     while d.users is not None and len(probes) < MAX_PROBES:
+        if whys is not None:
+            whys.append(f"{d.users:4d}: {d.why}")
         qps, p99 = truth(d.users)
         probes.append(Probe(users=d.users, qps=qps * (1 + noise * rng.standard_normal()), p99_ms=p99, requests=1000))
         d = decide(probes, settings, 10.0 * len(probes))
+    if whys is not None:
+        whys.append(f"stop: {d.stopped_because} (knee bracket {d.knee_bracket})")
     return [p.users for p in probes], (d.knee_bracket or [None])[0]
 
 
-def evaluate(case: str, seeds: int, noise: float, first_seed: int = 0) -> dict:
+def evaluate(case: str, seeds: int, noise: float, first_seed: int = 0, why: int = 0) -> dict:
     truth, k = closed_form(case)
     within, n_probes, load = 0, [], []
     for seed in range(first_seed, first_seed + seeds):
-        users, knee = one_search(truth, np.random.default_rng(seed), noise, Settings(start=1, max=512))
-        within += knee is not None and abs(knee - k) <= max(1, PRECISION * k)
+        whys: list[str] = []
+        users, knee = one_search(truth, np.random.default_rng(seed), noise, Settings(start=1, max=512), whys)
+        hit = knee is not None and abs(knee - k) <= max(1, PRECISION * k)
+        if not hit and why > 0:
+            why -= 1
+            print(f"{case} seed {seed} (truth {k:.2f}) missed:\n  " + "\n  ".join(whys), file=sys.stderr)
+        within += hit
         n_probes.append(len(users))
         load.append(sum(users))
     return {"case": case, "truth": k, "within": within, "seeds": seeds, "probes": float(np.mean(n_probes)),
@@ -77,11 +90,12 @@ def main() -> int:
     ap.add_argument("--noise", type=float, default=0.03)
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--cases", default=DEFAULT_CASES)
+    ap.add_argument("--why", type=int, default=0, help="print the decisions of this many missed searches a case")
     args = ap.parse_args()
     print("| case | truth | within max(1, 10 %) | mean probes | mean users summed over probes |")
     print("|---|---:|---:|---:|---:|")
     for case in args.cases.split(","):
-        r = evaluate(case, args.seeds, args.noise, args.first_seed)
+        r = evaluate(case, args.seeds, args.noise, args.first_seed, args.why)
         print(f"| {r['case']} | {r['truth']:.1f} | {r['within']}/{r['seeds']} | {r['probes']:.2f} | "
               f"{r['user_probes']:.1f} |", flush=True)
     return 0
