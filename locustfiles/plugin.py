@@ -473,7 +473,8 @@ class Recording:
         # hold = "auto": the master judges each step on the rows as they arrive (steady.AutoHold);
         # a worker's rows are at most one report interval plus one flush behind.
         self.auto_hold = (AutoHold(load.min_hold, load.max_hold, load.settle, load.ci,
-                                   lag_s=WORKER_REPORT_INTERVAL + FLUSH_INTERVAL + AUTO_HOLD_MARGIN_S)
+                                   lag_s=WORKER_REPORT_INTERVAL + FLUSH_INTERVAL + AUTO_HOLD_MARGIN_S,
+                                   open_loop=load.arrivals == "open")
                           if load.auto_hold else None)
         self.search = _search_driver(run, plan)  # mode = "search": the steps are chosen as the run goes
         steps = [self.search.first()] if self.search is not None else load.steps

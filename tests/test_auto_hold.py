@@ -66,6 +66,52 @@ def test_judge_cuts_a_drift_and_waits_for_a_trend():
     assert not climb.steady and "median latency" in climb.why, climb
 
 
+def test_open_loop_is_judged_on_the_share_of_arrivals_not_their_poisson_count():
+    """Open loop: rows start at their intended send time, so the count of a second is the generator's
+    Poisson draw; a steady server (every arrival served in 50 ms + noise) is steady and known from the
+    share of arrivals that succeeded.  The same rows judged on their counts (the closed loop's rule)
+    read the Poisson swings of 32 req/s as a trend or a warm-up in a quarter of the seeds."""
+    done, as_counts = 0, 0
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        t = np.sort(rng.uniform(0.0, 40.0, rng.poisson(32 * 40)))
+        lat = 50 + rng.exponential(1.0, len(t))
+        v = judge(t, lat, 0.0, 40.0, 0.10, t_sent=t)
+        done += v.done
+        as_counts += judge(t, lat, 0.0, 40.0, 0.10).done
+    assert done == 40, done
+    assert as_counts <= 35, as_counts  # the control: the count rule does hold steady Poisson steps back
+
+
+def test_open_loop_share_interval_and_what_still_holds_a_step():
+    from scipy.stats import binomtest
+
+    from locustfiles.steady import P99_MIN_ROWS, share_half_width
+
+    for ok, n in ((300, 300), (240, 300), (5, 40)):  # Wilson score interval, scipy's, relative to the share
+        ci = binomtest(ok, n).proportion_ci(confidence_level=0.95, method="wilson")
+        assert share_half_width(ok, n) == pytest.approx((ci.high - ci.low) / 2 / (ok / n), rel=1e-6)
+    assert math.isinf(share_half_width(0, 10)) and math.isinf(share_half_width(0, 0))
+    rng = np.random.default_rng(4)
+    t = np.sort(rng.uniform(0.0, 30.0, rng.poisson(200 * 30)))
+    lat = 50 + rng.exponential(1.0, len(t))
+    # a steady 20 % of the arrivals failing: steady, and the share (0.8) known
+    ok = rng.uniform(size=len(t)) >= 0.2
+    v = judge(t[ok], lat[ok], 0.0, 30.0, 0.10, t_sent=t)
+    assert v.done and "share of the offered" in v.why, v
+    # failures growing from none to half of the arrivals: the share trends, not steady
+    ok = rng.uniform(size=len(t)) >= 0.5 * t / 30.0
+    v = judge(t[ok], lat[ok], 0.0, 30.0, 0.10, t_sent=t)
+    assert not v.steady and "QPS" in v.why, v
+    # a queue building (latency +2 ms a second): the latency series says so, however steady the arrivals
+    v = judge(t, lat + 2.0 * t, 0.0, 30.0, 0.10, t_sent=t)
+    assert not v.steady and "median latency" in v.why, v
+    # too few rows for a P99 interval (10 req/s over 30 s): steady, not known, and the reason says why
+    few = np.sort(rng.uniform(0.0, 30.0, 300))
+    v = judge(few, 50 + rng.exponential(1.0, 300), 0.0, 30.0, 0.10, t_sent=few)
+    assert v.steady and not v.known and f"needs {P99_MIN_ROWS} requests" in v.why, v
+
+
 # -- real runs ----------------------------------------------------------------------------------
 def _steps(run_dir: Path) -> pd.DataFrame:
     st = pd.read_csv(run_dir / "steps.csv")
