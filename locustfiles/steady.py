@@ -182,7 +182,9 @@ def judge(t_start: np.ndarray, latency_ms: np.ndarray, t_lo: float, horizon: flo
         hw_qps, what = share_half_width(int(after.sum()), int((sent >= t_cut).sum())), "QPS (share of the offered)"
     hw_p99 = p99_half_width(lat[after])
     known = hw_qps <= ci and hw_p99 <= ci
-    p99 = _pct(hw_p99) if math.isfinite(hw_p99) else f"unknown (its interval needs {P99_MIN_ROWS} requests)"
+    rate = float(after.sum()) / max(horizon - t_cut, 1e-9)  # a slow step: how long P99 needs at its rate
+    p99 = (_pct(hw_p99) if math.isfinite(hw_p99) else
+           f"unknown (its interval needs {P99_MIN_ROWS} requests, {P99_MIN_ROWS / max(rate, 1e-9):.0f} s at this rate)")
     why = (f"{what} ±{_pct(hw_qps)}, P99 ±{p99} (95 % CI, want ±{ci:.0%}) over {int(after.sum())} requests "
            f"after a {t_cut - t_lo:.1f} s warm-up cut")
     return Verdict(True, known, t_cut, why)
