@@ -5,7 +5,8 @@ users, and the fixed doubling grid 1, 2, 4 … 64 -- with the same hold rule (``
 Per case it prints the truth, the search's knee bracket and its error, the grid's knee (analysis
 ``find_knee`` over all its steps' QPS; a grid can only name one of its steps) and its error, the load seconds of each, and the
 load seconds a linear grid of the search's precision would take (steps of max(1, precision x the
-truth) from 1 to 2 x the truth, each at the search's mean probe duration).
+truth) from 1 to 2 x the truth, each at the search's mean probe duration), and the rule that judged
+each probe (``rules_by_probe``: scaling, or the saturation rule that named it the first saturated one).
 
 Truths: ``--mode knee --slots K`` saturates at K users; ``--mode usl`` at the N where its marginal
 efficiency 1 − N·d′/d (d = 1 + σ(N−1) + κN(N−1)) falls to kneeswarm.search.EFFICIENCY_MIN.
@@ -33,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from kneeswarm.cli import start_target, stop_target  # noqa: E402
 from analysis.knee import find_knee  # noqa: E402
-from kneeswarm.search import EFFICIENCY_MIN  # noqa: E402
+from kneeswarm.search import EFFICIENCY_MIN, Probe, Settings, knee_bracket  # noqa: E402
 from kneeswarm.target.engine import usl_efficiency_users  # noqa: E402
 
 DEFAULT_CASES = "knee:3,knee:5,knee:6,knee:11,knee:24,usl:0.0:0.01,usl:0.02:0.002"
@@ -76,6 +77,36 @@ def run_both(case: str, service_ms: float, work: Path) -> dict:
     for name in plans:
         run = next((work / name).iterdir())
         out[name] = json.loads((run / "report" / "summary.json").read_text())
+    out["rules"] = rules_by_probe(json.loads((next((work / "search").iterdir()) / "generator" / "search.json").read_text()))
+    return out
+
+
+# the rule named by the start of kneeswarm.search's verdict (saturated's, past_bound_knee's, on_plateau's words)
+RULE_WORDS = (("errors", "errors"), ("429/503", "pushback"), ("achieved", "achieved < offered"), ("P99", "P99"),
+              ("QPS per user", "per-user"), ("scaling efficiency", "efficiency"), ("past the bounds", "bound"),
+              ("on the plateau", "plateau"))
+
+
+def rules_by_probe(doc: dict) -> list[str]:
+    """Which rule judged each probe, as it was judged (generator/search.json: each probe's measured
+    figures, the settings): kneeswarm.search.knee_bracket over the probes up to it -- the decision's
+    own rules, so a rule changed there is the rule printed here.  "scaling" when it is at or below
+    the bracket's low end, the rule's short name when it is the first saturated probe, "above" when
+    it lies past a saturated one."""
+    s, probes, out = Settings(**doc["settings"]), [], []
+    for rec in doc["probes"]:
+        m = rec.get("measured")
+        if m is None:  # the probe the search chose but the run did not measure
+            break
+        probes.append(Probe(users=rec["users"], qps=m["qps"], p99_ms=m["p99_ms"], error_rate=m["error_rate"],
+                            pushback=m["pushback"], valid=m["requests"] > 0 and rec.get("steady", True),
+                            requests=m["requests"]))
+        lo, hi, why = knee_bracket(probes, s)
+        users = rec["users"]
+        if hi is not None and users == hi.users:
+            out.append(f"{users}: {next((n for w, n in RULE_WORDS if (why or '').startswith(w)), why)}")
+        else:
+            out.append(f"{users}: {'above' if hi is not None and users > hi.users else 'scaling'}")
     return out
 
 
@@ -99,7 +130,8 @@ def figures(r: dict) -> dict:
             "search_s": search["load_s"], "grid_s": grid_s, "linear_s": linear_s,
             "n_star": (r["search"].get("usl") or {}).get("n_star"),
             "per_user": {p["users"]: p["qps"] / p["users"] for p in probes if p.get("qps") is not None},
-            "whys": [f"{p['users']}: {p.get('why')}" for p in probes], "stopped_because": search.get("stopped_because")}
+            "whys": [f"{p['users']}: {p.get('why')}" for p in probes], "stopped_because": search.get("stopped_because"),
+            "rules": r["rules"]}
 
 
 def main() -> int:
@@ -108,15 +140,16 @@ def main() -> int:
     ap.add_argument("--cases", default=DEFAULT_CASES)
     args = ap.parse_args()
     print("| case | truth | search probes | knee bracket | error | within max(1,10 %) | grid knee | grid error "
-          "| search s | grid s | linear-grid s | search/linear |", flush=True)
-    print("|---|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|", flush=True)
+          "| search s | grid s | linear-grid s | search/linear | rule by probe |", flush=True)
+    print("|---|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|", flush=True)
     for case in args.cases.split(","):
         with tempfile.TemporaryDirectory(prefix="kneeswarm-bench-search-") as tmp:
             f = figures(run_both(case, args.service_ms, Path(tmp)))
         pct = lambda x: "–" if x is None else f"{x:.0%}"  # noqa: E731
         print(f"| {f['case']} | {f['truth']:.1f} | {f['probes']} | {f['bracket']} | {pct(f['search_err'])} | "
               f"{'yes' if f['within'] else 'NO'} | {f['grid_knee']} | {pct(f['grid_err'])} | {f['search_s']:.0f} | "
-              f"{f['grid_s']:.0f} | {f['linear_s']:.0f} | {f['search_s'] / f['linear_s']:.2f} |", flush=True)
+              f"{f['grid_s']:.0f} | {f['linear_s']:.0f} | {f['search_s'] / f['linear_s']:.2f} | "
+              f"{', '.join(f['rules'])} |", flush=True)
         print(f"  {f['case']} QPS per user by probe: " + ", ".join(f"{u}: {q:.2f}" for u, q in f["per_user"].items()),
               file=sys.stderr, flush=True)
         print(f"  {f['case']} decisions:\n    " + "\n    ".join(f["whys"]) + f"\n    stop: {f['stopped_because']}",

@@ -52,6 +52,16 @@ LIVE_PERIOD = 2.0  # seconds between live views asked of the lifecycle process
 REPORT_WAIT = 4.0
 AUTO_HOLD_MARGIN_S = 1.0  # hold = "auto": a row may arrive this much later than its report interval and flush
 WORKER_WATCH_PERIOD = 1.0  # seconds between looks at the master's list of workers
+# A step down (a search refining to fewer users, a grid going down) stops users: Locust kills them at
+# once unless `stop_timeout` is set, and a request in flight is then cut without a row (the server
+# still serves it, into the next step).  With it, a stopped user finishes the request it is in and
+# stops before its next (Locust's User.stop(force=False); the ramp-down, and so the next step's
+# spawning_complete, waits for it).  A request lasts at most request.timeout, then fails on its own:
+# this much longer, and no request is ever cut by our own step change.  The test's own end stays at
+# once (``_stop_at_once``): the last step drained already (steps.drain), and a worker's final report
+# must reach a master that waits prompt.QUIT_WAIT (0.5 s) for it, which a worker still waiting on
+# its users' requests would miss, losing its last rows.
+STOP_MARGIN_S = 1.0
 EXIT_OUTCOME_UNWRITTEN = EXIT_FAILED  # Locust's exit code when the recording's outcome could not be written
 
 
@@ -100,6 +110,7 @@ def _on_init(environment: Environment, **_kw: Any) -> None:
         logger.error("kneeswarm: %s", e)
         raise SystemExit(EXIT_BAD_INPUT) from None
     runner = environment.runner
+    environment.events.test_stopping.add_listener(_stop_at_once)
     if isinstance(runner, WorkerRunner):
         WorkerListeners(environment, runner)
     elif runner is not None:
@@ -297,7 +308,7 @@ class MasterListeners:
 
     def on_spawning_complete(self, user_count: int, **_kw: Any) -> None:
         if self.recording is not None:
-            self.recording.schedule.spawned(time.time())
+            self.recording.schedule.spawned(time.time(), self.runner.user_count)
 
     def on_worker_report(self, client_id: str, data: dict) -> None:
         if self.recording is not None:
@@ -470,10 +481,12 @@ class Recording:
         self.owns_meta = owns_meta  # no conductor (web UI / bare locust): meta.json is ours to finish
         plan = state.plan()
         load = plan.load
+        _let_stopped_users_finish(env, plan.request.timeout)
         # hold = "auto": the master judges each step on the rows as they arrive (steady.AutoHold);
         # a worker's rows are at most one report interval plus one flush behind.
         self.auto_hold = (AutoHold(load.min_hold, load.max_hold, load.settle, load.ci,
-                                   lag_s=WORKER_REPORT_INTERVAL + FLUSH_INTERVAL + AUTO_HOLD_MARGIN_S)
+                                   lag_s=WORKER_REPORT_INTERVAL + FLUSH_INTERVAL + AUTO_HOLD_MARGIN_S,
+                                   open_loop=load.arrivals == "open")
                           if load.auto_hold else None)
         self.search = _search_driver(run, plan)  # mode = "search": the steps are chosen as the run goes
         steps = [self.search.first()] if self.search is not None else load.steps
@@ -663,6 +676,26 @@ class Recording:
         self.write_outcome(final=True)
         self.schedule.finish(time.time())  # a test cut short: its last step ends now in steps.csv
         logger.info("kneeswarm: %d request rows in %s", self.writer.rows_written, self.run.path)
+
+
+def _let_stopped_users_finish(env: Environment, request_timeout: float) -> None:
+    """A user stopped by a step down finishes its request first (STOP_MARGIN_S): Locust's stop_timeout,
+    which the master sends its workers with every spawn message; a --stop-timeout given is kept."""
+    given = getattr(env.parsed_options, "stop_timeout", None) if env.parsed_options is not None else None
+    try:
+        given = float(given or 0.0)
+    except (TypeError, ValueError):
+        given = 0.0
+    if given <= 0:
+        env.stop_timeout = request_timeout + STOP_MARGIN_S
+
+
+def _stop_at_once(environment: Environment, **_kw: Any) -> None:
+    """The test stops (Runner.stop fires this before it stops the users): the stop_timeout that lets
+    a step down's users finish (``_let_stopped_users_finish``; a worker has it from the master's spawn
+    message) is not for the end of the test (STOP_MARGIN_S); a --stop-timeout of the user's own is kept."""
+    if environment.stop_timeout == state.plan().request.timeout + STOP_MARGIN_S:
+        environment.stop_timeout = 0.0
 
 
 def _search_driver(run: RunDir, plan: Any) -> Any:

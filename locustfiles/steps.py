@@ -95,8 +95,14 @@ class StepSchedule:
         logger.info("step %d: %d users (ramp %.1fs, hold %s)", i, self.steps[i], self.ramp, hold)
         return self.steps[i], self.spawn_rate(i)
 
-    def spawned(self, now: float) -> None:
-        """All users of the current step are running."""
+    def spawned(self, now: float, running_users: int | None = None) -> None:
+        """All users of the current step are running.  Going down, not while more than its users still
+        run (``running_users``): a Locust master says spawning is complete at most 1 s after its
+        ramp-down, whether or not the users it stopped have finished their requests (plugin.STOP_MARGIN_S);
+        the tick then starts the step's clock once they have (``_reached``)."""
+        if running_users is not None and self.log and not self._reached(self.log[-1], running_users) \
+                and running_users > self.log[-1].users:
+            return
         if self.log and self.log[-1].t_steady is None:
             self.log[-1].t_steady = now
             self.on_change(self.log)
@@ -118,7 +124,7 @@ class StepSchedule:
                 return cur.users, self.spawn_rate(cur.index)
             self.done = True
             return None
-        if cur.t_steady is None and running_users >= cur.users:
+        if cur.t_steady is None and self._reached(cur, running_users):
             self.spawned(now)  # spawning_complete was missed (e.g. a worker joined late)
         if cur.t_steady is not None and self._held(cur, cur.t_steady, now):
             if self.chooser is not None and cur.index + 1 >= len(self.steps):
@@ -131,6 +137,13 @@ class StepSchedule:
                 return self._end(cur, now)
             return self._begin(cur.index + 1, now)
         return cur.users, self.spawn_rate(cur.index)
+
+    def _reached(self, cur: StepRecord, running_users: int) -> bool:
+        """The running users are the step's: as many or more going up; going down, no more -- the
+        users a step down stops finish their request first and count as running until then (a
+        slow request would otherwise overlap the new step's window)."""
+        before = self.log[-2].users if len(self.log) > 1 else 0
+        return running_users >= cur.users if cur.users >= before else running_users <= cur.users
 
     def _end(self, cur: StepRecord, now: float) -> tuple[int, float] | None:
         """The last step's hold is over: its window ends now; its load drains, then the test stops."""

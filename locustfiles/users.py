@@ -138,6 +138,13 @@ class InferenceUser(FastHttpUser):
         self._rng = random.Random()
         self._in_flight = Group()  # not `_group`: that is Locust's own (User.stop kills through it)
 
+    def stop(self, force: bool = False) -> bool:
+        """Locust's stop.  Open loop: always at once -- the user's task is its arrival process, which
+        never ends on its own, and the requests it sent run in greenlets of their own (``_in_flight``)
+        that complete and are recorded after it (on_stop); a closed-loop user given Locust's
+        stop_timeout (plugin.STOP_MARGIN_S) finishes the request it is in first."""
+        return super().stop(force=force or getattr(self, "_open", False))
+
     def on_stop(self) -> None:
         """Open loop: the user's arrivals end with it, but the requests it has already sent are
         left to complete and be recorded: a step that takes sources away (a search refining

@@ -31,6 +31,30 @@ def test_schedule_holds_each_step_from_when_its_users_are_running():
     assert [r.row() for r in s.log] == [(0, 1, 0.0, 6.0, 16.0), (1, 2, 16.0, 17.0, 27.0), (2, 4, 27.0, 28.0, 38.0)]
 
 
+def test_a_step_down_is_steady_only_once_the_stopped_users_are_gone():
+    """Going down, the users a step stops finish their request first (plugin.STOP_MARGIN_S: Locust's
+    stop_timeout) and are counted as running until then: the step's clock starts when no more than its
+    users run (or at spawning_complete), not at the first tick, where 8 running >= 5 is already true."""
+    s = StepSchedule([8, 5], ramp=0.0, hold=10.0)
+    s.tick(0.0, 0)
+    s.spawned(0.0)
+    assert s.tick(10.0, 8) == (5, 3.0)
+    assert s.tick(11.0, 8) == (5, 3.0) and s.log[1].t_steady is None  # the 3 stopped users are in their request
+    assert s.tick(12.0, 6) == (5, 3.0) and s.log[1].t_steady is None
+    assert s.tick(13.0, 5) == (5, 3.0) and s.log[1].t_steady == 13.0  # all 3 gone
+    # a master's spawning_complete comes at most 1 s after its ramp-down, stopped users or not: heeded
+    # going down only once no more than the step's users run; going up, as it comes
+    s = StepSchedule([8, 5, 6], ramp=0.0, hold=10.0)
+    s.tick(0.0, 0)
+    s.spawned(0.0, 3)
+    assert s.log[0].t_steady == 0.0
+    s.tick(10.0, 8)
+    s.spawned(11.0, 8)
+    assert s.log[1].t_steady is None
+    s.spawned(12.0, 5)
+    assert s.log[1].t_steady == 12.0
+
+
 def test_the_last_step_drains_past_its_window_end():
     """The last step's window ends with its hold; its load goes on ``drain()`` seconds more so that
     the requests it started complete (steps.py), then the test stops."""
