@@ -113,15 +113,18 @@ def qps_half_width(counts: np.ndarray) -> float:
     return Z95 * float(np.std(counts, ddof=1)) / math.sqrt(k) / mean
 
 
+def _ranks(n: int, p: float) -> tuple[int, int]:
+    """The 1-based ranks n·p ∓ 1.96·√(n·p·(1 − p)) that bound the p-quantile of n rows (95 %)."""
+    spread = Z95 * math.sqrt(n * p * (1 - p))
+    return math.floor(n * p - spread), math.ceil(n * p + spread) + 1
+
+
 def p99_half_width(latency: np.ndarray, p: float = P99) -> float:
     """Relative half-width of the binomial order-statistic 95 % interval of the p-quantile (inf
     when there are too few rows for the interval's upper rank to exist)."""
     x = np.sort(np.asarray(latency, dtype=float))
     n = len(x)
-    if n == 0:
-        return math.inf
-    spread = Z95 * math.sqrt(n * p * (1 - p))
-    lo, hi = math.floor(n * p - spread), math.ceil(n * p + spread) + 1  # 1-based ranks
+    lo, hi = _ranks(n, p)
     if lo < 1 or hi > n:
         return math.inf
     q = float(np.quantile(x, p))
@@ -133,8 +136,7 @@ def p99_half_width(latency: np.ndarray, p: float = P99) -> float:
 def _min_rows(p: float) -> int:
     """The fewest rows whose p-quantile has an order-statistic interval (p99_half_width's ranks)."""
     n = 1
-    while not (math.floor(n * p - Z95 * math.sqrt(n * p * (1 - p))) >= 1
-               and math.ceil(n * p + Z95 * math.sqrt(n * p * (1 - p))) + 1 <= n):
+    while not (_ranks(n, p)[0] >= 1 and _ranks(n, p)[1] <= n):
         n += 1
     return n
 
@@ -258,15 +260,19 @@ class AutoHold:
             return
         self._t.append(t[ok])
         self._lat.append(lat[ok])
-        self._sent.append(t)
+        if self.open_loop:
+            self._sent.append(t)
 
     def forget_before(self, t: float) -> None:
         """Drop rows that started before ``t`` (a new step began)."""
         if not self._t:
             return
-        t_all, lat_all, sent = np.concatenate(self._t), np.concatenate(self._lat), np.concatenate(self._sent)
+        t_all, lat_all = np.concatenate(self._t), np.concatenate(self._lat)
         keep = t_all >= t
-        self._t, self._lat, self._sent = [t_all[keep]], [lat_all[keep]], [sent[sent >= t]]
+        self._t, self._lat = [t_all[keep]], [lat_all[keep]]
+        if self._sent:
+            sent = np.concatenate(self._sent)
+            self._sent = [sent[sent >= t]]
 
     def decide(self, t_steady: float, now: float) -> tuple[bool, float | None, str | None]:
         """(end the step, t_cut, reason it ended unsettled or None)."""

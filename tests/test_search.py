@@ -347,19 +347,6 @@ def test_the_knee_tab_chart_marks_the_knee_as_far_as_it_is_known(tmp_path):
     assert live_knee(run, rows[:2] + [{**rows[2], "state": "steady"}], grid) == {}  # a step still running
 
 
-def noisy(measure, seed: int, noise: float = 0.03):
-    """``measure`` with its QPS times (1 + noise·z), z standard normal from the seed (a real host: 2-5 %)."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-
-    def m(n: int) -> Probe:
-        p = measure(n)
-        p.qps *= 1 + noise * rng.standard_normal()
-        return p
-    return m
-
-
 @pytest.mark.parametrize("sigma,kappa", [(0.0, 0.01), (0.02, 0.002)])
 def test_a_smooth_curve_under_qps_noise_is_placed_by_the_usl_fit_within_precision(sigma, kappa):
     """bench/search.py's misses (σ = 0, κ = 0.01 at [4, 5], 23 %; σ = 0.02, κ = 0.002 at [7, 8], 26 %):
