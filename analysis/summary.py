@@ -116,7 +116,7 @@ class SearchSummary(TypedDict, total=False):
 
     mode: str  # the loop: "closed" (probes in users) or "open" (probes in rate, requests/s)
     probes: list[dict[str, Any]]  # in the order run: {users|rate, why, t_start, duration_s, qps, p99_ms, valid, steady}
-    knee_bracket: list[Any] | None  # [last scaling probe, first saturated probe]
+    knee_bracket: list[Any] | None  # [last scaling probe, first saturated probe or, closed by the bounds, their bound]
     sla_bracket: list[Any] | None  # [most users meeting the SLA, fewest failing it]; None without [sla]
     stopped_because: str | None  # None: the run was stopped before the search ended
     load_s: float | None  # seconds of load of all probes (ramps and holds)

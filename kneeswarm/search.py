@@ -21,7 +21,9 @@ in, the next probe and why out, or the reason to stop.  The rules, in order:
    rules between adjacent probes, whose gain over one user is mostly QPS noise: its knee is where
    the fit's marginal efficiency crosses ``EFFICIENCY_MIN`` (the ground truth's definition), the
    bracket's low end the whole user nearest it, and both ends are probed to confirm it (the fit is
-   redone with them).
+   redone with them).  A bracket of the rules is closed without another probe when its last scaling
+   probe already serves the plateau (``plateau_close``: operational bounds put the knee at most at
+   n x X_max / X(n), within the precision of n); its high end is then that bound, not a probe.
 3. **SLA boundary** (with an ``[sla]``): the most users whose probe meets every limit, bracketed
    the same way.
 4. **Stop** when both are bracketed, at ``max`` still scaling, or past ``max_duration`` of load.
@@ -96,6 +98,14 @@ SMOOTH_RSS_RATIO = 1.0
 # first): below it the fit's κ is an extrapolation (USL σ = 0.02, κ = 0.002 from 1, 2, 4, 8 and its
 # confirming probes: the crossing's sd 2.2 users under 3 % noise)
 FIT_SPAN = 1.5
+# plateau_close: the last scaling probe closes the bracket without another probe only when it serves at
+# least this share of the plateau's QPS.  The knee read from the bracket is its low end, up to (1 - this)
+# below the bounds' upper end: 5 %, half the 10 % precision, and within a real host's QPS noise (2-5 %) of
+# the plateau.  bench/search_sim.py, 200 seeds at 3 %: a bare precision test (no share) reads K = 3 and 5
+# one user low in 58 and 81 searches (mean error 1.5 -> 10 % and 2.1 -> 9 %: 2 users serve 2/3 of 3's
+# plateau, and [2, 3] is within max(1 user, 10 %)); 0.95 leaves every sharp case's mean error within
+# 0.5 point of the old rules' and saves 0.7-1.2 probes; 1.0 saves 0.4-0.6
+CLOSE_SHARE = 0.95
 MIN_PROBE_REQUESTS = 50  # a probe is not judged on fewer rows: held until they are in (rows trail by lag_s)
 MAX_WAIT_S = 30.0  # ... but not longer than this past the end of its hold (then judged on what there is)
 
@@ -140,7 +150,7 @@ class Decision:
     users: int | None  # the next probe, or None: stop
     why: str  # why this probe (or why the search stops)
     stopped_because: str | None = None
-    knee_bracket: list[int | None] | None = None  # [last scaling, first saturated]
+    knee_bracket: list[int | None] | None = None  # [last scaling, first saturated (or plateau_close's bound)]
     sla_bracket: list[int | None] | None = None  # [most users meeting the SLA, fewest failing it]
 
 
@@ -366,6 +376,79 @@ def _grow(probes: list[Probe], s: Settings, why_scaling: str) -> Decision:
     return Decision(nxt, f"growth x{s.growth:g} from {top}: {why_scaling}")
 
 
+def plateau_close(probes: list[Probe], lo_p: Probe | None, hi_p: Probe, s: Settings) -> tuple[int, str] | None:
+    """(the bracket's high end, why) when the last scaling probe ``lo_p`` (n users) already serves the
+    plateau, X_max (the mean QPS of the usable probes from the first saturated one ``hi_p`` up), so
+    that the knee is within the precision of n without another probe; else None.
+
+    Operational bounds (``bound_knee``'s references): a curve whose QPS per user never rises with N
+    meets its plateau no later than n x X_max / X(n), so the knee lies in [n, that]; when that is
+    within max(1, precision x n) of n, a probe above n could only confirm it.  Guards, each against
+    one probe's noise: X(n) at least CLOSE_SHARE x X_max (the knee read, n, is then at most 5 % below
+    the bound); the bound never below the bounds' crossing (X_max over the mean QPS per user of the
+    probes at or below n / 2, which is never above n x X_max / X(n) without noise); n not more than
+    PAST_MARGIN past that crossing (a probe past a sharp knee that passed the rules: they move it
+    once the plateau has PLATEAU_PROBES probes, which a close would forgo).  A smooth curve near its
+    knee serves well below the probes past it (USL σ = 0.02, κ = 0.002: 8 users 0.71 of 16's QPS),
+    so it is not closed here (and ``smooth_knee`` places it first)."""
+    ok = _usable(probes)
+    flat = [p.qps for p in ok if p.users >= hi_p.users]
+    if lo_p is None or lo_p not in ok or not flat:
+        return None
+    n, x_max = lo_p.users, sum(flat) / len(flat)
+    low = [p.qps / p.users for p in ok if p.users <= n / 2]
+    crossing = x_max / (sum(low) / len(low)) if low else None
+    upper = max(n * x_max / lo_p.qps, crossing or 0.0)
+    if lo_p.qps < CLOSE_SHARE * x_max or upper > n + s.width(n) + 1e-9:
+        return None
+    if crossing is not None and n > crossing * (1 + PAST_MARGIN):
+        return None
+    hi = max(n + 1, int(math.ceil(upper - 1e-9)))  # below hi_p: upper <= n + width < hi_p.users
+    return hi, (f"{n} users serve {lo_p.qps / x_max:.0%} of the plateau ({x_max:.4g} req/s, from {hi_p.users} users "
+                f"up): by the operational bounds the knee is at most {upper:.1f} users, within the precision; "
+                f"{hi} not probed")
+
+
+def _smooth_step(probes: list[Probe], s: Settings, knee: list[int | None], head: str,
+                 smooth: tuple[float, str]) -> tuple[Decision | None, list[int | None]]:
+    """A smooth curve (``smooth_knee``): the fit places the knee and its bracket's ends are probed to
+    confirm it.  (the next probe, or None: placed; the knee bracket)."""
+    nf, how = smooth
+    tried = {p.users for p in probes}
+    top = max(p.users for p in _usable(probes))
+    # nothing well past the crossing yet: one growth step (the crossing is at most one growth step past
+    # the first saturated probe, so this goes at most two past it, where the rules misjudged the curve)
+    nxt = min(s.max, max(top + 1, int(math.ceil(top * s.growth - 1e-9))))
+    if top < FIT_SPAN * nf and top < s.max and nxt not in tried:  # (tried: not valid, not probed again)
+        return Decision(nxt, f"{head}; {how}: growth x{s.growth:g} from {top} to see past it", None, knee), knee
+    # the low end (the knee read from a bracket) is the whole user nearest the crossing: the fit is
+    # unbiased (3 % noise, bench/search_sim.py's USL cases: -0.1 ± 0.2 and 0.2 ± 0.7 users), and
+    # its floor would add half a user of error to that
+    width = s.width(max(1, int(nf)))
+    a = min(s.max, max(1, int(math.floor(nf - (width - 1) / 2 + 0.5))))
+    knee = [a, min(a + width, s.max)]
+    for n in knee:
+        if n not in tried:
+            return Decision(n, f"{head}; {how}: probe {n} to confirm", None, knee), knee
+    return None, knee
+
+
+def _sla_step(probes: list[Probe], s: Settings, top_saturated: int) -> Decision | None:
+    """With an ``[sla]``, the next probe towards its boundary (one growth step past the first saturated
+    probe while the SLA still holds there, then bisection), or None when it is bracketed."""
+    sla_lo, sla_hi = sla_bracket(probes, s)
+    top = max(p.users for p in probes)
+    if sla_hi is None and top == top_saturated and top < s.max:
+        nxt = min(s.max, max(top + 1, int(math.ceil(top * s.growth - 1e-9))))
+        return Decision(nxt, f"SLA still met at the first saturated probe ({top}): one growth step past it")
+    if sla_hi is not None and sla_hi - sla_lo > s.width(sla_lo):
+        users, why = (sla_lo + sla_hi) // 2, f"bisection of [{sla_lo}, {sla_hi}]"
+        if sla_lo == 0:
+            users = max(1, sla_hi // 2)
+        return Decision(users, f"SLA boundary in [{sla_lo}, {sla_hi}]: {why}")
+    return None
+
+
 def decide(probes: list[Probe], s: Settings, load_s: float) -> Decision:
     """The next probe (and why), or stop (``users`` None, ``stopped_because``)."""
     if not probes:
@@ -381,43 +464,26 @@ def decide(probes: list[Probe], s: Settings, load_s: float) -> Decision:
         d = _grow(probes, s, "still scaling")
         d.knee_bracket, d.sla_bracket = knee, sla
         return d
+    head = f"knee in [{lo}, {hi_p.users}] ({hi_p.users}: {why_sat})"
     smooth = smooth_knee(probes, hi_p.users, s)
     placed = ""
     if smooth is not None:  # a smooth curve: the fit places the knee; its bracket's ends are probed to confirm it
-        nf, how = smooth
-        tried = {p.users for p in probes}
-        top = max(p.users for p in _usable(probes))
-        # nothing well past the crossing yet: one growth step (the crossing is at most one growth step past
-        # the first saturated probe, so this goes at most two past it, where the rules misjudged the curve)
-        nxt = min(s.max, max(top + 1, int(math.ceil(top * s.growth - 1e-9))))
-        if top < FIT_SPAN * nf and top < s.max and nxt not in tried:  # (tried: not valid, not probed again)
-            return Decision(nxt, f"knee in [{lo}, {hi_p.users}] ({hi_p.users}: {why_sat}); {how}: growth x{s.growth:g} "
-                                 f"from {top} to see past it", None, knee, sla)
-        # the low end (the knee read from a bracket) is the whole user nearest the crossing: the fit is
-        # unbiased (3 % noise, bench/search_sim.py's USL cases: -0.1 ± 0.2 and 0.2 ± 0.7 users), and
-        # its floor would add half a user of error to that
-        width = s.width(max(1, int(nf)))
-        a = min(s.max, max(1, int(math.floor(nf - (width - 1) / 2 + 0.5))))
-        knee = [a, min(a + width, s.max)]
-        for n in knee:
-            if n not in tried:
-                return Decision(n, f"knee in [{lo}, {hi_p.users}] ({hi_p.users}: {why_sat}); {how}: probe {n} to confirm",
-                                None, knee, sla)
-        placed = f" ({how})"
+        confirm, knee = _smooth_step(probes, s, knee, head, smooth)
+        if confirm is not None:
+            confirm.sla_bracket = sla
+            return confirm
+        placed = f" ({smooth[1]})"
     elif hi_p.users - lo > s.width(lo):
-        users, why = aim(probes, lo_p, hi_p.users, s)
-        return Decision(users, f"knee in [{lo}, {hi_p.users}] ({hi_p.users}: {why_sat}); {why}", None, knee, sla)
+        close = plateau_close(probes, lo_p, hi_p, s)
+        if close is None:
+            users, why = aim(probes, lo_p, hi_p.users, s)
+            return Decision(users, f"{head}; {why}", None, knee, sla)
+        knee, placed = [lo, close[0]], f" ({close[1]})"
     if s.has_sla:
-        top = max(p.users for p in probes)
-        if sla_hi is None and top == hi_p.users and top < s.max:
-            nxt = min(s.max, max(top + 1, int(math.ceil(top * s.growth - 1e-9))))
-            return Decision(nxt, f"SLA still met at the first saturated probe ({top}): one growth step past it",
-                            None, knee, sla)
-        if sla_hi is not None and sla_hi - sla_lo > s.width(sla_lo):
-            users, why = (sla_lo + sla_hi) // 2, f"bisection of [{sla_lo}, {sla_hi}]"
-            if sla_lo == 0:
-                users = max(1, sla_hi // 2)
-            return Decision(users, f"SLA boundary in [{sla_lo}, {sla_hi}]: {why}", None, knee, sla)
+        towards = _sla_step(probes, s, hi_p.users)
+        if towards is not None:
+            towards.knee_bracket, towards.sla_bracket = knee, sla
+            return towards
     done = f"knee bracketed in [{knee[0]}, {knee[1]}]{placed}"
     if s.has_sla:
         done += f", SLA boundary in [{sla_lo}, {sla_hi if sla_hi is not None else 'beyond'}]"

@@ -92,7 +92,7 @@ class LiveKnee(TypedDict, total=False):
     """The knee as far as it is known, marked on the Knee tab's chart: during the run from
     kneeswarm.lifecycle.live_knee, after it from the summary (locustfiles.plugin); {} while unknown."""
     users: float  # the knee's users (a grid's detector, or the report's)
-    bracket: list[Any]  # mode = "search": [last scaling probe, first saturated probe]
+    bracket: list[Any]  # mode = "search": [last scaling probe, first saturated probe or the bounds' upper end]
     how: str  # where it comes from, shown beside the mark
 
 
