@@ -7,8 +7,9 @@ Independent truth: the target's KV arithmetic.  A cache of K = 400 tokens; a seq
 plus a token per running sequence.  176 + 16: 2 fit (2 x 192 + 2 = 386 <= 400) and a 3rd never is
 admitted (2 x 176 + 177 > 400): the knee at 2 users.  80 + 16: 4 fit (4 x 96 + 4 = 388), a 5th never
 (4 x 80 + 81 > 400): 4 users.  8 + 16: 16 fit, beyond the last step (8 users): no knee below 8.
-Steps of 5 ms keep each request short beside the 3 s windows (Little's law holds at every step).
-Measured: knees 2 and 4, none for 8 + 16; about 80 s for the three runs.
+Steps of 5 ms keep each request short beside the 1.5 s windows (Little's law holds at every step);
+the fewest rows in one, 176 + 16 at 1 user (16 steps of 5 ms and a prefill: about 12 req/s), about
+18, over min_requests (10).  Measured: knees 2 and 4, none for 8 + 16.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def test_three_shapes_give_a_knee_each_where_the_cache_puts_it_and_one_pareto_ch
     target = start_demo_target("--mode", "knee", "--kv-tokens", "400", "--max-batch", "64", "--decode-ms", "5")
     plan = tmp_path / "plan.toml"
     plan.write_text(f'name = "sweep"\ntarget = "{target.url}"\nprotocol = "openai"\n'
-                    f"[load]\nsteps = [1, 2, 4, 8]\nramp = 0.3\nhold = 3.5\nsettle = 0.5\nworkers = 1\n"
+                    f"[load]\nsteps = [1, 2, 4, 8]\nramp = 0.3\nhold = 2.0\nsettle = 0.5\nworkers = 1\n"
                     f"shapes = {json.dumps(SHAPES)}\n[request]\nstream = true\n[analysis]\nmin_requests = 10\n")
     res = run_cli("run", str(plan), "--out", str(tmp_path / "runs"), "-q", timeout=400)
     assert res.returncode == 0, res.stderr[-3000:]
