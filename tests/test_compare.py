@@ -300,15 +300,18 @@ KNEE_SLOTS, KNEE_SERVICE_MS = 4, 50.0
 def real_runs(start_demo_target, out, service_ms: dict[str, float]) -> dict[str, Path]:
     """One real run per name (`kneeswarm run`: Locust master + worker, agents) against its own
     knee-mode demo target of that service time, all side by side: each run sees the same machine
-    (the same other load, at the same time), so only the service time tells them apart."""
+    (the same other load, at the same time), so only the service time tells them apart.  A steady
+    window of 7 s: the slowed run's 1-user step (15 req/s) still holds the 100 rows a compared step
+    needs (min_requests); a ramp and a settle of 0.5 s, ten of the 50-ms requests, are enough for a
+    closed loop of at most 8 users to reach its steady state."""
     from conftest import start_cli
 
     procs = {}
     try:
         for name, ms in service_ms.items():
             target = start_demo_target("--mode", "knee", "--slots", str(KNEE_SLOTS), "--service-ms", str(ms))
-            procs[name] = start_cli("run", "--target", target.url, "--steps", "1,4,8", "--hold", "8", "--ramp", "1",
-                                    "--settle", "1", "--workers", "1", "--pid", str(target.pid), "--name", name,
+            procs[name] = start_cli("run", "--target", target.url, "--steps", "1,4,8", "--hold", "7.5",
+                                    "--ramp", "0.5", "--settle", "0.5", "--workers", "1", "--pid", str(target.pid), "--name", name,
                                     "--out", str(out / name), "-q")
         errs = {name: p.communicate(timeout=240)[1] for name, p in procs.items()}
     finally:

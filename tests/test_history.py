@@ -26,7 +26,7 @@ import pytest
 from analysis.history import INDEX_NAME
 from kneeswarm.outcome import EXIT_DRIFT
 from kneeswarm.cli import start_target, stop_target
-from tests.conftest import REPO, read_summary, run_cli, side_by_side, start_cli
+from tests.conftest import REPO, read_summary, run_cli, side_by_side, start_cli, wait_for
 from tests.test_soak import SOAK_PLAN
 
 # rising 4 ms a run, and +18 ms where the inputs grow: steps above the few ms by which a busy
@@ -293,20 +293,50 @@ def _window_medians(run: Path, summary: dict) -> dict[str, float]:
     return {"requests": min(per.pop("requests")), **{k: float(np.median(v)) for k, v in per.items()}}
 
 
+def _load_ended(root: Path, before: set[Path], n_steps: int) -> bool:
+    """Whether the run started after ``before`` was listed has sent all its load: its steps.csv
+    holds every step's end (it then only drains, shuts Locust down and analyses)."""
+    from kneeswarm.rundir import RunDir
+
+    new = [d for d in root.iterdir() if d not in before and (d / "steps.csv").is_file()]
+    try:
+        steps = RunDir(new[0]).read_steps() if len(new) == 1 else None
+    except Exception:  # read while being rewritten: ask again
+        return False
+    return steps is not None and len(steps) == n_steps and bool(steps["t_end"].notna().all())
+
+
+def _mixed_runs(root: Path, url: str, tmp_path: Path) -> list[Path]:
+    """MIXED_STEPS, MIXED_SOAK, MIXED_STEPS against the one target at ``url``, their loads one after
+    the other: each run starts once the one before has sent all its load, so its start-up overlaps
+    that one's drain, shutdown and analysis.  Their run directories in the order started."""
+    from kneeswarm.rundir import RunDir
+
+    with side_by_side() as started:
+        for i, (text, n_steps) in enumerate(((MIXED_STEPS, 2), (MIXED_SOAK, 7), (MIXED_STEPS, 2))):
+            plan = tmp_path / f"mixed-{i}.toml"
+            plan.write_text(text)
+            before = set(root.iterdir())
+            started[str(i)] = start_cli("run", str(plan), "--target", url, "--out", str(root), "-q",
+                                        env={**os.environ, "PYTHONPATH": str(REPO)})
+            if i < 2:
+                wait_for(lambda: started[str(i)].poll() is not None or _load_ended(root, before, n_steps), 180,
+                         f"run {i}'s load to end")
+        for i, p in started.items():
+            _, err = p.communicate(timeout=180)
+            assert p.returncode == 0, (i, err[-3000:])
+    return sorted((d for d in root.iterdir() if d.is_dir() and (d / "meta.json").is_file()),
+                  key=lambda d: RunDir(d).read_meta()["started"])
+
+
 @pytest.mark.long
 @pytest.mark.slow
 def test_history_indexes_a_soak_beside_step_runs_of_the_same_plan(tmp_path):
     root = tmp_path / "runs"
+    root.mkdir()
     proc, url = start_target(["--mode", "knee", "--slots", "2", "--service-ms", "20", "--drift-ms-per-min", "120"])
     try:
-        made = []
-        for i, text in enumerate((MIXED_STEPS, MIXED_SOAK, MIXED_STEPS)):
-            plan = tmp_path / f"mixed-{i}.toml"
-            plan.write_text(text)
-            res = run_cli("run", str(plan), "--target", url, "--out", str(root), "-q", timeout=180,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-            assert res.returncode == 0, res.stderr[-3000:]
-            made.append(next(d for d in sorted(root.iterdir()) if d.is_dir() and d not in made))
+        made = _mixed_runs(root, url, tmp_path)
     finally:
         stop_target(proc)
     res = _history(str(root))

@@ -7,8 +7,12 @@ Independent truth: the target's KV arithmetic.  A cache of K = 400 tokens; a seq
 plus a token per running sequence.  176 + 16: 2 fit (2 x 192 + 2 = 386 <= 400) and a 3rd never is
 admitted (2 x 176 + 177 > 400): the knee at 2 users.  80 + 16: 4 fit (4 x 96 + 4 = 388), a 5th never
 (4 x 80 + 81 > 400): 4 users.  8 + 16: 16 fit, beyond the last step (8 users): no knee below 8.
-Steps of 5 ms keep each request short beside the 3 s windows (Little's law holds at every step).
-Measured: knees 2 and 4, none for 8 + 16; about 80 s for the three runs.
+Steps of 5 ms keep each request short beside the ~1.4 s windows (Little's law holds at every step).
+Locust moves a step only on its 1-s shape tick: a step whose users all run ~0.1 s after it began
+and are then held 1.8 s ends at the tick 2 s after it began (held 2.5 s, it ran to the 3-s tick).
+The fewest rows in a window, 176 + 16 at 1 user (about 10 req/s measured), about 14: over
+min_requests (10); the knee rule's 20 % gain per doubling against true gains of 0 % and ~100 %.
+Measured: knees 2 and 4, none for 8 + 16.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ def test_three_shapes_give_a_knee_each_where_the_cache_puts_it_and_one_pareto_ch
     target = start_demo_target("--mode", "knee", "--kv-tokens", "400", "--max-batch", "64", "--decode-ms", "5")
     plan = tmp_path / "plan.toml"
     plan.write_text(f'name = "sweep"\ntarget = "{target.url}"\nprotocol = "openai"\n'
-                    f"[load]\nsteps = [1, 2, 4, 8]\nramp = 0.3\nhold = 3.5\nsettle = 0.5\nworkers = 1\n"
+                    f"[load]\nsteps = [1, 2, 4, 8]\nramp = 0.3\nhold = 1.8\nsettle = 0.5\nworkers = 1\n"
                     f"shapes = {json.dumps(SHAPES)}\n[request]\nstream = true\n[analysis]\nmin_requests = 10\n")
     res = run_cli("run", str(plan), "--out", str(tmp_path / "runs"), "-q", timeout=400)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -18,40 +18,68 @@ import pytest
 
 from analysis.soak import SOAK_IDS, soak_findings, soak_section
 from kneeswarm.plan import PlanError, plan_from_dict
-from tests.conftest import KNEESWARM, REPO, read_summary, run_cli, start_target, stop_target
+from tests.conftest import (REPO, only_run_dir, read_summary, run_cli, side_by_side, start_cli, start_target,
+                            stop_target)
 
 # Each real run: 2 users against 2 slots of 50 ms (about 35 QPS on this machine, no queueing),
-# 7 windows of 3 s after a 1-s ramp and 1-s settle: about 40 s of wall time.
+# 7 windows of 2 s after a 1-s ramp and 1-s settle: 16 s of load.  Seven windows, not the fewest
+# (SOAK_MIN_WINDOWS = 6): at alpha 0.01 Mann-Kendall over 6 windows needs a perfectly monotonic
+# series, over 7 it allows one pair out of order.  2-s windows hold whole 1-s samples of the
+# collectors (2 each), so each window's mean RSS, fds and threads sit at the same place in every
+# window and the fitted slopes carry no sampling-phase error.
 SOAK_PLAN = """
 name = "{name}"
 [load]
 mode = "soak"
 users = 2
-duration = 21
-window = 3
+duration = 14
+window = 2
 ramp = 1
 settle = 1
 workers = 1
 """
 WINDOWS = 7
-LEAK_KB = 64
-DRIFT_MS_PER_MIN = 600.0  # +10 ms per second: +210 ms over the soak, against a 50-ms service time
+# 96 kB a request (below glibc's 128-kB mmap threshold: heap, no page rounding): about 3.5 MB/s, so
+# that the few MB the target's RSS settles by in the first windows move the 12-s fitted slope by a
+# few per cent only (measured at 64 kB: +9 %, the first windows growing 0.6 MB/s faster)
+LEAK_KB = 96
+# +15 ms per second: +210 ms over the soak's 14 s, against a 50-ms service time (the same rise per
+# window as 600 ms/min gave over 3-s windows: the later windows' QPS well under half the first's)
+DRIFT_MS_PER_MIN = 900.0
+FD_EVERY, THREAD_EVERY = 10, 25  # the target opens one fd every 10 requests, starts a thread every 25
+# The soak runs the tests below read, each against its own demo target built with one fault (or none)
+SOAK_TARGETS = {
+    "leak": ["--leak-kb-per-request", str(LEAK_KB)],
+    "fds": ["--leak-fd-every", str(FD_EVERY), "--leak-thread-every", str(THREAD_EVERY)],
+    "drift": ["--drift-ms-per-min", str(DRIFT_MS_PER_MIN)],
+    "steady": [],
+}
 
 
-def soak_run(tmp_path: Path, name: str, *target_args: str) -> tuple[Path, dict]:
-    plan = tmp_path / f"{name}.toml"
-    plan.write_text(SOAK_PLAN.format(name=name))
-    proc, url = start_target(["--mode", "knee", "--slots", "2", "--service-ms", "50", *target_args])
+@pytest.fixture(scope="module")
+def soak_runs(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
+    """The four soak runs of SOAK_TARGETS, side by side (each a real `kneeswarm run` with its own
+    target's pid and /metrics): {name: (its run directory, its summary)}.  Each test reads only its
+    own run, and every expected figure comes from that run's rows or its target's settings; the
+    runs share the machine as each already shared it with the other tests' processes."""
+    tmp = tmp_path_factory.mktemp("soak")
+    targets: dict[str, subprocess.Popen] = {}
     try:
-        res = subprocess.run([KNEESWARM, "run", str(plan), "--target", url, "--pid", str(proc.pid),
-                              "--metrics-url", url + "/metrics", "--out", str(tmp_path / "runs"), "-q"],
-                             capture_output=True, text=True, timeout=180, cwd=REPO,
-                             env={**os.environ, "PYTHONPATH": str(REPO)})
+        with side_by_side() as started:
+            for name, flags in SOAK_TARGETS.items():
+                targets[name], url = start_target(["--mode", "knee", "--slots", "2", "--service-ms", "50", *flags])
+                plan = tmp / f"{name}.toml"
+                plan.write_text(SOAK_PLAN.format(name=name))
+                started[name] = start_cli("run", str(plan), "--target", url, "--pid", str(targets[name].pid),
+                                          "--metrics-url", url + "/metrics", "--out", str(tmp / name), "-q",
+                                          env={**os.environ, "PYTHONPATH": str(REPO)})
+            errs = {name: p.communicate(timeout=240)[1] for name, p in started.items()}
     finally:
-        stop_target(proc)
-    assert res.returncode == 0, res.stderr[-3000:]
-    (run,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
-    return run, read_summary(run)
+        for proc in targets.values():
+            stop_target(proc)
+    for name, p in started.items():
+        assert p.returncode == 0, (name, errs[name][-3000:])
+    return {name: (only_run_dir(tmp / name), read_summary(only_run_dir(tmp / name))) for name in SOAK_TARGETS}
 
 
 def rows(run: Path) -> dict[str, np.ndarray]:
@@ -85,8 +113,8 @@ def assert_windows_tile(run: Path, summary: dict) -> None:
 
 
 @pytest.mark.long
-def test_soak_leak_is_memory_growth_at_64kb_times_qps(tmp_path):
-    run, summary = soak_run(tmp_path, "leak", "--leak-kb-per-request", str(LEAK_KB))
+def test_soak_leak_is_memory_growth_at_96kb_times_qps(soak_runs):
+    run, summary = soak_runs["leak"]
     assert_windows_tile(run, summary)
     r = rows(run)
     first, last = summary["steps"][0], summary["steps"][-1]
@@ -94,7 +122,7 @@ def test_soak_leak_is_memory_growth_at_64kb_times_qps(tmp_path):
     qps = span.sum() / (last["t_hi"] - first["t_lo"])  # from the rows: the requests the target answered
     expected_mb_s = LEAK_KB / 1024.0 * qps
     (growth,) = [f for f in summary["findings"] if f["id"] == "memory_growth"]
-    print(f"memory_growth {growth['evidence']['slope_mb_per_s']:.4g} MB/s, 64 kB x {qps:.2f} QPS = {expected_mb_s:.4g} MB/s")
+    print(f"memory_growth {growth['evidence']['slope_mb_per_s']:.4g} MB/s, {LEAK_KB} kB x {qps:.2f} QPS = {expected_mb_s:.4g} MB/s")
     assert growth["evidence"]["slope_mb_per_s"] == pytest.approx(expected_mb_s, rel=0.20), (growth, qps)
     assert growth["evidence"]["hours_to_limit"] > 0 and growth["evidence"]["limit_mb"] > 0
     assert summary["knee"]["users"] is None and summary["knee"]["method"] == "none"  # not a step sweep
@@ -114,9 +142,6 @@ def test_soak_leak_is_memory_growth_at_64kb_times_qps(tmp_path):
     assert "Soak: each window" in html and "Throughput and latency against users" not in html  # no knee figure
 
 
-FD_EVERY, THREAD_EVERY = 10, 25  # the target opens one fd every 10 requests, starts a thread every 25
-
-
 def answered_qps(run: Path, summary: dict) -> float:
     """The requests the target answered per second over the soak's windows, from the rows."""
     r = rows(run)
@@ -127,10 +152,10 @@ def answered_qps(run: Path, summary: dict) -> float:
 
 @pytest.mark.long
 @pytest.mark.slow
-def test_soak_fd_and_thread_leaks_are_fd_growth_and_thread_growth(tmp_path):
+def test_soak_fd_and_thread_leaks_are_fd_growth_and_thread_growth(soak_runs):
     # The target keeps an fd open every 10 requests and a thread waiting every 25: its fds grow by
     # QPS / 10 a second and its threads by QPS / 25 (QPS from the rows: the requests it answered).
-    run, summary = soak_run(tmp_path, "fds", "--leak-fd-every", str(FD_EVERY), "--leak-thread-every", str(THREAD_EVERY))
+    run, summary = soak_runs["fds"]
     qps = answered_qps(run, summary)
     found = {f["id"]: f["evidence"] for f in summary["findings"]}
     print(f"{qps:.2f} QPS:", {k: v.get("slope_per_minute") for k, v in found.items()})
@@ -141,8 +166,8 @@ def test_soak_fd_and_thread_leaks_are_fd_growth_and_thread_growth(tmp_path):
 
 
 @pytest.mark.long
-def test_soak_drift_is_latency_drift(tmp_path):
-    run, summary = soak_run(tmp_path, "drift", "--drift-ms-per-min", str(DRIFT_MS_PER_MIN))
+def test_soak_drift_is_latency_drift(soak_runs):
+    run, summary = soak_runs["drift"]
     ids = soak_ids(summary)
     assert "latency_drift" in ids and "memory_growth" not in ids, summary["findings"]
     (drift,) = [f for f in summary["findings"] if f["id"] == "latency_drift"]
@@ -161,8 +186,8 @@ def test_soak_drift_is_latency_drift(tmp_path):
 
 
 @pytest.mark.long
-def test_soak_steady_target_has_no_soak_finding(tmp_path):
-    run, summary = soak_run(tmp_path, "steady")
+def test_soak_steady_target_has_no_soak_finding(soak_runs):
+    run, summary = soak_runs["steady"]
     assert_windows_tile(run, summary)
     assert soak_ids(summary) == set(), summary["findings"]
     assert "nothing crept" in (run / "report" / "summary.md").read_text()
@@ -280,8 +305,9 @@ def test_target_help_names_the_soak_faults():
 
 @pytest.mark.long
 def test_demo_soak_runs_end_to_end(tmp_path):
-    """`kneeswarm demo --soak`: the bundled target held at 2 users in 6 windows; the report is a soak's."""
-    res = run_cli("demo", "--soak", "18", "--window", "3", "--users", "2", "--out", str(tmp_path), timeout=180)
+    """`kneeswarm demo --soak`: the bundled target held at 2 users in 6 windows; the report is a soak's.
+    Windows of 2.5 s, the shortest over the demo's settle of 2 s (a soak's settle must be shorter)."""
+    res = run_cli("demo", "--soak", "15", "--window", "2.5", "--users", "2", "--out", str(tmp_path), timeout=180)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "window 6/6: 2 users" in res.stderr  # the progress counts windows
     (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
