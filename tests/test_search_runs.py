@@ -77,7 +77,8 @@ def test_search_locates_the_knee_of_real_targets_and_stops_at_failures(tmp_path)
             stop_target(proc)
     print({n: o[1][-3000:] for n, o in outs.items()})
     # the failing run ends 0 (complete) or 3 (steps invalid: its failing probes have errors)
-    assert codes["knee"] == 0 and codes["demo"] == 0 and codes["usl"] in (0, 3) and codes["fail"] in (0, 3), (codes, outs)
+    assert codes["knee"] == 0 and codes["demo"] == 0 and codes["usl"] in (0, 3) and codes["fail"] in (0, 3), \
+        (codes, outs)
     runs = {name: _only_run(tmp_path / name) for name in ("knee", "fail", "usl", "demo")}
     s = {name: read_summary(run)["search"] for name, run in runs.items()}
     for name, run in runs.items():
@@ -107,7 +108,8 @@ def test_search_locates_the_knee_of_real_targets_and_stops_at_failures(tmp_path)
     # 5.2 users here): bracketed to one user, on a growth step past it.  How close it lands is a
     # matter of QPS noise (1 user moves the gain statistic by ~2 % of QPS there; a busy 2-core host
     # moves a probe's QPS by 5-13 %): tests/test_search.py checks the rule on the closed form,
-    # bench/search.py prints the real runs' error
+    # bench/search.py prints the real runs' error.  From 4 users (no probe at the curve's low end) the
+    # fit's crossing read 4.5-5.3 in seven runs (from 1: 5.3), bracketed [4, 5] or [5, 6]
     truth = usl_knee(SIGMA, KAPPA)
     lo, hi = s["usl"]["knee_bracket"]
     users = [p["users"] for p in s["usl"]["probes"]]
@@ -126,7 +128,10 @@ def test_search_locates_the_knee_of_real_targets_and_stops_at_failures(tmp_path)
 # sample (arrivals were seeded by user index) always read "kept up", fresh draws mostly "saturated".
 OPEN_SLOTS, OPEN_SERVICE_MS, SOURCE_RATE = 9, 50, 16.0
 # the first probe: 128 req/s (8 sources), one growth step below the capacity (32 and 64 were two more
-# probes, ~12 s each, that only showed growth again, which the closed-loop runs above show)
+# probes, ~12 s each, that only showed growth again, which the closed-loop runs above show).  max_hold
+# 11 s leaves 4 s of rows after the settle: the overloaded probes and those draining their queue are
+# never steady and end there.  192 req/s (6.7 % over) is near the arrivals' Poisson noise over such a
+# window (search.ARRIVAL_Z): the bracket was [176, 192] or [192, 208] in 8 runs, both within 10 %.
 OPEN_START = 128.0
 
 
@@ -142,7 +147,7 @@ def test_an_open_loop_search_brackets_the_rate_the_target_can_serve(tmp_path):
     target = start_target(["--mode", "knee", "--slots", str(OPEN_SLOTS), "--service-ms", str(OPEN_SERVICE_MS)])
     (tmp_path / "open.toml").write_text(
         f'[load]\nmode = "search"\narrivals = "open"\nsource_rate = {SOURCE_RATE}\nstart = {OPEN_START}\nmax = 512.0\n'
-        'hold = "auto"\nmin_hold = 3\nmax_hold = 12\nsettle = 1\nramp = 0.5\nworkers = 1\n')
+        'hold = "auto"\nmin_hold = 3\nmax_hold = 11\nsettle = 1\nramp = 0.5\nworkers = 1\n')
     try:
         p = start_cli("run", str(tmp_path / "open.toml"), "--target", target[1], "--out", str(tmp_path / "out"), "-q")
         out, err = p.communicate(timeout=400)
@@ -157,5 +162,6 @@ def test_an_open_loop_search_brackets_the_rate_the_target_can_serve(tmp_path):
     assert list(steps["users"] * SOURCE_RATE) == rates  # each probe an ordinary step of rate/source_rate sources
     lo, hi = s["knee_bracket"]
     assert abs(lo - capacity) <= 0.1 * capacity and hi - lo <= SOURCE_RATE and hi > capacity, s
-    first_over = OPEN_START * 2 ** math.ceil(math.log2(capacity * 1.05 / OPEN_START))  # the first doubling past the capacity
+    # the first doubling past the capacity
+    first_over = OPEN_START * 2 ** math.ceil(math.log2(capacity * 1.05 / OPEN_START))
     assert max(rates) == first_over, rates  # growth stops there

@@ -81,12 +81,11 @@ def test_engine_samples_n_at_each_requests_start():
 # as a lower σ: at T = 80 ms one run gave σ 0.248), σ large enough that what is left moves it
 # little, N* = √(0.7/0.02) = 5.9 users with steps on both sides of it, the retrograde region clear.
 USL_SIGMA, USL_KAPPA, USL_SERVICE_MS = 0.3, 0.02, 200
-USL_STEPS = (1, 2, 4, 6, 11)  # three parameters from five steps, two past N*
+USL_STEPS = (1, 2, 4, 6, 8, 11)
 # Every step is fitted, the last one too: after the last step's window its load goes on until the
 # requests in flight complete (locustfiles/steps.py, the drain), so its rows are all recorded.  A tail step
 # of 14 users used to absorb the requests cut at the end (its QPS read low by R / window); without
 # it, 11 users as the last step read 8.72/s, as they did with the tail after them (truth 8.87/s).
-# (8 users, between 6 and 11, was a sixth step: issue 15, CI's 45 minutes.)
 USL_FIT_STEPS = USL_STEPS
 
 
