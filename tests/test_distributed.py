@@ -197,12 +197,15 @@ def test_a_search_with_workers_on_other_machines_locates_the_knee(tmp_path, star
     """mode = "search" with `kneeswarm run --workers 0` and two `kneeswarm worker` processes (workers on
     other machines): the master chooses each probe from both workers' rows as they arrive; the knee
     target's K = 6 slots of 200 ms are the truth (min(N, 6) x 5 req/s: the knee is 6 users).  Both
-    workers carry every probe of 2 users or more, and the knee lands within max(1, 10 %) of K."""
+    workers carry every probe, and the knee lands within max(1, 10 %) of K.  From 4 users, held 10 s
+    at most (issue 15: CI's 45 minutes): probes of 1 and 2 users (~19 s each, their 50 rows slow to
+    come) only showed growth before the knee, and a probe can end no sooner than settle + 4 s of rows
+    + the 6 s they trail by, so max_hold sets each probe's length (tests/test_search_runs.py)."""
     slots = 6
     target = start_demo_target("--mode", "knee", "--slots", str(slots), "--service-ms", "200")
     plan = tmp_path / "search.toml"
-    plan.write_text('[load]\nmode = "search"\nstart = 1\nmax = 64\nhold = "auto"\nmin_hold = 3\nmax_hold = 18\n'
-                    'settle = 1\nramp = 0.5\n')
+    plan.write_text('[load]\nmode = "search"\nstart = 4\nmax = 64\nhold = "auto"\nmin_hold = 3\nmax_hold = 10\n'
+                    'settle = 0\nramp = 0.5\n')
     port, out = free_port(), tmp_path / "runs"
     logs = [(tmp_path / f"worker-{i}.log").open("w") for i in range(2)]
     run = _cli("run", str(plan), "--target", target.url, "--workers", "0", "--expect-workers", "2",
@@ -221,11 +224,11 @@ def test_a_search_with_workers_on_other_machines_locates_the_knee(tmp_path, star
     print(users, s["knee_bracket"], s["stopped_because"], s["load_s"])
     lo, hi = s["knee_bracket"]
     assert abs(lo - slots) <= max(1, 0.1 * slots) and hi - lo <= 1, s
-    assert users[:4] == [1, 2, 4, 8] and max(users) == 8, users  # growth stops at the first saturated probe
+    assert users[:2] == [4, 8] and max(users) == 8, users  # growth stops at the first saturated probe
     rows = RunDir(run_dir).read_requests()
     steps = RunDir(run_dir).read_steps()
     assert list(steps["users"]) == users
-    for _, st in steps[steps["users"] >= 2].iterrows():  # each such probe carried by both workers
+    for _, st in steps.iterrows():  # each probe carried by both workers
         mine = rows[rows["step"] == st["index"]]
         assert set(mine["worker"]) == {"worker-0", "worker-1"}, (st["users"], mine["worker"].value_counts())
 

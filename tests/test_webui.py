@@ -261,12 +261,15 @@ def test_web_login_from_environment_variables(tmp_path):
 def test_web_ui_search_in_chromium_shows_each_probes_why(tmp_path, start_demo_target):
     """Chromium, issue 18: mode = "search" set in the start form over a grid plan; the Knee tab shows
     why each probe was chosen as it is decided; the report has the search section.  A fixed hold
-    of 3 s: each probe is judged once its rows are in (they trail the workers' reports)."""
+    of 3 s: each probe is judged once its rows are in (they trail the workers' reports by ~6 s, so
+    a probe lasts ~7 s whatever the hold; no settle: 2 slots of 20 ms are steady at once).  From 2
+    users on 2 slots: 2, 4 and the refinement 3, a why of each kind (start, growth, knee), out of
+    order for the chart to sort; from 1 it was a fourth probe (issue 15: CI's 45 minutes)."""
     browsers = chromium_or_skip()
     target = start_demo_target("--mode", "knee", "--slots", "2", "--service-ms", "20")
     plan = tmp_path / "plan.toml"
     plan.write_text(f'name = "ui-search"\ntarget = "{target.url}"\n'
-                    '[load]\nsteps = [1, 2]\nramp = 0.5\nhold = 3.0\nsettle = 0.5\n')
+                    '[load]\nsteps = [1, 2]\nramp = 0.5\nhold = 3.0\nsettle = 0\n')
     port, out = free_port(), tmp_path / "runs"
     ui = _start_ui(tmp_path, plan, out, port)
     base = f"http://127.0.0.1:{port}"
@@ -275,13 +278,13 @@ def test_web_ui_search_in_chromium_shows_each_probes_why(tmp_path, start_demo_ta
         with chromium_page(browsers, base + "/", viewport={"width": 1400, "height": 1000}) as (_, page):
             page.locator("[name=kneeswarmMode]").wait_for(timeout=30_000)
             page.locator("[name=kneeswarmMode]").fill("search")
-            page.locator("[name=kneeswarmStart]").fill("1")
+            page.locator("[name=kneeswarmStart]").fill("2")
             page.locator("[name=kneeswarmMax]").fill("8")
             page.get_by_role("button", name="Start").click()
             wait_for(lambda: requests.get(base + "/stats/requests", timeout=5).json()["state"] == "running", 120,
                      "the load to start")
             page.goto(base + "/?tab=knee")
-            page.locator("td", has_text="growth x2 from 1").first.wait_for(timeout=90_000)  # decided, shown
+            page.locator("td", has_text="growth x2 from 2").first.wait_for(timeout=90_000)  # decided, shown
             wait_for(lambda: _chart_shows_the_steps(page, base), 30, "the chart's points: the probes so far")
             assert _chart(page)["why"][0].endswith("start")  # each point says why its probe was chosen
             page.locator("#kneeswarm-report-link").wait_for(timeout=180_000)
@@ -292,11 +295,11 @@ def test_web_ui_search_in_chromium_shows_each_probes_why(tmp_path, start_demo_ta
         ui.terminate()
         ui.wait(timeout=60)
     whys = [r["why"] for r in live["steps"]]
-    assert whys[0] == "start" and whys[1].startswith("growth") and all(whys), whys
+    assert whys[0] == "start" and whys[1].startswith("growth") and whys[2].startswith("knee in [2, 4]"), whys
     (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
     s = read_summary(run_dir)["search"]
     users = [p["users"] for p in s["probes"]]
-    assert users[:3] == [1, 2, 4] and s["knee_bracket"][0] == 2 and s["stopped_because"], s  # 2 slots
+    assert users == [2, 4, 3] and s["knee_bracket"] == [2, 3] and s["stopped_because"], s  # 2 slots
     assert "<h2>Search</h2>" in (run_dir / "report" / "index.html").read_text()
     assert chart["x"] == sorted(users)  # the chart orders the probes by users; each labelled with its why
     assert [[sh["x0"], sh["x1"]] for sh in chart["shapes"] if sh["name"] == "knee bracket"] == [s["knee_bracket"]]
