@@ -135,6 +135,14 @@ class Settings:
     sla_p99_ms: float | None = None
     sla_error_rate: float | None = None
     unit: float = 1.0  # open loop: req/s per user (source_rate), for the words
+    open_loop: bool = False  # users are arrival sources: brackets are said in req/s (users x unit)
+
+    def span(self, lo: int | None, hi: int | str | None) -> str:
+        """A bracket in the user's terms: [lo, hi] users, or in open loop [lo, hi] req/s."""
+        if not self.open_loop:
+            return f"[{lo}, {hi}]"
+        rate = lambda n: f"{n * self.unit:g}" if isinstance(n, int) else str(n)  # noqa: E731
+        return f"[{rate(lo)}, {rate(hi)}] req/s"
 
     @property
     def has_sla(self) -> bool:
@@ -464,7 +472,7 @@ def decide(probes: list[Probe], s: Settings, load_s: float) -> Decision:
         d = _grow(probes, s, "still scaling")
         d.knee_bracket, d.sla_bracket = knee, sla
         return d
-    head = f"knee in [{lo}, {hi_p.users}] ({hi_p.users}: {why_sat})"
+    head = f"knee in {s.span(lo, hi_p.users)} ({hi_p.users}: {why_sat})"
     smooth = smooth_knee(probes, hi_p.users, s)
     placed = ""
     if smooth is not None:  # a smooth curve: the fit places the knee; its bracket's ends are probed to confirm it
@@ -484,9 +492,9 @@ def decide(probes: list[Probe], s: Settings, load_s: float) -> Decision:
         if towards is not None:
             towards.knee_bracket, towards.sla_bracket = knee, sla
             return towards
-    done = f"knee bracketed in [{knee[0]}, {knee[1]}]{placed}"
+    done = f"knee bracketed in {s.span(knee[0], knee[1])}{placed}"
     if s.has_sla:
-        done += f", SLA boundary in [{sla_lo}, {sla_hi if sla_hi is not None else 'beyond'}]"
+        done += f", SLA boundary in {s.span(sla_lo, sla_hi if sla_hi is not None else 'beyond')}"
     return Decision(None, done, done, knee, sla)
 
 
@@ -496,7 +504,7 @@ def settings_of(plan: Plan) -> Settings:
     unit = load.source_rate if load.arrivals == "open" else 1.0
     return Settings(start=int(round(load.start / unit)), max=int(round(load.max / unit)), growth=load.growth,
                     precision=load.precision, max_duration=load.max_duration, sla_p99_ms=plan.sla.p99_ms,
-                    sla_error_rate=plan.sla.error_rate, unit=unit)
+                    sla_error_rate=plan.sla.error_rate, unit=unit, open_loop=load.arrivals == "open")
 
 
 @dataclass

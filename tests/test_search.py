@@ -161,13 +161,16 @@ def test_max_and_max_duration_stop_the_search():
 
 
 def test_open_loop_saturates_when_achieved_falls_below_offered():
-    s = Settings(start=1, max=64, unit=20.0)
+    s = Settings(start=1, max=64, unit=20.0, open_loop=True)
 
     def measure(n: int) -> Probe:
         offered = 20.0 * n
         return Probe(users=n, qps=min(offered, 200.0), p99_ms=50.0, offered=offered, requests=1000)
     probes, _, d = search(measure, s)
     assert d.knee_bracket[0] == 10 and d.knee_bracket[1] <= 11, d
+    # said in the rates the user planned (sources x 20 req/s), as the summary's bracket is
+    lo, hi = d.knee_bracket
+    assert d.stopped_because.startswith(f"knee bracketed in [{20 * lo}, {20 * hi}] req/s"), d.stopped_because
 
 
 def test_open_loop_saturation_is_a_shortfall_beyond_poisson_noise_not_a_queue_left_behind():

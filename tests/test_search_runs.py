@@ -76,9 +76,9 @@ def test_search_locates_the_knee_of_real_targets_and_stops_at_failures(tmp_path)
         for proc, _ in (knee, failing, usl):
             stop_target(proc)
     print({n: o[1][-3000:] for n, o in outs.items()})
-    # the failing run ends 0 (complete) or 3 (steps invalid: its failing probes have errors)
-    assert codes["knee"] == 0 and codes["demo"] == 0 and codes["usl"] in (0, 3) and codes["fail"] in (0, 3), \
-        (codes, outs)
+    # every run completes (0), the failing one too: its errors are figures of its probes, and exit 3
+    # (kneeswarm.outcome.EXIT_SLA_FAILED) comes only with --fail-on-sla, which none of these passes
+    assert set(codes.values()) == {0}, (codes, outs)
     runs = {name: _only_run(tmp_path / name) for name in ("knee", "fail", "usl", "demo")}
     s = {name: read_summary(run)["search"] for name, run in runs.items()}
     for name, run in runs.items():
@@ -153,7 +153,7 @@ def test_an_open_loop_search_brackets_the_rate_the_target_can_serve(tmp_path):
         out, err = p.communicate(timeout=400)
     finally:
         stop_target(target[0])
-    assert p.returncode in (0, 3), err[-3000:]  # 3: steps invalid (the overloaded probes' timeouts)
+    assert p.returncode == 0, err[-3000:]  # complete, the overloaded probes' timeouts counted in their figures
     run = _only_run(tmp_path / "out")
     s = read_summary(run)["search"]
     rates = [pr["rate"] for pr in s["probes"]]
