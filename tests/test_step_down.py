@@ -4,7 +4,7 @@ request they are in, and every one of those requests is a row, ok, with its whol
 Before, Locust killed the stopped users at once (its stop_timeout was 0): a request in flight was
 cut without a row, which the server still served into the next step.  Real processes: `kneeswarm
 run` (master and one worker: the stop_timeout travels to the worker with the spawn message) in
-search mode against a knee target of 4 slots, whose probes go 4, 8, then down towards the knee.
+search mode against a knee target of 5 slots, whose probes go 4, 8, then down towards the knee.
 The truth is the target's own request log (every request it received, with its arrival time).
 """
 
@@ -19,7 +19,10 @@ import pytest
 from kneeswarm.rundir import RunDir
 from tests.conftest import read_summary, run_cli
 
-SLOTS, SERVICE_MS = 4, 500  # 8 users on 4 slots of 500 ms: every user is always in a request (queued or served)
+# 8 users on 5 slots of 500 ms: every user is always in a request (queued or served).  5 slots, not 4:
+# at 4 the 4-user probe already serves the plateau and the search closes the knee there without
+# coming down (kneeswarm.search.plateau_close); at 5 it serves 80 % of it, and the bounds aim down to 5
+SLOTS, SERVICE_MS = 5, 500
 # a fixed hold, long enough for the search's 50 rows a probe at 8 req/s once its rows are in
 PLAN = ('[load]\nmode = "search"\nstart = 4\nmax = 8\ngrowth = 2.0\nhold = 8.0\nsettle = 1.0\nramp = 0.5\n'
         'workers = 1\n')
