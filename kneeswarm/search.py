@@ -230,13 +230,10 @@ def bound_knee(probes: list[Probe], lo: Probe, hi: int, min_flat: int = 1) -> fl
     ``lo`` (the last scaling probe); the plateau: the mean QPS of the probes at or above ``hi`` users.  A
     smooth curve (USL) bends below both bounds near its knee by more than that, so it gets None; so
     does a plateau of fewer than ``min_flat`` probes."""
-    ok = [p for p in probes if p.valid and p.offered is None and p.qps > 0 and p.error_rate <= ERROR_RATE
-          and p.pushback <= PUSHBACK_SHARE]
-    low = [p.qps / p.users for p in ok if p.users <= lo.users / 2]
-    flat = [p.qps for p in ok if p.users >= hi]
-    if not low or len(flat) < min_flat:
+    ok = _usable(probes)
+    rate, x_max, n_flat = _bounds(ok, lo.users, hi)
+    if rate is None or x_max is None or n_flat < min_flat:
         return None
-    rate, x_max = sum(low) / len(low), sum(flat) / len(flat)
     if any(abs(p.qps / min(rate * p.users, x_max) - 1.0) > BOUND_TOL for p in ok):
         return None
     return x_max / rate
@@ -332,6 +329,15 @@ def aim(probes: list[Probe], lo_p: Probe | None, hi: int, s: Settings) -> tuple[
     return mid, f"bisection of [{lo}, {hi}] (the USL fit, R² {r2:.2f}, predicts no saturation inside)"
 
 
+def _bounds(ok: list[Probe], lo: int, hi: int) -> tuple[float | None, float | None, int]:
+    """A sharp knee's two asymptotic bounds from usable probes (``_usable``): (the linear region's mean
+    QPS per user, over the probes at or below lo / 2; the plateau's mean QPS, over those at or above
+    hi; how many plateau probes), None for a bound with no probe."""
+    low = [p.qps / p.users for p in ok if p.users <= lo / 2]
+    flat = [p.qps for p in ok if p.users >= hi]
+    return (sum(low) / len(low) if low else None, sum(flat) / len(flat) if flat else None, len(flat))
+
+
 def _usable(probes: list[Probe]) -> list[Probe]:
     """The closed-loop probes a curve is fitted to: valid, serving, no errors or pushback over the limits."""
     return sorted((p for p in probes if p.valid and p.offered is None and p.qps > 0 and p.error_rate <= ERROR_RATE
@@ -400,12 +406,13 @@ def plateau_close(probes: list[Probe], lo_p: Probe | None, hi_p: Probe, s: Setti
     knee serves well below the probes past it (USL σ = 0.02, κ = 0.002: 8 users 0.71 of 16's QPS),
     so it is not closed here (and ``smooth_knee`` places it first)."""
     ok = _usable(probes)
-    flat = [p.qps for p in ok if p.users >= hi_p.users]
-    if lo_p is None or lo_p not in ok or not flat:
+    if lo_p is None or lo_p not in ok:
         return None
-    n, x_max = lo_p.users, sum(flat) / len(flat)
-    low = [p.qps / p.users for p in ok if p.users <= n / 2]
-    crossing = x_max / (sum(low) / len(low)) if low else None
+    rate, x_max, _ = _bounds(ok, lo_p.users, hi_p.users)
+    if x_max is None:
+        return None
+    n = lo_p.users
+    crossing = x_max / rate if rate is not None else None
     upper = max(n * x_max / lo_p.qps, crossing or 0.0)
     if lo_p.qps < CLOSE_SHARE * x_max or upper > n + s.width(n) + 1e-9:
         return None
