@@ -66,7 +66,12 @@ def test_open_loop_p99_shows_the_stall_that_closed_loop_hides(tmp_path):
     print(f"stall 1 s every 4 s: closed loop (4 users) P99 {p99_closed:.1f} ms over {len(closed)} requests; "
           f"open loop (40 req/s, measured {rate:.1f}) P99 {p99_open:.1f} ms over {len(opened)} requests")
     assert closed["ok"].all() and opened["ok"].all()
-    assert p99_open >= 900.0
+    # The truth, from the target's settings: a request sent as a stall begins waits it out whole
+    # (1000 ms, less one arrival gap of 25 ms at 40 req/s); the stalled quarter of the arrivals
+    # waits 0..1000 ms evenly, so the top 1 % of all (the top 4 % of the stalled, a few requests
+    # over two stalls in 9 s) sits near 900-975 ms by the phase of the schedule: above 750 always.
+    assert float(opened["latency_ms"].max()) >= 1000.0 - 2 * 25.0
+    assert p99_open >= 750.0
     assert p99_closed < 0.5 * p99_open  # the closed loop understates the stall
     assert rate == pytest.approx(40.0, rel=0.2)  # arrivals kept their schedule through the stalls
 
