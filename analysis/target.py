@@ -14,7 +14,9 @@ series are combined at each sample (``sum``, or ``mean`` for ratios such as cach
 
 Kinds, per step over the steady window ``[t_lo, t_hi)``:
 
-* ``gauge``    mean of the combined samples (times ``scale``);
+* ``gauge``    mean of the combined samples (times ``scale``) -- or, for a candidate whose gauge
+  flickers rather than holds a level (``step=PEAK``: llama-server's ``requests_deferred``, see
+  LLAMACPP_DEFERRED), the highest combined sample;
 * ``counter``  rate: the increase over the window / seconds between the first and last
   sample in it; a drop is a counter reset (the new value is the increase, as Prometheus
   ``rate()`` does); a series that appears mid-run starts from 0;
@@ -30,8 +32,8 @@ not be run here; the demo target, KServe, TorchServe and Triton were.
 
 The per-step result is ``steps[i]["server"][host]["target"] = {key: value}``; which series
 each key used, whose naming they follow and where those names come from is in summary
-``target_series[host][key]`` ({label, kind, server, source, ref, series[, denominator]});
-:func:`source_lines` words it for the report.
+``target_series[host][key]`` ({label, kind, server, source, ref, series[, denominator][, step]}; a
+gauge's ``step`` is "mean" or "peak"); :func:`source_lines` words it for the report.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ MIN_COUNTER_SAMPLES = 2  # a rate needs a first and a last sample inside the win
 SCRAPE = "scrape"  # the names were seen in a recorded real /metrics of that server (tests/fixtures/scrapes/)
 DOCS = "docs"  # the names come from the server's documentation or source (named in ``ref``)
 FIXTURES = "tests/fixtures/scrapes/"
+MEAN = "mean"  # a gauge's step figure: the mean of its samples in the window (a level)
+PEAK = "peak"  # ... its highest sample: a gauge that reads its level only some of the time (LLAMACPP_DEFERRED)
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,7 @@ class Candidate:
     seconds: 1e-6); the metric's own ``scale`` then makes the shown unit.
     ``source`` says where the names come from (SCRAPE or DOCS) and ``ref`` which fixture or
     documentation page.
+    ``step`` (gauges): how a window's samples make its figure, MEAN or PEAK.
     """
 
     server: str
@@ -76,6 +81,7 @@ class Candidate:
     scale: float = 1.0
     source: str = DOCS
     ref: str = ""
+    step: str = MEAN
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,22 @@ LLAMACPP = partial(Candidate, "llamacpp", source=SCRAPE, ref=FIXTURES + "llamacp
 LLAMACPP_DOCS = partial(Candidate, "llamacpp-old", source=DOCS, ref=(
     "ggml-org/llama.cpp examples/server/server.cpp before mid-2025 (server_task_result_metrics: "
     "kv_cache_usage_ratio, kv_cache_tokens); examples/server/README.md 'GET /metrics'"))
+# llama-server's requests_deferred is not a level of the requests waiting for a slot: it is the length
+# of the list of tasks put back for want of a slot (server_queue::defer) at the instant of the scrape.
+# A waiting task is also found in the task queue itself (pop_deferred_task moves one back each time a
+# slot frees, to be deferred again when the main loop finds no slot) and among the tasks set aside
+# while a decode runs (queue_tasks_unhandled), neither counted.  So with every slot busy it reads
+# anything from 0 to the whole wait, mostly one or the other.  Three runs' scrapes of the 6-user step
+# on 4 slots (tests_conformance/test_llamacpp.py), 2 requests waiting the whole step each time:
+# 0, 2, 0, 0, 0, 0, 0, 2, 2, 2 (mean 0.8); 2, 2, 2, 2, 0, 0, 2, 2, 2, 2 (1.6); 2, 1, 2, 2, 2, 1, 1, 2,
+# 2, 2 (1.7).  A mean under-reads the queue (0.8 is below queue_growing's rise of one) and varies run
+# to run; its highest reading is the wait (never more: it counts only waiting tasks), 2 in all three,
+# so the step figure is the PEAK -- the highest scrape, said so in the report (source_lines), not a
+# measured mean.  The client's count agrees where the wait is steady: requests in flight (Little's L,
+# measured from the rows: 5.99) less the mean busy slots (4.00) = 1.99 on the last two runs.  That
+# figure was not taken instead: the client's in flight spans every replica behind the URL, and the
+# moments a slot is between requests read as waiting (0.1 at 1 user, where nothing waits; peak 0).
+LLAMACPP_DEFERRED = LLAMACPP(r"llamacpp:requests_deferred", step=PEAK)
 
 US = 1e-6  # microseconds -> seconds
 # Counters exposed without the ``_total`` suffix (Triton, TGI, TorchServe: their exporters are not
@@ -136,7 +158,7 @@ TARGET_METRICS: tuple[TargetMetric, ...] = (
         TRITON(r"nv_inference_pending_request_count"),
         TGI(r"tgi_queue_size"),
         SGLANG(r"sglang:num_queue_reqs"),
-        LLAMACPP(r"llamacpp:requests_deferred"),  # requests waiting for a free slot
+        LLAMACPP_DEFERRED,  # requests waiting for a free slot: the step's highest scrape (above)
     )),
     TargetMetric("in_flight", "in flight", "gauge", (
         KNEESWARM(r"kneeswarm_target_inflight"),
@@ -252,7 +274,7 @@ TARGET_METRICS: tuple[TargetMetric, ...] = (
         VLLM(r"vllm:num_requests_waiting"),  # preempted sequences wait here too
         SGLANG(r"sglang:num_queue_reqs"),
         TGI(r"tgi_queue_size"),
-        LLAMACPP(r"llamacpp:requests_deferred"),
+        LLAMACPP_DEFERRED,  # the step's highest scrape (LLAMACPP_DEFERRED)
     )),
     TargetMetric("llm_queue_ms", "engine queue ms", "ratio", (  # mean wait to be scheduled, per request
         VLLM(r"vllm:request_queue_time_seconds_sum", r"vllm:request_queue_time_seconds_count"),
@@ -412,6 +434,25 @@ def window_gauge_means(t: np.ndarray, v: np.ndarray, t_lo: np.ndarray, t_hi: np.
     return out
 
 
+def window_gauge_peaks(t: np.ndarray, v: np.ndarray, t_lo: np.ndarray, t_hi: np.ndarray) -> np.ndarray:
+    """Per window: the highest finite value whose t is in [t_lo, t_hi) (NaN where none)."""
+    a = np.searchsorted(t, t_lo, side="left")
+    b = np.searchsorted(t, t_hi, side="left")
+    out = np.full(len(t_lo), np.nan)
+    for i in range(len(t_lo)):
+        w = v[a[i]:b[i]]
+        w = w[np.isfinite(w)]
+        if len(w):
+            out[i] = w.max()
+    return out
+
+
+def window_gauge(r: Resolved, t: np.ndarray, v: np.ndarray, t_lo: np.ndarray, t_hi: np.ndarray) -> np.ndarray:
+    """A gauge's figure per window: its mean, or its highest sample for a PEAK candidate."""
+    step = window_gauge_peaks if r.candidate.step == PEAK else window_gauge_means
+    return step(t, v, t_lo, t_hi)
+
+
 def _sorted(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
     df["t"] = pd.to_numeric(df["t"], errors="coerce")
@@ -430,7 +471,7 @@ def target_windows(df: pd.DataFrame | None, t_lo: np.ndarray, t_hi: np.ndarray) 
     for r in resolve(df.columns):
         m = r.metric
         if m.kind == "gauge":
-            cols[m.key] = window_gauge_means(t, gauge_values(df, r), t_lo, t_hi)
+            cols[m.key] = window_gauge(r, t, gauge_values(df, r), t_lo, t_hi)
         elif m.kind == "counter":
             cols[m.key] = window_rates(t, counter_cumulative(df, r.series), t_lo, t_hi) * r.scale
         else:  # ratio
@@ -442,10 +483,11 @@ def target_windows(df: pd.DataFrame | None, t_lo: np.ndarray, t_hi: np.ndarray) 
 
 
 def target_series_used(df: pd.DataFrame | None) -> dict[str, dict[str, Any]]:
-    """{key: {label, kind, server, source, ref, series[, denominator]}}: which series each target
-    key used, whose naming they follow (``server``) and where those names come from (``source``:
-    "scrape" = seen in a recorded real scrape, ``ref`` the fixture; "docs" = the server's
-    documentation or source, ``ref`` the page)."""
+    """{key: {label, kind, server, source, ref, series[, denominator][, step]}}: which series each
+    target key used, whose naming they follow (``server``) and where those names come from
+    (``source``: "scrape" = seen in a recorded real scrape, ``ref`` the fixture; "docs" = the
+    server's documentation or source, ``ref`` the page); a gauge's ``step``: its step figure is
+    the samples' "mean" or their "peak"."""
     if df is None or df.empty:
         return {}
     out = {}
@@ -454,13 +496,16 @@ def target_series_used(df: pd.DataFrame | None) -> dict[str, dict[str, Any]]:
                              "source": r.candidate.source, "ref": r.candidate.ref, "series": list(r.series)}
         if r.denominator:
             d["denominator"] = list(r.denominator)
+        if r.metric.kind == "gauge":
+            d["step"] = r.candidate.step
         out[r.metric.key] = d
     return out
 
 
 def target_timeline(df: pd.DataFrame | None, t0: float, bin_s: float) -> pd.DataFrame:
-    """Per bin (seconds since t0): gauges averaged, counters as per-second rates (mean of the
-    per-interval rates ending in the bin), ratios as the bin's increases divided."""
+    """Per bin (seconds since t0): gauges averaged (a PEAK candidate's: the bin's highest sample),
+    counters as per-second rates (mean of the per-interval rates ending in the bin), ratios as the
+    bin's increases divided."""
     if df is None or df.empty or "t" not in df.columns:
         return pd.DataFrame(columns=["t"])
     df = _sorted(df)
@@ -484,7 +529,11 @@ def target_timeline(df: pd.DataFrame | None, t0: float, bin_s: float) -> pd.Data
             ratios[r.metric.key] = (num, den, r.scale)
     if not data and not ratios:
         return pd.DataFrame(columns=["t"])
-    out = pd.DataFrame(data).assign(bin=bins).groupby("bin").mean()
+    by_bin = pd.DataFrame(data).assign(bin=bins).groupby("bin")
+    out = by_bin.mean()
+    for r in resolve(df.columns):
+        if r.metric.kind == "gauge" and r.candidate.step == PEAK:
+            out[r.metric.key] = by_bin[r.metric.key].max()
     for key, (num, den, scale) in ratios.items():
         sums = pd.DataFrame({"num": num, "den": den, "bin": bins}).groupby("bin").sum()
         out[key] = (sums["num"] / sums["den"].where(sums["den"] > 0)) * scale
@@ -498,14 +547,22 @@ SOURCE_WORDS = {SCRAPE: "from a recorded real scrape", DOCS: "from its documenta
 
 def source_lines(used: dict[str, dict[str, Any]]) -> list[str]:
     """For the report: one line per naming used in a host's ``target_series`` (summary), e.g.
-    ``vllm names from its documentation (vllm-project/vllm ...): queue, in flight``."""
+    ``vllm names from its documentation (vllm-project/vllm ...): queue, in flight``; then, where a
+    gauge's step figure is its highest sample rather than a mean, a line that says so."""
     groups: dict[tuple[str, str, str], list[str]] = {}
+    peaks: list[str] = []
     for key, d in used.items():
         if isinstance(d, dict):
             src = (str(d.get("server", "?")), str(d.get("source", "?")), str(d.get("ref", "")))
             groups.setdefault(src, []).append(str(d.get("label", key)))
-    return [f"{server} names {SOURCE_WORDS.get(source, source)} ({ref}): {', '.join(labels)}"
-            for (server, source, ref), labels in groups.items()]
+            if d.get("step") == PEAK:
+                peaks.append(f"{d.get('label', key)} ({', '.join(map(str, d.get('series') or []))})")
+    lines = [f"{server} names {SOURCE_WORDS.get(source, source)} ({ref}): {', '.join(labels)}"
+             for (server, source, ref), labels in groups.items()]
+    if peaks:
+        lines.append(f"{'; '.join(peaks)}: each step's highest scrape, not a mean -- the gauge reads the whole "
+                     "wait or less from one scrape to the next (analysis/target.py, LLAMACPP_DEFERRED)")
+    return lines
 
 
 def target_source_note(summary: dict[str, Any], cols: Iterable[tuple[str, str, str, str]] | None) -> list[str]:

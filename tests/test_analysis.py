@@ -331,7 +331,7 @@ def test_target_queue_0_then_12_and_counter_rising_5_per_s(tmp_path):
     assert set(used) == {"queue_length", "in_flight", "rejected_s", "failures_s", "queue_wait_ms", "requests_s"}
     assert used["queue_length"] == {"label": "queue", "kind": "gauge", "server": "kneeswarm", "source": "scrape",
                                     "ref": "tests/fixtures/scrapes/kneeswarm-0.1.0.txt",
-                                    "series": ["kneeswarm_target_queue_length"]}
+                                    "series": ["kneeswarm_target_queue_length"], "step": "mean"}
     assert used["requests_s"]["series"] == ['kneeswarm_target_requests_total{code="200"}',
                                             'kneeswarm_target_requests_total{code="503"}']
     md = (rd.report_dir / "summary.md").read_text()

@@ -18,10 +18,12 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from analysis.inputs import read_prometheus
-from analysis.target import DOCS, SCRAPE, TARGET_METRICS, source_lines, target_series_used, target_windows
+from analysis.target import (DOCS, SCRAPE, TARGET_METRICS, source_lines, target_series_used, target_timeline,
+                             target_windows)
 from collectors.prometheus import write_prometheus_csv
 
 FIXTURES = Path(__file__).parent / "fixtures" / "scrapes"
@@ -57,8 +59,9 @@ def samples(text: str) -> list[tuple[str, str, float]]:
 
 
 class Truth:
-    """Gauges as the mean of the two scrapes, counters as increase / seconds, ratios as
-    increase / increase: what a reader computes by hand from the two expositions."""
+    """Gauges as the mean of the two scrapes (llama.cpp's deferred requests: their highest, see
+    the flickering-queue tests below), counters as increase / seconds, ratios as increase /
+    increase: what a reader computes by hand from the two expositions."""
 
     def __init__(self, path: Path):
         _, ((t1, a), (t2, b)) = split_fixture(path)
@@ -69,8 +72,9 @@ class Truth:
     def _vals(ss: list[tuple[str, str, float]], name: str, having: str) -> list[float]:
         return [v for n, lab, v in ss if n == name and re.search(having, lab)]
 
-    def gauge(self, name: str, combine=np.sum, having: str = "") -> float:
-        return float(np.mean([combine(self._vals(s, name, having)) for s in (self.a, self.b)]))
+    def gauge(self, name: str, combine=np.sum, having: str = "", over=np.mean) -> float:
+        """The gauge's samples combined per scrape, then over the scrapes (mean; max for a peak)."""
+        return float(over([combine(self._vals(s, name, having)) for s in (self.a, self.b)]))
 
     def inc(self, name: str, having: str = "") -> float:
         return sum(self._vals(self.b, name, having)) - sum(self._vals(self.a, name, having))
@@ -134,27 +138,18 @@ def expected(fixture: str, x: Truth) -> dict[str, tuple[float, str]]:
         }
     if fixture == "llamacpp-0.3.36.txt":
         return {
-            "queue_length": (x.gauge("llamacpp:requests_deferred"), "llamacpp"),
+            "queue_length": (x.gauge("llamacpp:requests_deferred", over=np.max), "llamacpp"),  # its peak
             "in_flight": (x.gauge("llamacpp:requests_processing"), "llamacpp"),
             "tpot_ms": (x.ratio("llamacpp:tokens_predicted_seconds_total", "llamacpp:tokens_predicted_total", ms),
                         "llamacpp"),
             "gen_tokens_s": (x.rate("llamacpp:tokens_predicted_total"), "llamacpp"),
             "prompt_tokens_s": (x.rate("llamacpp:prompt_tokens_total"), "llamacpp"),
             "llm_running": (x.gauge("llamacpp:requests_processing"), "llamacpp"),
-            "llm_waiting": (x.gauge("llamacpp:requests_deferred"), "llamacpp"),
+            "llm_waiting": (x.gauge("llamacpp:requests_deferred", over=np.max), "llamacpp"),
             "decode_batch": (x.gauge("llamacpp:n_busy_slots_per_decode", np.mean), "llamacpp"),
             "prefix_hit_pct": (100 * x.inc("llamacpp:prompt_tokens_cached_total")
                                / (x.inc("llamacpp:prompt_tokens_total") + x.inc("llamacpp:prompt_tokens_cached_total")),
                                "llamacpp"),
-        }
-    if fixture == "llamacpp-0.3.36.txt":
-        return {
-            "queue_length": (x.gauge("llamacpp:requests_deferred"), "llamacpp"),
-            "in_flight": (x.gauge("llamacpp:requests_processing"), "llamacpp"),
-            "tpot_ms": (x.ratio("llamacpp:tokens_predicted_seconds_total", "llamacpp:tokens_predicted_total", ms),
-                        "llamacpp"),
-            "gen_tokens_s": (x.rate("llamacpp:tokens_predicted_total"), "llamacpp"),
-            "prompt_tokens_s": (x.rate("llamacpp:prompt_tokens_total"), "llamacpp"),
         }
     if fixture == "kserve-0.21.0.txt":
         return {
@@ -356,3 +351,68 @@ def test_older_llamacpp_kv_cache_usage_is_read_as_kv_cache_usage(tmp_path):
     got, used = analyse(path, tmp_path)
     assert got["kv_cache_usage_pct"] == pytest.approx(50.0)
     assert used["kv_cache_usage_pct"]["server"] == "llamacpp-old" and used["kv_cache_usage_pct"]["source"] == DOCS
+
+
+# -- llama.cpp's flickering queue gauge ------------------------------------------------------------
+# One step of a real llama-server run (tests_conformance/test_llamacpp.py): 6 users on 4 slots
+# (--parallel 4), the raw scrapes at 1 Hz.  Every slot was busy throughout and the 2 requests beyond
+# the slots waited the whole step, but llamacpp:requests_deferred read the whole wait or 0.
+LLAMA_USERS, LLAMA_SLOTS = 6, 4
+LLAMA_DEFERRED = (0, 2, 0, 0, 0, 0, 0, 2, 2, 2)
+LLAMA_PROCESSING = (4,) * len(LLAMA_DEFERRED)
+
+
+def replay_gauges(tmp: Path, fixture: str, values: dict[str, tuple[float, ...]]) -> pd.DataFrame:
+    """The fixture's first (real) exposition, scraped once a second with the gauges in VALUES set
+    to the given readings, through the real path (prometheus.jsonl -> prometheus.csv -> the table
+    analysis reads)."""
+    _, ((_, text), _) = split_fixture(FIXTURES / fixture)
+    n = len(next(iter(values.values())))
+    raw = tmp / "raw" / "prometheus.jsonl"
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    with raw.open("w") as f:
+        for i in range(n):
+            scrape = text
+            for name, v in values.items():
+                scrape, k = re.subn(rf"^{re.escape(name)}(\{{[^}}]*\}})? \S+$", rf"{name}\g<1> {v[i]}", scrape,
+                                    flags=re.M)
+                assert k >= 1, name
+            f.write(json.dumps({"t": T0 + i, "url": "http://127.0.0.1:8080/metrics", "text": scrape}) + "\n")
+    write_prometheus_csv(raw, tmp / "prometheus.csv")
+    df = read_prometheus(tmp / "prometheus.csv")
+    assert df is not None and len(df) == n
+    return df
+
+
+def test_llamacpp_queue_is_the_wait_not_the_mean_of_a_flickering_gauge(tmp_path):
+    """The step's queue is the 2 requests beyond the slots, which waited the whole step -- not the
+    scrapes' mean (0.8), which a level gauge would give; llama-server's busy slots stay a mean."""
+    df = replay_gauges(tmp_path, "llamacpp-0.3.36.txt", {"llamacpp:requests_deferred": LLAMA_DEFERRED,
+                                                         "llamacpp:requests_processing": LLAMA_PROCESSING})
+    step = target_windows(df, np.array([T0 - 0.5]), np.array([T0 + len(LLAMA_DEFERRED)]))[0]
+    waiting = LLAMA_USERS - LLAMA_SLOTS
+    assert step["queue_length"] == waiting and step["llm_waiting"] == waiting, step
+    assert step["in_flight"] == LLAMA_SLOTS and step["llm_running"] == LLAMA_SLOTS, step
+    # a window whose scrapes all read 0 (the first one alone) has no queue to show
+    first = target_windows(df, np.array([T0 - 0.5]), np.array([T0 + 0.5]))[0]
+    assert first["queue_length"] == 0.0, first
+    used = target_series_used(df)
+    assert used["queue_length"]["step"] == "peak" and used["llm_waiting"]["step"] == "peak", used
+    assert used["in_flight"]["step"] == "mean", used
+    # the report says the figure is the highest scrape, not a mean
+    note = source_lines(used)[-1]
+    assert note.startswith("queue (llamacpp:requests_deferred); engine waiting (llamacpp:requests_deferred): "
+                           "each step's highest scrape, not a mean"), note
+    # the timeline in 2-s bins: each bin's highest reading
+    line = target_timeline(df, T0, 2.0)
+    want = [max(LLAMA_DEFERRED[i:i + 2]) for i in range(0, len(LLAMA_DEFERRED), 2)]
+    assert line["queue_length"].tolist() == want, line
+
+
+def test_a_level_queue_gauge_stays_the_step_mean(tmp_path):
+    """vLLM's waiting sequences are a level (the scheduler's waiting list): the same readings give
+    their mean, as before."""
+    df = replay_gauges(tmp_path, "vllm-docs.txt", {"vllm:num_requests_waiting": LLAMA_DEFERRED})
+    step = target_windows(df, np.array([T0 - 0.5]), np.array([T0 + len(LLAMA_DEFERRED)]))[0]
+    assert step["queue_length"] == pytest.approx(np.mean(LLAMA_DEFERRED)), step
+    assert target_series_used(df)["queue_length"]["step"] == "mean"
