@@ -323,7 +323,11 @@ def test_target_metrics_matched_on_the_live_scrape(chat):
     assert target[top]["queue_length"] == target[top]["llm_waiting"] == top - SLOTS, (target[top], deferred)
     assert waited == pytest.approx(top - SLOTS, abs=WAITED_ABS), (by[top]["in_flight"], target[top])
     assert target[top]["in_flight"] == pytest.approx(SLOTS, abs=0.5), target[top]
-    # its tokens/s is the client's: usage tokens of the step's requests per second
+    # its tokens/s is the client's: usage tokens of the step's requests per second.  The server adds a
+    # request's tokens to its counter when the request finishes (metrics.on_prediction), the client
+    # counts requests as started: at each end of the window the requests in flight (users = QPS x
+    # latency, Little) can fall on either side, so each end may shift the count by up to latency/window
+    # of it -- both ends, 2 x (one failed run at 2 users read 323.7 against 301.0 with one end's allowance)
     for u, st in by.items():
-        rel = 0.05 + st["p50_ms"] / 1000.0 / st["window_s"]  # tokens as generated vs requests as started
+        rel = 0.05 + 2 * st["p50_ms"] / 1000.0 / st["window_s"]
         assert target[u]["gen_tokens_s"] == pytest.approx(st["qps"] * MAX_TOKENS, rel=rel), (u, target[u], st["qps"])
