@@ -517,7 +517,9 @@ def settings_of(plan: Plan) -> Settings:
 @dataclass
 class SearchDriver:
     """The master's side: asked by the step schedule when a probe ends; measures it on the rows
-    (``meter``: locustfiles.steady.ProbeMeter), decides, and records generator/search.json."""
+    (``meter``: locustfiles.steady.ProbeMeter) that started in its window, from its cut (or settle)
+    up to ``horizon(now)`` (every row before it is in), decides, and records generator/search.json:
+    each probe's why, and once measured its figures, ``window`` [start, horizon) and ``t_judged``."""
 
     settings: Settings
     meter: Any  # .figures(t_lo, horizon) -> dict; .forget_before(t)
