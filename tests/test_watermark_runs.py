@@ -55,6 +55,7 @@ def _check_windows(run: Path) -> int:
     return len(judged)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_probe_is_judged_only_on_rows_all_in_with_a_worker_and_with_a_local_runner(tmp_path):
     proc, url = start_target(["--mode", "knee", "--slots", "128", "--service-ms", str(SERVICE_S * 1000)])
