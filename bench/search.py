@@ -22,8 +22,8 @@ efficiency 1 − N·d′/d (d = 1 + σ(N−1) + κN(N−1)) falls to kneeswarm.s
 
     nice python bench/search.py [--service-ms 200] [--cases knee:3,knee:5,usl:0.0:0.01]
 
-Each case's probes' QPS per user (the summary's, by probe) and each probe's why and the reason the
-search stopped go to stderr, to see which rule chose or judged a probe near the knee.
+Each case's probes' QPS per user (the summary's, by probe), each probe's and grid step's seconds of
+load (ramp to end), and each probe's why and the reason the search stopped go to stderr, to see which rule chose or judged a probe near the knee.
 
 It runs for long (about 3 minutes a case on 2 cores); ``nice`` it on a shared host.
 """
@@ -142,6 +142,9 @@ def figures(r: dict) -> dict:
             "search_s": search["load_s"], "grid_s": grid_s, "linear_max_s": linear_max_s, "linear_s": linear_s,
             "n_star": (r["search"].get("usl") or {}).get("n_star"),
             "per_user": {p["users"]: p["qps"] / p["users"] for p in probes if p.get("qps") is not None},
+            "durations": [f"{p['users']}: {p['duration_s']:.1f}" for p in probes],
+            "grid_durations": [f"{s['users']}: {s['t_end'] - s['t_ramp']:.1f}" for s in grid["steps"]
+                               if s.get("t_end") is not None],
             "whys": [f"{p['users']}: {p.get('why')}" for p in probes], "stopped_because": search.get("stopped_because"),
             "rules": r["rules"]}
 
@@ -166,6 +169,8 @@ def main() -> int:
               f"{', '.join(f['rules'])} |", flush=True)
         print(f"  {f['case']} QPS per user by probe: " + ", ".join(f"{u}: {q:.2f}" for u, q in f["per_user"].items()),
               file=sys.stderr, flush=True)
+        print(f"  {f['case']} seconds by probe: " + ", ".join(f["durations"]) + "; grid steps: "
+              + ", ".join(f["grid_durations"]), file=sys.stderr, flush=True)
         print(f"  {f['case']} decisions:\n    " + "\n    ".join(f["whys"]) + f"\n    stop: {f['stopped_because']}",
               file=sys.stderr, flush=True)
     return 0

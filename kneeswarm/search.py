@@ -106,7 +106,7 @@ FIT_SPAN = 1.5
 # plateau, and [2, 3] is within max(1 user, 10 %)); 0.95 leaves every sharp case's mean error within
 # 0.5 point of the old rules' and saves 0.7-1.2 probes; 1.0 saves 0.4-0.6
 CLOSE_SHARE = 0.95
-MIN_PROBE_REQUESTS = 50  # a probe is not judged on fewer rows: held until they are in (rows trail by lag_s)
+MIN_PROBE_REQUESTS = 50  # a probe is not judged on fewer rows: held until they are in (rows trail the horizon)
 MAX_WAIT_S = 30.0  # ... but not longer than this past the end of its hold (then judged on what there is)
 
 
@@ -517,15 +517,18 @@ def settings_of(plan: Plan) -> Settings:
 @dataclass
 class SearchDriver:
     """The master's side: asked by the step schedule when a probe ends; measures it on the rows
-    (``meter``: locustfiles.steady.ProbeMeter), decides, and records generator/search.json."""
+    (``meter``: locustfiles.steady.ProbeMeter) that started in its window, from its cut (or settle)
+    up to ``horizon(now)`` (every row before it is in), decides, and records generator/search.json:
+    each probe's why, and once measured its figures, ``window`` [start, horizon) and ``t_judged``."""
 
     settings: Settings
     meter: Any  # .figures(t_lo, horizon) -> dict; .forget_before(t)
     run: RunDir | None = None
     settle: float = 0.0
-    lag_s: float = 0.0
+    lag_s: float = 0.0  # without ``horizon``: rows are judged up to now - lag_s (a fixed guess of their delay)
     open_loop: bool = False
     auto_hold: bool = False
+    horizon: Any = None  # horizon(now): the time before which every row is in (locustfiles.watermark.Horizon)
     probes: list[Probe] = field(default_factory=list)
     records: list[dict[str, Any]] = field(default_factory=list)
     last: Decision | None = None
@@ -540,7 +543,8 @@ class SearchDriver:
     def __call__(self, step: Any, now: float, load_s: float) -> int | None:
         """The step ``step`` (steps.StepRecord) ends at ``now``: the next probe's users, or None."""
         t_lo = step.t_cut if step.t_cut is not None else (step.t_steady or step.t_ramp) + self.settle
-        fig = self.meter.figures(t_lo, now - self.lag_s)
+        horizon = min(now, self.horizon(now)) if self.horizon is not None else now - self.lag_s
+        fig = self.meter.figures(t_lo, horizon)
         self._asked.setdefault(step.index, now)
         if fig["requests"] < MIN_PROBE_REQUESTS and now - self._asked[step.index] < MAX_WAIT_S:
             return WAIT
@@ -554,10 +558,10 @@ class SearchDriver:
         steady = not self.auto_hold or step.t_cut is not None
         self.probes.append(Probe(users=step.users, qps=qps, p99_ms=fig["p99_ms"], error_rate=fig["error_rate"],
                                  pushback=fig["pushback"], valid=fig["requests"] > 0 and steady,
-                                 offered=offered, requests=fig["requests"], window_s=max(0.0, now - self.lag_s - t_lo)))
+                                 offered=offered, requests=fig["requests"], window_s=max(0.0, horizon - t_lo)))
         self.records[-1].update(measured={k: fig[k] for k in ("qps", "p99_ms", "error_rate", "pushback", "requests",
                                                              "arrival_rate", "completed_qps") if k in fig},
-                                steady=steady)
+                                steady=steady, window=[t_lo, horizon], t_judged=now)
         self.last = decide(self.probes, self.settings, load_s)
         if self.last.users is not None:
             self.records.append({"index": step.index + 1, "users": self.last.users, "why": self.last.why})

@@ -11,7 +11,8 @@ and the sample with the lowest RTT is kept.  ``ClockGate`` is the one place wher
 is taken off a worker's rows and generator samples, so the run directory is on the master's
 clock.  A worker's first rows can arrive before its first answer: the gate holds them until
 the answer comes (at most FIRST_ANSWER_WAIT seconds), and counts any it had to let through on
-the worker's own clock.
+the worker's own clock.  A worker's row watermark (watermark.py) rides with its rows: corrected by
+the same offset and let through only with them, so it never runs ahead of the rows it vouches for.
 """
 
 from __future__ import annotations
@@ -107,18 +108,21 @@ class ClockGate:
         self.clocks = clocks
         self.wait = FIRST_ANSWER_WAIT if wait is None else wait
         self._now = now
-        self._held: dict[str, list[tuple[dict[str, list] | None, list]]] = {}
+        self._held: dict[str, list[tuple[dict[str, list] | None, list, float | None]]] = {}
+        self._watermarks: dict[str, float] = {}  # worker -> the watermark of its last batch released
         self._since: dict[str, float] = {}  # when each worker's first batch arrived
         self.uncorrected: dict[str, dict[str, int]] = {}  # worker -> {"request_rows": n, "generator_rows": m}
         self.last_admitted: dict[str, float] = {}  # worker -> master time (epoch s) of its last report with rows
 
-    def admit(self, worker: str, rows: dict[str, list] | None, samples: list | None) -> None:
-        """A worker's report: held until :meth:`release` can put it on the master's clock."""
-        if not (rows and rows.get("t_start")) and not samples:
+    def admit(self, worker: str, rows: dict[str, list] | None, samples: list | None,
+              watermark: float | None = None) -> None:
+        """A worker's report (and its row watermark, on its clock; None from a worker that sends
+        none): held until :meth:`release` can put it on the master's clock."""
+        if not (rows and rows.get("t_start")) and not samples and watermark is None:
             return
         if rows and rows.get("t_start"):
             self.last_admitted[worker] = time.time()
-        self._held.setdefault(worker, []).append((rows, list(samples or [])))
+        self._held.setdefault(worker, []).append((rows, list(samples or []), watermark))
         self._since.setdefault(worker, self._now())
 
     def release(self, final: bool = False) -> list[Batch]:
@@ -127,20 +131,34 @@ class ClockGate:
         for worker in list(self._held):
             if self.clocks.has_answered(worker):
                 off = self.clocks.offset(worker)
-                out += [(worker, *shift(rows, samples, off)) for rows, samples in self._held.pop(worker)]
+                for rows, samples, mark in self._held.pop(worker):
+                    self._released(out, worker, *shift(rows, samples, off), None if mark is None else mark - off)
             elif final or self._now() - self._since[worker] >= self.wait:
                 batches = self._held.pop(worker)
                 counts = self.uncorrected.setdefault(worker, {"request_rows": 0, "generator_rows": 0})
-                for rows, samples in batches:
+                for rows, samples, mark in batches:
                     counts["request_rows"] += len(rows["t_start"]) if rows else 0
                     counts["generator_rows"] += len(samples)
-                    out.append((worker, rows, samples))
+                    self._released(out, worker, rows, samples, mark)
                 logger.warning("kneeswarm: %s has not answered a clock ping; its rows are written uncorrected", worker)
         return out
 
+    def _released(self, out: list[Batch], worker: str, rows: dict[str, list] | None, samples: list,
+                  mark: float | None) -> None:
+        if (rows and rows.get("t_start")) or samples:
+            out.append((worker, rows, samples))
+        if mark is not None:
+            self._watermarks[worker] = mark
+
+    def take_watermarks(self) -> dict[str, float]:
+        """Each worker's watermark released since the last call (master clock): to be taken after
+        the rows :meth:`release` returned were handed over, so that none runs ahead of its rows."""
+        marks, self._watermarks = self._watermarks, {}
+        return marks
+
     @property
     def held_rows(self) -> int:
-        return sum(len(r["t_start"]) for batches in self._held.values() for r, _ in batches if r)
+        return sum(len(r["t_start"]) for batches in self._held.values() for r, _, _ in batches if r)
 
     def warnings(self) -> list[str]:
         return [f"{w}: no clock answer within {self.wait:g}s; {c['request_rows']} request rows and "

@@ -43,6 +43,7 @@ from locustfiles.shape import StepShape
 from locustfiles.steady import AutoHold, ProbeMeter
 from locustfiles.steps import DRAIN_FACTOR, DRAIN_MIN_S, StepSchedule
 from locustfiles.users import InferenceUser
+from locustfiles.watermark import IN_FLIGHT, LOCAL, WATERMARK_KEY, Horizon
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,8 @@ LIVE_PERIOD = 2.0  # seconds between live views asked of the lifecycle process
 #: seconds after a web UI Stop before the recording closes (workers' last reports arrive)
 REPORT_WAIT = 4.0
 AUTO_HOLD_MARGIN_S = 1.0  # hold = "auto": a row may arrive this much later than its report interval and flush
+#: how far a worker's rows trail the master where it sends no watermark (watermark.Horizon's fallback)
+ROW_LAG_S = WORKER_REPORT_INTERVAL + FLUSH_INTERVAL + AUTO_HOLD_MARGIN_S
 WORKER_WATCH_PERIOD = 1.0  # seconds between looks at the master's list of workers
 # A step down (a search refining to fewer users, a grid going down) stops users: Locust kills them at
 # once unless `stop_timeout` is set, and a request in flight is then cut without a row (the server
@@ -179,7 +182,10 @@ class WorkerListeners:
         gevent.spawn(self.sampler.run_forever)
 
     def on_report(self, client_id: str, data: dict) -> None:
-        report: WorkerReport = {REPORT_KEY: self.buffer.take(), GEN_KEY: self.sampler.take()}
+        # the watermark read with the rows taken, no greenlet switch between: every row not in this
+        # report starts at or after it (watermark.py)
+        report: WorkerReport = {REPORT_KEY: self.buffer.take(), WATERMARK_KEY: IN_FLIGHT.watermark(time.time()),
+                                GEN_KEY: self.sampler.take()}
         data.update(report)
 
     def on_plan(self, environment: Environment, msg: Any, **_kw: Any) -> None:
@@ -312,7 +318,10 @@ class MasterListeners:
 
     def on_worker_report(self, client_id: str, data: dict) -> None:
         if self.recording is not None:
-            self.recording.gate.admit(worker_name(self.runner, client_id), data.get(REPORT_KEY), data.get(GEN_KEY))
+            self.recording.gate.admit(worker_name(self.runner, client_id), data.get(REPORT_KEY), data.get(GEN_KEY),
+                                      _watermark(data.get(WATERMARK_KEY)))
+            if not self.recording.stopped:
+                self.recording.take_in()
 
     def on_test_stop(self, environment: Environment, **_kw: Any) -> None:
         # Workers send their last report after the master's stop; quitting flushes again.
@@ -482,13 +491,13 @@ class Recording:
         plan = state.plan()
         load = plan.load
         _let_stopped_users_finish(env, plan.request.timeout)
-        # hold = "auto": the master judges each step on the rows as they arrive (steady.AutoHold);
-        # a worker's rows are at most one report interval plus one flush behind.
-        self.auto_hold = (AutoHold(load.min_hold, load.max_hold, load.settle, load.ci,
-                                   lag_s=WORKER_REPORT_INTERVAL + FLUSH_INTERVAL + AUTO_HOLD_MARGIN_S,
-                                   open_loop=load.arrivals == "open")
+        # hold = "auto": the master judges each step on the rows as they arrive (steady.AutoHold), up
+        # to the sources' watermark (watermark.Horizon: every row before it is in)
+        self.rows_in = Horizon(ROW_LAG_S)
+        self.auto_hold = (AutoHold(load.min_hold, load.max_hold, load.settle, load.ci, lag_s=ROW_LAG_S,
+                                   open_loop=load.arrivals == "open", horizon=self.horizon)
                           if load.auto_hold else None)
-        self.search = _search_driver(run, plan)  # mode = "search": the steps are chosen as the run goes
+        self.search = _search_driver(run, plan, self.horizon)  # mode = "search": the steps are chosen as the run goes
         steps = [self.search.first()] if self.search is not None else load.steps
         self.schedule = StepSchedule(steps, load.ramp, load.hold_s(), on_change=self._write_steps,
                                      auto=self.auto_hold, continuous=load.mode == "soak",
@@ -566,13 +575,34 @@ class Recording:
 
     def flush(self, final: bool = False) -> None:
         if self.local_buffer is not None:
-            self._rows("local", self.local_buffer.take())
+            # the watermark read with the rows taken (no greenlet switch between), set once they are handed over
+            local, mark = self.local_buffer.take(), IN_FLIGHT.watermark(time.time())
+            self._rows(LOCAL, local)
+            self.rows_in.update(LOCAL, mark)
         if self.local_sampler is not None:  # there is one exactly when there is a local buffer
-            self.add_generator_rows("local", self.local_sampler.take())
+            self.add_generator_rows(LOCAL, self.local_sampler.take())
+        self.take_in(final)
+        self.writer.flush()  # never raises: rows it cannot write are held, or counted lost
+
+    def take_in(self, final: bool = False) -> None:
+        """The workers' reports the clock gate lets through: rows to the writer (written at the next
+        flush) and to what judges the steps, then their watermarks.  Called as each report arrives
+        too, not only every FLUSH_INTERVAL: the horizon then moves as soon as the rows are in."""
         for worker, rows, samples in self.gate.release(final):
             self._rows(worker, rows)
             self.add_generator_rows(worker, samples)
-        self.writer.flush()  # never raises: rows it cannot write are held, or counted lost
+        for worker, mark in self.gate.take_watermarks().items():  # after their rows were handed over
+            self.rows_in.update(worker, mark)
+
+    def horizon(self, now: float) -> float:
+        """Up to when every row is in (master clock): the least watermark of the workers present (a
+        lost one, marked missing, is not waited for), or the local runner's own (watermark.Horizon)."""
+        runner = self.env.runner
+        if isinstance(runner, MasterRunner):
+            sources = [worker_name(runner, c.id) for c in runner.clients.all if c.state != STATE_MISSING]
+        else:
+            sources = [LOCAL]
+        return self.rows_in.at(now, sources)
 
     def _rows(self, worker: str, rows: Any) -> None:
         """A batch of request rows (column lists): written, and seen by what judges the steps."""
@@ -698,16 +728,20 @@ def _stop_at_once(environment: Environment, **_kw: Any) -> None:
         environment.stop_timeout = 0.0
 
 
-def _search_driver(run: RunDir, plan: Any) -> Any:
+def _search_driver(run: RunDir, plan: Any, horizon: Any) -> Any:
     """mode = "search": the driver the step schedule asks for each next probe (kneeswarm.search),
-    fed the rows as they arrive; None for a grid."""
+    fed the rows as they arrive and judging them up to ``horizon(now)``; None for a grid."""
     if plan.load.mode != "search":
         return None
     from kneeswarm.search import SearchDriver, settings_of
 
-    return SearchDriver(settings_of(plan), ProbeMeter(), run, settle=plan.load.settle,
-                        lag_s=WORKER_REPORT_INTERVAL + FLUSH_INTERVAL + AUTO_HOLD_MARGIN_S,
-                        open_loop=plan.load.arrivals == "open", auto_hold=plan.load.auto_hold)
+    return SearchDriver(settings_of(plan), ProbeMeter(), run, settle=plan.load.settle, lag_s=ROW_LAG_S,
+                        open_loop=plan.load.arrivals == "open", auto_hold=plan.load.auto_hold, horizon=horizon)
+
+
+def _watermark(value: Any) -> float | None:
+    """A worker report's watermark: a number, or None (an older worker sends none; anything else is ignored)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value else None
 
 
 def _run_dir(env: Environment, first: bool) -> tuple[RunDir, bool]:

@@ -79,10 +79,13 @@ def categorize(status: int, exception: BaseException | None) -> str | None:
 
 
 Columns = dict[str, list]  # one list per WIRE_COLUMNS entry, all of the same length
-#: What a worker adds to Locust's report to the master (report_to_master, every second): its request
-#: rows since the last report (RowBuffer.take) and its self-metrics samples (GeneratorSampler.take:
-#: (t, cpu_pct, rss_mb, users, lag_ms) tuples, rundir.GENERATOR_COLUMNS), on the worker's clock.
-WorkerReport = TypedDict("WorkerReport", {"kneeswarm_rows": Columns, "kneeswarm_gen": list[tuple]}, total=False)
+#: What a worker adds to Locust's report to the master (report_to_master, every
+#: WORKER_REPORT_INTERVAL): its request rows since the last report (RowBuffer.take), its self-metrics
+#: samples (GeneratorSampler.take: (t, cpu_pct, rss_mb, users, lag_ms) tuples,
+#: rundir.GENERATOR_COLUMNS) and its row watermark (watermark.InFlight: every row not in this report
+#: or an earlier one starts at or after it), on the worker's clock.
+WorkerReport = TypedDict("WorkerReport", {"kneeswarm_rows": Columns, "kneeswarm_gen": list[tuple],
+                                          "kneeswarm_wm": float}, total=False)
 
 
 def empty_columns() -> Columns:

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -234,14 +235,16 @@ class AutoHold:
     """The master's side of ``hold = "auto"``: keeps the successful rows of the current step as
     they arrive and says, once a tick, whether the step may end.
 
-    Rows reach the master with the workers' reports (every ``lag_s`` at most, clock-corrected
-    there), so a step is judged on the rows that started before ``now − lag_s``: later ones may
-    still be on their way.
+    Rows reach the master with the workers' reports, clock-corrected there, so a step is judged on
+    the rows that started before ``horizon(now)``, the time before which every row is in
+    (locustfiles.watermark.Horizon: the sources' watermarks); later ones may still be on their way.
+    Without a ``horizon``, ``now − lag_s``: a fixed guess of how late rows arrive.
     """
 
     def __init__(self, min_hold: float, max_hold: float, settle: float, ci: float, lag_s: float,
-                 open_loop: bool = False) -> None:
+                 open_loop: bool = False, horizon: Callable[[float], float] | None = None) -> None:
         self.min_hold, self.max_hold, self.settle, self.ci, self.lag_s = min_hold, max_hold, settle, ci, lag_s
+        self.horizon = horizon
         self.open_loop = open_loop  # judged on the share of the arrivals that succeeded (judge's t_sent)
         self._t: list[np.ndarray] = []
         self._lat: list[np.ndarray] = []
@@ -282,7 +285,8 @@ class AutoHold:
         t = np.concatenate(self._t) if self._t else np.empty(0)
         lat = np.concatenate(self._lat) if self._lat else np.empty(0)
         sent = (np.concatenate(self._sent) if self._sent else np.empty(0)) if self.open_loop else None
-        v = judge(t, lat, t_steady + self.settle, now - self.lag_s, self.ci, t_sent=sent)
+        horizon = min(now, self.horizon(now)) if self.horizon is not None else now - self.lag_s
+        v = judge(t, lat, t_steady + self.settle, horizon, self.ci, t_sent=sent)
         self.last = v
         if v.done:
             return True, v.t_cut, None

@@ -21,6 +21,14 @@ TTFT) is measured from its intended send time, and its row's t_start is that tim
 server cannot hide behind a slowed generator (coordinated omission).  At most ``max_inflight`` requests per process
 are in flight; an arrival beyond that is a ``dropped`` failure row.  A replayed recording with
 times (``[request] replay``) gives the arrival times instead of the Poisson/constant draws.
+
+Every request's start is marked in ``watermark.IN_FLIGHT`` until its row is recorded (the row
+watermark the master judges steps by): closed loop, the time before it is sent (its row's t_start
+is Locust's, a moment later); open loop, its intended send time from the moment it is drawn, so an
+arrival the generator is late to send holds the watermark back at the start its row will carry.
+The mark is taken off only after the request event fired (the row is in the RowBuffer): closed
+loop in a ``finally``, open loop when the request's greenlet has died however it died (a link:
+one killed before it ran never reaches its own ``finally``).
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from kneeswarm.plan import EndpointPlan, join_base
 from locustfiles.protocols import BadPayload, PreparedRequest, for_plan
 from locustfiles.protocols.sse import Arrivals
 from locustfiles import state
+from locustfiles.watermark import IN_FLIGHT
 
 # A request the server closed its kept-alive connection on (a clean close, FIN) before a single
 # byte of answer is sent once more, on a new connection, and only the second attempt is recorded;
@@ -156,7 +165,12 @@ class InferenceUser(FastHttpUser):
         if self._open:
             self._arrivals()
             return
-        self._send(self.protocol.next_request(), None)
+        t = time.time()  # at or before the row's t_start (Locust's, taken as the request is sent)
+        IN_FLIGHT.begin(t)
+        try:
+            self._send(self.protocol.next_request(), None)
+        finally:  # the request event has fired (its row is recorded), or the user was killed in it
+            IN_FLIGHT.end(t)
 
     def _arrivals(self) -> None:
         """Open loop: this user's arrival process, for as long as the user lives."""
@@ -169,10 +183,7 @@ class InferenceUser(FastHttpUser):
         gap = (lambda: self._rng.expovariate(rate)) if poisson else (lambda: 1.0 / rate)
         intended = time.time() + (gap() if poisson else self._rng.uniform(0.0, 1.0 / rate))
         while True:
-            delay = intended - time.time()
-            if delay > 0:
-                gevent.sleep(delay)
-            self._arrive(intended, None, load.max_inflight)
+            self._arrive_at(intended, None, load.max_inflight)
             intended += gap()
 
     def _recorded_arrivals(self, replay: Any) -> None:
@@ -183,20 +194,34 @@ class InferenceUser(FastHttpUser):
         runner = self.environment.runner
         while True:
             intended, req = replay.ticket(max(1, runner.user_count) * load.source_rate, time.time())
+            self._arrive_at(intended, req, load.max_inflight)
+
+    def _arrive_at(self, intended: float, req: PreparedRequest | None, cap: int) -> None:
+        """Wait for an arrival's intended time, then send it (``_arrive``).  Its start is marked
+        (IN_FLIGHT) from now: the row will start at ``intended`` however late it is sent."""
+        IN_FLIGHT.begin(intended)
+        handed = False
+        try:
             delay = intended - time.time()
             if delay > 0:
                 gevent.sleep(delay)
-            self._arrive(intended, req, load.max_inflight)
+            handed = self._arrive(intended, req, cap)
+        finally:  # not handed to a request greenlet: its row is recorded, or the user was stopped first
+            if not handed:
+                IN_FLIGHT.end(intended)
 
-    def _arrive(self, intended: float, req: PreparedRequest | None, cap: int) -> None:
-        """One arrival: sent in a greenlet of its own, or a `dropped` row beyond ``cap`` in flight."""
+    def _arrive(self, intended: float, req: PreparedRequest | None, cap: int) -> bool:
+        """One arrival: sent in a greenlet of its own (True: that greenlet's end takes its IN_FLIGHT
+        mark off), or a `dropped` row beyond ``cap`` in flight (False)."""
         if _inflight >= cap:
             self.environment.events.request.fire(
                 request_type="POST", name="infer", response_time=0.0, response_length=0, response=None,
                 context={}, exception=ArrivalDropped(f"{cap} requests in flight (load.max_inflight)"),
                 start_time=intended)
-        else:
-            self._in_flight.spawn(self._send_open, intended, req)
+            return False
+        g = self._in_flight.spawn(self._send_open, intended, req)
+        g.rawlink(lambda _g: IN_FLIGHT.end(intended))  # after its row, or when killed (before it ran too)
+        return True
 
     def _send_open(self, intended: float, req: PreparedRequest | None = None) -> None:
         global _inflight

@@ -8,7 +8,8 @@ busy 2-core host (load average 7-8 with the other tests) tens of ms of schedulin
 100 ms service 6-17 % of its QPS at 4 users, enough to read as saturation; 200 ms halves that.
 
 Probes are short (issue 15: CI's 45 minutes): a probe can end no sooner than settle + 4 s of rows
-(steady.MIN_SECONDS) + the 6 s the rows trail by (plugin's lag_s), and at these rates P99's 563
+(steady.MIN_SECONDS) + the 0-3 s the rows trail by (the workers' watermark, locustfiles/watermark.py;
+6 s before it), and at these rates P99's 563
 rows never come in before max_hold, so max_hold sets every probe's length: 11 s with a settle of
 0.5 s leaves 4.5 s of rows, >= 50 (MSER-5's minimum) from 4 users of 200 ms.  (10 s with no settle
 left 4 s, too little for the 16-user probe's queue to read as steady: its bounds' knee was lost and
