@@ -511,10 +511,14 @@ def target_timeline(df: pd.DataFrame | None, t0: float, bin_s: float) -> pd.Data
     df = _sorted(df)
     t = df["t"].to_numpy(dtype=float)
     data: dict[str, np.ndarray] = {}
-    for r in resolve(df.columns):
+    peaks: list[str] = []  # gauges whose bin figure is their highest sample (PEAK), not their mean
+    resolved = resolve(df.columns)
+    for r in resolved:
         m = r.metric
         if m.kind == "gauge":
             data[m.key] = gauge_values(df, r)
+            if r.candidate.step == PEAK:
+                peaks.append(m.key)
         elif m.kind == "counter" and len(t) >= 2:
             cum = counter_cumulative(df, r.series)
             with np.errstate(all="ignore"):
@@ -522,7 +526,7 @@ def target_timeline(df: pd.DataFrame | None, t0: float, bin_s: float) -> pd.Data
             data[m.key] = np.concatenate([[np.nan], rate])
     bins = np.floor((t - t0) / bin_s).astype(np.int64)
     ratios: dict[str, tuple[np.ndarray, np.ndarray, float]] = {}
-    for r in resolve(df.columns):
+    for r in resolved:
         if r.metric.kind == "ratio" and len(t) >= 2:
             num = np.diff(counter_cumulative(df, r.series), prepend=0.0)
             den = np.diff(counter_cumulative(df, r.denominator), prepend=0.0)
@@ -531,9 +535,8 @@ def target_timeline(df: pd.DataFrame | None, t0: float, bin_s: float) -> pd.Data
         return pd.DataFrame(columns=["t"])
     by_bin = pd.DataFrame(data).assign(bin=bins).groupby("bin")
     out = by_bin.mean()
-    for r in resolve(df.columns):
-        if r.metric.kind == "gauge" and r.candidate.step == PEAK:
-            out[r.metric.key] = by_bin[r.metric.key].max()
+    for key in peaks:
+        out[key] = by_bin[key].max()
     for key, (num, den, scale) in ratios.items():
         sums = pd.DataFrame({"num": num, "den": den, "bin": bins}).groupby("bin").sum()
         out[key] = (sums["num"] / sums["den"].where(sums["den"] > 0)) * scale
