@@ -14,8 +14,11 @@ locustfiles/steady.py judges) are cut, for each window length t in WINDOWS, into
 windows of t seconds.  Per (target, users) and t it prints:
 
 - n: the windows (both runs);
-- σ_t: std (ddof 1) of the windows' QPS, each relative to its own step's mean QPS (pooled over the
-  two runs: the within-step noise, sampling plus slow drift);
+- σ_t within: std of the windows' QPS, each relative to its own step's mean QPS, pooled over the
+  two runs (one degree of freedom per step spent on its mean): the within-step noise, sampling
+  plus slow drift;
+- σ_t incl. run-to-run: std (ddof 1) of the windows' QPS relative to the two runs' mean, so a
+  run's offset counts too;
 - hw_z/1.96: the mean over the windows of steady.qps_half_width(per-second counts of the window's
   whole seconds) / 1.96 -- the σ steady's interval claims (calibrated when it matches σ_t);
 - hw_t/1.96: the same with Student's t_{0.975,k−1} in place of 1.96 (k: the window's seconds);
@@ -27,7 +30,7 @@ systematic part between runs: per (target, users) the full-step QPS of each run,
 difference, and QPS / users against the truth (knee: min(N, K)/0.2 s; usl: N/(0.2 s·(1 + σ(N−1) +
 κN(N−1)))).
 
-    nice python bench/qps_noise.py [--keep DIR]      # runs the load (~7 min on 2 cores), then prints
+    nice python bench/qps_noise.py [--keep DIR]      # runs the load (~6.5 min), then prints
     python bench/qps_noise.py --from DIR             # prints again from the runs kept in DIR
 """
 
