@@ -66,6 +66,10 @@ class Verdict:
     known: bool
     t_cut: float | None  # where the steady data begin (epoch s); None until steady
     why: str  # one line: what is missing, or what was found
+    # the parts of ``known``, apart: a search probe may end on its QPS alone (kneeswarm.search.scaling_certain)
+    qps_known: bool = False  # QPS within ci
+    p99_half_width: float = math.inf  # P99's relative 95 % half-width (inf: too few rows for its interval)
+    rows: int = 0  # successful rows after the cut
 
     @property
     def done(self) -> bool:
@@ -185,12 +189,13 @@ def judge(t_start: np.ndarray, latency_ms: np.ndarray, t_lo: float, horizon: flo
         hw_qps, what = share_half_width(int(after.sum()), int((sent >= t_cut).sum())), "QPS (share of the offered)"
     hw_p99 = p99_half_width(lat[after])
     known = hw_qps <= ci and hw_p99 <= ci
+    n_after = int(after.sum())
     rate = float(after.sum()) / max(horizon - t_cut, 1e-9)  # a slow step: how long P99 needs at its rate
     p99 = (_pct(hw_p99) if math.isfinite(hw_p99) else
            f"unknown (its interval needs {P99_MIN_ROWS} requests, {P99_MIN_ROWS / max(rate, 1e-9):.0f} s at this rate)")
     why = (f"{what} ±{_pct(hw_qps)}, P99 ±{p99} (95 % CI, want ±{ci:.0%}) over {int(after.sum())} requests "
            f"after a {t_cut - t_lo:.1f} s warm-up cut")
-    return Verdict(True, known, t_cut, why)
+    return Verdict(True, known, t_cut, why, qps_known=hw_qps <= ci, p99_half_width=hw_p99, rows=n_after)
 
 
 def _per_second(t: np.ndarray, sent: np.ndarray | None, t_lo: float, seconds: int) -> np.ndarray:
@@ -268,6 +273,7 @@ class AutoHold:
 
     def forget_before(self, t: float) -> None:
         """Drop rows that started before ``t`` (a new step began)."""
+        self.last = None
         if not self._t:
             return
         t_all, lat_all = np.concatenate(self._t), np.concatenate(self._lat)
@@ -281,6 +287,7 @@ class AutoHold:
         """(end the step, t_cut, reason it ended unsettled or None)."""
         held = now - t_steady
         if held < self.min_hold:
+            self.last = None  # no verdict on this step yet (the one before's is not this one's)
             return False, None, None
         t = np.concatenate(self._t) if self._t else np.empty(0)
         lat = np.concatenate(self._lat) if self._lat else np.empty(0)
