@@ -119,6 +119,9 @@ SCALING_MARGIN = 0.05
 # (3.5 -> 6.0 %), USL 0.02/0.002 182 -> 173 (8.6 -> 9.3 %), for 2-4 probes ended early, 15-35 s of rows saved.
 # A wider margin only keeps the probes whose noise ran high (0.20: K=11 188, 0.3 probes ended early); leaving
 # the early probes out of the fits and bounds loses more (USL 0.02/0.002: 117).  Plugin wires may_end only when on.
+# On, one real bench/search.py run each (quiet 2-core host): knee:24 [25, 26] in 72 s against the grid's 99, USL
+# 0.02/0.002 [10, 11] in 114 s against 127: its closed-loop QPS per user moved ~1 % at 6 s of rows, less than the
+# sim's 1/√rows model says; many real runs would have to show that before it is turned on.
 EARLY_END = False
 # ... and its P99 at most this share of the P99_RISE limit (P99 from so few rows is rough, so "well below")
 P99_CERTAIN_SHARE = 0.5
