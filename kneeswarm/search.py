@@ -112,17 +112,22 @@ MAX_WAIT_S = 30.0  # ... but not longer than this past the end of its hold (then
 # each saturation rule (scaling_certain): QPS per user >= PER_USER_MIN + it, efficiency >= EFFICIENCY_MIN +
 # it.  0.05 keeps USL σ = 0, κ = 0.01's 4-user probe (91 % of 2's QPS per user) held in full.
 SCALING_MARGIN = 0.05
-# Off: the verdict is certain, the figure is not.  The probe's QPS is data for every later rule (the bounds'
-# linear rate, plateau_close, the USL fit), and from a third of the rows it is ~2x noisier.  bench/search_sim.py
-# --early (200 seeds, 3 % QPS noise at a full hold, noise ∝ 1/√rows), within max(1, 10 %) of 200 and mean
-# error, off -> margin 0.05: K=6 197 -> 188 (1.7 -> 3.6 %), K=11 197 -> 183 (2.1 -> 4.5 %), K=24 197 -> 186
-# (3.5 -> 6.0 %), USL 0.02/0.002 182 -> 173 (8.6 -> 9.3 %), for 2-4 probes ended early, 15-35 s of rows saved.
-# A wider margin only keeps the probes whose noise ran high (0.20: K=11 188, 0.3 probes ended early); leaving
-# the early probes out of the fits and bounds loses more (USL 0.02/0.002: 117).  Plugin wires may_end only when on.
-# On, one real bench/search.py run each (quiet 2-core host): knee:24 [25, 26] in 72 s against the grid's 99, USL
-# 0.02/0.002 [10, 11] in 114 s against 127: its closed-loop QPS per user moved ~1 % at 6 s of rows, less than the
-# sim's 1/√rows model says; many real runs would have to show that before it is turned on.
+# Off for now (gated on EARLY_QPS_CI below).  Ungated it cost: the verdict is certain, the figure is not; the probe's QPS
+# is data for every later rule (the bounds' linear rate, plateau_close, the USL fit), and from a third of the
+# rows it is ~2x noisier.  bench/search_sim.py --early (200 seeds, 3 % QPS noise at a full hold, noise ∝ 1/√rows),
+# within max(1, 10 %) of 200, off -> ungated: K=6 197 -> 188, K=11 197 -> 183, K=24 197 -> 186, USL 0.02/0.002
+# 182 -> 173.  One real bench/search.py run each, ungated (quiet 2-core host): knee:24 [25, 26] in 72 s against
+# the grid's 99, USL 0.02/0.002 [10, 11] in 114 s against 127.  Plugin wires may_end only when on.
 EARLY_END = False
+# ... and only once the probe's QPS is measured within this relative 95 % half-width (steady.Verdict's
+# qps_half_width: Student's t on its per-second counts), not merely "known within ci" (10 %): the later rules
+# need it as precise as a full hold gives it.  bench/search_sim.py --early, σ(t)² = sys² + samp²·(FULL_S/t),
+# the gate on the sampling half-width 1.96·samp·√(FULL_S/t), 200 seeds x 7 cases: at 0.02, 0.025 and 0.03
+# no case loses more than 1 of 200 against off under (sys, samp) = (0, 0.03) [no early end at all],
+# (0.01, 0.01), (0.02, 0.005), (0.005, 0.005); under a drift-heavy (0.03, 0.008) 0.02 and 0.025 lose at most
+# 2, 0.03 loses 3 (USL 0.02/0.002 182 -> 179).  0.025 still ends 3 probes early at knee:11 under (0.01, 0.01),
+# 16.5 s of rows saved (0.02: 1.5 s), 27 s under (0.005, 0.005) and (0.02, 0.005).
+EARLY_QPS_CI = 0.025
 # ... and its P99 at most this share of the P99_RISE limit (P99 from so few rows is rough, so "well below")
 P99_CERTAIN_SHARE = 0.5
 # ... and, with an [sla] p99_ms, at most this share of it (the SLA bracket reads every probe's P99)
@@ -633,6 +638,8 @@ class SearchDriver:
         if not self.auto_hold or self.open_loop or self.last is None or self.last.rule not in EARLY_RULES \
                 or self.last.users != step.users or verdict.t_cut is None:
             return None
+        if not verdict.qps_half_width <= EARLY_QPS_CI:  # (inf, nan: unknown) the later rules need it precise
+            return None
         horizon = min(now, self.horizon(now)) if self.horizon is not None else now - self.lag_s
         fig = self.meter.figures(verdict.t_cut, horizon)
         rows = fig["requests"]
@@ -643,7 +650,8 @@ class SearchDriver:
         why = scaling_certain(p, self.probes, self.settings)
         if why is None:
             return None
-        return f"{SCALING_CERTAIN} ({why}): its P99 is from {rows} rows, not known within ±{self.ci:.0%}"
+        return (f"{SCALING_CERTAIN} ({why}, QPS ±{verdict.qps_half_width:.1%} <= ±{EARLY_QPS_CI:.0%}): its P99 is "
+                f"from {rows} rows, not known within ±{self.ci:.0%}")
 
     @property
     def stopped_because(self) -> str | None:

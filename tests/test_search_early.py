@@ -1,18 +1,21 @@
 """A search's growth probe that ends once its scaling is certain (issue 18: "steps far from the knee
 end early under hold = auto"): kneeswarm.search.scaling_certain and SearchDriver.may_end, the step
-schedule's ``early`` hook, and the analysis keeping such a step valid.  Off in runs
-(kneeswarm.search.EARLY_END: bench/search_sim.py --early shows the shorter probes' QPS noise costs
-accuracy), so these are the pieces alone, no Locust.  Figures are closed forms: K slots of 50 ms
+schedule's ``early`` hook, the gate on the probe's measured QPS precision (EARLY_QPS_CI: ungated,
+bench/search_sim.py --early shows the shorter probes' QPS noise costs accuracy), and the analysis
+keeping such a step valid: the pieces alone, no Locust.  Figures are closed forms: K slots of 50 ms
 serve min(N, K) x 20 req/s."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
+from scipy.stats import t as student_t
 
 from kneeswarm.rundir import SCALING_CERTAIN
-from kneeswarm.search import (EFFICIENCY_MIN, MIN_PROBE_REQUESTS, PER_USER_MIN, SCALING_MARGIN, Probe,
+from kneeswarm.search import (EARLY_QPS_CI, EFFICIENCY_MIN, MIN_PROBE_REQUESTS, PER_USER_MIN, SCALING_MARGIN, Probe,
                               SearchDriver, Settings, scaling_certain)
 from locustfiles.steps import StepRecord, StepSchedule
 
@@ -60,6 +63,7 @@ class Meter:
 
 class Steady:  # steady.Verdict's fields may_end reads
     t_cut = 1.0
+    qps_half_width = 0.0  # its QPS measured exactly: the gate passes
 
 
 def _driver() -> tuple[SearchDriver, Meter]:
@@ -101,6 +105,42 @@ def test_the_driver_ends_a_growth_probe_once_its_scaling_is_certain_never_a_refi
     off = SearchDriver(Settings(start=1, max=64), Meter(), auto_hold=False)
     off.first()
     assert off.may_end(StepRecord(0, 1, 0.0, 0.5), Steady(), 10.0) is None
+
+
+def _alternating_rows(mean: int, spread: int, seconds: int, t_lo: float) -> tuple[np.ndarray, np.ndarray]:
+    """Closed-loop rows whose per-second counts alternate mean + spread, mean - spread (evenly spread
+    in each second, the first at ``t_lo``): their sample SD is spread·√(k/(k − 1)) for an even k."""
+    counts = [mean + spread * (1 if i % 2 == 0 else -1) for i in range(seconds)]
+    t = np.concatenate([t_lo + i + np.arange(c) / c for i, c in enumerate(counts)])
+    return t, 50.0 + np.random.default_rng(3).exponential(1.0, len(t))
+
+
+def test_the_gate_holds_a_probe_on_while_its_measured_qps_half_width_exceeds_early_qps_ci():
+    """steady.judge on rows of known per-second spread: its qps_half_width is Student's t for the k
+    counts (closed form: t₀.₉₇₅(k − 1)·SD/√k/mean), and may_end answers only at or below EARLY_QPS_CI --
+    including spreads that z (1.96) would have let through, and while the QPS is known within ci."""
+    from locustfiles.steady import judge
+
+    mean, k, t_lo = 100, 8, 1000.0
+    seen = {"allowed": 0, "blocked": 0, "blocked_by_t_alone": 0}
+    for spread in range(0, 11):
+        t, lat = _alternating_rows(mean, spread, k, t_lo)
+        v = judge(t, lat, t_lo, t_lo + k, ci=0.10)
+        sd = spread * math.sqrt(k / (k - 1))
+        want_t = float(student_t.ppf(0.975, k - 1)) * sd / math.sqrt(k) / mean
+        want_z = 1.959964 * sd / math.sqrt(k) / mean
+        assert v.steady and v.t_cut == pytest.approx(t_lo) and v.qps_known == (want_z <= 0.10)
+        assert v.qps_half_width == pytest.approx(want_t, abs=1e-12)
+        d, _ = _driver()
+        note = d.may_end(StepRecord(0, 1, 0.0, 0.5), v, t_lo + k + 1.0)  # the start probe, 500 rows: certain
+        if want_t <= EARLY_QPS_CI:
+            assert note is not None and note.startswith(SCALING_CERTAIN) and f"QPS ±{want_t:.1%}" in note
+            seen["allowed"] += 1
+        else:
+            assert note is None
+            seen["blocked"] += 1
+            seen["blocked_by_t_alone"] += want_z <= EARLY_QPS_CI
+    assert all(n > 0 for n in seen.values()), seen  # the sweep crosses the bound, and z's bound below t's
 
 
 def test_the_schedule_ends_a_step_on_the_early_note_once_steady_and_its_qps_known():
