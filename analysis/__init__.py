@@ -52,18 +52,27 @@ from analysis.trust import add_reasons, sla_error_rate, trust_reasons
 from analysis.usl import fit_usl
 from analysis.workers import lost_worker_reasons, worker_table
 from kneeswarm.plan import is_soak
-from kneeswarm.rundir import write_text
+from kneeswarm.rundir import SCALING_CERTAIN, write_text
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["analyze", "summarize", "step_stats", "find_knee", "find_latency_knee", "find_peak", "to_markdown"]
 
 
-def hold_reasons(stats: pd.DataFrame) -> list[list[str]]:
+def hold_reasons(stats: pd.DataFrame, notes: bool = False) -> list[list[str]]:
     """Per step, the master's reason (steps.csv ``hold_reason``) when it held the step to max_hold
-    under ``hold = "auto"`` without it being steady and its QPS and P99 known."""
+    under ``hold = "auto"`` without it being steady and its QPS and P99 known; ``notes``: instead the
+    reasons that are no flaw (a search's growth probe that ended once its scaling was certain,
+    rundir.SCALING_CERTAIN: steady, its QPS known, its P99 from fewer rows -- it stays valid)."""
     col = stats["hold_reason"] if "hold_reason" in stats.columns else [None] * len(stats)
-    return [[r] if isinstance(r, str) and r.strip() else [] for r in col]
+    return [[r] if isinstance(r, str) and r.strip() and r.startswith(SCALING_CERTAIN) == notes else [] for r in col]
+
+
+def with_hold_reasons(stats: pd.DataFrame) -> pd.DataFrame:
+    """``stats`` with steps.csv's hold reasons in ``reasons``: a step ended at max_hold not steady or not
+    known is not valid; one that ended once its scaling was certain keeps its validity (a note)."""
+    stats = add_reasons(stats, hold_reasons(stats))
+    return add_reasons(stats, hold_reasons(stats, notes=True), invalid=False)
 
 
 def per_step(inputs: RunInputs) -> tuple[pd.DataFrame, list[dict[str, float]], list[dict[str, Any]]]:
@@ -79,7 +88,7 @@ def per_step(inputs: RunInputs) -> tuple[pd.DataFrame, list[dict[str, float]], l
                                              sla_error_rate(inputs.plan)))
     stats = add_reasons(stats, lost_worker_reasons(stats, inputs.meta, inputs.scan.t0))
     stats = add_reasons(stats, count_reasons(stats))  # usage disagrees with a tokenizer or a pinned length
-    stats = add_reasons(stats, hold_reasons(stats))  # hold = "auto": ended at max_hold, not steady or not known
+    stats = with_hold_reasons(stats)
     for row in stats.loc[stats["foreign_rows"] > 0].to_dict("records"):
         inputs.warnings.add(f"step {row['index']:g}: {row['foreign_rows']:,} rows in its steady window were recorded "
                             "under another step and left out")

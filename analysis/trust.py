@@ -9,7 +9,8 @@
   (``CLOCK_ERROR_SHARE_OF_P50``), aligning that step's samples and requests is not trustworthy.
 
 A step that fails a check gets a reason in ``steps[].reasons`` and is not valid: it is left out
-of the knee and the USL fit.
+of the knee and the USL fit.  A note (``add_reasons(..., invalid=False)``: a search probe that ended
+once its scaling was certain) is said there too and leaves the step valid.
 """
 
 from __future__ import annotations
@@ -113,9 +114,11 @@ def trust_reasons(stats: pd.DataFrame, think_ms: float, closed_loop: bool,
     return out
 
 
-def add_reasons(stats: pd.DataFrame, extra: list[list[str]]) -> pd.DataFrame:
-    """``stats`` with ``extra`` reasons appended per step; a step with any reason is not valid."""
+def add_reasons(stats: pd.DataFrame, extra: list[list[str]], invalid: bool = True) -> pd.DataFrame:
+    """``stats`` with ``extra`` reasons appended per step; a step with any reason is not valid
+    (``invalid`` False: notes, which leave its validity as it is)."""
     out = stats.copy()
     out["reasons"] = [list(r) + list(e) for r, e in zip(out["reasons"], extra)]
-    out["valid"] = out["valid"].to_numpy(dtype=bool) & np.asarray([not e for e in extra], dtype=bool)
+    if invalid:
+        out["valid"] = out["valid"].to_numpy(dtype=bool) & np.asarray([not e for e in extra], dtype=bool)
     return out

@@ -111,8 +111,11 @@ PROMETHEUS_RAW = "prometheus.jsonl"  # hosts/<host>/raw/: one JSON line per scra
 STEP_COLUMNS = ("index", "users", "t_ramp", "t_steady", "t_end")
 STEP_TIME_COLUMNS = STEP_COLUMNS[2:]
 # hold = "auto" (empty otherwise): t_cut, where the step's steady data begin (its warm-up cut, epoch s);
-# hold_reason, why it ended at max_hold without being steady and known
+# hold_reason, why it ended at max_hold without being steady and known, or (a note, not a flaw: the
+# step stays valid) that it began with SCALING_CERTAIN: a search's growth probe that ended once its
+# scaling verdict was certain, before its P99 was known (kneeswarm.search.SearchDriver.may_end)
 STEP_HOLD_COLUMNS = ("t_cut", "hold_reason")
+SCALING_CERTAIN = "ended once its scaling was certain"
 GENERATOR_COLUMNS = ("t", "cpu_pct", "rss_mb", "users", "lag_ms")
 SEARCH_FILE = "search.json"  # generator/search.json: mode = "search": each probe as decided, with why (issue 18)
 CLOCKS_FILE = "clocks.json"  # generator/clocks.json: each worker's clock offset, measured by the master

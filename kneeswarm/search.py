@@ -43,7 +43,7 @@ from typing import Any
 
 from analysis.usl import efficiency_users, fit_usl, usl_throughput
 from kneeswarm.plan import Plan
-from kneeswarm.rundir import SEARCH_FILE, RunDir, write_json
+from kneeswarm.rundir import SCALING_CERTAIN, SEARCH_FILE, RunDir, write_json
 from locustfiles.steps import WAIT
 
 logger = logging.getLogger(__name__)
@@ -108,6 +108,33 @@ FIT_SPAN = 1.5
 CLOSE_SHARE = 0.95
 MIN_PROBE_REQUESTS = 50  # a probe is not judged on fewer rows: held until they are in (rows trail the horizon)
 MAX_WAIT_S = 30.0  # ... but not longer than this past the end of its hold (then judged on what there is)
+# A growth probe may end before its P99 is known once its figures say "scaling" with this margin against
+# each saturation rule (scaling_certain): QPS per user >= PER_USER_MIN + it, efficiency >= EFFICIENCY_MIN +
+# it.  0.05 keeps USL σ = 0, κ = 0.01's 4-user probe (91 % of 2's QPS per user) held in full.
+SCALING_MARGIN = 0.05
+# On, gated on EARLY_QPS_CI below.  Ungated it cost: the verdict is certain, the figure is not; the probe's QPS
+# is data for every later rule (the bounds' linear rate, plateau_close, the USL fit), and from a third of the
+# rows it is ~2x noisier.  bench/search_sim.py --early (200 seeds, 3 % QPS noise at a full hold, noise ∝ 1/√rows),
+# within max(1, 10 %) of 200, off -> ungated: K=6 197 -> 188, K=11 197 -> 183, K=24 197 -> 186, USL 0.02/0.002
+# 182 -> 173.  One real bench/search.py run each, ungated (quiet 2-core host): knee:24 [25, 26] in 72 s against
+# the grid's 99, USL 0.02/0.002 [10, 11] in 114 s against 127.  Plugin wires may_end only when on.
+EARLY_END = True
+# ... and only once the probe's QPS is measured within this relative 95 % half-width (steady.Verdict's
+# qps_half_width: Student's t on its per-second counts), not merely "known within ci" (10 %): the later rules
+# need it as precise as a full hold gives it.  bench/search_sim.py --early, σ(t)² = sys² + samp²·(FULL_S/t),
+# the gate on the sampling half-width 1.96·samp·√(FULL_S/t), 200 seeds x 7 cases: at 0.02, 0.025 and 0.03
+# no case loses more than 1 of 200 against off under (sys, samp) = (0, 0.03) [no early end at all],
+# (0.01, 0.01), (0.02, 0.005), (0.005, 0.005); under a drift-heavy (0.03, 0.008) 0.02 and 0.025 lose at most
+# 2, 0.03 loses 3 (USL 0.02/0.002 182 -> 179).  0.025 still ends 3 probes early at knee:11 under (0.01, 0.01),
+# 16.5 s of rows saved (0.02: 1.5 s), 27 s under (0.005, 0.005) and (0.02, 0.005).  The gate sees the spread
+# within a probe only: a real closed loop's per-second counts barely vary (tests/test_search_runs.py, on: knee:11's
+# probes of 4 and 8 ended early at QPS ±0.0 %), so what it cannot see, the host's drift, is the sim's sys.
+EARLY_QPS_CI = 0.025
+# ... and its P99 at most this share of the P99_RISE limit (P99 from so few rows is rough, so "well below")
+P99_CERTAIN_SHARE = 0.5
+# ... and, with an [sla] p99_ms, at most this share of it (the SLA bracket reads every probe's P99)
+SLA_CERTAIN_SHARE = 0.5
+EARLY_RULES = ("start", "growth")  # the rules whose probes may end so (never refinement, confirmation, SLA)
 
 
 @dataclass
@@ -160,6 +187,9 @@ class Decision:
     stopped_because: str | None = None
     knee_bracket: list[int | None] | None = None  # [last scaling, first saturated (or plateau_close's bound)]
     sla_bracket: list[int | None] | None = None  # [most users meeting the SLA, fewest failing it]
+    # the rule that chose the probe: "start", "growth" (still scaling), "past" (growth past the first
+    # saturated probe), "refinement", "confirm" (a smooth knee's ends), "sla"; None: stop
+    rule: str | None = None
 
 
 def saturated(p: Probe, ref: Probe | None, best_p99: float | None, s: Settings) -> str | None:
@@ -188,6 +218,34 @@ def saturated(p: Probe, ref: Probe | None, best_p99: float | None, s: Settings) 
         if eff < EFFICIENCY_MIN:
             return f"scaling efficiency {eff:.2f} from {ref.users} users < {EFFICIENCY_MIN:g}"
     return None
+
+
+def scaling_certain(p: Probe, probes: list[Probe], s: Settings, margin: float = SCALING_MARGIN) -> str | None:
+    """Why the growth probe ``p`` (its figures so far, closed loop) scales beyond doubt, or None: no
+    errors or pushback, and from the last scaling probe below it (none for the start: the errors only)
+    QPS per user >= PER_USER_MIN + ``margin``, efficiency >= EFFICIENCY_MIN + ``margin``, P99 at most
+    P99_CERTAIN_SHARE x the P99_RISE limit, and with an [sla] p99_ms at most SLA_CERTAIN_SHARE of it.
+    None as well once ``probes`` (the probes judged so far) hold a saturated one: growth is over."""
+    if p.offered is not None or p.error_rate > 0 or p.pushback > 0 or p.qps <= 0:
+        return None
+    ref, first_saturated, _ = knee_bracket(probes, s)
+    if first_saturated is not None or (ref is not None and (ref.users >= p.users or ref.qps <= 0)):
+        return None
+    if s.sla_p99_ms is not None and (p.p99_ms is None or p.p99_ms > SLA_CERTAIN_SHARE * s.sla_p99_ms):
+        return None
+    if ref is None:
+        return "the first probe, no errors or pushback"
+    share = (p.qps / p.users) / (ref.qps / ref.users)
+    eff = (p.qps - ref.qps) / (ref.qps * (p.users / ref.users - 1.0))
+    if share < PER_USER_MIN + margin or eff < EFFICIENCY_MIN + margin:
+        return None
+    best = min((q.p99_ms for q in probes if q.valid and q.p99_ms is not None), default=None)
+    limit = P99_CERTAIN_SHARE * P99_RISE * best if best is not None else None
+    if limit is not None and (p.p99_ms is None or p.p99_ms > limit):
+        return None
+    p99 = f", P99 {p.p99_ms:.1f} ms <= {limit:.1f}" if limit is not None and p.p99_ms is not None else ""
+    return (f"QPS per user {share:.0%} of {ref.users} users' >= {PER_USER_MIN + margin:.0%}, efficiency {eff:.2f} "
+            f">= {EFFICIENCY_MIN + margin:.2f}{p99}, no errors or pushback")
 
 
 def _beyond_arrival_noise(p: Probe) -> bool:
@@ -387,7 +445,7 @@ def _grow(probes: list[Probe], s: Settings, why_scaling: str) -> Decision:
     if top >= s.max:
         return Decision(None, f"max ({s.max}) reached, still scaling", f"max reached ({s.max}): still scaling")
     nxt = min(s.max, max(top + 1, int(math.ceil(top * s.growth - 1e-9))))
-    return Decision(nxt, f"growth x{s.growth:g} from {top}: {why_scaling}")
+    return Decision(nxt, f"growth x{s.growth:g} from {top}: {why_scaling}", rule="growth")
 
 
 def plateau_close(probes: list[Probe], lo_p: Probe | None, hi_p: Probe, s: Settings) -> tuple[int, str] | None:
@@ -435,7 +493,8 @@ def _smooth_step(probes: list[Probe], s: Settings, knee: list[int | None], head:
     # the first saturated probe, so this goes at most two past it, where the rules misjudged the curve)
     nxt = min(s.max, max(top + 1, int(math.ceil(top * s.growth - 1e-9))))
     if top < FIT_SPAN * nf and top < s.max and nxt not in tried:  # (tried: not valid, not probed again)
-        return Decision(nxt, f"{head}; {how}: growth x{s.growth:g} from {top} to see past it", None, knee), knee
+        return Decision(nxt, f"{head}; {how}: growth x{s.growth:g} from {top} to see past it", None, knee,
+                        rule="past"), knee
     # the low end (the knee read from a bracket) is the whole user nearest the crossing: the fit is
     # unbiased (3 % noise, bench/search_sim.py's USL cases: -0.1 ± 0.2 and 0.2 ± 0.7 users), and
     # its floor would add half a user of error to that
@@ -444,7 +503,7 @@ def _smooth_step(probes: list[Probe], s: Settings, knee: list[int | None], head:
     knee = [a, min(a + width, s.max)]
     for n in knee:
         if n not in tried:
-            return Decision(n, f"{head}; {how}: probe {n} to confirm", None, knee), knee
+            return Decision(n, f"{head}; {how}: probe {n} to confirm", None, knee, rule="confirm"), knee
     return None, knee
 
 
@@ -455,19 +514,19 @@ def _sla_step(probes: list[Probe], s: Settings, top_saturated: int) -> Decision 
     top = max(p.users for p in probes)
     if sla_hi is None and top == top_saturated and top < s.max:
         nxt = min(s.max, max(top + 1, int(math.ceil(top * s.growth - 1e-9))))
-        return Decision(nxt, f"SLA still met at the first saturated probe ({top}): one growth step past it")
+        return Decision(nxt, f"SLA still met at the first saturated probe ({top}): one growth step past it", rule="past")
     if sla_hi is not None and sla_hi - sla_lo > s.width(sla_lo):
         users, why = (sla_lo + sla_hi) // 2, f"bisection of [{sla_lo}, {sla_hi}]"
         if sla_lo == 0:
             users = max(1, sla_hi // 2)
-        return Decision(users, f"SLA boundary in [{sla_lo}, {sla_hi}]: {why}")
+        return Decision(users, f"SLA boundary in [{sla_lo}, {sla_hi}]: {why}", rule="sla")
     return None
 
 
 def decide(probes: list[Probe], s: Settings, load_s: float) -> Decision:
     """The next probe (and why), or stop (``users`` None, ``stopped_because``)."""
     if not probes:
-        return Decision(s.start, "start")
+        return Decision(s.start, "start", rule="start")
     lo_p, hi_p, why_sat = knee_bracket(probes, s)
     lo = lo_p.users if lo_p else 0
     knee: list[int | None] = [lo if lo_p else None, hi_p.users if hi_p else None]
@@ -492,7 +551,7 @@ def decide(probes: list[Probe], s: Settings, load_s: float) -> Decision:
         close = plateau_close(probes, lo_p, hi_p, s)
         if close is None:
             users, why = aim(probes, lo_p, hi_p.users, s)
-            return Decision(users, f"{head}; {why}", None, knee, sla)
+            return Decision(users, f"{head}; {why}", None, knee, sla, rule="refinement")
         knee, placed = [lo, close[0]], f" ({close[1]})"
     if s.has_sla:
         towards = _sla_step(probes, s, hi_p.users)
@@ -529,6 +588,8 @@ class SearchDriver:
     open_loop: bool = False
     auto_hold: bool = False
     horizon: Any = None  # horizon(now): the time before which every row is in (locustfiles.watermark.Horizon)
+    ci: float = 0.10  # [load] ci: the precision a P99 is held for (for may_end's words)
+    min_rows: int = MIN_PROBE_REQUESTS  # may_end: rows a probe needs (the analysis's min_requests keeps it valid)
     probes: list[Probe] = field(default_factory=list)
     records: list[dict[str, Any]] = field(default_factory=list)
     last: Decision | None = None
@@ -536,7 +597,7 @@ class SearchDriver:
 
     def first(self) -> int:
         self.last = decide([], self.settings, 0.0)
-        self.records.append({"index": 0, "users": self.last.users, "why": self.last.why})
+        self.records.append({"index": 0, "users": self.last.users, "why": self.last.why, "rule": self.last.rule})
         self._write()
         return self.settings.start  # decide's first answer: the start
 
@@ -564,10 +625,35 @@ class SearchDriver:
                                 steady=steady, window=[t_lo, horizon], t_judged=now)
         self.last = decide(self.probes, self.settings, load_s)
         if self.last.users is not None:
-            self.records.append({"index": step.index + 1, "users": self.last.users, "why": self.last.why})
+            self.records.append({"index": step.index + 1, "users": self.last.users, "why": self.last.why,
+                                 "rule": self.last.rule})
         logger.info("kneeswarm search: %s", self.last.why)
         self._write()
         return self.last.users
+
+    def may_end(self, step: Any, verdict: Any, now: float) -> str | None:
+        """The step schedule asks, while ``step`` is held (``verdict``: steady.Verdict, steady with its
+        QPS known), whether it may end before its P99 is known: a reason (steps.csv's hold_reason) when
+        its probe was chosen by growth (or is the start), closed loop, ``hold = "auto"``, with at least
+        ``min_rows`` rows from the cut up to the horizon, and ``scaling_certain`` says so; else None.
+        Never for refinement, confirmation, SLA probes or a grid: their figures are what is compared."""
+        if not self.auto_hold or self.open_loop or self.last is None or self.last.rule not in EARLY_RULES \
+                or self.last.users != step.users or verdict.t_cut is None:
+            return None
+        if not verdict.qps_half_width <= EARLY_QPS_CI:  # (inf, nan: unknown) the later rules need it precise
+            return None
+        horizon = min(now, self.horizon(now)) if self.horizon is not None else now - self.lag_s
+        fig = self.meter.figures(verdict.t_cut, horizon)
+        rows = fig["requests"]
+        if rows < max(MIN_PROBE_REQUESTS, self.min_rows):
+            return None
+        p = Probe(users=step.users, qps=fig["qps"], p99_ms=fig["p99_ms"], error_rate=fig["error_rate"],
+                  pushback=fig["pushback"], requests=rows)
+        why = scaling_certain(p, self.probes, self.settings)
+        if why is None:
+            return None
+        return (f"{SCALING_CERTAIN} ({why}, QPS ±{verdict.qps_half_width:.1%} <= ±{EARLY_QPS_CI:.1%}): its P99 is "
+                f"from {rows} rows, not known within ±{self.ci:.0%}")
 
     @property
     def stopped_because(self) -> str | None:

@@ -501,7 +501,8 @@ class Recording:
         steps = [self.search.first()] if self.search is not None else load.steps
         self.schedule = StepSchedule(steps, load.ramp, load.hold_s(), on_change=self._write_steps,
                                      auto=self.auto_hold, continuous=load.mode == "soak",
-                                     chooser=self.search, drain=self.drain_s)
+                                     chooser=self.search, drain=self.drain_s,
+                                     early=self.search.may_end if self.search is not None and _early_end() else None)
         self.request_timeout = plan.request.timeout
         self.slowest_s = 0.0  # the slowest request seen so far (for the last step's drain)
         self.writer = RequestWriter(run, self.schedule.step_starts)
@@ -728,6 +729,13 @@ def _stop_at_once(environment: Environment, **_kw: Any) -> None:
         environment.stop_timeout = 0.0
 
 
+def _early_end() -> bool:
+    """Whether a search's growth probes may end once their scaling is certain (kneeswarm.search.EARLY_END)."""
+    from kneeswarm.search import EARLY_END
+
+    return EARLY_END
+
+
 def _search_driver(run: RunDir, plan: Any, horizon: Any) -> Any:
     """mode = "search": the driver the step schedule asks for each next probe (kneeswarm.search),
     fed the rows as they arrive and judging them up to ``horizon(now)``; None for a grid."""
@@ -736,7 +744,8 @@ def _search_driver(run: RunDir, plan: Any, horizon: Any) -> Any:
     from kneeswarm.search import SearchDriver, settings_of
 
     return SearchDriver(settings_of(plan), ProbeMeter(), run, settle=plan.load.settle, lag_s=ROW_LAG_S,
-                        open_loop=plan.load.arrivals == "open", auto_hold=plan.load.auto_hold, horizon=horizon)
+                        open_loop=plan.load.arrivals == "open", auto_hold=plan.load.auto_hold, horizon=horizon,
+                        ci=plan.load.ci, min_rows=plan.analysis.min_requests)
 
 
 def _watermark(value: Any) -> float | None:

@@ -1,6 +1,6 @@
 """``hold = "auto"``: is a step steady, and are its QPS and P99 known?  Judged on the rows.
 
-Free of Locust (numpy only), so it can be tested alone; the master feeds it the request rows as
+Free of Locust (numpy, and scipy for a t quantile), so it can be tested alone; the master feeds it the request rows as
 they arrive (plugin.Recording) and the step schedule (steps.py) asks it once a tick.
 
 Steady: MSER-5 truncation of the warm-up (White 1997, "An effective truncation heuristic for bias
@@ -22,6 +22,10 @@ spread of the per-second counts (batch means of one second), and P99 within ``ci
 binomial order-statistic interval: the ranks n·p ∓ 1.96·√(n·p·(1 − p)) of the sorted latencies
 bound the p-quantile with 95 % confidence whatever the distribution (Conover, Practical
 Nonparametric Statistics, 3rd ed., §3.2); its relative half-width is (x_(u) − x_(l)) / 2 / P99.
+The verdict also carries the QPS half-width with Student's t quantile for the k per-second counts
+(t₀.₉₇₅ with k − 1 degrees of freedom: 2.78 at 5 s, 2.26 at 10 s, against z's 1.96 that under-covers
+a mean of a few seconds whose spread is estimated from those same seconds): a search probe that ends
+on its QPS alone (kneeswarm.search.EARLY_QPS_CI) is gated on that one; ``known`` keeps z.
 
 Open loop (``t_sent``: every row's intended send time, failed ones too) is judged on the share of
 the arrivals that succeeded, not on the count of successes.  Rows start at their intended time, so
@@ -47,6 +51,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+from scipy.stats import t as student_t
 
 Z95 = 1.959964  # two-sided 95 % normal quantile
 P99 = 0.99
@@ -66,6 +71,13 @@ class Verdict:
     known: bool
     t_cut: float | None  # where the steady data begin (epoch s); None until steady
     why: str  # one line: what is missing, or what was found
+    # the parts of ``known``, apart: a search probe may end on its QPS alone (kneeswarm.search.scaling_certain)
+    qps_known: bool = False  # QPS within ci
+    # QPS's relative 95 % half-width with the t quantile (qps_half_width_t; open loop: the share's Wilson
+    # half-width); inf: unknown.  What a probe ending on its QPS alone is gated on (kneeswarm.search.EARLY_QPS_CI)
+    qps_half_width: float = math.inf
+    p99_half_width: float = math.inf  # P99's relative 95 % half-width (inf: too few rows for its interval)
+    rows: int = 0  # successful rows after the cut
 
     @property
     def done(self) -> bool:
@@ -112,6 +124,14 @@ def qps_half_width(counts: np.ndarray) -> float:
     if k < MIN_CI_SECONDS or mean <= 0:
         return math.inf
     return Z95 * float(np.std(counts, ddof=1)) / math.sqrt(k) / mean
+
+
+def qps_half_width_t(counts: np.ndarray) -> float:
+    """qps_half_width with Student's t quantile t₀.₉₇₅(k − 1) for the k counts, not z: the spread is
+    estimated from the same few seconds, and z under-covers (inf when unknown)."""
+    k = len(counts)
+    hw = qps_half_width(counts)
+    return hw if not math.isfinite(hw) else hw * float(student_t.ppf(0.975, k - 1)) / Z95
 
 
 def _ranks(n: int, p: float) -> tuple[int, int]:
@@ -179,18 +199,21 @@ def judge(t_start: np.ndarray, latency_ms: np.ndarray, t_lo: float, horizon: flo
     after = t >= t_cut
     if sent is None:
         whole = int(math.floor(horizon - t_cut))
-        hw_qps = qps_half_width(np.bincount(((t[after] - t_cut) // 1.0).astype(int), minlength=whole)[:whole].astype(float))
-        what = "QPS"
+        per_s = np.bincount(((t[after] - t_cut) // 1.0).astype(int), minlength=whole)[:whole].astype(float)
+        hw_qps, hw_t, what = qps_half_width(per_s), qps_half_width_t(per_s), "QPS"
     else:
         hw_qps, what = share_half_width(int(after.sum()), int((sent >= t_cut).sum())), "QPS (share of the offered)"
+        hw_t = hw_qps
     hw_p99 = p99_half_width(lat[after])
     known = hw_qps <= ci and hw_p99 <= ci
+    n_after = int(after.sum())
     rate = float(after.sum()) / max(horizon - t_cut, 1e-9)  # a slow step: how long P99 needs at its rate
     p99 = (_pct(hw_p99) if math.isfinite(hw_p99) else
            f"unknown (its interval needs {P99_MIN_ROWS} requests, {P99_MIN_ROWS / max(rate, 1e-9):.0f} s at this rate)")
     why = (f"{what} ±{_pct(hw_qps)}, P99 ±{p99} (95 % CI, want ±{ci:.0%}) over {int(after.sum())} requests "
            f"after a {t_cut - t_lo:.1f} s warm-up cut")
-    return Verdict(True, known, t_cut, why)
+    return Verdict(True, known, t_cut, why, qps_known=hw_qps <= ci, p99_half_width=hw_p99, rows=n_after,
+                   qps_half_width=hw_t)
 
 
 def _per_second(t: np.ndarray, sent: np.ndarray | None, t_lo: float, seconds: int) -> np.ndarray:
@@ -268,6 +291,7 @@ class AutoHold:
 
     def forget_before(self, t: float) -> None:
         """Drop rows that started before ``t`` (a new step began)."""
+        self.last = None
         if not self._t:
             return
         t_all, lat_all = np.concatenate(self._t), np.concatenate(self._lat)
@@ -281,6 +305,7 @@ class AutoHold:
         """(end the step, t_cut, reason it ended unsettled or None)."""
         held = now - t_steady
         if held < self.min_hold:
+            self.last = None  # no verdict on this step yet (the one before's is not this one's)
             return False, None, None
         t = np.concatenate(self._t) if self._t else np.empty(0)
         lat = np.concatenate(self._lat) if self._lat else np.empty(0)

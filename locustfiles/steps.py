@@ -21,7 +21,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from locustfiles.steady import AutoHold
+from locustfiles.steady import AutoHold, Verdict
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,8 @@ class StepSchedule:
     def __init__(self, steps: list[int], ramp: float, hold: float, on_change: Callable[[list[StepRecord]], None] | None = None,
                  auto: AutoHold | None = None, continuous: bool = False,
                  chooser: Callable[[StepRecord, float, float], int | None] | None = None,
-                 drain: Callable[[], float] | None = None):
+                 drain: Callable[[], float] | None = None,
+                 early: Callable[[StepRecord, Verdict, float], str | None] | None = None):
         """``auto``: hold each step until it is steady and known (steady.AutoHold), not ``hold`` seconds.
         ``continuous`` (a soak): the steps are windows of one load that never changes: only the first
         ramps; each later one starts steady where the one before ended, and window k ends ``(k + 1) x
@@ -68,11 +69,15 @@ class StepSchedule:
         ``chooser`` (mode = "search"): asked when a step ends, with the step, the time and the
         seconds of load so far, for the next step's users (None: the test ends); the steps grow
         as it answers (users may go down between steps).
-        ``drain``: the seconds the last step's load goes on past its ``t_end`` (None: it stops at once)."""
+        ``drain``: the seconds the last step's load goes on past its ``t_end`` (None: it stops at once).
+        ``early`` (mode = "search" with ``auto``): asked, once min_hold has passed, with the step and the
+        tick's verdict when the rows are steady and the QPS known but not yet the P99, whether the step
+        may end now; its answer (a reason) becomes the step's ``hold_reason`` (kneeswarm.search.SearchDriver.may_end)."""
         self.steps, self.ramp, self.hold, self.auto = list(steps), ramp, hold, auto
         self.continuous = continuous
         self.chooser = chooser
         self.drain = drain
+        self.early = early
         self.drain_until: float | None = None  # the last step ended: its load goes on until then
         self.log: list[StepRecord] = []
         self.on_change = on_change or (lambda log: None)
@@ -159,7 +164,8 @@ class StepSchedule:
 
     def _held(self, cur: StepRecord, steady: float, now: float) -> bool:
         """The current step (all its users running since ``steady``) has been held long enough:
-        ``hold`` seconds, or (auto) steady and known."""
+        ``hold`` seconds, or (auto) steady and known, or steady with its QPS known and ``early`` says
+        that is all its probe needs."""
         if self.continuous:
             first = self.log[0].t_steady
             # never None here: the first window is the current one (steady, as the caller checked) or
@@ -169,6 +175,13 @@ class StepSchedule:
         if self.auto is None:
             return now >= steady + self.hold
         end, t_cut, reason = self.auto.decide(steady, now)
+        v = self.auto.last  # this tick's verdict (None before min_hold)
+        if not end and self.early is not None and v is not None and v.steady and v.qps_known:
+            note = self.early(cur, v, now)
+            if note:  # no warning: the step is complete for what the search asks of it
+                logger.info("kneeswarm: step %d (%d users): %s", cur.index, cur.users, note)
+                cur.t_cut, cur.hold_reason = v.t_cut, note
+                return True
         if end:
             cur.t_cut, cur.hold_reason = t_cut, reason
             if reason:
