@@ -1,6 +1,6 @@
 """``hold = "auto"``: is a step steady, and are its QPS and P99 known?  Judged on the rows.
 
-Free of Locust (numpy, and scipy for a t quantile), so it can be tested alone; the master feeds it the request rows as
+Free of Locust (numpy; scipy for a t quantile, imported on first use), so it can be tested alone; the master feeds it the request rows as
 they arrive (plugin.Recording) and the step schedule (steps.py) asks it once a tick.
 
 Steady: MSER-5 truncation of the warm-up (White 1997, "An effective truncation heuristic for bias
@@ -46,12 +46,12 @@ series (the queue grows: its requests wait longer) and in the share (timeouts, d
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-from scipy.stats import t as student_t
 
 Z95 = 1.959964  # two-sided 95 % normal quantile
 P99 = 0.99
@@ -129,9 +129,17 @@ def qps_half_width(counts: np.ndarray) -> float:
 def qps_half_width_t(counts: np.ndarray) -> float:
     """qps_half_width with Student's t quantile t₀.₉₇₅(k − 1) for the k counts, not z: the spread is
     estimated from the same few seconds, and z under-covers (inf when unknown)."""
-    k = len(counts)
     hw = qps_half_width(counts)
-    return hw if not math.isfinite(hw) else hw * float(student_t.ppf(0.975, k - 1)) / Z95
+    return hw if not math.isfinite(hw) else hw * _t975(len(counts) - 1) / Z95
+
+
+@functools.lru_cache(maxsize=None)
+def _t975(df: int) -> float:
+    """Student's t quantile 0.975 with ``df`` degrees of freedom.  scipy.stats is imported here, on the
+    master's first verdict, not with the module: it costs ~0.5 s of import in every worker process."""
+    from scipy.stats import t as student_t
+
+    return float(student_t.ppf(0.975, df))
 
 
 def _ranks(n: int, p: float) -> tuple[int, int]:
