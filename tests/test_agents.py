@@ -393,9 +393,10 @@ time.sleep(600)
 """
 
 
-def kernel_read_kb(pid: int) -> float:
-    """The kernel's count of what ``pid`` caused to be read from storage (/proc/PID/io read_bytes), kB."""
-    line = next(x for x in Path(f"/proc/{pid}/io").read_text().splitlines() if x.startswith("read_bytes:"))
+def kernel_read_kb(pid: int, field: str = "read_bytes") -> float:
+    """The kernel's count of what ``pid`` caused to be read from storage (/proc/PID/io read_bytes), kB;
+    ``field`` "write_bytes": what it caused to be written."""
+    line = next(x for x in Path(f"/proc/{pid}/io").read_text().splitlines() if x.startswith(field + ":"))
     return int(line.split()[1]) / 1024.0
 
 
@@ -414,6 +415,7 @@ def test_procfs_sampler_reads_the_services_own_disk_writes(run, tmp_path):
         with open_agent(host, run, AgentSettings(interval=1, max_duration=60, heartbeat_timeout=10)) as agent:
             agent.preflight()
             read0 = kernel_read_kb(writer.pid)  # the writer waits for `go` meanwhile: reads nothing
+            write0 = kernel_read_kb(writer.pid, "write_bytes")
             agent.start()
             time.sleep(2.5)  # two samples before the first write
             go.touch()
@@ -423,6 +425,7 @@ def test_procfs_sampler_reads_the_services_own_disk_writes(run, tmp_path):
             time.sleep(2.5)  # two samples after the last
             agent.stop()
             read_kb = kernel_read_kb(writer.pid) - read0  # it sleeps after `done`: reads nothing more
+            kernel_written_kb = kernel_read_kb(writer.pid, "write_bytes") - write0
             agent.fetch(final=True)
             agent.write_parsed()
     finally:
@@ -431,7 +434,11 @@ def test_procfs_sampler_reads_the_services_own_disk_writes(run, tmp_path):
     procfs = pd.read_csv(run.host_dir("local") / "process.procfs.csv")
     dt = procfs["t"].diff()
     written_kb = (procfs["io_write_kb_s"] * dt).sum()
-    assert written_kb == pytest.approx(n * kb, rel=0.01), procfs[["t", "io_write_kb_s"]]
+    # the kernel's write_bytes is the data plus what its fsyncs wrote for the file (a CI run saw 2,072 kB
+    # for 2,048 of data: block and extent metadata, charged to the writer), so the sampler's sum is
+    # weighed against the kernel's own delta over the run, and that against the data it must contain
+    assert kernel_written_kb >= n * kb, kernel_written_kb
+    assert written_kb == pytest.approx(kernel_written_kb, rel=0.001), (kernel_written_kb, procfs[["t", "io_write_kb_s"]])
     # what it read from the disk, by the kernel's counter: 0 with a warm page cache, a page or two on a
     # fresh machine (the directory's and inode's blocks of the new file; CI once saw 4 kB)
     assert (procfs["io_read_kb_s"] * dt).sum() == pytest.approx(read_kb, abs=0.5), (read_kb, procfs["io_read_kb_s"])
