@@ -117,7 +117,7 @@ SCALING_MARGIN = 0.05
 # rows it is ~2x noisier.  bench/search_sim.py --early (200 seeds, 3 % QPS noise at a full hold, noise ∝ 1/√rows),
 # within max(1, 10 %) of 200, off -> ungated: K=6 197 -> 188, K=11 197 -> 183, K=24 197 -> 186, USL 0.02/0.002
 # 182 -> 173.  One real bench/search.py run each, ungated (quiet 2-core host): knee:24 [25, 26] in 72 s against
-# the grid's 99, USL 0.02/0.002 [10, 11] in 114 s against 127.  Plugin wires may_end only when on.
+# the grid's 99, USL 0.02/0.002 [10, 11] in 114 s against 127.  Off, may_end answers None.
 EARLY_END = True
 # ... and only once the probe's QPS is measured within this relative 95 % half-width (steady.Verdict's
 # qps_half_width: Student's t on its per-second counts), not merely "known within ci" (10 %): the later rules
@@ -195,6 +195,13 @@ class Decision:
     rule: str | None = None
 
 
+def per_user_and_efficiency(p: Probe, ref: Probe) -> tuple[float, float]:
+    """(p's QPS per user as a share of ``ref``'s, the scaling efficiency from ``ref``: its QPS gain over
+    the ideal linear gain); both need ``ref.qps`` > 0 and ``p.users`` > ``ref.users``."""
+    share = (p.qps / p.users) / (ref.qps / ref.users)
+    return share, (p.qps - ref.qps) / (ref.qps * (p.users / ref.users - 1.0))
+
+
 def saturated(p: Probe, ref: Probe | None, best_p99: float | None, s: Settings) -> str | None:
     """Why ``p`` is saturated (one line), or None: it still scales from ``ref`` (the last scaling
     probe below it); ``best_p99``: the best P99 below it."""
@@ -212,12 +219,11 @@ def saturated(p: Probe, ref: Probe | None, best_p99: float | None, s: Settings) 
     if p.offered is None and best_p99 and p.p99_ms is not None and ref.p99_ms is not None and \
             p.p99_ms > P99_RISE * best_p99 and p.p99_ms > ref.p99_ms:
         return f"P99 {p.p99_ms:.1f} ms > {P99_RISE:g} x the best {best_p99:.1f} ms and rising"
-    if p.offered is None and ref.qps > 0 and p.users > ref.users and \
-            (p.qps / p.users) < PER_USER_MIN * (ref.qps / ref.users):
-        return (f"QPS per user {p.qps / p.users:.3g} < {PER_USER_MIN:g} x {ref.qps / ref.users:.3g} at {ref.users} users "
-                f"({p.qps * ref.users / (p.users * ref.qps):.0%})")
     if p.offered is None and ref.qps > 0 and p.users > ref.users:
-        eff = (p.qps - ref.qps) / (ref.qps * (p.users / ref.users - 1.0))
+        share, eff = per_user_and_efficiency(p, ref)
+        if share < PER_USER_MIN:
+            return (f"QPS per user {p.qps / p.users:.3g} < {PER_USER_MIN:g} x {ref.qps / ref.users:.3g} at {ref.users} "
+                    f"users ({share:.0%})")
         if eff < EFFICIENCY_MIN:
             return f"scaling efficiency {eff:.2f} from {ref.users} users < {EFFICIENCY_MIN:g}"
     return None
@@ -238,8 +244,7 @@ def scaling_certain(p: Probe, probes: list[Probe], s: Settings, margin: float = 
         return None
     if ref is None:
         return "the first probe, no errors or pushback"
-    share = (p.qps / p.users) / (ref.qps / ref.users)
-    eff = (p.qps - ref.qps) / (ref.qps * (p.users / ref.users - 1.0))
+    share, eff = per_user_and_efficiency(p, ref)
     if share < PER_USER_MIN + margin or eff < EFFICIENCY_MIN + margin:
         return None
     best = min((q.p99_ms for q in probes if q.valid and q.p99_ms is not None), default=None)
@@ -326,8 +331,8 @@ def on_plateau(lo: Probe | None, hi: Probe, before: Probe | None) -> str | None:
     probe at the knee keeps its per-user rate, so neither is moved."""
     if lo is None or before is None or lo.offered is not None or before.qps <= 0 or lo.qps <= 0:
         return None
-    gain = (hi.qps - lo.qps) / (lo.qps * (hi.users / lo.users - 1.0))
-    per_user = (lo.qps / lo.users) / (before.qps / before.users)
+    gain = per_user_and_efficiency(hi, lo)[1]
+    per_user = per_user_and_efficiency(lo, before)[0]
     if gain < PLATEAU_GAIN and per_user < PLATEAU_PER_USER:
         return (f"on the plateau: {hi.users} users gain {gain:.2f} over {lo.users}, whose QPS per user is "
                 f"{per_user:.0%} of {before.users}'s")
@@ -607,7 +612,7 @@ class SearchDriver:
     def __call__(self, step: Any, now: float, load_s: float) -> int | None:
         """The step ``step`` (steps.StepRecord) ends at ``now``: the next probe's users, or None."""
         t_lo = step.t_cut if step.t_cut is not None else (step.t_steady or step.t_ramp) + self.settle
-        horizon = min(now, self.horizon(now)) if self.horizon is not None else now - self.lag_s
+        horizon = self._horizon(now)
         fig = self.meter.figures(t_lo, horizon)
         self._asked.setdefault(step.index, now)
         if fig["requests"] < MIN_PROBE_REQUESTS and now - self._asked[step.index] < MAX_WAIT_S:
@@ -640,12 +645,12 @@ class SearchDriver:
         its probe was chosen by growth (or is the start), closed loop, ``hold = "auto"``, with at least
         ``min_rows`` rows from the cut up to the horizon, and ``scaling_certain`` says so; else None.
         Never for refinement, confirmation, SLA probes or a grid: their figures are what is compared."""
-        if not self.auto_hold or self.open_loop or self.last is None or self.last.rule not in EARLY_RULES \
+        if not EARLY_END or not self.auto_hold or self.open_loop or self.last is None or self.last.rule not in EARLY_RULES \
                 or self.last.users != step.users or verdict.t_cut is None:
             return None
         if not verdict.qps_half_width <= EARLY_QPS_CI:  # (inf, nan: unknown) the later rules need it precise
             return None
-        horizon = min(now, self.horizon(now)) if self.horizon is not None else now - self.lag_s
+        horizon = self._horizon(now)
         fig = self.meter.figures(verdict.t_cut, horizon)
         rows = fig["requests"]
         if rows < max(MIN_PROBE_REQUESTS, self.min_rows):
@@ -657,6 +662,10 @@ class SearchDriver:
             return None
         return (f"{SCALING_CERTAIN} ({why}, QPS ±{verdict.qps_half_width:.1%} <= ±{EARLY_QPS_CI:.1%}): its P99 is "
                 f"from {rows} rows, not known within ±{self.ci:.0%}")
+
+    def _horizon(self, now: float) -> float:
+        """The time before which every row is in: the sources' watermark, else now - lag_s."""
+        return min(now, self.horizon(now)) if self.horizon is not None else now - self.lag_s
 
     @property
     def stopped_because(self) -> str | None:

@@ -502,7 +502,7 @@ class Recording:
         self.schedule = StepSchedule(steps, load.ramp, load.hold_s(), on_change=self._write_steps,
                                      auto=self.auto_hold, continuous=load.mode == "soak",
                                      chooser=self.search, drain=self.drain_s,
-                                     early=self.search.may_end if self.search is not None and _early_end() else None)
+                                     early=self.search.may_end if self.search is not None else None)
         self.request_timeout = plan.request.timeout
         self.slowest_s = 0.0  # the slowest request seen so far (for the last step's drain)
         self.writer = RequestWriter(run, self.schedule.step_starts)
@@ -727,13 +727,6 @@ def _stop_at_once(environment: Environment, **_kw: Any) -> None:
     message) is not for the end of the test (STOP_MARGIN_S); a --stop-timeout of the user's own is kept."""
     if environment.stop_timeout == state.plan().request.timeout + STOP_MARGIN_S:
         environment.stop_timeout = 0.0
-
-
-def _early_end() -> bool:
-    """Whether a search's growth probes may end once their scaling is certain (kneeswarm.search.EARLY_END)."""
-    from kneeswarm.search import EARLY_END
-
-    return EARLY_END
 
 
 def _search_driver(run: RunDir, plan: Any, horizon: Any) -> Any:
