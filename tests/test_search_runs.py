@@ -28,6 +28,7 @@ import pandas as pd
 import pytest
 
 from kneeswarm.cli import start_target, stop_target
+from kneeswarm.rundir import SCALING_CERTAIN
 from kneeswarm.search import EFFICIENCY_MIN
 from kneeswarm.target.engine import usl_efficiency_users
 from tests.conftest import read_summary, side_by_side, start_cli
@@ -89,6 +90,22 @@ def test_search_locates_the_knee_of_real_targets_and_stops_at_failures(tmp_path)
         assert read_summary(run)["complete"], name
         print(name, list(steps["users"]), s[name]["knee_bracket"], s[name]["sla_bracket"], s[name]["stopped_because"],
               s[name]["load_s"], s[name]["grid_equivalent_s"])
+
+    # the early end is wired into real runs: a start or growth probe whose scaling was certain and whose
+    # QPS was measured within EARLY_QPS_CI ended before its P99 was known (knee:11's 4 and 8 and the
+    # demo's 1 and 2 did on a quiet host), said so in steps.csv, and stayed valid; no other probe did
+    early = []
+    for name, run in runs.items():
+        steps = pd.read_csv(run / "steps.csv")
+        valid = [st["valid"] for st in read_summary(run)["steps"]]
+        for i, reason in enumerate(steps["hold_reason"].fillna("")):
+            if str(reason).startswith(SCALING_CERTAIN):
+                why = s[name]["probes"][i]["why"]
+                assert why == "start" or why.startswith("growth"), (name, i, why)
+                assert valid[i], (name, i, reason)
+                early.append((name, int(steps["users"][i])))
+    print("ended early:", early)
+    assert early, "no growth probe of four searches ended once its scaling was certain"
 
     # K slots: the knee (the last scaling probe) within max(1, 10 %) of K; users went down between probes
     lo, hi = s["knee"]["knee_bracket"]
