@@ -16,10 +16,12 @@ the host's drift over a probe (the same for its whole hold: more rows do not ave
 the sampling noise of a full hold (∝ 1/√rows); ``--noise`` is the full hold's total √(sys² + samp²)
 (alone: sys 0, samp = noise, the model before the split).  The sampling part's running mean is a
 Brownian path ending at the full hold's draw, looked at once a second from the earliest end
-(max(steady.MIN_SECONDS, 100 rows)); a look counts only once its sampling half-width
-1.96·samp·√(FULL_S / t) is within ``--gate`` (kneeswarm.search.EARLY_QPS_CI: the real gate sees only
-the within-probe spread; ``--gate inf``: no gate), and the first that scaling_certain passes ends the
-probe with that figure.  ``--margin M`` sets the margin.  Without ``--early`` every probe is held in full.
+(max(steady.MIN_SECONDS, 100 rows)); a look counts only once its QPS half-width is within ``--gate``
+(kneeswarm.search.EARLY_QPS_CI; ``--gate inf``: no gate) as the real gate reckons it,
+steady.closed_loop_qps_half_width: users/(rows − users) for the count's ends (the demo's service time
+has no noise of its own to add; the gate sees neither the drift nor this model's sampling noise,
+which at samp 0.01 is above the real runs' at 6-15 s: bench/qps_noise.py), and the first look that
+scaling_certain passes ends the probe with that figure.  ``--margin M`` sets the margin.  Without ``--early`` every probe is held in full.
 
 ``--why N`` prints to stderr, for the first N searches of each case that miss, every probe with the
 rule that chose it and the reason the search stopped.
@@ -42,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from kneeswarm.search import EARLY_QPS_CI, EARLY_RULES, EFFICIENCY_MIN, SCALING_MARGIN, Probe, Settings, decide, scaling_certain  # noqa: E402
-from locustfiles.steady import MIN_SECONDS, Z95  # noqa: E402
+from locustfiles.steady import MIN_SECONDS  # noqa: E402
 from kneeswarm.target.engine import usl_efficiency_users  # noqa: E402
 
 DEFAULT_CASES = "knee:3,knee:5,knee:6,knee:11,knee:24,usl:0.0:0.01,usl:0.02:0.002"
@@ -81,9 +83,9 @@ class Noise:
 
 
 def early_figure(qps: float, z: float, noise: Noise, rng: np.random.Generator,
-                 certain: Callable[[float, float], bool], gate: float) -> tuple[float, float] | None:
+                 certain: Callable[[float, float], bool], gate: float, users: int) -> tuple[float, float] | None:
     """(QPS, seconds of rows) at the first look, once a second from the earliest end, whose sampling
-    half-width Z95·samp·√(FULL_S/t) is within ``gate`` and where ``certain`` (QPS, rows) holds, or None
+    half-width users/(qps·t − users) is within ``gate`` and where ``certain`` (QPS, rows) holds, or None
     (held in full: the full hold's figure, qps x (1 + noise.full x z)).  z splits into the drift's and
     the sampling's standard normals (a rotation by a second draw w: given z, both are still standard
     normals, independent); the sampling part's running mean is a Brownian path B (var t) through
@@ -101,7 +103,7 @@ def early_figure(qps: float, z: float, noise: Noise, rng: np.random.Generator,
     bridge = w_path[:-1] - times / FULL_S * w_path[-1]  # W(t) - (t/T) W(T): independent of the end point
     b = times / FULL_S * math.sqrt(FULL_S) * z_samp + bridge
     for t, bt in zip(times, b):
-        if Z95 * noise.samp * math.sqrt(FULL_S / t) > gate:
+        if users / max(qps * t - users, 1e-9) > gate:
             continue
         x = qps * (1 + noise.sys * z_sys + noise.samp * math.sqrt(FULL_S) * bt / t)
         if certain(x, qps * t):
@@ -127,7 +129,7 @@ def one_search(truth: Callable[[int], tuple[float, float]], rng: np.random.Gener
         if margin is not None and paths is not None and d.rule in EARLY_RULES:
             n = d.users
             early = early_figure(qps, z, noise, paths, lambda x, rows: scaling_certain(
-                Probe(users=n, qps=x, p99_ms=p99, requests=int(rows)), probes, settings, margin) is not None, gate)
+                Probe(users=n, qps=x, p99_ms=p99, requests=int(rows)), probes, settings, margin) is not None, gate, n)
         if whys is not None:
             whys.append(f"{d.users:4d}: {d.why}" + (f" [ended after {early[1]:.0f} s]" if early else ""))
         probes.append(Probe(users=d.users, qps=early[0] if early else qps * (1 + noise.full * z), p99_ms=p99,

@@ -120,15 +120,19 @@ SCALING_MARGIN = 0.05
 # the grid's 99, USL 0.02/0.002 [10, 11] in 114 s against 127.  Off, may_end answers None.
 EARLY_END = True
 # ... and only once the probe's QPS is measured within this relative 95 % half-width (steady.Verdict's
-# qps_half_width: Student's t on its per-second counts), not merely "known within ci" (10 %): the later rules
-# need it as precise as a full hold gives it.  bench/search_sim.py --early, σ(t)² = sys² + samp²·(FULL_S/t),
+# qps_half_width, closed_loop_qps_half_width: the users' requests straddling the window's ends, in step at
+# worst, users/(rows − users), and the mean latency's own noise), not merely "known within ci" (10 %): the later
+# rules need it as precise as a full hold gives it.  0.025 takes 41 cycles of each user (8.2 s at 200 ms).
+# (Until 2026-12 the half-width was Student's t on the per-second counts: a cohort of users in step made
+# those claim ±0.0 % at 200 ms, so knee:11's probes ended at the first look, and ±4 % at 217 ms, so no
+# probe of USL 0.02/0.002 ever ended early; bench/qps_noise.py's real windows fell inside it 26-72 % of the
+# time at 3-6 s, inside the new one 100 %.)  bench/search_sim.py --early, σ(t)² = sys² + samp²·(FULL_S/t),
 # the gate on the sampling half-width 1.96·samp·√(FULL_S/t), 200 seeds x 7 cases: at 0.02, 0.025 and 0.03
 # no case loses more than 1 of 200 against off under (sys, samp) = (0, 0.03) [no early end at all],
 # (0.01, 0.01), (0.02, 0.005), (0.005, 0.005); under a drift-heavy (0.03, 0.008) 0.02 and 0.025 lose at most
 # 2, 0.03 loses 3 (USL 0.02/0.002 182 -> 179).  0.025 still ends 3 probes early at knee:11 under (0.01, 0.01),
-# 16.5 s of rows saved (0.02: 1.5 s), 27 s under (0.005, 0.005) and (0.02, 0.005).  The gate sees the spread
-# within a probe only: a real closed loop's per-second counts barely vary (tests/test_search_runs.py, on: knee:11's
-# probes of 4 and 8 ended early at QPS ±0.0 %), so what it cannot see, the host's drift, is the sim's sys.
+# 16.5 s of rows saved (0.02: 1.5 s), 27 s under (0.005, 0.005) and (0.02, 0.005).  The gate sees the
+# noise within a probe only; what it cannot see, the host's drift, is the sim's sys.
 # Measured (bench/qps_noise.py, real demo targets, 60 s steps, two runs): within a step σ is 1.7 % at 6 s and
 # 0.3-0.8 % at 15.5 s (1/√rows would say 3-6 %), run to run the full step's QPS moves <= 0.6 %: (sys, samp) ~
 # (0.005, 0.01), under which the gated early end keeps all 7 cases at 200 of 200 and saves 5.5-22 s of rows.

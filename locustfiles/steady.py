@@ -22,10 +22,26 @@ spread of the per-second counts (batch means of one second), and P99 within ``ci
 binomial order-statistic interval: the ranks n·p ∓ 1.96·√(n·p·(1 − p)) of the sorted latencies
 bound the p-quantile with 95 % confidence whatever the distribution (Conover, Practical
 Nonparametric Statistics, 3rd ed., §3.2); its relative half-width is (x_(u) − x_(l)) / 2 / P99.
-The verdict also carries the QPS half-width with Student's t quantile for the k per-second counts
-(t₀.₉₇₅ with k − 1 degrees of freedom: 2.78 at 5 s, 2.26 at 10 s, against z's 1.96 that under-covers
-a mean of a few seconds whose spread is estimated from those same seconds): a search probe that ends
-on its QPS alone (kneeswarm.search.EARLY_QPS_CI) is gated on that one; ``known`` keeps z.
+Closed loop with the step's users given (the step schedule does): the per-second counts mislead.  N
+users without think time start their requests in cohorts (a server that serves its requests alike, or
+batches them, answers them together, and each answer starts the next request), so a second holds a
+whole number of cohorts: at 4 users and 200 ms every second holds 20 and the counts claim ±0.0 %, at
+217 ms they jump 16/20/24 and claim ±4 % where the window's QPS is within ±1.5 %.  On bench/qps_noise.py's
+real runs (demo targets, 60-s steps, windows of 3-15.5 s) their interval covered the window's error in
+26-72 % of 3-6 s windows.  What the count of a window [a, b) really misses is its two ends: each user's
+requests in it number (b − a)/cycle rounded up or down, an error under 1 row; N users in step err
+together, by under N rows: relative to the true count (over rows − N), N/(rows − N) bounds it whatever
+the phase.  (For a uniform phase of both ends the
+95 % point would be (1 − √0.05)·N/rows, σ ≈ 0.41·N/rows, 0.4-0.45 measured; but the window starts
+at t_cut, often a row's start, and then the count errs by up to N rows one way, uniformly: its 95 %
+point is 0.95·N/rows.)  The rest of the QPS noise
+is the cycle's own: by Little's law (X = N/(R + Z)) QPS is known as well as the mean latency, whose
+half-width comes from the per-second mean latencies (Student's t₀.₉₇₅ with k − 1 degrees of freedom).
+The two are added in quadrature (``closed_loop_qps_half_width``): on the same real runs it covered 100 %
+of the windows of 3-6 s (83-100 % at 9 s with 12 windows).  ``qps_half_width`` is that one, and
+``known`` uses it; a search probe that ends on its QPS alone (kneeswarm.search.EARLY_QPS_CI) is gated
+on it.  Without the users (a caller that does not know them) the per-second counts' batch means stand:
+z for ``known``, Student's t (2.78 at 5 s, 2.26 at 10 s) for ``qps_half_width``.
 
 Open loop (``t_sent``: every row's intended send time, failed ones too) is judged on the share of
 the arrivals that succeeded, not on the count of successes.  Rows start at their intended time, so
@@ -73,8 +89,9 @@ class Verdict:
     why: str  # one line: what is missing, or what was found
     # the parts of ``known``, apart: a search probe may end on its QPS alone (kneeswarm.search.scaling_certain)
     qps_known: bool = False  # QPS within ci
-    # QPS's relative 95 % half-width with the t quantile (qps_half_width_t; open loop: the share's Wilson
-    # half-width); inf: unknown.  What a probe ending on its QPS alone is gated on (kneeswarm.search.EARLY_QPS_CI)
+    # QPS's relative 95 % half-width: closed loop with the users, closed_loop_qps_half_width; without them,
+    # qps_half_width_t; open loop, the share's Wilson half-width; inf: unknown.  What a probe ending on its
+    # QPS alone is gated on (kneeswarm.search.EARLY_QPS_CI)
     qps_half_width: float = math.inf
     p99_half_width: float = math.inf  # P99's relative 95 % half-width (inf: too few rows for its interval)
     rows: int = 0  # successful rows after the cut
@@ -133,6 +150,29 @@ def qps_half_width_t(counts: np.ndarray) -> float:
     return hw if not math.isfinite(hw) else hw * _t975(len(counts) - 1) / Z95
 
 
+def closed_loop_qps_half_width(users: int, t: np.ndarray, latency_ms: np.ndarray, t_cut: float,
+                               horizon: float) -> float:
+    """Relative 95 % half-width of a closed loop's QPS over [t_cut, horizon) from its successful rows
+    (``t`` start, epoch s): the count's ends, users/(rows − users) (each user's requests straddling either
+    end err by under one row, all in step at worst), and the cycle's noise, Student's t on the mean latency of each
+    whole second (Little's law), in quadrature (the module's docstring; inf when unknown)."""
+    keep = (t >= t_cut) & (t < horizon)
+    rows = int(keep.sum())
+    k = int(math.floor(horizon - t_cut))
+    if users < 1 or rows <= users or k < MIN_CI_SECONDS:
+        return math.inf
+    sec = ((t[keep] - t_cut) // 1.0).astype(int)
+    lat = latency_ms[keep]
+    n = np.bincount(sec, minlength=k)[:k]
+    sums = np.bincount(sec, weights=lat, minlength=k)[:k]
+    means = sums[n > 0] / n[n > 0]
+    mean = float(np.mean(lat))
+    if len(means) < MIN_CI_SECONDS or mean <= 0:
+        return math.inf
+    cycle = _t975(len(means) - 1) * float(np.std(means, ddof=1)) / math.sqrt(len(means)) / mean
+    return math.hypot(users / (rows - users), cycle)
+
+
 @functools.lru_cache(maxsize=None)
 def _t975(df: int) -> float:
     """Student's t quantile 0.975 with ``df`` degrees of freedom.  scipy.stats is imported here, on the
@@ -174,11 +214,12 @@ P99_MIN_ROWS = _min_rows(P99)  # 563: below it P99 is unknown however steady the
 
 
 def judge(t_start: np.ndarray, latency_ms: np.ndarray, t_lo: float, horizon: float, ci: float,
-          t_sent: np.ndarray | None = None) -> Verdict:
+          t_sent: np.ndarray | None = None, users: int | None = None) -> Verdict:
     """The verdict on a step's successful rows (``t_start`` epoch s, ``latency_ms``) that started in
     [t_lo, horizon): the window after the settle, up to the time the rows are known complete.
     ``t_sent`` (open loop): the start of every row, failed ones too -- QPS is then judged as the
-    share of the arrivals that succeeded (the module's docstring)."""
+    share of the arrivals that succeeded (the module's docstring).  ``users`` (closed loop): the
+    step's users, for closed_loop_qps_half_width."""
     t = np.asarray(t_start, dtype=float)
     lat = np.asarray(latency_ms, dtype=float)
     keep = (t >= t_lo) & (t < horizon) & np.isfinite(lat)
@@ -209,6 +250,8 @@ def judge(t_start: np.ndarray, latency_ms: np.ndarray, t_lo: float, horizon: flo
         whole = int(math.floor(horizon - t_cut))
         per_s = np.bincount(((t[after] - t_cut) // 1.0).astype(int), minlength=whole)[:whole].astype(float)
         hw_qps, hw_t, what = qps_half_width(per_s), qps_half_width_t(per_s), "QPS"
+        if users is not None:
+            hw_qps = hw_t = closed_loop_qps_half_width(users, t, lat, t_cut, horizon)
     else:
         hw_qps, what = share_half_width(int(after.sum()), int((sent >= t_cut).sum())), "QPS (share of the offered)"
         hw_t = hw_qps
@@ -309,8 +352,9 @@ class AutoHold:
             sent = np.concatenate(self._sent)
             self._sent = [sent[sent >= t]]
 
-    def decide(self, t_steady: float, now: float) -> tuple[bool, float | None, str | None]:
-        """(end the step, t_cut, reason it ended unsettled or None)."""
+    def decide(self, t_steady: float, now: float, users: int | None = None) -> tuple[bool, float | None, str | None]:
+        """(end the step, t_cut, reason it ended unsettled or None); ``users``: the step's (closed loop:
+        its QPS half-width counts the users' requests straddling the window's ends, judge's ``users``)."""
         held = now - t_steady
         if held < self.min_hold:
             self.last = None  # no verdict on this step yet (the one before's is not this one's)
@@ -319,7 +363,8 @@ class AutoHold:
         lat = np.concatenate(self._lat) if self._lat else np.empty(0)
         sent = (np.concatenate(self._sent) if self._sent else np.empty(0)) if self.open_loop else None
         horizon = min(now, self.horizon(now)) if self.horizon is not None else now - self.lag_s
-        v = judge(t, lat, t_steady + self.settle, horizon, self.ci, t_sent=sent)
+        v = judge(t, lat, t_steady + self.settle, horizon, self.ci, t_sent=sent,
+                  users=None if self.open_loop else users)
         self.last = v
         if v.done:
             return True, v.t_cut, None

@@ -174,7 +174,7 @@ class StepSchedule:
             return now >= first + (cur.index + 1) * self.hold
         if self.auto is None:
             return now >= steady + self.hold
-        end, t_cut, reason = self.auto.decide(steady, now)
+        end, t_cut, reason = self.auto.decide(steady, now, users=cur.users)
         v = self.auto.last  # this tick's verdict (None before min_hold)
         if not end and self.early is not None and v is not None and v.steady and v.qps_known:
             note = self.early(cur, v, now)

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from kneeswarm.cli import start_target, stop_target
-from locustfiles.steady import P99_MIN_ROWS, judge, mser_cut, p99_half_width, qps_half_width
+from locustfiles.steady import P99_MIN_ROWS, closed_loop_qps_half_width, judge, mser_cut, p99_half_width, qps_half_width
 from tests.conftest import bad_plan_line, read_summary, side_by_side, start_cli
 
 FIXED_HOLD = 20.0  # the fixed hold the steady steps must beat (the plan's default hold)
@@ -66,6 +66,72 @@ def test_judge_cuts_a_drift_and_waits_for_a_trend():
     assert not early.steady and "not steady" in early.why
     climb = judge(t, 50 + 1.0 * t + rng.exponential(0.5, len(t)), 0.0, 20.0, 0.10)  # +1 ms/s, never levels
     assert not climb.steady and "median latency" in climb.why, climb
+
+
+def _cohorts(users: int, cycle: float, phase: float, seconds: float) -> tuple[np.ndarray, np.ndarray]:
+    """Closed-loop rows of ``users`` in step (a server that serves its requests alike answers them
+    together): every ``cycle`` s from ``phase`` all of them start again; latency the cycle less 1 ms."""
+    starts = phase + np.arange(int(seconds / cycle) + 2) * cycle
+    t = np.repeat(starts[starts < seconds], users)
+    return t, np.full(len(t), (cycle - 0.001) * 1000.0)
+
+
+def _window_error(t: np.ndarray, v, horizon: float, truth_qps: float) -> float:
+    """|QPS over the verdict's window [t_cut, horizon) (what the search reads) / the truth - 1|."""
+    n = int(((t >= v.t_cut) & (t < horizon)).sum())
+    return abs(n / (horizon - v.t_cut) / truth_qps - 1)
+
+
+def test_closed_loop_qps_half_width_covers_users_in_step_where_per_second_counts_do_not():
+    """N users in step, cycle C: the truth is N/C exactly.  Over random cycles, phases and windows the
+    verdict's QPS half-width with the users (the count's ends, the users' requests straddling them)
+    holds the window's real error in every draw (under N rows whatever the phase: N/(rows − N)), where the per-second counts'
+    Student-t interval (no users) holds it less often: at C = 250 ms every second holds 4N
+    and it claims ±0.0 % while a 6.4-s window is off by 1.6 %."""
+    rng = np.random.default_rng(11)
+    hit_users = hit_counts = n = 0
+    for _ in range(400):
+        users, cycle = int(rng.choice([1, 4, 8, 16])), float(rng.uniform(0.12, 0.3))
+        seconds = float(rng.uniform(6.0, 16.0))
+        t, lat = _cohorts(users, cycle, float(rng.uniform(0, cycle)), seconds + 1)
+        with_users = judge(t, lat, 0.0, seconds, 0.10, users=users)
+        counts = judge(t, lat, 0.0, seconds, 0.10)
+        if not (with_users.steady and counts.steady):
+            continue
+        assert with_users.t_cut == counts.t_cut
+        err = _window_error(t, with_users, seconds, users / cycle)
+        n += 1
+        hit_users += err <= with_users.qps_half_width
+        hit_counts += err <= counts.qps_half_width
+    assert n >= 300 and hit_users == n and hit_counts / n <= 0.9, (n, hit_users, hit_counts)
+    # 250 ms divides a second: the counts are 4N each second and claim ±0.0 %; a window's ends still err
+    t, lat = _cohorts(4, 0.25, 0.0, 8.0)
+    v = judge(t, lat, 0.0, 6.4, 0.10, users=4)
+    assert judge(t, lat, 0.0, 6.4, 0.10).qps_half_width == 0.0
+    assert v.t_cut == 0.0 and _window_error(t, v, 6.4, 16.0) == pytest.approx(1 / 64)  # 104 rows, not 102.4
+    assert v.qps_half_width == pytest.approx(4 / 100, rel=1e-3)  # latency constant: the ends alone, N/(rows - N)
+
+
+def test_closed_loop_qps_half_width_takes_the_cycles_own_noise_from_the_latencies():
+    """Users not in step, each a renewal process of exponential cycles (mean 50 ms): the count's noise
+    is the cycles' (cv 1, ~1/√rows), far above N/rows.  The half-width, from the per-second mean
+    latencies (Little's law), holds the window's real error against the truth N/0.05 in >= 90 % of
+    300 seeds; the count's ends alone would hold it in under 60 %."""
+    rng = np.random.default_rng(12)
+    hit = ends_only = 0
+    for _ in range(300):
+        users, seconds = int(rng.choice([1, 2, 4])), 10.0
+        cyc = [rng.exponential(0.05, 600) for _ in range(users)]
+        t = np.concatenate([np.concatenate([[0.0], np.cumsum(c)[:-1]]) for c in cyc])
+        lat = np.concatenate(cyc) * 1000.0
+        keep = t < seconds + 1
+        hw = closed_loop_qps_half_width(users, t[keep], lat[keep], 0.0, seconds)
+        rows = int((t < seconds).sum())
+        err = abs(rows / seconds / (users / 0.05) - 1)
+        hit += err <= hw
+        ends_only += err <= users / (rows - users)
+    assert hit >= 270 and ends_only < 180, (hit, ends_only)
+    assert closed_loop_qps_half_width(4, np.arange(10.0), np.ones(10), 0.0, 2.5) == math.inf  # under 3 s
 
 
 def test_open_loop_is_judged_on_the_share_of_arrivals_not_their_poisson_count():
