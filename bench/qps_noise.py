@@ -22,6 +22,10 @@ windows of t seconds.  Per (target, users) and t it prints:
 - hw_z/1.96: the mean over the windows of steady.qps_half_width(per-second counts of the window's
   whole seconds) / 1.96 -- the σ steady's interval claims (calibrated when it matches σ_t);
 - hw_t/1.96: the same with Student's t_{0.975,k−1} in place of 1.96 (k: the window's seconds);
+- hw_N/1.96: steady.closed_loop_qps_half_width with the step's users (the half-width the code uses:
+  the count's ends, users/(rows − users), and the mean latency's noise) / 1.96;
+- cover t, cover N: the share of the windows whose QPS is within hw_t, hw_N of its step's mean (a 95 %
+  half-width should hold 95 % of them or more);
 - σ_t·√t: constant if σ ∝ 1/√rows;
 
 then the fit σ(t)² = sys² + samp²·(15.5/t) (least squares over t, weighted by the windows' n − 1):
@@ -52,7 +56,7 @@ sys.path.insert(0, str(ROOT))
 
 from kneeswarm.cli import start_target, stop_target  # noqa: E402
 from kneeswarm.rundir import RunDir  # noqa: E402
-from locustfiles.steady import Z95, qps_half_width  # noqa: E402
+from locustfiles.steady import Z95, closed_loop_qps_half_width, qps_half_width  # noqa: E402
 
 SERVICE_S = 0.2  # the targets' service time (bench/search.py's 200 ms)
 SLOTS = 24  # knee target: saturates at 24 users, so 4, 8, 16 all scale linearly
@@ -96,36 +100,45 @@ def run_once(work: Path, hold: int) -> None:
             stop_target(proc)
 
 
-def step_rows(run: Path) -> dict[int, tuple[np.ndarray, float, float]]:
-    """{users: (successful rows' t_start in [t_lo, t_hi), t_lo, t_hi)} of one run's steps."""
+Step = tuple[np.ndarray, np.ndarray, float, float]  # successful rows' t_start (sorted), their latency_ms, t_lo, t_hi
+
+
+def step_rows(run: Path) -> dict[int, Step]:
+    """{users: (successful rows' t_start in [t_lo, t_hi), their latency_ms, t_lo, t_hi)} of one run's steps."""
     summary = json.loads((run / "report" / "summary.json").read_text())
     df = RunDir.open(run).read_requests()
     out = {}
     for i, s in enumerate(summary["steps"]):
         if s.get("t_lo") is None or s.get("t_hi") is None:
             continue
-        t = df["t_start"].to_numpy()[(df["step"].to_numpy() == i) & df["ok"].to_numpy().astype(bool)]
-        out[int(s["users"])] = (np.sort(t[(t >= s["t_lo"]) & (t < s["t_hi"])]), float(s["t_lo"]), float(s["t_hi"]))
+        mine = (df["step"].to_numpy() == i) & df["ok"].to_numpy().astype(bool)
+        t, lat = df["t_start"].to_numpy()[mine], df["latency_ms"].to_numpy()[mine]
+        keep = (t >= s["t_lo"]) & (t < s["t_hi"])
+        order = np.argsort(t[keep], kind="stable")
+        out[int(s["users"])] = (t[keep][order], lat[keep][order], float(s["t_lo"]), float(s["t_hi"]))
     return out
 
 
-def windows(t: np.ndarray, t_lo: float, t_hi: float, w: float) -> list[tuple[float, float, float]]:
-    """Per non-overlapping window of w seconds: (QPS, hw_z/1.96, hw_t/1.96); the half-widths from the
-    per-second counts of the window's whole seconds, as steady.qps_half_width judges a step."""
+def windows(step: Step, users: int, w: float) -> list[tuple[float, float, float, float]]:
+    """Per non-overlapping window of w seconds: (QPS, hw_z, hw_t, hw_N), relative 95 % half-widths:
+    hw_z, hw_t from the per-second counts of the window's whole seconds (steady.qps_half_width),
+    hw_N steady.closed_loop_qps_half_width with the users (whole seconds too)."""
+    t, lat, t_lo, t_hi = step
     out = []
+    k = int(math.floor(w))
     for i in range(int((t_hi - t_lo) // w)):
         a = t_lo + i * w
         rows = t[(t >= a) & (t < a + w)]
-        k = int(math.floor(w))
         counts = np.bincount(((rows - a) // 1.0).astype(int), minlength=k)[:k].astype(float)
-        hw = qps_half_width(counts) / Z95
-        out.append((len(rows) / w, hw, hw * float(stats.t.ppf(0.975, k - 1)) / Z95))
+        hw = qps_half_width(counts)
+        out.append((len(rows) / w, hw, hw * float(stats.t.ppf(0.975, k - 1)) / Z95,
+                    closed_loop_qps_half_width(users, t, lat, a, a + k)))
     return out
 
 
-def collect(root: Path) -> dict[tuple[str, int], list[tuple[np.ndarray, float, float]]]:
+def collect(root: Path) -> dict[tuple[str, int], list[Step]]:
     """{(kind, users): [each run's step rows]} from root/run<i>/<kind>/<run dir>."""
-    out: dict[tuple[str, int], list[tuple[np.ndarray, float, float]]] = {}
+    out: dict[tuple[str, int], list[Step]] = {}
     for r in sorted(root.glob("run*")):
         for kind in CASES:
             runs = sorted((r / kind).iterdir()) if (r / kind).is_dir() else []
@@ -135,21 +148,25 @@ def collect(root: Path) -> dict[tuple[str, int], list[tuple[np.ndarray, float, f
     return out
 
 
-def noise_rows(steps: list[tuple[np.ndarray, float, float]], w: float) -> dict:
+def noise_rows(steps: list[Step], users: int, w: float) -> dict:
     """One window length's figures over the steps (runs) of one (target, users)."""
-    full = [len(t) / (hi - lo) for t, lo, hi in steps]
+    full = [len(t) / (hi - lo) for t, _, lo, hi in steps]
     grand = float(np.mean(full))
-    within, across, hz, ht = [], [], [], []
-    for (t, lo, hi), mean in zip(steps, full):
-        for qps, hw_z, hw_t in windows(t, lo, hi, w):
+    within, across, hz, ht, hn = [], [], [], [], []
+    for step, mean in zip(steps, full):
+        for qps, hw_z, hw_t, hw_n in windows(step, users, w):
             within.append(qps / mean - 1)  # each step's own mean: the within-step noise
             across.append(qps / grand - 1)  # the runs' mean: run-to-run offsets count too
             hz.append(hw_z)
             ht.append(hw_t)
+            hn.append(hw_n)
+    err = np.abs(within)
     n, dof = len(within), len(within) - len(steps)  # one mean estimated per step
     return {"t": w, "n": n, "dof": dof, "sigma": math.sqrt(sum(d * d for d in within) / dof) if dof > 0 else math.nan,
             "sigma_all": float(np.std(across, ddof=1)) if n > 1 else math.nan,
-            "hw_z": float(np.mean(hz)), "hw_t": float(np.mean(ht)), "poisson": 1 / math.sqrt(grand * w)}
+            "hw_z": float(np.mean(hz)) / Z95, "hw_t": float(np.mean(ht)) / Z95, "hw_n": float(np.mean(hn)) / Z95,
+            "cover_t": float(np.mean(err <= np.array(ht))), "cover_n": float(np.mean(err <= np.array(hn))),
+            "poisson": 1 / math.sqrt(grand * w)}
 
 
 def fit(rows: list[dict], key: str) -> tuple[float, float]:
@@ -175,12 +192,14 @@ def report(data: dict) -> int:
     pct = lambda v: f"{v:.2%}"  # noqa: E731
     for (kind, users), steps in sorted(data.items()):
         print(f"\n### {kind} users={users} ({len(steps)} runs, truth {truth_qps(kind, users):.2f} QPS)")
-        print("| t s | windows | σ_t within | σ_t incl. run-to-run | hw_z/1.96 | hw_t/1.96 | σ_t·√t | 1/√rows |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-        rows = [noise_rows(steps, w) for w in WINDOWS]
+        print("| t s | windows | σ_t within | σ_t incl. run-to-run | hw_z/1.96 | hw_t/1.96 | hw_N/1.96 | cover t | "
+              "cover N | σ_t·√t | 1/√rows |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        rows = [noise_rows(steps, users, w) for w in WINDOWS]
         for r in rows:
             print(f"| {r['t']:g} | {r['n']} | {pct(r['sigma'])} | {pct(r['sigma_all'])} | {pct(r['hw_z'])} | "
-                  f"{pct(r['hw_t'])} | {r['sigma'] * math.sqrt(r['t']):.4f} | {pct(r['poisson'])} |")
+                  f"{pct(r['hw_t'])} | {pct(r['hw_n'])} | {r['cover_t']:.0%} | {r['cover_n']:.0%} | "
+                  f"{r['sigma'] * math.sqrt(r['t']):.4f} | {pct(r['poisson'])} |")
         for key, name in (("sigma", "within"), ("sigma_all", "incl. run-to-run")):
             sys_, samp = fit(rows, key)
             print(f"fit ({name}): sys = {pct(sys_)}, samp(15.5 s) = {pct(samp)}")
@@ -188,7 +207,7 @@ def report(data: dict) -> int:
     print("| target | users | QPS by run | rel. diff (r2−r1)/mean | QPS/user by run | truth QPS/user | vs truth |")
     print("|---|---:|---|---:|---|---:|---|")
     for (kind, users), steps in sorted(data.items()):
-        full = [len(t) / (hi - lo) for t, lo, hi in steps]
+        full = [len(t) / (hi - lo) for t, _, lo, hi in steps]
         diff = (full[-1] - full[0]) / float(np.mean(full)) if len(full) > 1 else math.nan
         truth = truth_qps(kind, users)
         print(f"| {kind} | {users} | {', '.join(f'{q:.2f}' for q in full)} | {pct(diff)} | "
