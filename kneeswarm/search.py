@@ -125,17 +125,14 @@ EARLY_END = True
 # rules need it as precise as a full hold gives it.  0.025 takes 41 cycles of each user (8.2 s at 200 ms).
 # (Until 2026-12 the half-width was Student's t on the per-second counts: a cohort of users in step made
 # those claim ±0.0 % at 200 ms, so knee:11's probes ended at the first look, and ±4 % at 217 ms, so no
-# probe of USL 0.02/0.002 ever ended early; bench/qps_noise.py's real windows fell inside it 26-72 % of the
-# time at 3-6 s, inside the new one 100 %.)  bench/search_sim.py --early, σ(t)² = sys² + samp²·(FULL_S/t),
-# the gate on the sampling half-width 1.96·samp·√(FULL_S/t), 200 seeds x 7 cases: at 0.02, 0.025 and 0.03
-# no case loses more than 1 of 200 against off under (sys, samp) = (0, 0.03) [no early end at all],
-# (0.01, 0.01), (0.02, 0.005), (0.005, 0.005); under a drift-heavy (0.03, 0.008) 0.02 and 0.025 lose at most
-# 2, 0.03 loses 3 (USL 0.02/0.002 182 -> 179).  0.025 still ends 3 probes early at knee:11 under (0.01, 0.01),
-# 16.5 s of rows saved (0.02: 1.5 s), 27 s under (0.005, 0.005) and (0.02, 0.005).  The gate sees the
-# noise within a probe only; what it cannot see, the host's drift, is the sim's sys.
-# Measured (bench/qps_noise.py, real demo targets, 60 s steps, two runs): within a step σ is 1.7 % at 6 s and
-# 0.3-0.8 % at 15.5 s (1/√rows would say 3-6 %), run to run the full step's QPS moves <= 0.6 %: (sys, samp) ~
-# (0.005, 0.01), under which the gated early end keeps all 7 cases at 200 of 200 and saves 5.5-22 s of rows.
+# probe of USL 0.02/0.002 ever ended early; bench/qps_noise.py's real windows fell inside it 26-100 % of the
+# time, inside the new one 100 %.)  Measured there (real demo targets, 60 s steps, two runs): within a step
+# σ is 1.1-1.8 % at 6 s and 0.1-0.7 % at 15.5 s, run to run the full step's QPS moves <= 0.3 %: (sys, samp) ~
+# (0.005, 0.01).  bench/search_sim.py --early (its gate users/(rows − users)), 200 seeds x 7 cases, within
+# max(1, 10 %) against off: 0.02, 0.025 and 0.03 all keep 200 of 200 under (0.005, 0.01) and lose at most 2
+# under a drift-heavy (0.03, 0.008), which no gate sees; 0.025 saves 5.5 (knee:3) - 25 s (knee:24) of rows
+# a search (0.02: 4.5-18, 0.03: 5.5-31).  The gate sees the noise within a probe only; the host's drift
+# is the sim's sys.
 EARLY_QPS_CI = 0.025
 # ... and its P99 at most this share of the P99_RISE limit (P99 from so few rows is rough, so "well below")
 P99_CERTAIN_SHARE = 0.5
