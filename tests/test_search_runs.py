@@ -92,8 +92,10 @@ def test_search_locates_the_knee_of_real_targets_and_stops_at_failures(tmp_path)
               s[name]["load_s"], s[name]["grid_equivalent_s"])
 
     # the early end is wired into real runs: a start or growth probe whose scaling was certain and whose
-    # QPS was measured within EARLY_QPS_CI ended before its P99 was known (knee:11's 4 and 8 and the
-    # demo's 1 and 2 did on a quiet host), said so in steps.csv, and stayed valid; no other probe did
+    # QPS was measured within EARLY_QPS_CI ended before its P99 was known (the demo's 1 and 2 do: 41 cycles
+    # of 50 ms and 100 rows are in by 6 s; knee:11's 4 and 8 need 41 cycles of 200 ms, 8.2 s of rows, about
+    # what max_hold 11 leaves after the settle and the watermark), said so in steps.csv, and stayed valid;
+    # no other probe did
     early = []
     for name, run in runs.items():
         steps = pd.read_csv(run / "steps.csv")
