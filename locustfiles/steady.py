@@ -17,30 +17,29 @@ What is kept must then have no trend: the median of the last third of each kept 
 from that of its first third by at most ``ci`` of the series' median (a trend test of magnitude,
 robust to a stall near either end; MSER alone passes a steady climb whose points sit near its mean).
 
-Known: after the cut, QPS within ``ci`` (relative half-width of a 95 % interval) from the mean and
-spread of the per-second counts (batch means of one second), and P99 within ``ci`` from the
+Known: after the cut, QPS within ``ci`` (relative half-width of a 95 % interval; closed loop from
+the count's ends and the mean latency's noise, below; else from the mean and spread of the
+per-second counts, batch means of one second), and P99 within ``ci`` from the
 binomial order-statistic interval: the ranks n·p ∓ 1.96·√(n·p·(1 − p)) of the sorted latencies
 bound the p-quantile with 95 % confidence whatever the distribution (Conover, Practical
 Nonparametric Statistics, 3rd ed., §3.2); its relative half-width is (x_(u) − x_(l)) / 2 / P99.
-Closed loop with the step's users given (the step schedule does): the per-second counts mislead.  N
-users without think time start their requests in cohorts (a server that serves its requests alike, or
-batches them, answers them together, and each answer starts the next request), so a second holds a
-whole number of cohorts: at 4 users and 200 ms every second holds 20 and the counts claim ±0.0 %, at
-217 ms they jump 16/20/24 and claim ±4 % where the window's QPS is within ±1.5 %.  On bench/qps_noise.py's
-real runs (demo targets, 60-s steps, windows of 3-15.5 s) their interval covered the window's error in
-26-72 % of 3-6 s windows.  What the count of a window [a, b) really misses is its two ends: each user's
-requests in it number (b − a)/cycle rounded up or down, an error under 1 row; N users in step err
-together, by under N rows: relative to the true count (over rows − N), N/(rows − N) bounds it whatever
-the phase.  (For a uniform phase of both ends the
-95 % point would be (1 − √0.05)·N/rows, σ ≈ 0.41·N/rows, 0.4-0.45 measured; but the window starts
-at t_cut, often a row's start, and then the count errs by up to N rows one way, uniformly: its 95 %
-point is 0.95·N/rows.)  The rest of the QPS noise
-is the cycle's own: by Little's law (X = N/(R + Z)) QPS is known as well as the mean latency, whose
-half-width comes from the per-second mean latencies (Student's t₀.₉₇₅ with k − 1 degrees of freedom).
-The two are added in quadrature (``closed_loop_qps_half_width``): on the same real runs it covered 100 %
-of the windows of 3-6 s (83-100 % at 9 s with 12 windows).  ``qps_half_width`` is that one, and
-``known`` uses it; a search probe that ends on its QPS alone (kneeswarm.search.EARLY_QPS_CI) is gated
-on it.  Without the users (a caller that does not know them) the per-second counts' batch means stand:
+Closed loop with the step's users given (the step schedule does), QPS's half-width is not the
+per-second counts'.  N users without think time start their requests in cohorts (a server that serves
+its requests alike, or batches them, answers them together, and each answer starts the next request),
+so a second holds a whole number of cohorts: at 4 users and 200 ms every second holds 20 and the
+counts claim ±0.0 %, at 217 ms they jump 16/20/24 and claim ±4 % where the window's QPS is within
+±1.5 %.  On bench/qps_noise.py's real runs (demo targets, 60-s steps) their interval held the error
+of 26-89 % of the windows of 3-6 s.  What the count of a window [a, b) misses is its two ends: each
+user's requests in it number (b − a)/cycle rounded up or down, an error under one row, and N users
+in step err together, by under N rows, so N/(rows − N) bounds the relative error whatever the phase.
+(For uniform phases at both ends its 95 % point would be 0.78·N/rows, σ ≈ 0.41·N/rows, 0.4-0.45
+measured; but the window starts at t_cut, often a row's start, and the count then errs one way by up
+to N rows, uniformly: 0.95·N/rows.)  The rest is the cycle's own noise: by Little's law (X = N/(R + Z))
+QPS is known as well as the mean latency, whose half-width comes from the per-second mean latencies
+(Student's t₀.₉₇₅ with k − 1 degrees of freedom).  ``closed_loop_qps_half_width`` adds the two in
+quadrature; it held the error of every window of 3-15.5 s of the same runs.  ``known`` and the
+verdict's ``qps_half_width`` (what a search probe ending on its QPS alone is gated on,
+kneeswarm.search.EARLY_QPS_CI) use it.  Without the users the per-second counts' batch means stand:
 z for ``known``, Student's t (2.78 at 5 s, 2.26 at 10 s) for ``qps_half_width``.
 
 Open loop (``t_sent``: every row's intended send time, failed ones too) is judged on the share of
@@ -153,9 +152,10 @@ def qps_half_width_t(counts: np.ndarray) -> float:
 def closed_loop_qps_half_width(users: int, t: np.ndarray, latency_ms: np.ndarray, t_cut: float,
                                horizon: float) -> float:
     """Relative 95 % half-width of a closed loop's QPS over [t_cut, horizon) from its successful rows
-    (``t`` start, epoch s): the count's ends, users/(rows − users) (each user's requests straddling either
-    end err by under one row, all in step at worst), and the cycle's noise, Student's t on the mean latency of each
-    whole second (Little's law), in quadrature (the module's docstring; inf when unknown)."""
+    (``t`` start, epoch s): the count's ends, users/(rows − users) (each user's requests straddling
+    either end err by under one row, all in step at worst), and the cycle's noise, Student's t on the
+    mean latency of each whole second (Little's law), in quadrature (the module's docstring; inf when
+    unknown)."""
     keep = (t >= t_cut) & (t < horizon)
     rows = int(keep.sum())
     k = int(math.floor(horizon - t_cut))
