@@ -246,12 +246,13 @@ def judge(t_start: np.ndarray, latency_ms: np.ndarray, t_lo: float, horizon: flo
         return Verdict(False, False, None, f"not steady: {what} over the kept window (median of its last third against its first, > ±{ci:.0%})")
     t_cut = max(t_lo + d_qps, float(t[d_lat * MSER_BATCH]))
     after = t >= t_cut
-    if sent is None:
+    if sent is None and users is not None:
+        hw_qps = hw_t = closed_loop_qps_half_width(users, t, lat, t_cut, horizon)
+        what = "QPS"
+    elif sent is None:
         whole = int(math.floor(horizon - t_cut))
         per_s = np.bincount(((t[after] - t_cut) // 1.0).astype(int), minlength=whole)[:whole].astype(float)
         hw_qps, hw_t, what = qps_half_width(per_s), qps_half_width_t(per_s), "QPS"
-        if users is not None:
-            hw_qps = hw_t = closed_loop_qps_half_width(users, t, lat, t_cut, horizon)
     else:
         hw_qps, what = share_half_width(int(after.sum()), int((sent >= t_cut).sum())), "QPS (share of the offered)"
         hw_t = hw_qps

@@ -112,6 +112,28 @@ def test_closed_loop_qps_half_width_covers_users_in_step_where_per_second_counts
     assert v.qps_half_width == pytest.approx(4 / 100, rel=1e-3)  # latency constant: the ends alone, N/(rows - N)
 
 
+def test_the_step_schedule_gives_auto_hold_its_users():
+    """StepSchedule -> AutoHold.decide -> judge: a closed-loop step's verdict counts its users at the
+    window's ends.  4 users in step every 250 ms put 16 rows in every second, where the per-second
+    counts claim ±0.0 %; the schedule's verdict is judge's with users=4 on the same rows."""
+    from locustfiles.steady import AutoHold
+    from locustfiles.steps import StepSchedule
+
+    t, lat = _cohorts(4, 0.25, 100.0, 120.0)
+    auto = AutoHold(min_hold=3.0, max_hold=20.0, settle=1.0, ci=0.10, lag_s=0.5)
+    s = StepSchedule([4, 8], ramp=0.0, hold=20.0, auto=auto)
+    s.tick(100.0, 0)
+    s.spawned(100.0)
+    auto.add({"t_start": list(t[t < 107.5]), "latency_ms": list(lat[t < 107.5]), "ok": [True] * int((t < 107.5).sum())})
+    s.tick(108.0, 4)
+    v = auto.last
+    assert v is not None and v.steady and v.t_cut is not None
+    rows = int(((t >= v.t_cut) & (t < 107.5)).sum())
+    assert rows > 4 and v.qps_half_width == pytest.approx(4 / (rows - 4), rel=1e-3)
+    assert v.qps_half_width == judge(t, lat, 101.0, 107.5, 0.10, users=4).qps_half_width
+    assert judge(t, lat, 101.0, 107.5, 0.10).qps_half_width == 0.0  # what it was without the users
+
+
 def test_closed_loop_qps_half_width_takes_the_cycles_own_noise_from_the_latencies():
     """Users not in step, each a renewal process of exponential cycles (mean 50 ms): the count's noise
     is the cycles' (cv 1, ~1/√rows), far above N/rows.  The half-width, from the per-second mean
