@@ -85,7 +85,7 @@ debs:
 
 # After a change of dependencies: record the versions of a venv the whole suite passed in.
 constraints: $(STAMP)
-	{ sed -n '/^#/p' $(CONSTRAINTS); $(PY) -m pip freeze --exclude-editable | grep -v '^#'; } > $(CONSTRAINTS).new
+	{ sed -n '/^#/p' $(CONSTRAINTS); $(PY) -m pip freeze --all --exclude-editable | grep -v -e '^#' -e '^pip==' -e '^wheel=='; } > $(CONSTRAINTS).new
 	mv $(CONSTRAINTS).new $(CONSTRAINTS)
 
 clean:

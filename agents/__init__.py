@@ -1,12 +1,12 @@
 """SSH deployment and lifecycle of the remote agent; clock offsets (floor 3).
 
-``agents.remote`` is the agent itself (a stdlib-only package, floor 0, packed by ``agents.bundle``
+``kneeswarm.agents.remote`` is the agent itself (a stdlib-only package, floor 0, packed by ``kneeswarm.agents.bundle``
 into one zipapp uploaded to each server; its ``defaults`` are imported by the controller side and
-by the plan); ``agents.host`` drives it for one host (``deploy``, ``heartbeat``, ``fetch`` over a
-``link``) and ``agents.hosts`` for all of a run's hosts at once, over a transport
-(``agents.local`` or ``agents.ssh``); ``agents.clock`` measures each host's clock offset.
+by the plan); ``kneeswarm.agents.host`` drives it for one host (``deploy``, ``heartbeat``, ``fetch`` over a
+``link``) and ``kneeswarm.agents.hosts`` for all of a run's hosts at once, over a transport
+(``kneeswarm.agents.local`` or ``kneeswarm.agents.ssh``); ``kneeswarm.agents.clock`` measures each host's clock offset.
 
-The names below are imported when first used (PEP 562), so that ``agents.remote.defaults`` can be
+The names below are imported when first used (PEP 562), so that ``kneeswarm.agents.remote.defaults`` can be
 imported by the plan (floor 1) without loading the controller side, which imports the plan.
 """
 
@@ -16,17 +16,17 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collectors.parsed import write_parsed_csvs
+    from kneeswarm.collectors.parsed import write_parsed_csvs
 
-    from agents.errors import AgentError, HostKeyError, TransportError
-    from agents.host import HostAgent, open_agent
-    from agents.hosts import HostAgents
-    from agents.settings import AgentSettings
+    from kneeswarm.agents.errors import AgentError, HostKeyError, TransportError
+    from kneeswarm.agents.host import HostAgent, open_agent
+    from kneeswarm.agents.hosts import HostAgents
+    from kneeswarm.agents.settings import AgentSettings
 
 #: name -> the module that defines it
-_EXPORTS = {"AgentError": "agents.errors", "HostKeyError": "agents.errors", "TransportError": "agents.errors",
-            "HostAgent": "agents.host", "open_agent": "agents.host", "HostAgents": "agents.hosts",
-            "AgentSettings": "agents.settings", "write_parsed_csvs": "collectors.parsed"}
+_EXPORTS = {"AgentError": "kneeswarm.agents.errors", "HostKeyError": "kneeswarm.agents.errors", "TransportError": "kneeswarm.agents.errors",
+            "HostAgent": "kneeswarm.agents.host", "open_agent": "kneeswarm.agents.host", "HostAgents": "kneeswarm.agents.hosts",
+            "AgentSettings": "kneeswarm.agents.settings", "write_parsed_csvs": "kneeswarm.collectors.parsed"}
 
 __all__ = sorted(_EXPORTS)
 

@@ -19,10 +19,10 @@ import logging
 import statistics
 import time
 
-from collectors.correction import ClockCorrection, ClockOffset
+from kneeswarm.collectors.correction import ClockCorrection, ClockOffset
 
-from agents.errors import AgentError
-from agents.transport import EchoChannel
+from kneeswarm.agents.errors import AgentError
+from kneeswarm.agents.transport import EchoChannel
 
 logger = logging.getLogger(__name__)
 

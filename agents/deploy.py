@@ -6,13 +6,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kneeswarm.plan import HostPlan
-from kneeswarm.rundir import WarningLog
+from kneeswarm.contracts.plan import HostPlan
+from kneeswarm.contracts.rundir import WarningLog
 
-from agents import clock, selection, shellagent
-from agents.errors import AgentError
-from agents.link import HostLink
-from agents.settings import AgentSettings
+from kneeswarm.agents import clock, selection, shellagent
+from kneeswarm.agents.errors import AgentError
+from kneeswarm.agents.link import HostLink
+from kneeswarm.agents.settings import AgentSettings
 
 logger = logging.getLogger(__name__)
 

@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kneeswarm.rundir import WarningLog
+from kneeswarm.contracts.rundir import WarningLog
 
-from agents.errors import AgentError, TransportError
-from agents.link import RECONNECT_WINDOW, HostLink
-from agents.remote.defaults import MANIFEST_FILE, NOT_FETCHED, REWRITTEN, STATUS_FILE
+from kneeswarm.agents.errors import AgentError, TransportError
+from kneeswarm.agents.link import RECONNECT_WINDOW, HostLink
+from kneeswarm.agents.remote.defaults import MANIFEST_FILE, NOT_FETCHED, REWRITTEN, STATUS_FILE
 
 logger = logging.getLogger(__name__)
 

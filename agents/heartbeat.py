@@ -12,12 +12,12 @@ import logging
 import threading
 import time
 
-from kneeswarm.rundir import WarningLog
+from kneeswarm.contracts.rundir import WarningLog
 
-from agents.errors import AgentError
-from agents.link import HostLink, backoff
-from agents.remote.defaults import WATCH_BYE
-from agents.transport import EchoChannel
+from kneeswarm.agents.errors import AgentError
+from kneeswarm.agents.link import HostLink, backoff
+from kneeswarm.agents.remote.defaults import WATCH_BYE
+from kneeswarm.agents.transport import EchoChannel
 
 logger = logging.getLogger(__name__)
 

@@ -9,10 +9,10 @@
     meta = agent.meta()              # for meta.json["hosts"][label]
     agent.close()
 
-The pieces: ``agents.deploy`` (upload, preflight, start, stop, clock), ``agents.heartbeat`` (the
-watch channel in a thread), ``agents.fetch`` (copy home, verify), over one ``agents.link``
+The pieces: ``kneeswarm.agents.deploy`` (upload, preflight, start, stop, clock), ``kneeswarm.agents.heartbeat`` (the
+watch channel in a thread), ``kneeswarm.agents.fetch`` (copy home, verify), over one ``kneeswarm.agents.link``
 (retries, reconnects). The transport (local subprocess or SSH) is the only difference between
-``local`` and a remote server. ``agents.hosts.HostAgents`` drives several hosts at once.
+``local`` and a remote server. ``kneeswarm.agents.hosts.HostAgents`` drives several hosts at once.
 """
 
 from __future__ import annotations
@@ -20,18 +20,18 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kneeswarm.plan import HostPlan
-from kneeswarm.rundir import RunDir, WarningLog
+from kneeswarm.contracts.plan import HostPlan
+from kneeswarm.contracts.rundir import RunDir, WarningLog
 
-from collectors.parsed import LiveParse, write_parsed_csvs
+from kneeswarm.collectors.parsed import LiveParse, write_parsed_csvs
 
-from agents.deploy import Deployment
-from agents.fetch import Fetcher
-from agents.heartbeat import Heartbeat
-from agents.link import HostLink
-from agents.errors import AgentError
-from agents.settings import AgentSettings
-from agents.transport import Transport
+from kneeswarm.agents.deploy import Deployment
+from kneeswarm.agents.fetch import Fetcher
+from kneeswarm.agents.heartbeat import Heartbeat
+from kneeswarm.agents.link import HostLink
+from kneeswarm.agents.errors import AgentError
+from kneeswarm.agents.settings import AgentSettings
+from kneeswarm.agents.transport import Transport
 
 logger = logging.getLogger(__name__)
 
@@ -40,10 +40,10 @@ MAX_HOST_WARNINGS = 50  # warnings kept per host for meta.json (the rest are cou
 
 def make_transport(host: HostPlan, accept_new_host_keys: bool = False) -> Transport:
     if host.ssh is None:
-        from agents.local import LocalTransport
+        from kneeswarm.agents.local import LocalTransport
 
         return LocalTransport(label=host.label, python=[host.python] if host.python else None)
-    from agents.ssh import SSHTransport
+    from kneeswarm.agents.ssh import SSHTransport
 
     return SSHTransport.from_plan(host, accept_new_host_keys=accept_new_host_keys)
 
@@ -117,7 +117,7 @@ class HostAgent:
         Runs on whatever arrived (meta's ``parsed_verified`` says whether it all matched the
         manifest); a parser that raised has its ``error`` in the stats and counts in ``lost``.
         ``live``: during the run, for the live view: only what arrived since the last call is
-        parsed where that is the cost (collectors.parsed.LiveParse); the final parse is whole."""
+        parsed where that is the cost (kneeswarm.collectors.parsed.LiveParse); the final parse is whole."""
         sel = self.deploy.selection
         enabled = list(sel.enabled) if sel else None
         if live:

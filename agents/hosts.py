@@ -15,12 +15,12 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, TypeVar
 
-from kneeswarm.plan import HostPlan, Plan
-from kneeswarm.rundir import RunDir
+from kneeswarm.contracts.plan import HostPlan, Plan
+from kneeswarm.contracts.rundir import RunDir
 
-from agents.errors import AgentError
-from agents.host import HostAgent, open_agent
-from agents.settings import AgentSettings
+from kneeswarm.agents.errors import AgentError
+from kneeswarm.agents.host import HostAgent, open_agent
+from kneeswarm.agents.settings import AgentSettings
 
 logger = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ import threading
 import time
 from typing import Any, Callable, TypeVar
 
-from agents.errors import AgentError, HostKeyError, TransportError
-from agents.shellagent import PYTHON_AGENT, AgentFlavor
-from agents.transport import EchoChannel, Transport
+from kneeswarm.agents.errors import AgentError, HostKeyError, TransportError
+from kneeswarm.agents.shellagent import PYTHON_AGENT, AgentFlavor
+from kneeswarm.agents.transport import EchoChannel, Transport
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class HostLink:
         self.t = transport
         self.run_id = run_id
         self.remote_dir: str | None = None
-        #: remote.pyz, or remote.sh where the host's python3 is absent or too old (agents.shellagent)
+        #: remote.pyz, or remote.sh where the host's python3 is absent or too old (kneeswarm.agents.shellagent)
         self.flavor: AgentFlavor = PYTHON_AGENT
         self.lock = threading.RLock()
         self.reconnects = 0

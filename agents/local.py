@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents.errors import AgentError, TransportError
-from agents.transport import CommandResult, EchoChannel, Transport
+from kneeswarm.agents.errors import AgentError, TransportError
+from kneeswarm.agents.transport import CommandResult, EchoChannel, Transport
 
 logger = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from collectors import COLLECTORS, HostContext, RunSpec, Unavailable
+from kneeswarm.collectors import COLLECTORS, HostContext, RunSpec, Unavailable
 
-from agents.errors import AgentError
-from agents.settings import AgentSettings
+from kneeswarm.agents.errors import AgentError
+from kneeswarm.agents.settings import AgentSettings
 
 logger = logging.getLogger(__name__)
 

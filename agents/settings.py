@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kneeswarm.plan import Plan
+from kneeswarm.contracts.plan import Plan
 
-from agents.remote.defaults import HEARTBEAT_TIMEOUT, INTERVAL, MAX_DURATION
+from kneeswarm.agents.remote.defaults import HEARTBEAT_TIMEOUT, INTERVAL, MAX_DURATION
 
 #: Added to the plan's duration for the agent's own time limit (the controller stops it first).
 MAX_DURATION_MARGIN = 180.0

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from collectors import COLLECTORS
+from kneeswarm.collectors import COLLECTORS
 
-from agents.errors import AgentError, TransportError
-from agents.bundle import agent_zipapp
-from agents.remote.defaults import SCRIPT_FILE
-from agents.transport import Transport
+from kneeswarm.agents.errors import AgentError, TransportError
+from kneeswarm.agents.bundle import agent_zipapp
+from kneeswarm.agents.remote.defaults import SCRIPT_FILE
+from kneeswarm.agents.transport import Transport
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class AgentFlavor:
 
     def preflight_config(self, cfg: dict[str, Any]) -> tuple[str, bytes]:
         """(file name, content) of what ``preflight`` reads."""
-        from agents.remote.defaults import PREFLIGHT_FILE
+        from kneeswarm.agents.remote.defaults import PREFLIGHT_FILE
 
         if self.kind == "python":
             return PREFLIGHT_FILE, json.dumps(cfg).encode()
@@ -72,7 +72,7 @@ class AgentFlavor:
 
     def start_config(self, cfg: dict[str, Any]) -> tuple[str, bytes]:
         """(file name, content) of what ``start`` reads (the shell agent: commands only)."""
-        from agents.remote.defaults import CONFIG_FILE
+        from kneeswarm.agents.remote.defaults import CONFIG_FILE
 
         if self.kind == "python":
             return CONFIG_FILE, json.dumps(cfg, indent=1).encode()

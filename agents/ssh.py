@@ -34,8 +34,8 @@ from typing import Any
 
 import paramiko
 
-from agents.errors import AgentError, HostKeyError, TransportError
-from agents.transport import CommandResult, EchoChannel, Transport
+from kneeswarm.agents.errors import AgentError, HostKeyError, TransportError
+from kneeswarm.agents.transport import CommandResult, EchoChannel, Transport
 
 logger = logging.getLogger(__name__)
 

@@ -2,25 +2,25 @@
 
 No network, no SSH.  ``analyze(run_dir)`` works on complete, crashed and interrupted runs
 alike: it rebuilds what can be derived from disk (parsed host CSVs from hosts/<host>/raw/,
-analysis.rebuild), reports what it has, and says what is missing or was lost (summary
-``warnings``, ``lost``, ``complete``: analysis.problems).  The pieces, one module per concept:
+kneeswarm.analysis.measure.rebuild), reports what it has, and says what is missing or was lost (summary
+``warnings``, ``lost``, ``complete``: kneeswarm.analysis.measure.problems).  The pieces, one module per concept:
 
-* analysis.inputs      everything read from the run directory (analysis.rebuild: raw -> parsed)
-* analysis.windows     each step's steady window; means of samples over windows
-* analysis.requestscan one pass over the request parts: per-step statistics, totals, timeline
-* analysis.loadstats   per-step request statistics of rows in memory (``step_stats``) and validity
-* analysis.trust       validity beyond a step's own rows: Little's law, clock-offset error bounds
-* analysis.findings    why the service stopped scaling (``explain``: findings, the USL fit)
-* analysis.serverstats per-step server metrics (``server_metrics``)
-* analysis.target      the server's own /metrics per step (``target_windows``)
-* analysis.soak        a soak's windows as time series, their trends and findings (no knee)
-* analysis.knee        ``find_knee``, ``find_latency_knee``, ``find_peak``, ``find_tokens_knee``
-* analysis.streaming   LLM streaming per step: TTFT/ITL/TPOT, tokens/s, goodput, token-count truth
-* analysis.loop        closed or open loop (``steps[].rate``), items per request (``items_s``)
-* analysis.hostfacts   the report header: what each host was (``host_facts``)
-* analysis.problems    warnings and losses of meta.json, the hosts and analysis, merged
-* analysis.summary     summary.json/summary.md (``build_summary``, ``to_markdown``)
-* analysis.report      index.html (``render_html``)
+* kneeswarm.analysis.measure.inputs      everything read from the run directory (kneeswarm.analysis.measure.rebuild: raw -> parsed)
+* kneeswarm.analysis.measure.windows     each step's steady window; means of samples over windows
+* kneeswarm.analysis.measure.requestscan one pass over the request parts: per-step statistics, totals, timeline
+* kneeswarm.analysis.measure.loadstats   per-step request statistics of rows in memory (``step_stats``) and validity
+* kneeswarm.analysis.measure.trust       validity beyond a step's own rows: Little's law, clock-offset error bounds
+* kneeswarm.analysis.findings    why the service stopped scaling (``explain``: findings, the USL fit)
+* kneeswarm.analysis.measure.serverstats per-step server metrics (``server_metrics``)
+* kneeswarm.analysis.measure.target      the server's own /metrics per step (``target_windows``)
+* kneeswarm.analysis.summary.soak        a soak's windows as time series, their trends and findings (no knee)
+* kneeswarm.analysis.models.knee        ``find_knee``, ``find_latency_knee``, ``find_peak``, ``find_tokens_knee``
+* kneeswarm.analysis.measure.streaming   LLM streaming per step: TTFT/ITL/TPOT, tokens/s, goodput, token-count truth
+* kneeswarm.analysis.measure.loop        closed or open loop (``steps[].rate``), items per request (``items_s``)
+* kneeswarm.analysis.measure.hostfacts   the report header: what each host was (``host_facts``)
+* kneeswarm.analysis.measure.problems    warnings and losses of meta.json, the hosts and analysis, merged
+* kneeswarm.analysis.summary.build     summary.json/summary.md (``build_summary``, ``to_markdown``)
+* kneeswarm.analysis.reports.html      index.html (``render_html``)
 """
 
 from __future__ import annotations
@@ -31,28 +31,29 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.findings import explain
-from analysis.gates import add_gates, write_junit
-from analysis.hostfacts import host_facts
-from analysis.inputs import RunInputs, load_inputs
-from analysis.knee import find_knee, find_latency_knee, find_peak, find_tokens_knee, kneedle_warnings
-from analysis.llmworkload import llm_workload
-from analysis.loop import load_facts
-from analysis.loadstats import data_loss_reasons, generator_cpu, step_stats, validate_steps
-from analysis.problems import collect
-from analysis.report import render_html
-from analysis.search import read_search, search_section
-from analysis.serverstats import server_metrics
-from analysis.soak import soak_findings, soak_knees, soak_section
-from analysis.streaming import ITL_COLUMNS, count_reasons, goodput_limits, has_streaming
-from analysis.summary import (build_summary, endpoint_facts, jsonable, step_records, to_json, to_markdown,
-                              workload_facts)
-from analysis.target import PROMETHEUS_STREAM, target_series_used
-from analysis.trust import add_reasons, sla_error_rate, trust_reasons
-from analysis.usl import fit_usl
-from analysis.workers import lost_worker_reasons, worker_table
-from kneeswarm.plan import is_soak
-from kneeswarm.rundir import SCALING_CERTAIN, write_text
+from kneeswarm.analysis.findings import explain
+from kneeswarm.analysis.summary.gates import add_gates
+from kneeswarm.analysis.reports.junit import write_junit
+from kneeswarm.analysis.measure.hostfacts import host_facts
+from kneeswarm.analysis.measure.inputs import RunInputs, load_inputs
+from kneeswarm.analysis.models.knee import (find_knee, find_latency_knee, find_peak, find_tokens_knee, kneedle_warnings)
+from kneeswarm.analysis.measure.llmworkload import llm_workload
+from kneeswarm.analysis.measure.loop import load_facts
+from kneeswarm.analysis.measure.loadstats import data_loss_reasons, generator_cpu, step_stats, validate_steps
+from kneeswarm.analysis.measure.problems import collect
+from kneeswarm.analysis.reports.html import render_html
+from kneeswarm.analysis.summary.search import read_search, search_section
+from kneeswarm.analysis.measure.serverstats import server_metrics
+from kneeswarm.analysis.summary.soak import soak_findings, soak_knees, soak_section
+from kneeswarm.analysis.measure.streaming import ITL_COLUMNS, count_reasons, goodput_limits, has_streaming
+from kneeswarm.analysis.summary.build import (build_summary, endpoint_facts, jsonable, step_records, to_json, workload_facts)
+from kneeswarm.analysis.reports.markdown import to_markdown
+from kneeswarm.analysis.measure.target import PROMETHEUS_STREAM, target_series_used
+from kneeswarm.analysis.measure.trust import add_reasons, sla_error_rate, trust_reasons
+from kneeswarm.analysis.models.usl import fit_usl
+from kneeswarm.analysis.measure.workers import lost_worker_reasons, worker_table
+from kneeswarm.contracts.plan import is_soak
+from kneeswarm.contracts.rundir import SCALING_CERTAIN, write_text
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
         rec["workers"] = per_worker
     if n and not n_ok:
         inputs.warnings.add(f"no request succeeded ({n:,} requests, all failed): no step is valid")
-    soak = is_soak(inputs.plan.get("load") or {})  # one load held: no knee (analysis.soak)
+    soak = is_soak(inputs.plan.get("load") or {})  # one load held: no knee (kneeswarm.analysis.summary.soak)
     knee, latency_knee = ((soak_knees()["knee"], soak_knees()["latency_knee"]) if soak
                           else (find_knee(users, qps), find_latency_knee(users, p99)))
     extras = llm_extras(good, inputs.plan, has_streaming(stats))
@@ -158,10 +159,10 @@ def llm_extras(good: pd.DataFrame, plan: dict[str, Any], streaming: bool = False
 
 
 def add_explanations(summary: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
-    """``findings`` and ``usl`` (analysis.findings.explain, over the valid steps only); a rule that
-    failed becomes a warning.  Little's law is already in each step's reasons (analysis.trust).
+    """``findings`` and ``usl`` (kneeswarm.analysis.findings.explain, over the valid steps only); a rule that
+    failed becomes a warning.  Little's law is already in each step's reasons (kneeswarm.analysis.measure.trust).
 
-    Then ``sla`` and ``capacity`` (analysis.gates: the plan's [sla] and [capacity] tables over
+    Then ``sla`` and ``capacity`` (kneeswarm.analysis.summary.gates: the plan's [sla] and [capacity] tables over
     the summary with its findings and USL fit).
     """
     explained = explain(summary, plan)

@@ -24,10 +24,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from agents import HostAgents  # noqa: E402
-from agents import hosts as hosts_mod  # noqa: E402
-from kneeswarm.plan import HostPlan, load_plan  # noqa: E402
-from kneeswarm.rundir import RunDir  # noqa: E402
+from kneeswarm.agents import HostAgents  # noqa: E402
+from kneeswarm.agents import hosts as hosts_mod  # noqa: E402
+from kneeswarm.contracts.plan import HostPlan
+from kneeswarm.contracts.planfile import load_plan
+from kneeswarm.contracts.rundir import RunDir  # noqa: E402
 
 PHASES = ("open", "preflight", "start", "stop", "finish")
 COLLECTORS = ["vmstat", "pidstat", "procfs"]

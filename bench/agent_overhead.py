@@ -41,9 +41,9 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from agents import AgentSettings, open_agent  # noqa: E402
-from kneeswarm.plan import HostPlan  # noqa: E402
-from kneeswarm.rundir import RunDir  # noqa: E402
+from kneeswarm.agents import AgentSettings, open_agent  # noqa: E402
+from kneeswarm.contracts.plan import HostPlan  # noqa: E402
+from kneeswarm.contracts.rundir import RunDir  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -233,7 +233,7 @@ def loopback_sshd(tmp: Path) -> Any:
 def monitored_process(threads: int) -> tuple[Any, Any]:
     """(process, stop function): a process of ``threads`` threads, or the demo target when 0."""
     if threads <= 0:
-        from kneeswarm.cli import start_target, stop_target
+        from kneeswarm.launch.cli import start_target, stop_target
 
         proc, url = start_target(TARGET_ARGS)
         what, stop = f"demo target {url}", lambda: stop_target(proc)

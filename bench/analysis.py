@@ -5,7 +5,7 @@
     .venv/bin/python bench/analysis.py --rows 2e6 --no-ratio
     .venv/bin/python bench/analysis.py --rows 2e6 --no-ratio --streaming 32   # LLM rows: 32 gaps each
 
-The run directory is what a real run leaves (kneeswarm/rundir.py): request parts written with
+The run directory is what a real run leaves (kneeswarm/contracts/rundir.py): request parts written with
 ``RunDir.write_request_part`` every FLUSH_S seconds of the run (the recorder's cadence, rows a
 little out of order across parts, as workers' batches arrive), one generator CSV per worker, and
 HOSTS hosts with one hour of 1-s samples as *raw* text only (``pidstat -H -h -u -r -w -t`` with
@@ -19,7 +19,7 @@ rewritten by each analysis.  Targets on 2 cores (issue 7): <= 60 s and <= 2 GB a
 the 36M/18M ratio of the seconds <= 2.2.
 
 ``--streaming GAPS``: every row is a streamed LLM answer (TTFT, GAPS inter-token gaps, GAPS + 1
-output tokens, both token counts), so analysis.streaming's cost and memory show; cached apart.
+output tokens, both token counts), so kneeswarm.analysis.measure.streaming's cost and memory show; cached apart.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from kneeswarm.plan import AnalysisPlan, LoadPlan, Plan  # noqa: E402
-from kneeswarm.rundir import RunDir, write_csv  # noqa: E402
+from kneeswarm.contracts.plan import AnalysisPlan, LoadPlan, Plan  # noqa: E402
+from kneeswarm.contracts.rundir import RunDir, write_csv  # noqa: E402
 
 T0 = 1_796_000_000.0  # epoch of the first step's ramp
 DURATION_S = 3600.0
@@ -227,7 +227,7 @@ def child(path: str) -> None:
     """Analyse one run directory in this process; print {seconds, peak_rss_mb, ...} as JSON."""
     import logging
 
-    import analysis
+    from kneeswarm import analysis
     logging.basicConfig(level=logging.WARNING)
     t = time.perf_counter()
     s = analysis.analyze(path)

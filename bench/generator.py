@@ -61,7 +61,7 @@ PLANS = {  # case: (plan lines, bare-user import and constructor of the same pro
 }
 BARE = '''
 from locust import FastHttpUser, task
-from locustfiles.protocols import GenericHTTP, KServeV2, OpenAI, TFServing, TorchServe
+from kneeswarm.locustfiles.protocols import GenericHTTP, KServeV2, OpenAI, TFServing, TorchServe
 
 class Bare(FastHttpUser):
     def on_start(self):
@@ -78,7 +78,7 @@ BARE_CHECKED = '''
 import json
 
 from locust import FastHttpUser, task
-from locustfiles.protocols import GenericHTTP, KServeV2, OpenAI, TFServing, TorchServe
+from kneeswarm.locustfiles.protocols import GenericHTTP, KServeV2, OpenAI, TFServing, TorchServe
 
 class BareChecked(FastHttpUser):
     def on_start(self):
@@ -101,7 +101,7 @@ import json
 import time
 
 from locust import FastHttpUser, task
-from locustfiles.protocols import OpenAI
+from kneeswarm.locustfiles.protocols import OpenAI
 
 class BareSSE(FastHttpUser):
     def on_start(self):

@@ -49,11 +49,11 @@ def client(side: str, case: str, requests: int, users: int, url: str, tmp: Path)
     from locust import FastHttpUser, events
     from locust.env import Environment
 
-    from kneeswarm.plan import load_plan
-    from locustfiles import state
-    from locustfiles.protocols import for_plan
-    from locustfiles.recorder import RowBuffer
-    from locustfiles.users import InferenceUser
+    from kneeswarm.contracts.planfile import load_plan
+    from kneeswarm.locustfiles import state
+    from kneeswarm.locustfiles.protocols import for_plan
+    from kneeswarm.locustfiles.recorder import RowBuffer
+    from kneeswarm.locustfiles.users import InferenceUser
 
     plan_lines, _, _ = PLANS[case]
     head, _, request = plan_lines.partition("\n[request]")

@@ -24,9 +24,9 @@ sys.path.insert(0, str(REPO))
 
 from locust.rpc.protocol import Message  # noqa: E402
 
-from kneeswarm.rundir import RunDir  # noqa: E402
-from locustfiles import clocks  # noqa: E402
-from locustfiles.recorder import GEN_KEY, REPORT_KEY, RequestWriter, RowBuffer  # noqa: E402
+from kneeswarm.contracts.rundir import RunDir  # noqa: E402
+from kneeswarm.locustfiles import clocks  # noqa: E402
+from kneeswarm.locustfiles.recorder import GEN_KEY, REPORT_KEY, RequestWriter, RowBuffer  # noqa: E402
 
 
 class _Response:

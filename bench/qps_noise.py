@@ -2,7 +2,7 @@
 
 Issue 18's search may end a growth probe early once its scaling is certain; bench/search_sim.py
 models a probe's QPS noise as ∝ 1/√rows.  This bench measures the real noise: it starts the demo
-target (kneeswarm.cli start_target, as bench/search.py does) and runs ``kneeswarm run`` with a fixed
+target (kneeswarm.launch.cli start_target, as bench/search.py does) and runs ``kneeswarm run`` with a fixed
 grid at a fixed hold (``hold = 60``, ``settle = 1``, closed loop, 1 worker) against
 
 - ``--mode knee --slots 24`` (service 200 ms), users 4, 8, 16 (all below the knee),
@@ -54,9 +54,9 @@ from scipy import stats
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kneeswarm.cli import start_target, stop_target  # noqa: E402
-from kneeswarm.rundir import RunDir  # noqa: E402
-from locustfiles.steady import Z95, closed_loop_qps_half_width, qps_half_width  # noqa: E402
+from kneeswarm.launch.cli import start_target, stop_target  # noqa: E402
+from kneeswarm.contracts.rundir import RunDir  # noqa: E402
+from kneeswarm.locustfiles.steady import Z95, closed_loop_qps_half_width, qps_half_width  # noqa: E402
 
 SERVICE_S = 0.2  # the targets' service time (bench/search.py's 200 ms)
 SLOTS = 24  # knee target: saturates at 24 users, so 4, 8, 16 all scale linearly
@@ -85,7 +85,7 @@ def run_once(work: Path, hold: int) -> None:
         for kind, (_, users) in CASES.items():
             plan = work / f"{kind}.toml"
             plan.write_text(PLAN.format(steps=users, hold=hold))
-            procs[kind] = subprocess.Popen([sys.executable, "-m", "kneeswarm.cli", "run", str(plan), "--target",
+            procs[kind] = subprocess.Popen([sys.executable, "-m", "kneeswarm.launch.cli", "run", str(plan), "--target",
                                             targets[kind][1], "--out", str(work / kind), "-q"],
                                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         for kind, p in procs.items():

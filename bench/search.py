@@ -18,7 +18,7 @@ seconds of each, the load seconds of two linear grids fine enough to give the se
   (6-12 steps) the growth probes alone (1, 2, 4 and 8) are a third to a half of it.
 
 Truths: ``--mode knee --slots K`` saturates at K users; ``--mode usl`` at the N where its marginal
-efficiency 1 − N·d′/d (d = 1 + σ(N−1) + κN(N−1)) falls to kneeswarm.search.EFFICIENCY_MIN.
+efficiency 1 − N·d′/d (d = 1 + σ(N−1) + κN(N−1)) falls to kneeswarm.launch.search.EFFICIENCY_MIN.
 
     nice python bench/search.py [--service-ms 200] [--cases knee:3,knee:5,usl:0.0:0.01]
 
@@ -41,9 +41,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kneeswarm.cli import start_target, stop_target  # noqa: E402
-from analysis.knee import find_knee  # noqa: E402
-from kneeswarm.search import EFFICIENCY_MIN, Probe, Settings, knee_bracket  # noqa: E402
+from kneeswarm.launch.cli import start_target, stop_target  # noqa: E402
+from kneeswarm.analysis.models.knee import find_knee  # noqa: E402
+from kneeswarm.launch.search import EFFICIENCY_MIN, Probe, Settings, knee_bracket  # noqa: E402
 from kneeswarm.target.engine import usl_efficiency_users  # noqa: E402
 
 DEFAULT_CASES = "knee:3,knee:5,knee:6,knee:11,knee:24,usl:0.0:0.01,usl:0.02:0.002"
@@ -72,7 +72,7 @@ def run_both(case: str, service_ms: float, work: Path) -> dict:
     try:
         for (name, text), (_, url) in zip(plans.items(), targets):
             (work / f"{name}.toml").write_text(text)
-            procs[name] = subprocess.Popen([sys.executable, "-m", "kneeswarm.cli", "run", str(work / f"{name}.toml"),
+            procs[name] = subprocess.Popen([sys.executable, "-m", "kneeswarm.launch.cli", "run", str(work / f"{name}.toml"),
                                             "--target", url, "--out", str(work / name), "-q"],
                                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         for p in procs.values():
@@ -91,7 +91,7 @@ def run_both(case: str, service_ms: float, work: Path) -> dict:
     return out
 
 
-# the rule named by the start of kneeswarm.search's verdict (saturated's, past_bound_knee's, on_plateau's words)
+# the rule named by the start of kneeswarm.launch.search's verdict (saturated's, past_bound_knee's, on_plateau's words)
 RULE_WORDS = (("errors", "errors"), ("429/503", "pushback"), ("achieved", "achieved < offered"), ("P99", "P99"),
               ("QPS per user", "per-user"), ("scaling efficiency", "efficiency"), ("past the bounds", "bound"),
               ("on the plateau", "plateau"))
@@ -99,7 +99,7 @@ RULE_WORDS = (("errors", "errors"), ("429/503", "pushback"), ("achieved", "achie
 
 def rules_by_probe(doc: dict) -> list[str]:
     """Which rule judged each probe, as it was judged (generator/search.json: each probe's measured
-    figures, the settings): kneeswarm.search.knee_bracket over the probes up to it -- the decision's
+    figures, the settings): kneeswarm.launch.search.knee_bracket over the probes up to it -- the decision's
     own rules, so a rule changed there is the rule printed here.  "scaling" when it is at or below
     the bracket's low end, the rule's short name when it is the first saturated probe, "above" when
     it lies past a saturated one."""
@@ -131,7 +131,7 @@ def figures(r: dict) -> dict:
     width = max(1, math.floor(PRECISION * truth))
     linear_max_s = math.ceil(MAX / width) * grid_s / len(grid_durations)  # the issue's baseline (docstring)
     linear_s = math.ceil(2 * truth / width) * mean_s  # the oracle's
-    # the grid's knee by analysis.knee's rule on all its steps (a short max_hold leaves many steps
+    # the grid's knee by kneeswarm.analysis.models.knee's rule on all its steps (a short max_hold leaves many steps
     # not valid for their P99, which would leave the summary's knee empty: their QPS is what counts here)
     steps = [s for s in grid["steps"] if s.get("qps") is not None]
     grid_knee = find_knee([s["users"] for s in steps], [s["qps"] for s in steps])["users"]

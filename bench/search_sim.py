@@ -3,13 +3,13 @@ it reports (the last scaling probe) is within max(1 user, 10 %) of the truth, an
 
 The cases are bench/search.py's: ``knee:K`` (K slots of service S: QPS = min(N, K)/S, P99 = S·⌈N/K⌉)
 and ``usl:σ:κ`` (QPS = N/(S·(1 + σ(N−1) + κN(N−1))), its truth where the marginal efficiency falls
-to kneeswarm.search.EFFICIENCY_MIN).  Each probe's QPS is the closed form times (1 + noise·z), z a
+to kneeswarm.launch.search.EFFICIENCY_MIN).  Each probe's QPS is the closed form times (1 + noise·z), z a
 standard normal drawn per probe from the seed's generator (a real 2-core host: 2–5 % QPS noise).
 
     python bench/search_sim.py [--seeds 200] [--first-seed 0] [--noise 0.03 | --sys S --samp S] [--early [--gate 0.02]] [--cases knee:3,...] [--why 3]
 
 ``--early``: growth probes (and the start) end before max_hold once their figures say "scaling" with
-kneeswarm.search.SCALING_MARGIN against every rule (SearchDriver.may_end, EARLY_END); the sim models it on
+kneeswarm.launch.search.SCALING_MARGIN against every rule (SearchDriver.may_end, EARLY_END); the sim models it on
 bench/search.py's hold (min_hold 3, max_hold 18, settle 1, the rows 0-3 s behind) and the analysis's
 100 rows.  A probe's QPS from t seconds of rows is off by σ(t)² = sys² + samp²·(FULL_S / t): ``--sys``
 the host's drift over a probe (the same for its whole hold: more rows do not average it out), ``--samp``
@@ -17,7 +17,7 @@ the sampling noise of a full hold (∝ 1/√rows); ``--noise`` is the full hold'
 (alone: sys 0, samp = noise, the model before the split).  The sampling part's running mean is a
 Brownian path ending at the full hold's draw, looked at once a second from the earliest end
 (max(steady.MIN_SECONDS, 100 rows)); a look counts only once its QPS half-width is within ``--gate``
-(kneeswarm.search.EARLY_QPS_CI; ``--gate inf``: no gate) as the real gate reckons it,
+(kneeswarm.launch.search.EARLY_QPS_CI; ``--gate inf``: no gate) as the real gate reckons it,
 steady.closed_loop_qps_half_width: users/(rows − users) for the count's ends (the demo's service time
 has no noise of its own to add; the gate sees neither the drift nor this model's sampling noise,
 which at samp 0.01 is above the real runs' at 6-15 s: bench/qps_noise.py), and the first look that
@@ -43,8 +43,8 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from kneeswarm.search import EARLY_QPS_CI, EARLY_RULES, EFFICIENCY_MIN, SCALING_MARGIN, Probe, Settings, decide, scaling_certain  # noqa: E402
-from locustfiles.steady import MIN_SECONDS  # noqa: E402
+from kneeswarm.launch.search import (EARLY_QPS_CI, EARLY_RULES, EFFICIENCY_MIN, SCALING_MARGIN, Probe, Settings, decide, scaling_certain)  # noqa: E402
+from kneeswarm.locustfiles.steady import MIN_SECONDS  # noqa: E402
 from kneeswarm.target.engine import usl_efficiency_users  # noqa: E402
 
 DEFAULT_CASES = "knee:3,knee:5,knee:6,knee:11,knee:24,usl:0.0:0.01,usl:0.02:0.002"

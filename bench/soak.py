@@ -8,19 +8,19 @@
 Issue 20 §1: bounded memory for the whole run on every process.  Each process runs as a child of
 its own, in the order a real soak runs them (peak RSS: the child's VmHWM, ``peak_rss_mb``):
 
-* ``master``: the Locust master's ingest, ``locustfiles.recorder.RequestWriter``: the rows arrive
+* ``master``: the Locust master's ingest, ``kneeswarm.locustfiles.recorder.RequestWriter``: the rows arrive
   as workers send them (lists of values per column, WORKERS workers, one report per worker every
-  REPORT_S) and are stamped with their window (one step per window, as kneeswarm.plan makes a
+  REPORT_S) and are stamped with their window (one step per window, as kneeswarm.contracts.plan makes a
   soak) and written as one part every FLUSH_S seconds of the run.  The run directory it leaves is
   the one the others read (plus 2 h of raw host samples as agents fetch them: the monitored
   process with THREADS threads from ``--source``, vmstat, fds.jsonl).
-* ``parse procfs`` / ``parse pidstat``: collectors.parsed.write_parsed_csvs of each source's 2-h raw
+* ``parse procfs`` / ``parse pidstat``: kneeswarm.collectors.parsed.write_parsed_csvs of each source's 2-h raw
   file alone (what an agent does after its final fetch, and analysis after a crash): the /proc
   sampler's procfs.jsonl (the default source: the process every second, its threads every
-  collectors.procfs.THREAD_INTERVAL seconds, in the agent's format) and pidstat -t's text (every
+  kneeswarm.collectors.procfs.THREAD_INTERVAL seconds, in the agent's format) and pidstat -t's text (every
   thread every second: the shell agent's source).
-* ``conductor``: ``kneeswarm.progress.Progress`` reading every part as the run goes (what
-  `kneeswarm run` prints, and the web UI's live table through kneeswarm.lifecycle).
+* ``conductor``: ``kneeswarm.launch.progress.Progress`` reading every part as the run goes (what
+  `kneeswarm run` prints, and the web UI's live table through kneeswarm.launch.lifecycle).
 * ``analysis``: ``analysis.analyze`` of the whole directory (host CSVs rebuilt from raw of
   ``--source``, the windows' statistics, the soak's series and trends, the report).
 
@@ -64,7 +64,7 @@ POLL_PARTS = 10  # the conductor polls once a second; here once per 10 parts (20
 
 
 def plan_toml() -> str:
-    from kneeswarm.plan import plan_from_dict
+    from kneeswarm.contracts.planfile import plan_from_dict
 
     plan = plan_from_dict({"name": "bench-soak", "target": "http://127.0.0.1:8000", "load": {
         "mode": "soak", "users": USERS, "duration": DURATION_S, "window": WINDOW_S, "ramp": RAMP_S, "settle": SETTLE_S}})
@@ -93,8 +93,8 @@ def report(rng: np.random.Generator, start: float, n: int) -> dict[str, list]:
 
 def master(path: Path, rows: int) -> dict[str, float]:
     """The master's ingest of ``rows`` rows over DURATION_S (in this process)."""
-    from kneeswarm.rundir import RunDir
-    from locustfiles.recorder import RequestWriter
+    from kneeswarm.contracts.rundir import RunDir
+    from kneeswarm.locustfiles.recorder import RequestWriter
 
     rd = RunDir(path)
     steps = windows()
@@ -131,7 +131,7 @@ def procfs_lines() -> Iterator[str]:
     """2 h of the agent's /proc sampler (agents/remote/samplers.py ProcSampler; the format in
     collectors/procfs.py's docstring) for a THREADS-thread process: a sample every second, the
     threads (``tasks``, cumulative ticks and switches) every THREAD_INTERVAL s; its RSS growing."""
-    from collectors.procfs import THREAD_INTERVAL
+    from kneeswarm.collectors.procfs import THREAD_INTERVAL
 
     rng = np.random.default_rng(9)
     hz, every = 100, int(THREAD_INTERVAL)
@@ -178,7 +178,7 @@ def write_raw(raw: Path, source: str) -> Path:
 def write_hosts(path: Path, source: str) -> dict[str, object]:
     """2 h of raw samples of one monitored host: ``source``'s file, vmstat, fds."""
     import bench.analysis as ba
-    from kneeswarm.rundir import RunDir
+    from kneeswarm.contracts.rundir import RunDir
 
     ba.DURATION_S, ba.T0 = DURATION_S, T0
     rng = np.random.default_rng(8)
@@ -196,7 +196,7 @@ def write_hosts(path: Path, source: str) -> dict[str, object]:
 def generate(path: Path, rows: int, source: str) -> None:
     """The run directory, written by the master's ingest (measured: master.json), cached; the
     request parts of another cached directory of the same rows are linked, not written again."""
-    from kneeswarm.rundir import RunDir
+    from kneeswarm.contracts.rundir import RunDir
 
     if (path / ".generated").exists():
         return
@@ -219,12 +219,12 @@ def generate(path: Path, rows: int, source: str) -> None:
 
 
 def conductor(path: Path) -> dict[str, object]:
-    """kneeswarm.progress over every part, as `kneeswarm run` reads them while the run goes."""
+    """kneeswarm.launch.progress over every part, as `kneeswarm run` reads them while the run goes."""
     import io
 
-    from kneeswarm.plan import load_plan
-    from kneeswarm.progress import Progress
-    from kneeswarm.rundir import RunDir
+    from kneeswarm.contracts.planfile import load_plan
+    from kneeswarm.launch.progress import Progress
+    from kneeswarm.contracts.rundir import RunDir
 
     rd = RunDir(path)
     progress = Progress(rd, load_plan(rd.plan_path), stream=io.StringIO(), live=False)
@@ -238,11 +238,11 @@ def conductor(path: Path) -> dict[str, object]:
 
 
 def parse_child(raw: Path, source: str) -> dict[str, object]:
-    """collectors.parsed.write_parsed_csvs of ``source``'s raw file alone, into a scratch run directory."""
+    """kneeswarm.collectors.parsed.write_parsed_csvs of ``source``'s raw file alone, into a scratch run directory."""
     import tempfile
 
-    from collectors.parsed import write_parsed_csvs
-    from kneeswarm.rundir import RunDir
+    from kneeswarm.collectors.parsed import write_parsed_csvs
+    from kneeswarm.contracts.rundir import RunDir
 
     with tempfile.TemporaryDirectory(dir=raw.parent) as tmp:
         rd = RunDir(Path(tmp))
@@ -257,7 +257,7 @@ def parse_child(raw: Path, source: str) -> dict[str, object]:
 
 
 def analysis_child(path: Path) -> dict[str, object]:
-    import analysis
+    from kneeswarm import analysis
 
     for csv in (path / "hosts").glob("*/*.csv"):
         csv.unlink()  # rebuilt from raw, as after a crash (the heavier path)

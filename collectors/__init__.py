@@ -1,9 +1,9 @@
 """What is measured on a host: commands to run, parsers of their raw text, in-process samplers.
 
-Every collector is one module holding one ``Collector`` (see ``collectors.base``); the registry
+Every collector is one module holding one ``Collector`` (see ``kneeswarm.collectors.base``); the registry
 below lists them by name. Adding a collector is adding its module and one line here.
 
-    >>> from collectors import get, parse_raw
+    >>> from kneeswarm.collectors import get, parse_raw
     >>> argv, env = get("vmstat").command(None, 1)
     >>> parsed = parse_raw("vmstat", text)        # Parsed(frames={"vmstat": df}, lines, skipped)
 """
@@ -13,8 +13,8 @@ import logging
 from datetime import tzinfo
 from pathlib import Path
 
-from collectors import cgroup, dmon, fds, nvml, pidstat, procfs, prometheus, query_gpu, vmstat
-from collectors.base import Collector, HostContext, Parsed, RunSpec, Unavailable
+from kneeswarm.collectors import cgroup, dmon, fds, nvml, pidstat, procfs, prometheus, query_gpu, vmstat
+from kneeswarm.collectors.base import Collector, HostContext, Parsed, RunSpec, Unavailable
 
 logger = logging.getLogger(__name__)
 

@@ -96,7 +96,7 @@ class HostContext:
     pid: int | None  # the monitored process (None: host-wide collectors only)
     interval: float  # seconds between samples
     metrics_url: str | None = None  # a Prometheus /metrics the host's agent may scrape
-    metrics_tls: Mapping[str, Any] | None = None  # how it is reached: {verify, cadata, headers} (agents.settings)
+    metrics_tls: Mapping[str, Any] | None = None  # how it is reached: {verify, cadata, headers} (kneeswarm.agents.settings)
 
     @property
     def has_gpu(self) -> bool:

@@ -36,7 +36,7 @@ a counter went down or the cgroup changed):
   of nr_periods, nr_throttled, throttled time), usage_cpus (CPU seconds used per second).
 
 The throttled share of a window is sum(throttled_periods) / sum(periods) over its rows: the
-ratio the kernel's own counters give over the same span (analysis.serverstats).
+ratio the kernel's own counters give over the same span (kneeswarm.analysis.measure.serverstats).
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ import logging
 from datetime import tzinfo
 from typing import Any, Iterable
 
-from collectors.base import NAN, Collector, HostContext, Parsed, finite, frame, json_records, to_float
+from kneeswarm.collectors.base import (NAN, Collector, HostContext, Parsed, finite, frame, json_records, to_float)
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """Clock corrections: a host's measured offset from the master, and host time -> master time.
 
-Measured by ``agents.clock`` (NTP/Cristian round trips over a live channel) before and after a
+Measured by ``kneeswarm.agents.clock`` (NTP/Cristian round trips over a live channel) before and after a
 run; applied here, on the floor both the agents and analysis may use, so that raw host samples can
-be put on the master's clock again from meta.json alone (``collectors.parsed``).
+be put on the master's clock again from meta.json alone (``kneeswarm.collectors.parsed``).
 """
 
 from __future__ import annotations

@@ -21,8 +21,7 @@ from __future__ import annotations
 import logging
 from datetime import tzinfo
 
-from collectors.base import (BASE_ENV, GPU_COLUMNS, NAN, Collector, Parsed, WallClock, frame,
-                             to_float)
+from kneeswarm.collectors.base import (BASE_ENV, GPU_COLUMNS, NAN, Collector, Parsed, WallClock, frame, to_float)
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ writes one JSON object per line::
     {"t": 1796002085.01, "pid": 4041, "error": "/proc/4041/fd: Permission denied"}   # said once
 
 Table ``fds``: t, pid, fds.  pidstat counts no descriptors; a soak reads this for ``fd_growth``
-(analysis.soak).  Reading another user's /proc/PID/fd needs that user or root: where it cannot,
+(kneeswarm.analysis.summary.soak).  Reading another user's /proc/PID/fd needs that user or root: where it cannot,
 the one error line says so and the table stays empty.
 """
 
@@ -17,7 +17,7 @@ import logging
 from datetime import tzinfo
 from typing import Any
 
-from collectors.base import FDS_COLUMNS, Collector, HostContext, Parsed, finite, frame, json_records, to_float
+from kneeswarm.collectors.base import (FDS_COLUMNS, Collector, HostContext, Parsed, finite, frame, json_records, to_float)
 
 logger = logging.getLogger(__name__)
 

@@ -32,8 +32,7 @@ import logging
 from datetime import tzinfo
 from typing import Any
 
-from collectors.base import (GPU_COLUMNS, GPU_PROC_COLUMNS, NAN, Collector, HostContext, Parsed,
-                             Unavailable, finite, frame, json_records, to_float)
+from kneeswarm.collectors.base import (GPU_COLUMNS, GPU_PROC_COLUMNS, NAN, Collector, HostContext, Parsed, Unavailable, finite, frame, json_records, to_float)
 
 logger = logging.getLogger(__name__)
 

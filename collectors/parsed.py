@@ -24,12 +24,12 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from kneeswarm.rundir import RunDir, write_csv
+from kneeswarm.contracts.rundir import RunDir, write_csv
 
-from collectors import COLLECTORS, parse_raw_file
-from collectors.pidstat import COLLECTOR as PIDSTAT, PidstatStream
-from collectors.procfs import COLLECTOR as PROCFS, ProcfsStream
-from collectors.correction import ClockCorrection, ClockOffset
+from kneeswarm.collectors import COLLECTORS, parse_raw_file
+from kneeswarm.collectors.pidstat import COLLECTOR as PIDSTAT, PidstatStream
+from kneeswarm.collectors.procfs import COLLECTOR as PROCFS, ProcfsStream
+from kneeswarm.collectors.correction import ClockCorrection, ClockOffset
 
 #: Which collector's table becomes <table>.csv when several give it (the others: <table>.<name>.csv).
 TABLE_PREFERENCE = {
@@ -108,7 +108,7 @@ class LiveParse:
 
     ``update`` gives the stats write_parsed_csvs gives.  The one collector of STREAMED whose raw file
     is there (procfs or pidstat: both give the process and threads tables) is fed to its stream
-    parser (collectors.procfs.ProcfsStream, collectors.pidstat.PidstatStream) up to its last whole
+    parser (kneeswarm.collectors.procfs.ProcfsStream, kneeswarm.collectors.pidstat.PidstatStream) up to its last whole
     line (``offset``: the bytes fed so far; ``bytes_read``: what the last update read); the rows it
     closed are appended to process.csv and threads.csv, what is still being read waits for the next
     fetch.  It starts again from the file's first byte, the CSVs written anew, when the clock

@@ -33,7 +33,7 @@ Tables:
 Read as a stream (:class:`PidstatStream`): only the interval being read is held as records, and a
 file is read a piece at a time (:func:`parse_pidstat_file`), so 2 h of a 256-thread process (1.8M
 thread rows, 293 MB of text) is parsed in ~0.5 GB, not 2.2 GB (bench/soak.py --threads 256); the
-live view feeds the same stream what each fetch added (collectors.parsed.LiveParse).
+live view feeds the same stream what each fetch added (kneeswarm.collectors.parsed.LiveParse).
 """
 from __future__ import annotations
 
@@ -45,8 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from collectors.base import (BASE_ENV, MIGRATIONS_SAMPLED, NAN, PROCESS_COLUMNS, THREAD_COLUMNS, Collector, Parsed,
-                             frame, local_epoch, split_hms, to_float, whole_line_pieces)
+from kneeswarm.collectors.base import (BASE_ENV, MIGRATIONS_SAMPLED, NAN, PROCESS_COLUMNS, THREAD_COLUMNS, Collector, Parsed, frame, local_epoch, split_hms, to_float, whole_line_pieces)
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +139,7 @@ class PidstatStream:
     bench/soak.py); the whole text and a record per row peaked at 2.2 GB.  Here only the interval
     being read is held as records (rows of one Time; a row of another Time closes it), and each
     closed interval goes into typed columns (8 bytes a number; thread names shared).  The same
-    stream serves the live view (collectors.parsed.LiveParse): fed what a fetch added, its
+    stream serves the live view (kneeswarm.collectors.parsed.LiveParse): fed what a fetch added, its
     ``take()`` gives the new intervals only.  An interval is closed by the next one's first row, so
     ``take()`` leaves the last one open unless ``final``.  Times are taken as they come: a Time seen
     again after another (a clock stepped back) starts an interval of its own (the whole-text parse

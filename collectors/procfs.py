@@ -49,7 +49,7 @@ Tables (one row per interval, stamped at its end, from the second sample of a pi
   (``kernel_migrations``: the increase of every thread's se.nr_migrations, summed), or, where a
   thread lacks that counter, the threads whose processor changed between the two samples / dt (a
   lower bound: one per thread however often it moved; pidstat's way); ``migrations_counted`` says
-  which (collectors.base.MIGRATIONS_KERNEL / MIGRATIONS_SAMPLED).  NaN on the rows between
+  which (kneeswarm.collectors.base.MIGRATIONS_KERNEL / MIGRATIONS_SAMPLED).  NaN on the rows between
   thread samples: the analysis averages what is there.
 * ``threads``: from ``tasks``, for threads present in two consecutive thread samples.
 """
@@ -62,9 +62,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from collectors.base import (MIGRATIONS_KERNEL, MIGRATIONS_SAMPLED, NAN, PROCESS_COLUMNS, THREAD_COLUMNS,
-                             Collector, HostContext, Parsed, finite, frame, json_records, to_float,
-                             whole_line_pieces)
+from kneeswarm.collectors.base import (MIGRATIONS_KERNEL, MIGRATIONS_SAMPLED, NAN, PROCESS_COLUMNS, THREAD_COLUMNS, Collector, HostContext, Parsed, finite, frame, json_records, to_float, whole_line_pieces)
 
 logger = logging.getLogger(__name__)
 
@@ -178,7 +176,7 @@ class ProcfsStream:
     Why a stream: the /proc sampler is the default source of the process and its threads, and the
     live view parses after every fetch; fed only what a fetch added, ``take()`` gives the new rows
     only, where parsing the whole file each time would cost ever more over a long run of a
-    many-thread process (as collectors.pidstat.PidstatStream for pidstat's text).  A sample is
+    many-thread process (as kneeswarm.collectors.pidstat.PidstatStream for pidstat's text).  A sample is
     whole in its line, so ``take()`` holds nothing back (``final`` is accepted for the same call).
     """
 

@@ -33,9 +33,9 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from agents.remote.prometheus import scrape, scrape_timeout, tls_context
-from collectors.base import Collector, HostContext, Parsed, Unavailable, finite, json_records, to_float
-from kneeswarm.rundir import PROMETHEUS_RAW
+from kneeswarm.agents.remote.prometheus import scrape, scrape_timeout, tls_context
+from kneeswarm.collectors.base import (Collector, HostContext, Parsed, Unavailable, finite, json_records, to_float)
+from kneeswarm.contracts.rundir import PROMETHEUS_RAW
 
 logger = logging.getLogger(__name__)
 

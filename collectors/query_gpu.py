@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 from datetime import tzinfo
 
-from collectors.base import BASE_ENV, GPU_COLUMNS, Parsed, WallClock, frame, to_float
-from collectors.dmon import NvidiaSmiCollector
+from kneeswarm.collectors.base import BASE_ENV, GPU_COLUMNS, Parsed, WallClock, frame, to_float
+from kneeswarm.collectors.dmon import NvidiaSmiCollector
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,7 @@ from __future__ import annotations
 import logging
 from datetime import tzinfo
 
-from collectors.base import (BASE_ENV, NAN, VMSTAT_COLUMNS, Collector, Parsed, WallClock, frame,
-                             to_float, zone_from_name)
+from kneeswarm.collectors.base import (BASE_ENV, NAN, VMSTAT_COLUMNS, Collector, Parsed, WallClock, frame, to_float, zone_from_name)
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The master's own account of its workers and test, for the conductor (generator/master.json).
 
-Kept from Locust's events by locustfiles.plugin (worker_connect, test_start, the watch of missing
-workers); read by kneeswarm.conductor.workers_connected.  No Locust import here: the account is
+Kept from Locust's events by kneeswarm.locustfiles.plugin (worker_connect, test_start, the watch of missing
+workers); read by kneeswarm.launch.conductor.workers_connected.  No Locust import here: the account is
 plain data, and a test can write one without a gevent-patched process.
 """
 
@@ -11,7 +11,7 @@ import logging
 import time
 from typing import Any
 
-from kneeswarm.rundir import MASTER_FILE, RunDir, write_json
+from kneeswarm.contracts.rundir import MASTER_FILE, RunDir, write_json
 
 logger = logging.getLogger(__name__)
 

@@ -23,10 +23,10 @@ from typing import Any, Callable, Final, TypedDict
 
 import numpy as np
 
-from kneeswarm import rundir
-from kneeswarm.rundir import RunDir
+from kneeswarm.contracts import rundir
+from kneeswarm.contracts.rundir import RunDir
 
-from locustfiles.protocols.base import BadPayload
+from kneeswarm.locustfiles.protocols.base import BadPayload
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ REPORT_KEY: Final = "kneeswarm_rows"  # key in the worker report (Locust reserve
 GEN_KEY: Final = "kneeswarm_gen"
 #: generator/<this>: what the master's recording received, wrote and lost, and its warnings
 #: (the conductor merges "lost" and "warnings" into meta.json)
-RECORDER_FILE = rundir.RECORDER_FILE  # generator/recorder.json (kneeswarm.rundir names the files)
+RECORDER_FILE = rundir.RECORDER_FILE  # generator/recorder.json (kneeswarm.contracts.rundir names the files)
 
 # The columns of a row as it travels, one list each (worker and step are added on the master).
 # A streamed answer adds its gaps between text chunks, whether tokens_out was counted by the client, the
@@ -299,14 +299,14 @@ class CpuCeiling:
         import os
         import threading
 
-        from agents.remote.cgroup import CgroupSampler
+        from kneeswarm.agents.remote.cgroup import CgroupSampler
 
         self._reader = CgroupSampler("cgroup", os.devnull, 1.0, threading.Event(), os.getpid())
         self._reader.setup()  # reads /proc/self/mountinfo; nothing where there is none (not Linux)
 
     def cores(self) -> float:
-        from agents.remote.cgroup import cgroup_paths
-        from agents.remote.files import read_text
+        from kneeswarm.agents.remote.cgroup import cgroup_paths
+        from kneeswarm.agents.remote.files import read_text
 
         row: dict[str, Any] = {}
         try:

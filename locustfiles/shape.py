@@ -12,7 +12,7 @@ from typing import Callable
 import gevent
 from locust import LoadTestShape
 
-from locustfiles.steps import StepSchedule
+from kneeswarm.locustfiles.steps import StepSchedule
 
 logger = logging.getLogger(__name__)
 

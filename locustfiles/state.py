@@ -6,7 +6,7 @@ A worker's place is Locust's own ``runner.worker_index``.
 
 from __future__ import annotations
 
-from kneeswarm.plan import Plan
+from kneeswarm.contracts.plan import Plan
 
 _plan: Plan = Plan()
 

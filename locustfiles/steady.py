@@ -39,7 +39,7 @@ QPS is known as well as the mean latency, whose half-width comes from the per-se
 (Student's t₀.₉₇₅ with k − 1 degrees of freedom).  ``closed_loop_qps_half_width`` adds the two in
 quadrature; it held the error of every window of 3-15.5 s of the same runs.  ``known`` and the
 verdict's ``qps_half_width`` (what a search probe ending on its QPS alone is gated on,
-kneeswarm.search.EARLY_QPS_CI) use it.  Without the users the per-second counts' batch means stand:
+kneeswarm.launch.search.EARLY_QPS_CI) use it.  Without the users the per-second counts' batch means stand:
 z for ``known``, Student's t (2.78 at 5 s, 2.26 at 10 s) for ``qps_half_width``.
 
 Open loop (``t_sent``: every row's intended send time, failed ones too) is judged on the share of
@@ -54,7 +54,7 @@ is the offered rate (the plan's, exact) times that share, so "QPS known within c
 share's 95 % interval (Wilson score, a binomial proportion: Brown, Cai & DasGupta 2001, "Interval
 Estimation for a Binomial Proportion", Statist. Sci. 16(2)) has a relative half-width within
 ``ci``, and "steady" means no warm-up or trend in the share of each second.  This is the same
-split as the search's open-loop rule (kneeswarm.search: completions short of the offered rate
+split as the search's open-loop rule (kneeswarm.launch.search: completions short of the offered rate
 count only beyond the arrivals' Poisson noise).  A server falling behind shows in the latency
 series (the queue grows: its requests wait longer) and in the share (timeouts, dropped arrivals).
 """
@@ -86,11 +86,11 @@ class Verdict:
     known: bool
     t_cut: float | None  # where the steady data begin (epoch s); None until steady
     why: str  # one line: what is missing, or what was found
-    # the parts of ``known``, apart: a search probe may end on its QPS alone (kneeswarm.search.scaling_certain)
+    # the parts of ``known``, apart: a search probe may end on its QPS alone (kneeswarm.launch.search.scaling_certain)
     qps_known: bool = False  # QPS within ci
     # QPS's relative 95 % half-width: closed loop with the users, closed_loop_qps_half_width; without them,
     # qps_half_width_t; open loop, the share's Wilson half-width; inf: unknown.  What a probe ending on its
-    # QPS alone is gated on (kneeswarm.search.EARLY_QPS_CI)
+    # QPS alone is gated on (kneeswarm.launch.search.EARLY_QPS_CI)
     qps_half_width: float = math.inf
     p99_half_width: float = math.inf  # P99's relative 95 % half-width (inf: too few rows for its interval)
     rows: int = 0  # successful rows after the cut
@@ -312,7 +312,7 @@ class AutoHold:
 
     Rows reach the master with the workers' reports, clock-corrected there, so a step is judged on
     the rows that started before ``horizon(now)``, the time before which every row is in
-    (locustfiles.watermark.Horizon: the sources' watermarks); later ones may still be on their way.
+    (kneeswarm.locustfiles.watermark.Horizon: the sources' watermarks); later ones may still be on their way.
     Without a ``horizon``, ``now − lag_s``: a fixed guess of how late rows arrive.
     """
 

@@ -21,14 +21,14 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from locustfiles.steady import AutoHold, Verdict
+from kneeswarm.locustfiles.steady import AutoHold, Verdict
 
 logger = logging.getLogger(__name__)
 
 
 # the last step's load goes on this many times the slowest request seen (at least DRAIN_MIN_S, at most
 # the plan's request.timeout) past its window's end, so that its requests in flight complete
-# (locustfiles.plugin's drain_s)
+# (kneeswarm.locustfiles.plugin's drain_s)
 DRAIN_FACTOR, DRAIN_MIN_S = 1.5, 1.0
 
 #: a chooser's answer "not yet": the step's rows are still on their way, hold it a tick longer
@@ -72,7 +72,7 @@ class StepSchedule:
         ``drain``: the seconds the last step's load goes on past its ``t_end`` (None: it stops at once).
         ``early`` (mode = "search" with ``auto``): asked, once min_hold has passed, with the step and the
         tick's verdict when the rows are steady and the QPS known but not yet the P99, whether the step
-        may end now; its answer (a reason) becomes the step's ``hold_reason`` (kneeswarm.search.SearchDriver.may_end)."""
+        may end now; its answer (a reason) becomes the step's ``hold_reason`` (kneeswarm.launch.search.SearchDriver.may_end)."""
         self.steps, self.ramp, self.hold, self.auto = list(steps), ramp, hold, auto
         self.continuous = continuous
         self.chooser = chooser

@@ -4,6 +4,6 @@ Works headless (the conductor, `kneeswarm run`), in the web UI (press Start: eac
 a new run directory under --kneeswarm-out), distributed (--master / --worker) and local.
 """
 
-from locustfiles import plugin  # noqa: F401  (registers the event listeners)
-from locustfiles.shape import StepShape as KneeswarmSteps  # noqa: F401
-from locustfiles.users import InferenceUser  # noqa: F401
+from kneeswarm.locustfiles import plugin  # noqa: F401  (registers the event listeners)
+from kneeswarm.locustfiles.shape import StepShape as KneeswarmSteps  # noqa: F401
+from kneeswarm.locustfiles.users import InferenceUser  # noqa: F401

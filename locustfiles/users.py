@@ -49,11 +49,11 @@ from gevent.pool import Group
 from geventhttpclient.response import HTTPConnectionClosed
 from locust import FastHttpUser, task
 
-from kneeswarm.plan import EndpointPlan, join_base
-from locustfiles.protocols import BadPayload, PreparedRequest, for_plan
-from locustfiles.protocols.sse import Arrivals
-from locustfiles import state
-from locustfiles.watermark import IN_FLIGHT
+from kneeswarm.contracts.plan import EndpointPlan, join_base
+from kneeswarm.locustfiles.protocols import BadPayload, PreparedRequest, for_plan
+from kneeswarm.locustfiles.protocols.sse import Arrivals
+from kneeswarm.locustfiles import state
+from kneeswarm.locustfiles.watermark import IN_FLIGHT
 
 # A request the server closed its kept-alive connection on (a clean close, FIN) before a single
 # byte of answer is sent once more, on a new connection, and only the second attempt is recorded;

@@ -1,7 +1,7 @@
 """The row watermark: the time before which every request row of a source is in.
 
 What judges a step while it runs (``hold = "auto"``: steady.AutoHold; ``mode = "search"``:
-kneeswarm.search.SearchDriver) must judge only rows that have all arrived.  A fixed guess of how late
+kneeswarm.launch.search.SearchDriver) must judge only rows that have all arrived.  A fixed guess of how late
 rows come (``lag_s``: the worker's report interval + the master's flush + a margin, 6 s) costs every
 step those seconds, and is wrong for a request that lasts longer than the guess.  Instead each source
 says how far its rows are complete:

@@ -59,8 +59,8 @@ HOST_COLUMNS = [("host", "Host"), ("cpu_us", "CPU us %"), ("cpu_sy", "CPU sy %")
 
 
 class LiveStep(TypedDict):
-    """A row of the Knee tab (STEP_COLUMNS): one step so far, from kneeswarm.lifecycle.live_steps;
-    the report's figures replace them when it is written (locustfiles.plugin)."""
+    """A row of the Knee tab (STEP_COLUMNS): one step so far, from kneeswarm.launch.lifecycle.live_steps;
+    the report's figures replace them when it is written (kneeswarm.locustfiles.plugin)."""
     name: str
     step: int
     users: int
@@ -76,7 +76,7 @@ class LiveStep(TypedDict):
 
 class LiveHost(TypedDict, total=False):
     """A row of the Knee servers tab (HOST_COLUMNS): a host's latest parsed samples, from
-    kneeswarm.lifecycle.live_hosts; a table the host lacks leaves its keys out."""
+    kneeswarm.launch.lifecycle.live_hosts; a table the host lacks leaves its keys out."""
     name: str
     host: str
     t: float | None
@@ -90,7 +90,7 @@ class LiveHost(TypedDict, total=False):
 
 class LiveKnee(TypedDict, total=False):
     """The knee as far as it is known, marked on the Knee tab's chart: during the run from
-    kneeswarm.lifecycle.live_knee, after it from the summary (locustfiles.plugin); {} while unknown."""
+    kneeswarm.launch.lifecycle.live_knee, after it from the summary (kneeswarm.locustfiles.plugin); {} while unknown."""
     users: float  # the knee's users (a grid's detector, or the report's)
     bracket: list[Any]  # mode = "search": [last scaling probe, first saturated probe or the bounds' upper end]
     how: str  # where it comes from, shown beside the mark

@@ -17,13 +17,13 @@ from typing import Any, Callable, Iterator
 import pytest
 import requests
 
-from kneeswarm.cli import start_target, stop_target
+from kneeswarm.launch.cli import start_target, stop_target
 
 REPO = Path(__file__).resolve().parent.parent
 
 # A suite started as a background job of a script (`make test &`) has SIGINT ignored, and every
 # process it starts inherits that: a test that stops a child with SIGINT (as the agent stops
-# vmstat) would wait forever.  The agent resets it for its collectors (agents.remote.processes.
+# vmstat) would wait forever.  The agent resets it for its collectors (kneeswarm.agents.remote.processes.
 # child_setup, tested in test_collectors.py); the suite gives itself the default handler, which
 # exec resets to SIG_DFL in its children, so its results do not depend on how it was started.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
@@ -36,7 +36,7 @@ class Target:
 
     def metrics(self) -> dict[str, float]:
         """The target's /metrics as {"name{labels}": value}."""
-        from collectors.prometheus import parse_exposition
+        from kneeswarm.collectors.prometheus import parse_exposition
 
         return parse_exposition(requests.get(self.url + "/metrics", timeout=5).text)
 
@@ -101,7 +101,7 @@ def knee_run(tmp_path_factory) -> KneeRun:
                               "--name", "knee"],
                              capture_output=True, text=True, timeout=240, cwd=REPO,
                              env={**os.environ, "PYTHONPATH": str(REPO)})
-        from collectors.prometheus import parse_exposition
+        from kneeswarm.collectors.prometheus import parse_exposition
 
         metrics = parse_exposition(requests.get(url + "/metrics", timeout=5).text)
     finally:
@@ -114,14 +114,14 @@ def knee_run(tmp_path_factory) -> KneeRun:
 
 def run_cli(*args: str, timeout: float = 240, **kw) -> subprocess.CompletedProcess:
     """The real `kneeswarm` console command in its own process."""
-    return subprocess.run([sys.executable, "-m", "kneeswarm.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "kneeswarm.launch.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=kw.pop("cwd", REPO), **kw)
 
 
 def start_cli(*args: str, **kw) -> subprocess.Popen:
     """The real `kneeswarm` console command started in its own process (output piped), for runs
     that go on side by side; the caller waits for it (``communicate``)."""
-    return subprocess.Popen([sys.executable, "-m", "kneeswarm.cli", *args], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "kneeswarm.launch.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=kw.pop("cwd", REPO), **kw)
 
 

@@ -14,7 +14,7 @@ import os
 
 from locust import events
 
-from locustfiles.swarm import InferenceUser, KneeswarmSteps, plugin  # noqa: F401  (kneeswarm itself)
+from kneeswarm.locustfiles.swarm import InferenceUser, KneeswarmSteps, plugin  # noqa: F401  (kneeswarm itself)
 
 _seen: dict[str, list] = {"itl_ms": [], "counted": [], "usage_out": [], "chunks": [], "users": []}
 _env = []

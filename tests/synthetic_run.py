@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from kneeswarm.plan import AnalysisPlan, LoadPlan, Plan
-from kneeswarm.rundir import RunDir, write_csv
+from kneeswarm.contracts.plan import AnalysisPlan, LoadPlan, Plan
+from kneeswarm.contracts.rundir import RunDir, write_csv
 
 T0 = 1_700_000_000.0
 RAMP, HOLD, SETTLE = 2.0, 12.0, 2.0
@@ -96,7 +96,7 @@ def make_run(tmp_path: Path, model: Callable[[int], tuple[float, float]], users=
 
 
 def steady_rows(rd: RunDir, step: int, whole: bool = False) -> pd.DataFrame:
-    """The steady rows of one step, selected here independently of analysis.loadstats
+    """The steady rows of one step, selected here independently of kneeswarm.analysis.measure.loadstats
     (``whole``: every row of the run instead, for figures that count rows across windows)."""
     df = pd.concat([pq.read_table(p).to_pandas() for p in rd.request_parts()], ignore_index=True)
     if whole:

@@ -20,16 +20,16 @@ import time
 import pandas as pd
 import pytest
 
-from agents import AgentSettings, open_agent
-from agents.hosts import each
-from agents.local import LocalTransport
-from kneeswarm.plan import HostPlan
-from kneeswarm.rundir import RunDir
+from kneeswarm.agents import AgentSettings, open_agent
+from kneeswarm.agents.hosts import each
+from kneeswarm.agents.local import LocalTransport
+from kneeswarm.contracts.plan import HostPlan
+from kneeswarm.contracts.rundir import RunDir
 
 try:
     from sshd_fixture import REPO, collector_pids, start_busy, stop_proc, wait_until_gone
 except ImportError:  # tests/ imported as a package
-    from tests.sshd_fixture import REPO, collector_pids, start_busy, stop_proc, wait_until_gone
+    from tests.sshd_fixture import collector_pids, start_busy, stop_proc, wait_until_gone
 
 #: The oldest python3 the agent supports (issue 15: RHEL 8 / Ubuntu 18.04).
 OLDEST = (3, 6)
@@ -71,7 +71,7 @@ LOAD_CODE = ("import sys, zipfile; sys.path.insert(0, sys.argv[1]); import impor
 
 def test_the_agent_zipapp_loads_on_every_python3_here(tmp_path):
     """A syntax or annotation newer than the oldest interpreter fails here in a second."""
-    from agents.bundle import PACKAGE, write_agent_zipapp
+    from kneeswarm.agents.bundle import PACKAGE, write_agent_zipapp
 
     assert PYTHONS, "no python3 found"
     pyz = write_agent_zipapp(tmp_path / "remote.pyz")
@@ -161,7 +161,7 @@ def test_exec_channel_file_ops_on_every_python3_here(tmp_path):
     on the host's python3 too: put (sha256 answered), sizes, read, mkdir under each interpreter."""
     import hashlib
 
-    from agents.ssh import EXEC_FILE_OPS
+    from kneeswarm.agents.ssh import EXEC_FILE_OPS
 
     data = bytes(range(256)) * 40
     for v, python in PYTHONS.items():

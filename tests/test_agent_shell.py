@@ -22,10 +22,10 @@ import pandas as pd
 import psutil
 import pytest
 
-from agents import AgentError, AgentSettings, open_agent
-from agents.local import LocalTransport
-from kneeswarm.plan import HostPlan
-from kneeswarm.rundir import RunDir
+from kneeswarm.agents import AgentError, AgentSettings, open_agent
+from kneeswarm.agents.local import LocalTransport
+from kneeswarm.contracts.plan import HostPlan
+from kneeswarm.contracts.rundir import RunDir
 
 try:
     from sshd_fixture import REPO, collector_pids, killed_controller, stop_proc, wait_until_gone
@@ -110,10 +110,10 @@ def test_shell_agent_records_busy_process_verified_and_leaves_nothing(busy, run,
 CONTROLLER = """
 import json, sys, time
 sys.path.insert(0, {repo!r})
-from kneeswarm.plan import HostPlan
-from kneeswarm.rundir import RunDir
-from agents import AgentSettings, open_agent
-from agents.local import LocalTransport
+from kneeswarm.contracts.plan import HostPlan
+from kneeswarm.contracts.rundir import RunDir
+from kneeswarm.agents import AgentSettings, open_agent
+from kneeswarm.agents.local import LocalTransport
 agent = open_agent(HostPlan(pid={pid}), RunDir({run!r}), AgentSettings(interval=1, max_duration=120, heartbeat_timeout=60),
                    transport=LocalTransport(python=[{python!r}]))
 agent.preflight()
@@ -219,8 +219,8 @@ def test_no_python3_and_no_collector_is_one_line(run, tmp_path, monkeypatch):
 
 def test_the_plan_names_the_hosts_python_and_a_missing_one_gets_the_shell_agent(tmp_path):
     """[[hosts]] python = "...": the interpreter the agent runs with (RHEL 8's platform-python)."""
-    from agents.host import make_transport
-    from kneeswarm.plan import load_plan
+    from kneeswarm.agents.host import make_transport
+    from kneeswarm.contracts.planfile import load_plan
 
     py36 = "/root/.pyenv/versions/3.6.15/bin/python3"
     if not os.path.exists(py36):

@@ -19,12 +19,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from agents import AgentError, AgentSettings, clock, open_agent, write_parsed_csvs
-from agents import link as link_mod
-from agents.bundle import write_agent_zipapp
-from agents.remote.defaults import SCRIPT_FILE
-from kneeswarm.plan import HostPlan
-from kneeswarm.rundir import RunDir
+from kneeswarm.agents import AgentError, AgentSettings, clock, open_agent, write_parsed_csvs
+from kneeswarm.agents import link as link_mod
+from kneeswarm.agents.bundle import write_agent_zipapp
+from kneeswarm.agents.remote.defaults import SCRIPT_FILE
+from kneeswarm.contracts.plan import HostPlan
+from kneeswarm.contracts.rundir import RunDir
 
 try:
     from conftest import wait_for
@@ -155,9 +155,9 @@ def test_preflight_resolves_the_process_listening_on_a_port(run):
 CONTROLLER = """
 import json, sys, time
 sys.path.insert(0, {repo!r})
-from kneeswarm.plan import HostPlan
-from kneeswarm.rundir import RunDir
-from agents import AgentSettings, open_agent
+from kneeswarm.contracts.plan import HostPlan
+from kneeswarm.contracts.rundir import RunDir
+from kneeswarm.agents import AgentSettings, open_agent
 agent = open_agent(HostPlan(pid={pid}, collectors=["pidstat", "vmstat", "procfs"]), RunDir({run!r}), AgentSettings(interval=1, max_duration=120, heartbeat_timeout=60))
 agent.preflight()
 agent.start()
@@ -350,8 +350,8 @@ def _immutable(path: Path, on: bool) -> bool:
 def test_an_agent_directory_that_cannot_be_removed_is_said_in_meta_and_fails_the_run(busy, run):
     """The data is home and verified, but the remote directory stays: meta.json must not say the
     server was cleaned (fetch kept, removal_error, left_on_server), and the run is incomplete (exit 1)."""
-    from analysis.problems import collect
-    from kneeswarm import cli
+    from kneeswarm.analysis.measure.problems import collect
+    from kneeswarm.launch import cli
 
     host = HostPlan(pid=busy.pid, collectors=["vmstat"])
     with open_agent(host, run, AgentSettings(interval=1, max_duration=60, heartbeat_timeout=10)) as agent:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from agents import AgentError
-from agents import host as host_mod
-from kneeswarm import lifecycle as lifecycle_mod
-from kneeswarm.conductor import Conductor
-from kneeswarm.plan import HostPlan, load_plan
+from kneeswarm.agents import AgentError
+from kneeswarm.agents import host as host_mod
+from kneeswarm.launch import lifecycle as lifecycle_mod
+from kneeswarm.launch.conductor import Conductor
+from kneeswarm.contracts.plan import HostPlan
+from kneeswarm.contracts.planfile import load_plan
 
 pytestmark = pytest.mark.slow
 

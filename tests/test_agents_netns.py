@@ -13,12 +13,12 @@ import time
 import pandas as pd
 import pytest
 
-from agents import AgentSettings, open_agent
-from agents import heartbeat as heartbeat_mod
-from agents import link as link_mod
-from agents import ssh as ssh_mod
-from kneeswarm.plan import HostPlan
-from kneeswarm.rundir import RunDir
+from kneeswarm.agents import AgentSettings, open_agent
+from kneeswarm.agents import heartbeat as heartbeat_mod
+from kneeswarm.agents import link as link_mod
+from kneeswarm.agents import ssh as ssh_mod
+from kneeswarm.contracts.plan import HostPlan
+from kneeswarm.contracts.rundir import RunDir
 
 from conftest import ip, skip_without_netns
 

@@ -21,14 +21,15 @@ from typing import Any, Iterator
 import pandas as pd
 import pytest
 
-import collectors
-from agents import AgentError, AgentSettings, HostAgents, open_agent
-from agents import host as host_mod
-from agents.bundle import write_agent_zipapp
-from agents.remote.defaults import SCRIPT_FILE
-from collectors.base import Collector, Parsed, frame
-from kneeswarm.plan import HostPlan, load_plan
-from kneeswarm.rundir import RunDir
+from kneeswarm import collectors
+from kneeswarm.agents import AgentError, AgentSettings, HostAgents, open_agent
+from kneeswarm.agents import host as host_mod
+from kneeswarm.agents.bundle import write_agent_zipapp
+from kneeswarm.agents.remote.defaults import SCRIPT_FILE
+from kneeswarm.collectors.base import Collector, Parsed, frame
+from kneeswarm.contracts.plan import HostPlan
+from kneeswarm.contracts.planfile import load_plan
+from kneeswarm.contracts.rundir import RunDir
 from conftest import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -292,7 +293,7 @@ def test_failed_final_fetch_marks_the_host_incomplete(tmp_path):
 
 
 def test_pidstat_stands_in_for_the_proc_sampler_only_where_the_python_agent_cannot_run():
-    from agents import selection
+    from kneeswarm.agents import selection
 
     pidstat_ok = {"found": True, "rc": 0, "output": "sysstat version 12.6.1"}
     python_host = {"tools": {"pidstat": pidstat_ok}, "procfs": True}

@@ -17,10 +17,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from agents import AgentError, AgentSettings, HostKeyError, TransportError, open_agent
-from agents.ssh import SSHTransport
-from kneeswarm.plan import HostPlan
-from kneeswarm.rundir import RunDir
+from kneeswarm.agents import AgentError, AgentSettings, HostKeyError, TransportError, open_agent
+from kneeswarm.agents.ssh import SSHTransport
+from kneeswarm.contracts.plan import HostPlan
+from kneeswarm.contracts.rundir import RunDir
 
 try:
     from sshd_fixture import (REPO, SSHD, busy_share, collector_pids, kernel_cpu, free_port, keygen, killed_controller, sshd, start_busy,  # noqa: F401
@@ -175,9 +175,9 @@ def test_proxyjump_through_a_bastion(sshd, known_hosts):
 CONTROLLER = """
 import json, sys, time
 sys.path.insert(0, {repo!r})
-from kneeswarm.plan import HostPlan
-from kneeswarm.rundir import RunDir
-from agents import AgentSettings, open_agent
+from kneeswarm.contracts.plan import HostPlan
+from kneeswarm.contracts.rundir import RunDir
+from kneeswarm.agents import AgentSettings, open_agent
 plan = HostPlan(name="srv", ssh={target!r}, key_file={key!r}, known_hosts={kh!r}, pid={pid},
                 collectors=["pidstat", "vmstat", "procfs"])
 agent = open_agent(plan, RunDir({run!r}), AgentSettings(interval=1, max_duration=120, heartbeat_timeout=60))
@@ -288,7 +288,7 @@ def _name(pid: int) -> str:
 def test_a_reconnect_mid_run_does_not_stop_the_agent(sshd, known_hosts, tmp_path):
     """Replacing the connection closes the old watch channel (EOF on the host, like a dead
     controller): the heartbeat renews on a new channel within the grace, so the agent runs on."""
-    from agents.remote import WATCH_EOF_GRACE
+    from kneeswarm.agents.remote import WATCH_EOF_GRACE
 
     run = RunDir.create(tmp_path, "reconnect")
     plan = HostPlan(name="srv", ssh=sshd.target, key_file=str(sshd.user_key), known_hosts=str(known_hosts),

@@ -1,4 +1,4 @@
-"""The target's own metrics, scraped from the load side (collectors.prometheus.PrometheusScraper),
+"""The target's own metrics, scraped from the load side (kneeswarm.collectors.prometheus.PrometheusScraper),
 and the agent no longer scraping them by default.
 
 A real demo target serves real requests while the scraper runs at 1 Hz; a dead URL is counted,
@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 import requests
 
-from agents import AgentSettings, selection
-from collectors.prometheus import PrometheusScraper, write_prometheus_csv
+from kneeswarm.agents import AgentSettings, selection
+from kneeswarm.collectors.prometheus import PrometheusScraper, write_prometheus_csv
 from conftest import wait_for
 
 SERVED = 'kneeswarm_target_requests_total{code="200"}'
@@ -67,7 +67,7 @@ def test_scraper_on_a_real_target_sees_requests_rising(start_demo_target, tmp_pa
 
 
 def test_scrape_failures_are_counted_never_fatal(tmp_path):
-    from kneeswarm.conductor import free_port
+    from kneeswarm.launch.conductor import free_port
 
     raw = tmp_path / "prometheus.jsonl"
     scraper = PrometheusScraper(f"http://127.0.0.1:{free_port()}/metrics", raw, interval=0.3)
@@ -114,7 +114,7 @@ def test_agent_does_not_scrape_the_target_unless_a_host_lists_it():
 @pytest.mark.slow
 def test_run_writes_target_metrics_on_the_master_clock(start_demo_target, tmp_path):
     """A whole `kneeswarm run` with --metrics-url: hosts/target/ holds the raw scrapes and the CSV."""
-    from kneeswarm.rundir import RunDir
+    from kneeswarm.contracts.rundir import RunDir
 
     from conftest import run_cli
 
@@ -142,8 +142,8 @@ def test_the_host_and_the_load_side_scrape_alike(tmp_path):
     error, and an answer over the size cap (a failed scrape in both, never a cut one)."""
     import http.server
 
-    from agents.remote import PrometheusSampler
-    from agents.remote.defaults import PROMETHEUS_MAX_BYTES
+    from kneeswarm.agents.remote import PrometheusSampler
+    from kneeswarm.agents.remote.defaults import PROMETHEUS_MAX_BYTES
 
     bodies = {"/metrics": b"up 1\n", "/big": b"x" * (PROMETHEUS_MAX_BYTES + 1)}
 

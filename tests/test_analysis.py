@@ -13,10 +13,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import analysis
-from analysis.knee import find_knee, find_latency_knee, find_peak
-from analysis.loadstats import step_stats
-from kneeswarm.rundir import REQUEST_SCHEMA, RunDir
+from kneeswarm import analysis
+from kneeswarm.analysis.models.knee import find_knee, find_latency_knee, find_peak
+from kneeswarm.analysis.measure.loadstats import step_stats
+from kneeswarm.contracts.rundir import REQUEST_SCHEMA, RunDir
 from synthetic_run import HOLD, RAMP, SETTLE, T0, closed_loop, make_run, retrograde, steady_rows, strict_json
 
 
@@ -48,7 +48,7 @@ def test_retrograde_knee_at_16(tmp_path):
 def test_linear_has_no_knee(tmp_path):
     s = analysis.analyze(make_run(tmp_path, closed_loop(k=64), users=(1, 2, 4, 8, 16)).path)
     # Kneedle alone reports its known spurious knee at the first step of a straight line
-    # (analysis/knee.py); the saturation rule and the confirmation gain must reject it.
+    # (analysis/models/knee.py); the saturation rule and the confirmation gain must reject it.
     assert s["knee"] == {"users": None, "qps": None, "method": "none", "kneedle_users": 1}
     assert s["peak"]["users"] == 16
 
@@ -280,7 +280,7 @@ def test_index_html_is_offline_and_marks_the_knee(tmp_path):
 def test_gpu_metrics_two_gpus_averaged_and_summed(tmp_path):
     rd = make_run(tmp_path, closed_loop(k=4))
     secs = np.arange(T0, T0 + 5 * (RAMP + HOLD), 1.0)
-    from kneeswarm.rundir import write_csv
+    from kneeswarm.contracts.rundir import write_csv
     rows = [(t, g, 40.0 + 20 * g, 10.0, 1000.0 * (g + 1), 100.0, 1980, 2619, 40) for t in secs for g in (0, 1)]
     write_csv(rd.host_dir("server-1") / "gpu.csv",
               ("t", "gpu", "sm_pct", "mem_pct", "fb_used_mb", "power_w", "sm_clock_mhz", "mem_clock_mhz", "temp_c"),
@@ -294,7 +294,7 @@ def test_gpu_metrics_two_gpus_averaged_and_summed(tmp_path):
 
 # -- target metrics (the server's own /metrics) -----------------------------------------------
 def write_prometheus(path: Path, t: np.ndarray, columns: dict[str, np.ndarray]) -> None:
-    from kneeswarm.rundir import write_csv
+    from kneeswarm.contracts.rundir import write_csv
     write_csv(path, ("t", *columns), zip(t, *columns.values()))
 
 
@@ -349,7 +349,7 @@ def test_target_queue_0_then_12_and_counter_rising_5_per_s(tmp_path):
 
 
 def test_prometheus_csv_is_narrowed_to_known_series(tmp_path):
-    from analysis.inputs import read_prometheus
+    from kneeswarm.analysis.measure.inputs import read_prometheus
     path = tmp_path / "prometheus.csv"
     t = np.arange(5.0)
     write_prometheus(path, t, {"go_gc_duration_seconds": t, "kneeswarm_target_inflight": t,
@@ -360,7 +360,7 @@ def test_prometheus_csv_is_narrowed_to_known_series(tmp_path):
 
 
 def test_counter_reset_counts_the_new_value():
-    from analysis.target import target_windows
+    from kneeswarm.analysis.measure.target import target_windows
     df = pd.DataFrame({"t": [0.0, 1, 2, 3, 4], "kneeswarm_target_rejected_total": [0.0, 5, 10, 2, 7]})
     got = target_windows(df, np.array([0.0, 0.0, 3.5]), np.array([5.0, 1.0, 5.0]))
     assert got[0] == {"rejected_s": pytest.approx(17 / 4)}  # 5 + 5 + 2 (restart) + 5 over 4 s
@@ -368,7 +368,7 @@ def test_counter_reset_counts_the_new_value():
 
 
 def test_vllm_and_triton_series_combined_first_candidate_wins():
-    from analysis.target import target_windows
+    from kneeswarm.analysis.measure.target import target_windows
     t = np.arange(0.0, 10.0)
     df = pd.DataFrame({
         "t": t,
@@ -467,7 +467,7 @@ def test_header_tolerates_odd_and_missing_facts(tmp_path):
 # -- threads, %sy share -----------------------------------------------------------------------
 def test_sy_share_active_threads_from_procfs_tables(tmp_path):
     rd = make_run(tmp_path, closed_loop(k=4), users=(1, 2, 4))
-    from kneeswarm.rundir import write_csv
+    from kneeswarm.contracts.rundir import write_csv
     hd = rd.host_dir("server-1")
     (hd / "process.csv").unlink()  # no pidstat: the procfs sampler's tables are read instead
     secs = np.arange(T0, T0 + 3 * (RAMP + HOLD), 1.0)
@@ -497,7 +497,7 @@ def test_sy_share_active_threads_from_procfs_tables(tmp_path):
 
 # -- GPU from the real H200 recording ---------------------------------------------------------
 def test_gpu_step_means_from_h200_dmon_recording(tmp_path):
-    from collectors import parse_raw
+    from kneeswarm.collectors import parse_raw
     gpu = parse_raw("dmon", (Path(__file__).parent / "fixtures/gpu/dmon-pucvmet-DT.txt").read_text()).frames["gpu"]
     t_first = float(gpu["t"].iloc[0])
     # step 0's steady window [t0+4, t0+14) holds samples 0-9, step 1's [t0+18, t0+28) samples 14-22
@@ -514,7 +514,7 @@ def test_gpu_step_means_from_h200_dmon_recording(tmp_path):
 
 
 def test_per_request_timeline_stays_downsampled(tmp_path):
-    from analysis.report import per_second
+    from kneeswarm.analysis.reports.html import per_second
     rd = make_run(tmp_path, closed_loop(k=4), users=(1, 2))
     req = rd.read_requests()
     ps = per_second(req, T0)
@@ -531,10 +531,10 @@ FIXTURES = Path(__file__).parent / "fixtures" / "collectors"
 def test_thread_samples_read_in_chunks_equal_the_whole_table(tmp_path, collector, fixture, chunk_rows):
     """Recorded thread tables: the chunked read's per-sample figures equal numpy's over the whole
     table and the whole-table path's (pd.read_csv, then active_threads), chunks splitting samples."""
-    from analysis.inputs import _sorted_by_t, read_thread_samples
-    from analysis.serverstats import ACTIVE_THREAD_CPU_PCT, active_threads
-    from collectors import parse_raw_file
-    from kneeswarm.rundir import write_csv
+    from kneeswarm.analysis.measure.inputs import _sorted_by_t, read_thread_samples
+    from kneeswarm.analysis.measure.serverstats import ACTIVE_THREAD_CPU_PCT, active_threads
+    from kneeswarm.collectors import parse_raw_file
+    from kneeswarm.contracts.rundir import write_csv
 
     table = parse_raw_file(collector, FIXTURES / fixture).frames["threads"]
     assert len(table) > 10 and table["t"].nunique() > 2
@@ -558,12 +558,12 @@ def test_thread_samples_read_in_chunks_equal_the_whole_table(tmp_path, collector
 def test_thread_table_torn_or_without_cpu_reads_as_the_whole_table(tmp_path, monkeypatch):
     """A torn line after the first chunk makes the table unreadable (said, counted) as a whole read
     does; a table with t but no cpu_pct stands for the threads table with no samples."""
-    from analysis.inputs import read_host_table
-    from kneeswarm.rundir import WarningLog
+    from kneeswarm.analysis.measure.inputs import read_host_table
+    from kneeswarm.contracts.rundir import WarningLog
 
     torn = tmp_path / "threads.csv"
     torn.write_text("t,tid,name,cpu_pct\n" + "".join(f"{T0 + k},{k % 4},w,{k % 50}\n" for k in range(40)) + "1,2,3,4,5,6\n")
-    monkeypatch.setattr("analysis.inputs.THREAD_CHUNK_ROWS", 8)
+    monkeypatch.setattr("kneeswarm.analysis.measure.inputs.THREAD_CHUNK_ROWS", 8)
     warnings, lost = WarningLog(), {}
     with pytest.raises(pd.errors.ParserError):
         pd.read_csv(torn)

@@ -9,10 +9,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import analysis
-from analysis.loadstats import GENERATOR_SLACK_S
-from kneeswarm.plan import AnalysisPlan, LoadPlan
-from kneeswarm.rundir import REQUEST_SCHEMA
+from kneeswarm import analysis
+from kneeswarm.analysis.measure.loadstats import GENERATOR_SLACK_S
+from kneeswarm.contracts.plan import AnalysisPlan, LoadPlan
+from kneeswarm.contracts.rundir import REQUEST_SCHEMA
 from synthetic_run import HOLD, SETTLE, closed_loop, make_run, steady_rows
 
 DEFAULTS = (f"settle={LoadPlan().settle!r}, min_requests={AnalysisPlan().min_requests!r}, "

@@ -13,11 +13,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import analysis
-from collectors import get
+from kneeswarm import analysis
+from kneeswarm.collectors import get
 from conftest import run_cli
-from kneeswarm.plan import AnalysisPlan, LoadPlan, Plan
-from kneeswarm.rundir import RunDir
+from kneeswarm.contracts.plan import AnalysisPlan, LoadPlan, Plan
+from kneeswarm.contracts.rundir import RunDir
 
 FIXTURES = Path(__file__).parent / "fixtures" / "collectors"
 OFFSET = 100.0  # the host's clock runs this many seconds ahead of the master's (as recorded in meta.json)
@@ -49,7 +49,7 @@ def record_raw(raw: Path, seconds: int) -> tuple[float, float, int]:
 
 
 def clock_entry(offset: float, t: float) -> dict:
-    """meta.json["hosts"][label]["clock"] as the agents record it (collectors.correction)."""
+    """meta.json["hosts"][label]["clock"] as the agents record it (kneeswarm.collectors.correction)."""
     side = {"offset": offset, "error": 1e-4, "rtt_min": 2e-4, "rtt_median": 3e-4, "rounds": 8, "kept": 4, "t": t}
     return {"before": side, "after": None, "drift_ppm": None}
 
@@ -123,7 +123,7 @@ def test_analyze_rebuilds_server_metrics_from_raw(tmp_path):
 
 def test_analyze_rebuilds_from_recorded_fixtures_on_the_master_clock(tmp_path):
     """The same without running anything: real recorded vmstat and pidstat output copied into raw/."""
-    from collectors import parse_raw
+    from kneeswarm.collectors import parse_raw
 
     rd = RunDir.create(tmp_path, "fixtures")
     rd.plan_path.write_text(Plan(load=LoadPlan(steps=[1, 2], ramp=RAMP, hold=HOLD, settle=SETTLE)).to_toml())

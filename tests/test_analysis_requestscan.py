@@ -1,4 +1,4 @@
-"""analysis.requestscan: the request parts read one at a time give the numbers numpy gives on all
+"""kneeswarm.analysis.measure.requestscan: the request parts read one at a time give the numbers numpy gives on all
 rows at once, whatever the order and overlap of the parts; finished steps are freed early."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.findings.validity import LITTLE_TOLERANCE, littles_law_reason
-from analysis.requestscan import Chunk, RequestScan, scan_frame, scan_parts, timeline_bin, TIMELINE_MAX_BINS
-from kneeswarm.rundir import RunDir
+from kneeswarm.analysis.measure.validity import LITTLE_TOLERANCE, littles_law_reason
+from kneeswarm.analysis.measure.requestscan import (Chunk, RequestScan, scan_frame, scan_parts, timeline_bin, TIMELINE_MAX_BINS)
+from kneeswarm.contracts.rundir import RunDir
 
 T0 = 1_700_000_000.0
 STEPS = pd.DataFrame({"index": [0, 1, 2], "users": [1, 2, 4], "t_ramp": [T0, T0 + 20, T0 + 40],

@@ -12,9 +12,9 @@ import json
 import numpy as np
 import pytest
 
-import analysis
-import analysis.findings
-from kneeswarm.rundir import CLOCKS_FILE, write_csv, write_json
+from kneeswarm import analysis
+import kneeswarm.analysis.findings
+from kneeswarm.contracts.rundir import CLOCKS_FILE, write_csv, write_json
 from synthetic_run import HOLD, RAMP, S_MS, SETTLE, T0, closed_loop, make_run, retrograde, steady_rows, strict_json
 from usl_truth import usl_lstsq
 
@@ -149,7 +149,7 @@ def test_healthy_linear_run_has_no_findings(tmp_path):
 def test_a_rule_that_raises_becomes_a_warning(tmp_path, monkeypatch):
     def broken(ctx):
         raise ZeroDivisionError("boom")
-    monkeypatch.setattr(analysis.findings, "RULES", (broken, *analysis.findings.RULES))
+    monkeypatch.setattr(kneeswarm.analysis.findings, "RULES", (broken, *kneeswarm.analysis.findings.RULES))
     rd = make_run(tmp_path, retrograde(), users=(1, 2, 4, 8, 16, 32))
     s = analysis.analyze(rd.path)
     assert "findings: rule broken failed: ZeroDivisionError: boom (the other rules ran)" in s["warnings"]
@@ -212,8 +212,8 @@ def test_report_reads_top_down(tmp_path):
 
 
 def test_plan_sections_shown_when_the_summary_has_them():
-    from analysis.gates import add_gates
-    from analysis.summary import to_markdown
+    from kneeswarm.analysis.summary.gates import add_gates
+    from kneeswarm.analysis.reports.markdown import to_markdown
     summary = add_gates({"run_id": "x", "steps": [{"users": 1, "qps": 10.0, "p99_ms": 300.0, "mean_ms": 100.0,
                                                    "error_rate": 0.0, "valid": True}]},
                         {"sla": {"p99_ms": 200.0}, "capacity": {"peak_qps": 100.0}})
@@ -225,8 +225,8 @@ def test_plan_sections_shown_when_the_summary_has_them():
 def test_timeline_panel_with_only_secondary_traces_uses_its_primary_axis(tmp_path):
     """plotly.js 3 draws every panel empty when a secondary axis overlays an axis without traces
     (seen in headless Chromium: a GPU panel with power but no memory blanked the whole timeline)."""
-    from analysis.inputs import load_inputs
-    from analysis.report import _timeline_figure
+    from kneeswarm.analysis.measure.inputs import load_inputs
+    from kneeswarm.analysis.reports.html import _timeline_figure
     rd = make_run(tmp_path, closed_loop(k=64), users=(1, 2))
     secs = np.arange(T0, T0 + 2 * (RAMP + HOLD), 1.0)
     write_csv(rd.host_dir("server-1") / "gpu.csv", ("t", "gpu", "sm_pct", "power_w"), [(t, 0, 50.0, 200.0) for t in secs])
@@ -244,7 +244,7 @@ def test_timeline_panel_with_only_secondary_traces_uses_its_primary_axis(tmp_pat
 def test_a_step_with_errors_above_the_sla_is_not_valid():
     import pandas as pd
     # Independent truth: 3 of 100 failed is 3%, above a 1% SLA; 0.5% is not.
-    from analysis.trust import error_reason, sla_error_rate, trust_reasons
+    from kneeswarm.analysis.measure.trust import error_reason, sla_error_rate, trust_reasons
     stats = pd.DataFrame({"users": [1, 2], "qps": [10.0, 20.0], "mean_ms": [100.0, 100.0], "rps": [10.0, 20.0],
                           "p50_ms": [90.0, 90.0], "error_rate": [0.005, 0.03]})
     limit = sla_error_rate({"sla": {"error_rate": 0.01}})

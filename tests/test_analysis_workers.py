@@ -1,4 +1,4 @@
-"""analysis.workers.lost_worker_reasons: which steps a worker lost mid-run affected (pure data;
+"""kneeswarm.analysis.measure.workers.lost_worker_reasons: which steps a worker lost mid-run affected (pure data;
 the real kill -9 run is tests/test_distributed.py)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.workers import lost_worker_reasons
+from kneeswarm.analysis.measure.workers import lost_worker_reasons
 
 # three steps: ramp at 0/10/20 s, steady windows [2, 10), [12, 20), [22, 30)
 STATS = pd.DataFrame({"index": [0, 1, 2], "t_ramp": [0.0, 10.0, 20.0], "t_lo": [2.0, 12.0, 22.0],
@@ -55,8 +55,8 @@ def test_no_loss_no_reason_and_bad_entries_are_ignored():
 def test_rows_per_worker_and_step_match_numpy(tmp_path):
     """Rows of three workers over three windows in two parts, with rows stamped with another step
     inside a window (left out, as in the step's own statistics) and rows between windows."""
-    from analysis.workers import count_rows
-    from kneeswarm.rundir import RunDir
+    from kneeswarm.analysis.measure.workers import count_rows
+    from kneeswarm.contracts.rundir import RunDir
 
     rd = RunDir.create(tmp_path, "w")
     rng = np.random.default_rng(1)

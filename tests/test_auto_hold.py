@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kneeswarm.cli import start_target, stop_target
-from locustfiles.steady import P99_MIN_ROWS, closed_loop_qps_half_width, judge, mser_cut, p99_half_width, qps_half_width
+from kneeswarm.launch.cli import start_target, stop_target
+from kneeswarm.locustfiles.steady import (P99_MIN_ROWS, closed_loop_qps_half_width, judge, mser_cut, p99_half_width, qps_half_width)
 from tests.conftest import bad_plan_line, read_summary, side_by_side, start_cli
 
 FIXED_HOLD = 20.0  # the fixed hold the steady steps must beat (the plan's default hold)
@@ -116,8 +116,8 @@ def test_the_step_schedule_gives_auto_hold_its_users():
     """StepSchedule -> AutoHold.decide -> judge: a closed-loop step's verdict counts its users at the
     window's ends.  4 users in step every 250 ms put 16 rows in every second, where the per-second
     counts claim ±0.0 %; the schedule's verdict is judge's with users=4 on the same rows."""
-    from locustfiles.steady import AutoHold
-    from locustfiles.steps import StepSchedule
+    from kneeswarm.locustfiles.steady import AutoHold
+    from kneeswarm.locustfiles.steps import StepSchedule
 
     t, lat = _cohorts(4, 0.25, 100.0, 120.0)
     auto = AutoHold(min_hold=3.0, max_hold=20.0, settle=1.0, ci=0.10, lag_s=0.5)
@@ -176,7 +176,7 @@ def test_open_loop_is_judged_on_the_share_of_arrivals_not_their_poisson_count():
 def test_open_loop_share_interval_and_what_still_holds_a_step():
     from scipy.stats import binomtest
 
-    from locustfiles.steady import share_half_width
+    from kneeswarm.locustfiles.steady import share_half_width
 
     for ok, n in ((300, 300), (240, 300), (5, 40)):  # Wilson score interval, scipy's, relative to the share
         ci = binomtest(ok, n).proportion_ci(confidence_level=0.95, method="wilson")
@@ -298,8 +298,8 @@ def test_schedule_under_auto_hold_waits_for_min_hold_and_stops_at_max_hold():
     """StepSchedule with a real AutoHold fed synthetic rows (no Locust): a steady, well-known step
     ends at the first tick past min_hold where the verdict is in; a drifting one at max_hold,
     with the reason in its steps.csv row."""
-    from locustfiles.steady import AutoHold
-    from locustfiles.steps import StepSchedule
+    from kneeswarm.locustfiles.steady import AutoHold
+    from kneeswarm.locustfiles.steps import StepSchedule
 
     rng = np.random.default_rng(3)
     auto = AutoHold(min_hold=3.0, max_hold=20.0, settle=1.0, ci=0.10, lag_s=2.0)
@@ -336,7 +336,7 @@ def test_schedule_under_auto_hold_waits_for_min_hold_and_stops_at_max_hold():
 
 
 def test_web_form_takes_auto_as_the_hold():
-    from locustfiles.webui import form_overrides
+    from kneeswarm.locustfiles.webui import form_overrides
 
     assert form_overrides({"kneeswarm_hold": "auto"}) == {"load.hold": "auto"}
     assert form_overrides({"kneeswarm_hold": "12"}) == {"load.hold": 12.0}

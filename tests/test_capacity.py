@@ -12,9 +12,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from analysis.capacity import capacity_plan, sla_check
-from analysis.junit import junit_xml
-from kneeswarm.outcome import EXIT_SLA_FAILED
+from kneeswarm.analysis.models.capacity import capacity_plan, sla_check
+from kneeswarm.analysis.reports.junit import junit_xml
+from kneeswarm.contracts.outcome import EXIT_SLA_FAILED
 
 
 def step(users, qps, p99, mean=None, error_rate=0.0, valid=True, **extra):
@@ -183,6 +183,6 @@ def test_junit_of_a_passing_sla_has_no_failure():
 
 
 def test_sla_exit_code_is_distinct_from_the_others():
-    from kneeswarm.outcome import EXIT_REGRESSION
+    from kneeswarm.contracts.outcome import EXIT_REGRESSION
 
     assert EXIT_SLA_FAILED not in (0, 1, 2, 130, EXIT_REGRESSION)

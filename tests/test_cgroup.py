@@ -22,9 +22,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.findings import explain
-from analysis.hostfacts import host_facts, service_limits
-from collectors import get
+from kneeswarm.analysis.findings import explain
+from kneeswarm.analysis.measure.hostfacts import host_facts, service_limits
+from kneeswarm.collectors import get
 from tests.conftest import release_cgroups
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "agents"))
@@ -80,8 +80,8 @@ def test_v2_samples_parse_into_throttled_periods_and_the_service_cpus(tmp_path):
 
 
 def test_under_a_quota_it_samples_every_period_and_reads_the_counters_alone_between_full_samples(tmp_path):
-    from analysis.serverstats import throttled_shares
-    from collectors.cgroup import THROTTLE_INTERVAL
+    from kneeswarm.analysis.measure.serverstats import throttled_shares
+    from kneeswarm.collectors.cgroup import THROTTLE_INTERVAL
 
     s, _, root = v2_sampler(tmp_path)
     (tmp_path / "mountinfo").write_text((V2 / "mountinfo").read_text().replace("/sys/fs/cgroup", str(root)))
@@ -166,7 +166,7 @@ QUOTA = {"cpus": 4.0, "bound": "quota", "quota_cpus": 4.0, "host_cpus": 64.0, "m
 
 
 def test_cpu_throttled_above_its_threshold_only():
-    from analysis.findings.cgroup import CPU_THROTTLED_SHARE
+    from kneeswarm.analysis.findings.cgroup import CPU_THROTTLED_SHARE
 
     hot = explain(summary([(1, {"throttled_share": 0.0}), (8, {"throttled_share": 0.62})], QUOTA))
     [f] = [f for f in hot["findings"] if f["id"] == "cpu_throttled"]
@@ -178,7 +178,7 @@ def test_cpu_throttled_above_its_threshold_only():
 
 
 def test_memory_limit_near_within_its_margin_only():
-    from analysis.findings.cgroup import MEMORY_LIMIT_MARGIN
+    from kneeswarm.analysis.findings.cgroup import MEMORY_LIMIT_MARGIN
 
     near = 2048.0 * (1 - MEMORY_LIMIT_MARGIN)
     hit = explain(summary([(1, {"rss_mb": 900.0}), (8, {"rss_mb": near + 1})], QUOTA))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kneeswarm import cli, conductor
+from kneeswarm.launch import cli, conductor
 
 from conftest import one_error_line, run_cli
 

@@ -20,12 +20,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import collectors
-from agents.remote import SAMPLERS
-from collectors import COLLECTORS, Parsed, get, parse_raw
-from collectors.base import (GPU_COLUMNS, GPU_PROC_COLUMNS, MIGRATIONS_KERNEL, MIGRATIONS_SAMPLED, PROCESS_COLUMNS,
-                             THREAD_COLUMNS, VMSTAT_COLUMNS)
-from collectors.prometheus import parse_exposition, scrapes_to_frame
+from kneeswarm import collectors
+from kneeswarm.agents.remote import SAMPLERS
+from kneeswarm.collectors import COLLECTORS, Parsed, get, parse_raw
+from kneeswarm.collectors.base import (GPU_COLUMNS, GPU_PROC_COLUMNS, MIGRATIONS_KERNEL, MIGRATIONS_SAMPLED, PROCESS_COLUMNS, THREAD_COLUMNS, VMSTAT_COLUMNS)
+from kneeswarm.collectors.prometheus import parse_exposition, scrapes_to_frame
 from conftest import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -204,8 +203,8 @@ def test_pidstat_read_in_pieces_equals_the_whole_text(path, newline, tmp_path, m
     """The file read 97 characters at a time (collectors.parse_raw_file: every piece cuts lines,
     CR LF pairs too), and the stream fed whole lines a few at a time with the closed intervals
     taken after each (the live view's way), give exactly the tables of the whole text at once."""
-    from collectors import parse_raw_file
-    from collectors import pidstat as ps
+    from kneeswarm.collectors import parse_raw_file
+    from kneeswarm.collectors import pidstat as ps
 
     text = read(path).replace("\n", newline)
     whole = parse_raw("pidstat", text)
@@ -229,11 +228,11 @@ def test_pidstat_read_in_pieces_equals_the_whole_text(path, newline, tmp_path, m
 
 
 def test_live_parse_appends_new_intervals_and_starts_again_on_a_new_clock(tmp_path):
-    """collectors.parsed.LiveParse on a recorded file arriving in two pieces, the first cut inside a
+    """kneeswarm.collectors.parsed.LiveParse on a recorded file arriving in two pieces, the first cut inside a
     line: the second update reads only from that line on; the CSV is the whole file's parse less its
     last interval (still open); another clock offset writes it anew from the first byte."""
-    from collectors.parsed import LiveParse, write_parsed_csvs
-    from kneeswarm.rundir import RunDir
+    from kneeswarm.collectors.parsed import LiveParse, write_parsed_csvs
+    from kneeswarm.contracts.rundir import RunDir
 
     run = RunDir(tmp_path / "run")
     raw = run.raw_dir("h")
@@ -448,7 +447,7 @@ def test_procfs_thread_sums_and_threads_over_the_span_between_thread_samples():
 def test_procfs_read_in_pieces_gives_the_whole_files_tables():
     # the live view feeds what each fetch added: the pieces' rows, one after another, are the
     # rows of the whole file read at once (the counters carried over each cut, wherever it falls)
-    from collectors.procfs import ProcfsStream
+    from kneeswarm.collectors.procfs import ProcfsStream
 
     text = read(FIX / "procfs-psutil.jsonl")
     whole = get("procfs").parse(text)
@@ -472,8 +471,8 @@ def test_procfs_file_read_in_pieces_equals_the_whole_text(newline, piece, tmp_pa
     """collectors.parse_raw_file reads procfs.jsonl ``piece`` characters at a time (every piece
     cutting lines, CR LF pairs too), a malformed line, a bad byte and a last line without its
     newline among them: exactly the tables, dtypes and line counts of the whole text at once."""
-    from collectors import parse_raw_file
-    from collectors.procfs import parse_procfs_file
+    from kneeswarm.collectors import parse_raw_file
+    from kneeswarm.collectors.procfs import parse_procfs_file
 
     lines = read(FIX / "procfs-psutil.jsonl").splitlines()
     text = newline.join(lines[:3] + ["not json", '{"t": "x"}'] + lines[3:])
@@ -537,7 +536,7 @@ LIVE_SECONDS = 3.3
 
 STOPPED_BY_SIGINT = """
 import signal, subprocess, sys, time
-from agents.remote.processes import child_setup
+from kneeswarm.agents.remote.processes import child_setup
 signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a controller started with `cmd &` in a script has it
 p = subprocess.Popen(["vmstat", "1"], stdout=subprocess.DEVNULL,
                      preexec_fn=child_setup() if sys.argv[1] == "agent" else None)
@@ -707,7 +706,7 @@ def test_procfs_migrations_by_the_kernels_counter_per_thread():
     proc = get("procfs").parse("\n".join(lines)).frames["process"].set_index("t")
     assert proc.loc[12.0, "migrations_s"] == (30 + 12) / 2 and proc.loc[12.0, "migrations_counted"] == MIGRATIONS_KERNEL
     assert proc.loc[14.0, "migrations_s"] == 1 / 2 and proc.loc[14.0, "migrations_counted"] == MIGRATIONS_SAMPLED
-    from analysis.hostfacts import host_lines, migrations_counted
+    from kneeswarm.analysis.measure.hostfacts import host_lines, migrations_counted
     assert migrations_counted(proc) == "kernel, sampled"
     assert migrations_counted(proc.iloc[:1]) == "kernel"
     assert migrations_counted(proc.drop(columns="migrations_counted")) is None

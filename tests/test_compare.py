@@ -17,15 +17,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis import bootstrap
-from analysis.compare import (COMPARE_VERSION, IMPROVED, MIN_RELATIVE_CHANGE, NO_CHANGE, NOT_COMPARABLE, NOT_COMPARED,
-                              REGRESSED, Change, Comparison, Side, StepComparison, compare_html, compare_markdown,
-                              compare_runs, compare_summaries)
-from analysis.junit import junit_xml
+from kneeswarm.analysis.measure import bootstrap
+from kneeswarm.analysis.runs.compare import (IMPROVED, MIN_RELATIVE_CHANGE, NO_CHANGE, NOT_COMPARABLE, NOT_COMPARED, REGRESSED, compare_html, compare_markdown, compare_runs, compare_summaries)
+from kneeswarm.analysis.schema.comparison import COMPARE_VERSION, Change, Comparison, Side, StepComparison
+from kneeswarm.analysis.reports.junit import junit_xml
 from conftest import read_summary
-from kneeswarm import cli
-from kneeswarm.outcome import EXIT_REGRESSION
-from kneeswarm.rundir import RunDir
+from kneeswarm.launch import cli
+from kneeswarm.contracts.outcome import EXIT_REGRESSION
+from kneeswarm.contracts.rundir import RunDir
 
 USERS = (1, 2, 4, 8)
 RATE = 100.0  # requests/s per user
@@ -37,7 +36,7 @@ SLOWDOWN = 1.3
 
 
 def kneeswarm_compare(argv: list[str]) -> int:
-    """`kneeswarm compare ARGV...`, its exit code (kneeswarm.cli, in this process)."""
+    """`kneeswarm compare ARGV...`, its exit code (kneeswarm.launch.cli, in this process)."""
     return cli.main(["compare", *argv])
 
 
@@ -169,7 +168,7 @@ def test_seeded_results_repeat(runs):
 
 def test_small_but_certain_change_is_not_significant():
     """A 2 % QPS drop measured precisely: the interval excludes 0 but the change is under the threshold."""
-    from analysis.compare import metric_change
+    from kneeswarm.analysis.runs.compare import metric_change
 
     c = metric_change("qps", 100.0, 98.0, [-2.5, -1.5])
     assert c["significant"] is False and MIN_RELATIVE_CHANGE["qps"] > 0.02
@@ -251,7 +250,7 @@ def test_compare_command_exit_codes_and_files(runs, tmp_path, capsys):
         == EXIT_REGRESSION == 4
     written = json.loads((out / "compare.json").read_text())
     assert written["verdict"] == REGRESSED
-    # compare.json holds what analysis.compare declares, no more and no less (its one contract)
+    # compare.json holds what kneeswarm.analysis.runs.compare declares, no more and no less (its one contract)
     assert set(written) == Comparison.__required_keys__ and written["version"] == COMPARE_VERSION
     assert all(set(s) == StepComparison.__required_keys__ and set(s["base"]) == Side.__required_keys__
                and set(s["qps"]) == Change.__required_keys__ for s in written["steps"])

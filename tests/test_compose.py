@@ -13,8 +13,8 @@ import sys
 import pytest
 import requests
 
-from kneeswarm.conductor import free_port
-from kneeswarm.rundir import RunDir
+from kneeswarm.launch.conductor import free_port
+from kneeswarm.contracts.rundir import RunDir
 
 from conftest import REPO, answers_200, read_summary, wait_for
 
@@ -45,7 +45,7 @@ def _local(argv: list[str], subs: dict[str, str]) -> list[str]:
         for pattern, repl in subs.items():
             a = re.sub(pattern, repl, a)
         out.append(a)
-    exe = {"kneeswarm": [sys.executable, "-m", "kneeswarm.cli"], "locust": [sys.executable, "-m", "locust"]}
+    exe = {"kneeswarm": [sys.executable, "-m", "kneeswarm.launch.cli"], "locust": [sys.executable, "-m", "locust"]}
     return exe[out[0]] + out[1:]
 
 

@@ -1,7 +1,7 @@
 """The shared spellings have one owner each, and nothing types them again.
 
-kneeswarm.outcome owns meta.json's ``ended`` values (``Ended``) and the exit codes of every
-command; kneeswarm.rundir owns the run directory's file names.  These tests read the sources
+kneeswarm.contracts.outcome owns meta.json's ``ended`` values (``Ended``) and the exit codes of every
+command; kneeswarm.contracts.rundir owns the run directory's file names.  These tests read the sources
 (ast) and the README, so that a new bare "completed", a new ``EXIT_X = 5`` or a new
 ``/ "index.html"`` elsewhere fails here.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kneeswarm import outcome, rundir
+from kneeswarm.contracts import outcome, rundir
 from test_layout import ROOT, module_name, sources
 
 ENDED = {e.value for e in outcome.Ended}
@@ -22,7 +22,7 @@ ENDED = {e.value for e in outcome.Ended}
 FILE_NAMES = {v for k, v in vars(rundir).items()
               if k.isupper() and isinstance(v, str) and "." in v and k != "COMPARE_DIR"}
 #: the agent runs on the server with the standard library alone (its names are its own)
-EXEMPT = {"agents.remote"}
+EXEMPT = {"kneeswarm.agents.remote"}
 
 
 def checked_sources() -> list[Path]:
@@ -55,10 +55,10 @@ def test_the_file_names_are_found():
 
 @pytest.mark.parametrize("path", checked_sources(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_file_names_are_spelled_only_in_rundir(path):
-    if module_name(path) == "kneeswarm.rundir":
+    if module_name(path) == "kneeswarm.contracts.rundir":
         return
     found = [f"line {line}: {text!r}" for line, text in string_constants(path) if text in FILE_NAMES]
-    assert not found, f"{path.relative_to(ROOT)}: use the kneeswarm.rundir names: " + "; ".join(found)
+    assert not found, f"{path.relative_to(ROOT)}: use the kneeswarm.contracts.rundir names: " + "; ".join(found)
 
 
 def _ended_literals(path: Path) -> list[str]:
@@ -89,7 +89,7 @@ def _ended_literals(path: Path) -> list[str]:
 @pytest.mark.parametrize("path", checked_sources(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_ended_values_come_from_the_enum(path):
     found = _ended_literals(path)
-    assert not found, f"{path.relative_to(ROOT)}: use kneeswarm.outcome.Ended: " + "; ".join(found)
+    assert not found, f"{path.relative_to(ROOT)}: use kneeswarm.contracts.outcome.Ended: " + "; ".join(found)
 
 
 def test_the_ended_check_catches_a_bare_string(tmp_path):
@@ -100,13 +100,13 @@ def test_the_ended_check_catches_a_bare_string(tmp_path):
 
 @pytest.mark.parametrize("path", checked_sources(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_exit_codes_are_defined_only_in_outcome(path):
-    if module_name(path) == "kneeswarm.outcome":
+    if module_name(path) == "kneeswarm.contracts.outcome":
         return
     tree = ast.parse(path.read_text())
     found = [f"line {n.lineno}" for n in ast.walk(tree) if isinstance(n, ast.Assign)
              and any(isinstance(t, ast.Name) and t.id.startswith("EXIT_") for t in n.targets)
              and isinstance(n.value, ast.Constant) and isinstance(n.value.value, int)]
-    assert not found, f"{path.relative_to(ROOT)}: an exit code spelled outside kneeswarm.outcome: {found}"
+    assert not found, f"{path.relative_to(ROOT)}: an exit code spelled outside kneeswarm.contracts.outcome: {found}"
 
 
 def test_readme_lists_every_exit_code():
@@ -119,7 +119,7 @@ def test_readme_lists_every_exit_code():
 
 
 #: tunables shared by several parts, and their one owner
-SHARED_TUNABLES = {"FETCH_PERIOD": "kneeswarm.lifecycle", "HEARTBEAT_TIMEOUT": "agents.remote.defaults"}
+SHARED_TUNABLES = {"FETCH_PERIOD": "kneeswarm.launch.lifecycle", "HEARTBEAT_TIMEOUT": "kneeswarm.agents.remote.defaults"}
 
 
 def test_shared_tunables_are_defined_once():
@@ -136,24 +136,24 @@ def test_shared_tunables_are_defined_once():
 def test_the_remote_agents_heartbeat_fallback_is_the_plans(tmp_path):
     """The agent (standard library only, cannot import the plan) falls back to the same heartbeat
     timeout as the plan's default when agent.json gives none: the plan imports the agent's."""
-    from agents.remote import Agent
-    from agents.settings import AgentSettings
-    from kneeswarm.plan import HEARTBEAT_TIMEOUT, MonitorPlan
+    from kneeswarm.agents.remote import Agent
+    from kneeswarm.agents.settings import AgentSettings
+    from kneeswarm.contracts.plan import HEARTBEAT_TIMEOUT, MonitorPlan
 
     assert Agent(str(tmp_path), {}).heartbeat_timeout == HEARTBEAT_TIMEOUT
     assert MonitorPlan().heartbeat_timeout == AgentSettings().heartbeat_timeout == HEARTBEAT_TIMEOUT
 
 
-# -- summary.json: every key written is declared (analysis.summary.Summary and its parts) ------------
+# -- summary.json: every key written is declared (kneeswarm.analysis.summary.build.Summary and its parts) ------------
 def _summaries(tmp_path, knee_run) -> dict[str, dict]:
     """Summaries of different shapes: a synthetic closed loop with host samples and GPU power, a
     streamed open-loop batch run with an SLA (tokens, goodput, rate, items/s), and the session's
     real run (conductor, Locust, the knee target, pidstat/vmstat, its /metrics)."""
     import numpy as np
 
-    import analysis
+    from kneeswarm import analysis
     from conftest import read_summary
-    from kneeswarm.rundir import write_csv
+    from kneeswarm.contracts.rundir import write_csv
     from synthetic_run import HOLD, RAMP, T0, closed_loop, make_run
     from test_streaming_analysis import make_stream_run
 
@@ -170,18 +170,18 @@ def _summaries(tmp_path, knee_run) -> dict[str, dict]:
 
 @pytest.mark.slow
 def test_every_key_written_to_summary_json_is_declared(tmp_path, knee_run):
-    from analysis.summary import undeclared_keys
+    from kneeswarm.analysis.schema.summary import undeclared_keys
 
     summaries = _summaries(tmp_path, knee_run)
     assert "tokens_knee" in summaries["stream"] and "goodput" in summaries["stream"]  # the shapes are covered
     assert "rate" in summaries["stream"]["steps"][0] and summaries["real"]["steps"][0]["server"]
     assert "energy_j_per_request" in summaries["closed"]["steps"][0]
     for name, summary in summaries.items():
-        assert undeclared_keys(summary) == [], f"{name}: keys no contract declares (analysis.summary.Summary)"
+        assert undeclared_keys(summary) == [], f"{name}: keys no contract declares (kneeswarm.analysis.summary.build.Summary)"
 
 
 def test_an_undeclared_summary_key_is_named():
-    from analysis.summary import undeclared_keys
+    from kneeswarm.analysis.schema.summary import undeclared_keys
 
     summary = {"run_id": "r", "complete": True, "bogus": 1, "steps": [{"users": 1, "qps": 2.0, "qpz": 3}],
                "knee": {"users": 4, "method": "saturation", "why": "x"}, "totals": {"requests": 1, "lost": 0}}
@@ -204,7 +204,7 @@ def test_an_old_run_directory_still_analyses(tmp_path):
     import tomllib
 
     from conftest import read_summary
-    from kneeswarm import cli
+    from kneeswarm.launch import cli
 
     run = Path(shutil.copytree(OLD_RUN, tmp_path / OLD_RUN.name))
     then = read_summary(run)
@@ -222,7 +222,7 @@ def test_an_old_run_directory_still_analyses(tmp_path):
 
 
 def test_the_knee_tabs_columns_are_the_live_rows_keys():
-    from locustfiles.webui import HOST_COLUMNS, STEP_COLUMNS, LiveHost, LiveStep
+    from kneeswarm.locustfiles.webui import HOST_COLUMNS, STEP_COLUMNS, LiveHost, LiveStep
 
     assert {k for k, _ in STEP_COLUMNS} <= LiveStep.__required_keys__
     assert {k for k, _ in HOST_COLUMNS} <= LiveHost.__optional_keys__
@@ -242,7 +242,7 @@ def meta_keys_written(path: Path) -> list[tuple[int, str]]:
 def test_every_meta_key_written_is_declared(path):
     # rundir.Meta declares meta.json (update_meta takes Unpack[Meta]: mypy checks the writers' types)
     wrong = [f"line {line}: {key}" for line, key in meta_keys_written(path) if key not in rundir.Meta.__annotations__]
-    assert not wrong, f"{path.relative_to(ROOT)}: meta.json keys kneeswarm.rundir.Meta does not declare: {wrong}"
+    assert not wrong, f"{path.relative_to(ROOT)}: meta.json keys kneeswarm.contracts.rundir.Meta does not declare: {wrong}"
 
 
 def test_the_meta_check_catches_an_undeclared_key(tmp_path):
@@ -266,7 +266,7 @@ def test_a_meta_value_of_the_wrong_type_is_left_out_and_said(tmp_path):
     number; an undeclared key is not read; the file itself is left as it was."""
     import json
 
-    import analysis
+    from kneeswarm import analysis
     from synthetic_run import closed_loop, make_run
 
     rd = make_run(tmp_path, closed_loop(k=4), users=(1, 2))
@@ -291,7 +291,7 @@ def test_summary_meta_keys_are_meta_json_keys_of_the_same_type():
     contracts with one type (a rename or retype in rundir.Meta fails here)."""
     import typing
 
-    from analysis.summary import SummaryMeta
+    from kneeswarm.analysis.schema.summary import SummaryMeta
 
     meta, copied = typing.get_type_hints(rundir.Meta), typing.get_type_hints(SummaryMeta)
     assert {k: meta.get(k) for k in copied} == copied

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from kneeswarm.plan import plan_from_dict
-from locustfiles.protocols import for_plan
-from locustfiles.protocols.workload import token_counter
+from kneeswarm.contracts.planfile import plan_from_dict
+from kneeswarm.locustfiles.protocols import for_plan
+from kneeswarm.locustfiles.protocols.workload import token_counter
 
 tokenizers = pytest.importorskip("tokenizers", reason="the tokenizer extra (pip install 'kneeswarm[tokenizer]')")
 

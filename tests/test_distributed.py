@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 import requests
 
-from kneeswarm.conductor import free_port
-from kneeswarm.rundir import RunDir
+from kneeswarm.launch.conductor import free_port
+from kneeswarm.contracts.rundir import RunDir
 
 from conftest import REPO, read_summary, wait_for
 
@@ -72,7 +72,7 @@ def check_worker_table(run_dir) -> dict:
 
 def _cli(*args: str, **kw) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-m", "kneeswarm.cli", *args], env=env, text=True,
+    return subprocess.Popen([sys.executable, "-m", "kneeswarm.launch.cli", *args], env=env, text=True,
                             start_new_session=True, **kw)
 
 
@@ -96,7 +96,7 @@ def few_workers_run(request, tmp_path_factory):
     runs; that test (last in the file) collects it."""
     import threading
 
-    from kneeswarm.cli import start_target, stop_target
+    from kneeswarm.launch.cli import start_target, stop_target
 
     if not any(item.name == FEW_WORKERS_TEST for item in request.session.items if item.module is request.module):
         yield None

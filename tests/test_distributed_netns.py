@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from kneeswarm.rundir import RunDir
+from kneeswarm.contracts.rundir import RunDir
 
 from conftest import REPO, ip, skip_without_netns, wait_for
 from test_distributed import REPORT_INTERVAL, check_worker_table
@@ -78,11 +78,11 @@ def test_master_two_workers_and_target_on_four_hosts(hosts, tmp_path):
     (mns, maddr), (tns, taddr) = hosts["master"], hosts["target"]
     target = _in(tns, "-m", "kneeswarm.target", "--host", taddr, "--port", str(TARGET_PORT), "--mode", "knee",
                  "--slots", "4", "--service-ms", "20", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    workers = [_in(hosts[w][0], "-m", "kneeswarm.cli", "worker", "--master", f"{maddr}:{MASTER_PORT}",
+    workers = [_in(hosts[w][0], "-m", "kneeswarm.launch.cli", "worker", "--master", f"{maddr}:{MASTER_PORT}",
                    stdout=(tmp_path / f"{w}.log").open("w"), stderr=subprocess.STDOUT) for w in ("worker1", "worker2")]
     out = tmp_path / "runs"
     try:
-        run = _in(mns, "-m", "kneeswarm.cli", "run", "--target", f"http://{taddr}:{TARGET_PORT}", "--steps", "2,4",
+        run = _in(mns, "-m", "kneeswarm.launch.cli", "run", "--target", f"http://{taddr}:{TARGET_PORT}", "--steps", "2,4",
                   "--hold", "4", "--ramp", "0.5", "--settle", "0.5", "--workers", "0", "--expect-workers", "2",
                   "--master-bind-host", maddr, "--master-port", str(MASTER_PORT), "--out", str(out), "-q",
                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -112,14 +112,14 @@ def test_a_worker_whose_network_goes_mid_step_is_flagged(hosts, tmp_path):
     target = _in(tns, "-m", "kneeswarm.target", "--host", taddr, "--port", str(TARGET_PORT), "--mode", "knee",
                  "--slots", "4", "--service-ms", "20", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     out = tmp_path / "runs"
-    run = _in(mns, "-m", "kneeswarm.cli", "run", "--target", f"http://{taddr}:{TARGET_PORT}", "--steps", "2,4,6",
+    run = _in(mns, "-m", "kneeswarm.launch.cli", "run", "--target", f"http://{taddr}:{TARGET_PORT}", "--steps", "2,4,6",
               "--hold", "8", "--ramp", "0.5", "--settle", "0.5", "--workers", "0", "--expect-workers", "2",
               "--master-bind-host", maddr, "--master-port", str(MASTER_PORT), "--out", str(out), "-q",
               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     workers = {}
     try:
         for w in ("worker1", "worker2"):
-            workers[w] = _in(hosts[w][0], "-m", "kneeswarm.cli", "worker", "--master", f"{maddr}:{MASTER_PORT}",
+            workers[w] = _in(hosts[w][0], "-m", "kneeswarm.launch.cli", "worker", "--master", f"{maddr}:{MASTER_PORT}",
                              stdout=(tmp_path / f"{w}.log").open("w"), stderr=subprocess.STDOUT)
 
         def step_1_running() -> bool:

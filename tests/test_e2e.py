@@ -20,7 +20,7 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from kneeswarm.rundir import RunDir
+from kneeswarm.contracts.rundir import RunDir
 
 from conftest import KNEE_HOLD, KNEE_SERVICE_MS, KNEE_SLOTS, KNEE_STEPS, REPO, read_summary, wait_for
 
@@ -33,7 +33,7 @@ PLATEAU_QPS = K * 1000 / SERVICE_MS
 @contextlib.contextmanager
 def running(*args: str) -> Iterator[subprocess.Popen]:
     """`kneeswarm run ARGS` in its own process, output captured; killed if still running at the end."""
-    proc = subprocess.Popen([sys.executable, "-m", "kneeswarm.cli", "run", *args], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "kneeswarm.launch.cli", "run", *args], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         yield proc
@@ -71,7 +71,7 @@ def test_knee_is_found_at_the_slot_count(knee_run):
     # trip outside the server, 1-2 ms on a quiet machine but 6.5 ms with two CPU spinners beside the
     # run (4 users then made 70.8/s, not 80 +- 8): QPS scales with the users.  (That round trip also
     # bounds where the knee can be: over 20 % of the service, 10 ms, and the next doubling buys the
-    # 20 % that analysis/knee.py's saturation rule calls still scaling -- a machine that busy moves
+    # 20 % that analysis/models/knee.py's saturation rule calls still scaling -- a machine that busy moves
     # the knee to 8 users for real.)
     for users in (2, 4):
         assert by_users[users]["qps"] == pytest.approx(users * by_users[1]["qps"], rel=0.10), (by_users[users], by_users[1])
@@ -194,7 +194,7 @@ def dying_run(request, tmp_path_factory):
     request rows (the server dies mid-run); that test collects it."""
     import threading
 
-    from kneeswarm.cli import start_target, stop_target
+    from kneeswarm.launch.cli import start_target, stop_target
 
     if not start_after_knee_run(request, DYING_TEST):
         yield None
@@ -203,7 +203,7 @@ def dying_run(request, tmp_path_factory):
     target, url = start_target(["--mode", "knee", "--slots", "4", "--service-ms", "20"])
     stderr = tmp / "stderr.txt"
     with stderr.open("w") as e:
-        proc = subprocess.Popen([sys.executable, "-m", "kneeswarm.cli", "run", "--target", url, "--steps", "1,2",
+        proc = subprocess.Popen([sys.executable, "-m", "kneeswarm.launch.cli", "run", "--target", url, "--steps", "1,2",
                                  "--hold", "6", "--ramp", "1", "--settle", "0", "--workers", "1", "--out", str(tmp),
                                  "-q"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=e, text=True)
     failed: list[BaseException] = []
@@ -253,7 +253,7 @@ def hang_run(request, tmp_path_factory):
     started with this module when that test is selected, so that it goes while the other tests
     here interrupt and kill theirs; that test collects it.  It starts after the session's shared
     knee run (whose figures it must not disturb), output to files nobody reads early."""
-    from kneeswarm.cli import start_target
+    from kneeswarm.launch.cli import start_target
 
     if not start_after_knee_run(request, HANG_TEST):
         yield None
@@ -264,7 +264,7 @@ def hang_run(request, tmp_path_factory):
     plan.write_text("[request]\ntimeout = 0.5\n")
     stdout, stderr = tmp / "stdout.txt", tmp / "stderr.txt"
     with stdout.open("w") as o, stderr.open("w") as e:
-        run = subprocess.Popen([sys.executable, "-m", "kneeswarm.cli", "run", str(plan), "--target", url,
+        run = subprocess.Popen([sys.executable, "-m", "kneeswarm.launch.cli", "run", str(plan), "--target", url,
                                 "--steps", "1,2", "--hold", "3", "--ramp", "0.5", "--settle", "0", "--workers", "1",
                                 "--pid", str(proc.pid), "--out", str(tmp / "runs"), "-q"],
                                cwd=REPO, stdout=o, stderr=e, text=True)

@@ -15,11 +15,10 @@ import os
 import subprocess
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import tomli_w
 
-from kneeswarm.rundir import RunDir
+from kneeswarm.contracts.rundir import RunDir
 
 from conftest import side_by_side, start_cli
 
@@ -87,7 +86,7 @@ def hosts(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runs(hosts):
-    from kneeswarm.cli import start_target, stop_target
+    from kneeswarm.launch.cli import start_target, stop_target
 
     tmp, host = hosts
     targets = {name: start_target(["--mode", "knee", "--slots", "4", "--service-ms", "20"])

@@ -21,7 +21,7 @@ import psutil
 import pytest
 import tomli_w
 
-from kneeswarm.rundir import RunDir
+from kneeswarm.contracts.rundir import RunDir
 
 from conftest import read_summary, run_cli, wait_for
 
@@ -65,7 +65,7 @@ def runs(sshd, tmp_path_factory):  # noqa: F811 (the sshd fixture)
     import subprocess
 
     from conftest import side_by_side, start_cli
-    from kneeswarm.cli import start_target, stop_target
+    from kneeswarm.launch.cli import start_target, stop_target
 
     tmp = tmp_path_factory.mktemp("e2e_ssh")
     known_hosts = tmp / "known_hosts"  # empty: the sshd's key is unknown
@@ -185,7 +185,7 @@ def test_ssh_dropped_mid_run_the_run_goes_on_and_nothing_is_lost(sshd, tmp_path,
     plan = write_plan(tmp_path / "drop.toml", target.url, target.pid, ssh_host(sshd, known_hosts),
                       steps=[1, 2], hold=6.0)
     out = tmp_path / "runs"
-    proc = subprocess.Popen([sys.executable, "-m", "kneeswarm.cli", "run", str(plan), "--out", str(out), "-q"],
+    proc = subprocess.Popen([sys.executable, "-m", "kneeswarm.launch.cli", "run", str(plan), "--out", str(out), "-q"],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: any(out.glob("*/requests/part-*.parquet")) or proc.poll() is not None, 90,

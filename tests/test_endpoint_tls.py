@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from kneeswarm import cli, conductor
-from kneeswarm.cli import start_target, stop_target
-from kneeswarm.plan import PlanError, load_plan, plan_from_dict
-from kneeswarm.rundir import RunDir
+from kneeswarm.launch import cli, conductor
+from kneeswarm.launch.cli import start_target, stop_target
+from kneeswarm.contracts.plan import PlanError
+from kneeswarm.contracts.planfile import load_plan, plan_from_dict
+from kneeswarm.contracts.rundir import RunDir
 
 from conftest import KNEESWARM, REPO, one_error_line, read_summary, side_by_side
 from tls_proxy import BASE_PATH, DEMO_HOST, TOKEN, TOKEN_HEADER, TlsProxy, make_pki
@@ -27,7 +28,7 @@ from tls_proxy import BASE_PATH, DEMO_HOST, TOKEN, TOKEN_HEADER, TlsProxy, make_
 TOKEN_ENV = "KS_TEST_GATEWAY_TOKEN"
 #: The knee target's service time (KServe) and token gap (OpenAI, 8 tokens): requests of 30-40 ms,
 #: long enough that a worker clock's error bound (a few ms on a busy machine) stays under 10 % of
-#: P50 (analysis.trust).  1 user then makes ~30 requests/s, ~60 in a 2 s steady window: a step is
+#: P50 (kneeswarm.analysis.measure.trust).  1 user then makes ~30 requests/s, ~60 in a 2 s steady window: a step is
 #: trusted from 40.
 SERVICE_MS, ITL_MS = 30, 5
 SMALL_STEPS = {"min_requests": 40}
@@ -49,7 +50,7 @@ class Proxied:
         """Inference requests the target answered 200 (its own counter, read directly)."""
         import requests
 
-        from collectors.prometheus import parse_exposition
+        from kneeswarm.collectors.prometheus import parse_exposition
 
         m = parse_exposition(requests.get(self.target_url + "/metrics", timeout=5).text)
         return sum(v for k, v in m.items() if k.startswith(SERVED) and 'code="200"' in k)
@@ -291,9 +292,9 @@ USERS_SCRIPT = r"""
 import json, os, sys
 from locust.env import Environment  # first: Locust monkey-patches before requests loads ssl
 import gevent
-from kneeswarm.plan import plan_from_dict
-from locustfiles import state
-from locustfiles.users import InferenceUser
+from kneeswarm.contracts.planfile import plan_from_dict
+from kneeswarm.locustfiles import state
+from kneeswarm.locustfiles.users import InferenceUser
 
 host, cases = sys.argv[1], json.loads(sys.argv[2])
 out = {}
@@ -358,9 +359,9 @@ def test_a_hosts_own_scrape_goes_through_the_endpoint(proxied, token, tmp_path):
     import threading
     import time
 
-    from agents import AgentSettings, remote
-    from collectors.base import HostContext
-    from collectors.prometheus import COLLECTOR
+    from kneeswarm.agents import AgentSettings, remote
+    from kneeswarm.collectors.base import HostContext
+    from kneeswarm.collectors.prometheus import COLLECTOR
 
     plan = plan_from_dict({"target": proxied.proxy.url, "metrics_url": proxied.proxy.url + BASE_PATH + "/metrics",
                            "endpoint": {"ca_bundle": str(proxied.pki.ca), "headers": {"Host": DEMO_HOST},
@@ -388,7 +389,7 @@ def test_the_web_ui_host_field_goes_through_the_endpoint(proxied, tmp_path):
     import requests
 
     from conftest import answers_200, wait_for
-    from kneeswarm.conductor import free_port
+    from kneeswarm.launch.conductor import free_port
 
     plan = write_plan(tmp_path / "plan.toml", "https://127.0.0.1:1",  # replaced by the Host field
                       {"ca_bundle": str(proxied.pki.ca), "headers": {"Host": DEMO_HOST},

@@ -1,4 +1,4 @@
-"""Live export (kneeswarm/export.py, analysis/live.py): real runs against the knee-mode demo target,
+"""Live export (kneeswarm/launch/export.py, analysis/measure/live.py): real runs against the knee-mode demo target,
 their figures taken off the wire -- an OTLP/HTTP receiver in this process decoding the
 opentelemetry-proto messages, the Prometheus endpoint scraped while the run goes on -- and checked
 against what summary.json reports for the same step.
@@ -26,8 +26,8 @@ import pyarrow.parquet as pq
 import pytest
 import requests
 
-from collectors.prometheus import parse_exposition
-from kneeswarm.cli import start_target, stop_target
+from kneeswarm.collectors.prometheus import parse_exposition
+from kneeswarm.launch.cli import start_target, stop_target
 from tests.conftest import KNEESWARM, REPO, read_summary, run_cli
 
 SLOTS, SERVICE_MS = 4, 50
@@ -114,7 +114,7 @@ class Scraper:
 
 
 def free_port() -> int:
-    from kneeswarm.conductor import free_port as fp
+    from kneeswarm.launch.conductor import free_port as fp
 
     return fp()
 
@@ -170,8 +170,8 @@ def test_live_figures_of_a_finished_run_equal_its_summary(tmp_path):
     analysis: every step final, its figures the summary's, and the summary's against numpy."""
     import numpy as np
 
-    from analysis.live import LiveRun
-    from kneeswarm.lifecycle import analyze_run
+    from kneeswarm.analysis.measure.live import LiveRun
+    from kneeswarm.launch.lifecycle import analyze_run
     from tests.synthetic_run import closed_loop, make_run, steady_rows
 
     rd = make_run(tmp_path, closed_loop(4), users=(1, 2, 4, 8, 16), error_plan={1: {"http_5xx": 30}})
@@ -196,7 +196,7 @@ def test_live_figures_of_a_finished_run_equal_its_summary(tmp_path):
 def test_live_figures_while_a_step_runs_and_rows_that_come_late(tmp_path):
     """The last step without t_end is live (not final, up to now - LAG_S); once final, rows that
     arrive for it are counted late, never mixed in."""
-    from analysis.live import LAG_S, LiveRun
+    from kneeswarm.analysis.measure.live import LAG_S, LiveRun
     from tests.synthetic_run import closed_loop, make_run
 
     rd = make_run(tmp_path, closed_loop(4), users=(1, 2), last_t_end=False)
@@ -221,8 +221,8 @@ def test_an_open_loop_step_says_its_rate(tmp_path):
 
     import tomli_w
 
-    from analysis.live import LiveRun
-    from kneeswarm.export import series as export_series
+    from kneeswarm.analysis.measure.live import LiveRun
+    from kneeswarm.launch.export import series as export_series
     from tests.synthetic_run import closed_loop, make_run
 
     rd = make_run(tmp_path, closed_loop(4), users=(2, 4))
@@ -239,8 +239,8 @@ def test_an_open_loop_step_says_its_rate(tmp_path):
 
 def test_prometheus_endpoint_serves_the_figures(tmp_path):
     """The endpoint itself (prometheus_client's server on loopback, port 0), scraped over HTTP."""
-    from kneeswarm.export import Exporter, serve_prometheus
-    from kneeswarm.lifecycle import analyze_run
+    from kneeswarm.launch.export import Exporter, serve_prometheus
+    from kneeswarm.launch.lifecycle import analyze_run
     from tests.synthetic_run import closed_loop, make_run
 
     rd = make_run(tmp_path, closed_loop(4), users=(1, 4))
@@ -262,7 +262,7 @@ def test_a_failed_push_is_said_not_raised(tmp_path, monkeypatch):
     prints it and keeps it in meta.json's warnings), the run's results untouched."""
     import socket
 
-    from kneeswarm.export import ExportOptions
+    from kneeswarm.launch.export import ExportOptions
     from tests.synthetic_run import closed_loop, make_run
 
     with socket.socket() as s:
@@ -286,14 +286,14 @@ def test_a_failed_push_is_said_not_raised(tmp_path, monkeypatch):
 @pytest.mark.parametrize("text,want", [("9646", ("127.0.0.1", 9646)), ("0.0.0.0:9646", ("0.0.0.0", 9646)),
                                        ("[::1]:9646", ("::1", 9646)), ("localhost:0", ("localhost", 0))])
 def test_an_address_without_a_host_is_loopback(text, want):
-    from kneeswarm.export import parse_address
+    from kneeswarm.launch.export import parse_address
 
     assert parse_address(text) == want
 
 
 @pytest.mark.parametrize("text", ["abc", "host:", ":9646", "70000", "h:p"])
 def test_a_bad_address_is_one_line(text):
-    from kneeswarm.export import ExportError, parse_address
+    from kneeswarm.launch.export import ExportError, parse_address
 
     with pytest.raises(ExportError, match="^--kneeswarm-prometheus: want PORT or HOST:PORT"):
         parse_address(text)
@@ -303,7 +303,7 @@ def test_a_bad_address_is_one_line(text):
 def test_run_and_demo_pass_the_export_to_locust(command):
     """`kneeswarm run` and `demo` take the same flags into the same Conductor (the real run above
     is `run`'s): --otel to the master and the local workers, the endpoint to the master only."""
-    from kneeswarm.cli import _export, build_parser
+    from kneeswarm.launch.cli import _export, build_parser
 
     args = build_parser().parse_args([command, "--otel", "--prometheus", "0", "--prometheus-linger", "5"])
     export = _export(args)
@@ -520,11 +520,11 @@ def test_the_grafana_dashboard_has_the_json_models_required_keys():
 
 
 def test_the_grafana_dashboard_reads_what_the_endpoint_serves():
-    """Every metric and label a panel or an annotation asks for is one kneeswarm/export.py serves,
+    """Every metric and label a panel or an annotation asks for is one kneeswarm/launch/export.py serves,
     and each family of the endpoint has a panel (client load, server signals, knee, findings)."""
     import re
 
-    from kneeswarm.export import METRICS
+    from kneeswarm.launch.export import METRICS
 
     dash = json.loads(DASHBOARD.read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]

@@ -146,7 +146,7 @@ def quick_runs(request, tmp_path_factory):
     target: "ok" (a healthy target) and "failing" (a target that answers every inference 500).
     They go while the tests before theirs run; each test collects its own with ``quick_result``.
     Output to files: nobody reads it before the end."""
-    from kneeswarm.cli import start_target, stop_target
+    from kneeswarm.launch.cli import start_target, stop_target
 
     selected = {item.name for item in request.session.items if item.module is request.module}
     root = tmp_path_factory.mktemp("quick_runs")
@@ -283,12 +283,12 @@ def test_full_disk_mid_run_loses_only_counted_rows(tmp_path, small_disk, start_d
     run finishes, and every request the target served is on disk or counted lost in meta.json."""
     import threading
 
-    from kneeswarm import cli, conductor
-    from kneeswarm.rundir import RunDir
+    from kneeswarm.launch import cli, conductor
+    from kneeswarm.contracts.rundir import RunDir
 
     swarm = tmp_path / "swarm_small_hold.py"  # the real locustfile with a small hold, in master and workers
-    swarm.write_text(f"from locustfiles import recorder\nrecorder.MAX_HELD_ROWS = {HELD_ROWS_IN_TEST}\n"
-                     "from locustfiles.swarm import *  # noqa: F401,F403\n")
+    swarm.write_text(f"from kneeswarm.locustfiles import recorder\nrecorder.MAX_HELD_ROWS = {HELD_ROWS_IN_TEST}\n"
+                     "from kneeswarm.locustfiles.swarm import *  # noqa: F401,F403\n")
     monkeypatch.setattr(conductor, "SWARM", swarm)
     target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
     before = served(target)
@@ -332,8 +332,7 @@ def test_disk_still_full_at_the_end_is_one_error_line(tmp_path, small_disk, star
     the parts written before it filled are intact."""
     import threading
 
-    from kneeswarm import cli
-    from kneeswarm.rundir import RunDir
+    from kneeswarm.contracts.rundir import RunDir
 
     target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
     parts_before: list[Path] = []
@@ -364,7 +363,7 @@ def test_bare_locust_that_cannot_write_its_outcome_exits_1(tmp_path, small_disk,
     """`locust -f locustfiles/swarm.py --headless` (no conductor) on a disk that fills mid-run and
     stays full: the recording's outcome (generator/recorder.json, meta.json's ``ended``) cannot be
     written, and Locust's exit code says so (1) instead of Locust's own 0."""
-    from kneeswarm.rundir import RunDir
+    from kneeswarm.contracts.rundir import RunDir
 
     target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
     plan = tmp_path / "plan.toml"

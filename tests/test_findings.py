@@ -1,7 +1,7 @@
 """explain(): synthetic summaries built from known stories each produce exactly their findings.
 
 Each story is written here as the per-step numbers a run of that kind shows (the keys of
-analysis/steps.py ``server_metrics`` and analysis/hostfacts.py); the expected ids come from the
+analysis/steps.py ``server_metrics`` and analysis/measure/hostfacts.py); the expected ids come from the
 story, not from the rules.
 """
 
@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.findings import FINDING_IDS, explain, littles_law_reason, step_littles_law
+from kneeswarm.analysis.findings import FINDING_IDS, explain, littles_law_reason, step_littles_law
 
 HOST = "srv"
 USERS = [1, 2, 4, 8, 16, 32]
@@ -316,8 +316,9 @@ def test_littles_law_on_steps_and_missing_inputs():
 
 # -- against real processes: the conductor, Locust, the demo target, pidstat and vmstat --------------
 def run_against(start_demo_target, tmp_path, name, target_args, steps):
-    from kneeswarm.conductor import Conductor
-    from kneeswarm.plan import HostPlan, load_plan
+    from kneeswarm.launch.conductor import Conductor
+    from kneeswarm.contracts.plan import HostPlan
+    from kneeswarm.contracts.planfile import load_plan
 
     # Held 4 s, a steady window of 3 s (3 samples of vmstat and pidstat each): measured on this
     # machine, the oversubscribed target made 75-99 req/s (225 rows or more, over min_requests 100)
@@ -356,7 +357,7 @@ def test_real_knee_target_gets_no_cpu_finding(knee_run):
     # 4 slots of 50 ms and no CPU work: throughput stops at 80/s because of the slots, not the CPU
     # (the session's shared real run, tests/conftest.py: steps 1-16 users, its /metrics scraped)
     from conftest import KNEE_STEPS, read_summary
-    from kneeswarm.plan import load_plan
+    from kneeswarm.contracts.planfile import load_plan
 
     summary = read_summary(knee_run.run_dir)
     plan = load_plan(knee_run.run_dir / "plan.toml").to_dict()
@@ -369,7 +370,7 @@ def test_real_knee_target_gets_no_cpu_finding(knee_run):
     assert len(summary["steps"]) == len(KNEE_STEPS) and result["littles_law"] == [], result["littles_law"]
     for s in summary["steps"]:
         assert step_littles_law(s) is None
-        assert not any(r.startswith("Little's law") for r in s["reasons"])  # analysis.trust agrees
+        assert not any(r.startswith("Little's law") for r in s["reasons"])  # kneeswarm.analysis.measure.trust agrees
     assert summary["usl"]["points"] == sum(s["valid"] for s in summary["steps"])
 
 
@@ -464,7 +465,7 @@ def test_cpu_saturated_only_where_the_service_did_most_of_the_busy_cpu(share, st
 
 
 def test_plan_object_and_its_dict_are_both_read():
-    from kneeswarm.plan import load_plan
+    from kneeswarm.contracts.planfile import load_plan
 
     plan = load_plan(None, {"name": "x", "load.wait_ms": 100.0})
     s = step(10, 100.0, 1.0)
@@ -591,7 +592,7 @@ def h200_gpu_samples(t0, seconds, creep_mb_per_s=0.0):
     ``creep_mb_per_s`` adds a known growth of the memory used, as fragmentation would."""
     from pathlib import Path
 
-    from collectors import parse_raw
+    from kneeswarm.collectors import parse_raw
 
     gpu = parse_raw("dmon", (Path(__file__).parent / "fixtures/gpu/dmon-pucvmet-DT.txt").read_text()).frames["gpu"]
     loaded = gpu[gpu["fb_used_mb"] > 0].reset_index(drop=True)
@@ -604,7 +605,7 @@ def h200_gpu_samples(t0, seconds, creep_mb_per_s=0.0):
 
 @pytest.mark.parametrize("creep", [0.0, 16.0], ids=["recorded", "recorded-plus-creep"])
 def test_gpu_memory_creep_from_the_h200_recording(tmp_path, creep):
-    import analysis
+    from kneeswarm import analysis
     from synthetic_run import HOLD, RAMP, T0, closed_loop, make_run
 
     users = (1, 2, 4, 8, 16)
@@ -643,7 +644,7 @@ def start_knee_run(start_demo_target, out, slots, steps, hold):
 def load_ended(proc, out, n_steps) -> bool:
     """Whether a run started by start_knee_run has sent all its load: its steps.csv holds every
     step's end (the run then only shuts Locust down and analyses), or it has exited already."""
-    from kneeswarm.rundir import RunDir
+    from kneeswarm.contracts.rundir import RunDir
 
     if proc.poll() is not None:
         return True

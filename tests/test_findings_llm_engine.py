@@ -16,17 +16,16 @@ engine model's arithmetic:
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.findings import explain
-from analysis.findings.context import Context
-from analysis.findings.llm_engine import KV_FULL_PCT, unchecked
-from analysis.sections import findings_section
-from kneeswarm.rundir import RunDir
+from kneeswarm.analysis.findings import explain
+from kneeswarm.analysis.findings.context import Context
+from kneeswarm.analysis.findings.llm_engine import KV_FULL_PCT, unchecked
+from kneeswarm.analysis.reports.sections import findings_section
+from kneeswarm.contracts.rundir import RunDir
 
 from conftest import read_summary, runs_against_targets
 
@@ -146,7 +145,7 @@ def streaming_summary(target: dict) -> dict:
 
 
 def test_a_server_without_engine_counters_is_said_unchecked_not_found():
-    # llama.cpp 0.3.36's names: running and waiting, no KV usage, no preemptions (analysis/target.py)
+    # llama.cpp 0.3.36's names: running and waiting, no KV usage, no preemptions (analysis/measure/target.py)
     s = streaming_summary({"llm_running": 4.0, "llm_waiting": 0.0, "gen_tokens_s": 80.0})
     lines = unchecked(Context.from_summary(s))
     assert len(lines) == 2
@@ -226,7 +225,7 @@ def test_prefill_or_decode_bound_only_where_latency_rose_and_one_part_carries_it
     ("sglang-docs.txt", []),
 ])
 def test_what_each_servers_names_leave_unchecked(fixture, not_checked, tmp_path):
-    """Each server's /metrics fixture through the real path (scrape file, collector, analysis.target)
+    """Each server's /metrics fixture through the real path (scrape file, collector, kneeswarm.analysis.measure.target)
     into a streaming summary: the rules its names cannot feed are said, the others are not."""
     from test_target_metrics import FIXTURES, analyse
 

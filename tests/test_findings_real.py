@@ -17,7 +17,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.findings import explain
 from tests.conftest import release_cgroups
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -39,8 +38,9 @@ def short_run(target, tmp_path: Path, name: str, steps: list[int], collectors: l
               **plan: object) -> tuple[dict, Path]:
     """A real run of a few seconds against ``target`` (its pid monitored: pidstat, vmstat, cgroup;
     or ``collectors``)."""
-    from kneeswarm.conductor import Conductor
-    from kneeswarm.plan import HostPlan, load_plan
+    from kneeswarm.launch.conductor import Conductor
+    from kneeswarm.contracts.plan import HostPlan
+    from kneeswarm.contracts.planfile import load_plan
 
     keys = {"name": name, "target": target.url, "load.steps": steps, "load.hold": 3.0, "load.ramp": 1.0,
             "load.settle": 1.0, "load.workers": 1, "analysis.min_requests": 20, **plan}
@@ -241,7 +241,7 @@ def test_a_service_the_scheduler_keeps_waiting_behind_other_work_is_host_contend
         for b in burners:
             b.kill()
             b.wait()
-    from kneeswarm.rundir import RunDir
+    from kneeswarm.contracts.rundir import RunDir
     in_flight = RunDir(run_dir).read_requests()["latency_ms"].sum() / 1000.0  # request-seconds, every row
     [step] = summary["steps"]
     [server] = step["server"].values()

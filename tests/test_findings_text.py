@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from analysis.findings.context import users_text
+from kneeswarm.analysis.findings.context import users_text
 
 
 def test_one_user_is_singular():

@@ -25,10 +25,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from kneeswarm import cli
-from kneeswarm.outcome import EXIT_REGRESSION, EXIT_SLA_FAILED
-from kneeswarm.plan import plan_from_dict
-from kneeswarm.rundir import RunDir
+from kneeswarm.launch import cli
+from kneeswarm.contracts.outcome import EXIT_REGRESSION, EXIT_SLA_FAILED
+from kneeswarm.contracts.planfile import plan_from_dict
+from kneeswarm.contracts.rundir import RunDir
 
 from conftest import REPO
 from test_compare import make_run
@@ -342,7 +342,7 @@ def test_real_run_against_the_knee_target_fails_an_sla_below_its_service_time(re
 
 # -- the module's own edges ---------------------------------------------------------------------------
 def test_sla_that_is_not_a_table_is_a_problem_and_no_sla():
-    from analysis.gates import evaluate
+    from kneeswarm.analysis.summary.gates import evaluate
 
     summary = {"steps": [{"users": 1, "qps": 10.0, "p99_ms": 5.0, "mean_ms": 2.0, "error_rate": 0.0, "valid": True}]}
     sla, capacity = evaluate(summary, {"sla": 5})
@@ -354,8 +354,9 @@ def test_sla_that_is_not_a_table_is_a_problem_and_no_sla():
 def test_gate_sections_and_junit_of_a_failed_check(tmp_path):
     import xml.etree.ElementTree as ET
 
-    from analysis.gates import add_gates, write_junit
-    from analysis.sections import plan_lines
+    from kneeswarm.analysis.summary.gates import add_gates
+    from kneeswarm.analysis.reports.junit import write_junit
+    from kneeswarm.analysis.reports.sections import plan_lines
 
     summary = {"warnings": [], "steps": [{"users": 1, "qps": 10.0, "p99_ms": 5.0, "mean_ms": 2.0,
                                           "error_rate": 0.0, "valid": True}]}

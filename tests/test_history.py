@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from analysis.history import INDEX_NAME
-from kneeswarm.outcome import EXIT_DRIFT
-from kneeswarm.cli import start_target, stop_target
+from kneeswarm.analysis.runs.history import INDEX_NAME
+from kneeswarm.contracts.outcome import EXIT_DRIFT
+from kneeswarm.launch.cli import start_target, stop_target
 from tests.conftest import REPO, read_summary, run_cli, side_by_side, start_cli, wait_for
 from tests.test_soak import SOAK_PLAN
 
@@ -297,7 +297,7 @@ def _window_medians(run: Path, summary: dict) -> dict[str, float]:
 def _load_ended(root: Path, before: set[Path], n_steps: int) -> bool:
     """Whether the run started after ``before`` was listed has sent all its load: its steps.csv
     holds every step's end (it then only drains, shuts Locust down and analyses)."""
-    from kneeswarm.rundir import RunDir
+    from kneeswarm.contracts.rundir import RunDir
 
     new = [d for d in root.iterdir() if d not in before and (d / "steps.csv").is_file()]
     try:
@@ -311,7 +311,7 @@ def _mixed_runs(root: Path, url: str, tmp_path: Path) -> list[Path]:
     """MIXED_STEPS, MIXED_SOAK, MIXED_STEPS against the one target at ``url``, their loads one after
     the other: each run starts once the one before has sent all its load, so its start-up overlaps
     that one's drain, shutdown and analysis.  Their run directories in the order started."""
-    from kneeswarm.rundir import RunDir
+    from kneeswarm.contracts.rundir import RunDir
 
     with side_by_side() as started:
         for i, (text, n_steps) in enumerate(((MIXED_STEPS, 2), (MIXED_SOAK, 7), (MIXED_STEPS, 2))):
@@ -380,7 +380,7 @@ def test_read_run_takes_meta_through_rundir_and_skips_a_run_it_cannot_place(tmp_
     """meta.json is read as RunDir.read_meta reads it: the old fixture's started/run_id as written,
     and an unreadable one (or a started of the wrong JSON type) skips the run rather than index it
     without a place in start order."""
-    from analysis.history import read_run
+    from kneeswarm.analysis.runs.history import read_run
 
     fixture = REPO / "tests" / "fixtures" / "run-72ed389"
     written = json.loads((fixture / "meta.json").read_text())

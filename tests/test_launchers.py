@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from kneeswarm.cli import main, worker_argv
-from kneeswarm.conductor import workers_connected
-from kneeswarm.rundir import RunDir
-from locustfiles.webui import form_overrides
+from kneeswarm.launch.cli import main, worker_argv
+from kneeswarm.launch.conductor import workers_connected
+from kneeswarm.contracts.rundir import RunDir
+from kneeswarm.locustfiles.webui import form_overrides
 
 
 def test_worker_argv_is_locusts_worker_with_kneeswarms_locustfile():
@@ -39,7 +39,7 @@ def test_workers_connected_from_the_masters_own_account(tmp_path):
     """The master's account of its workers (generator/master.json, written from Locust's
     worker_connect and test_start events), read by the conductor instead of Locust's log wording:
     the end-to-end case is tests/test_distributed.py::test_run_names_how_many_workers_came."""
-    from locustfiles.master_state import MasterState
+    from kneeswarm.locustfiles.master_state import MasterState
 
     run = RunDir.create(tmp_path, "state")
     assert workers_connected(run) is None  # no account: nothing is claimed

@@ -20,7 +20,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DESIGN = ROOT / "docs" / "design.md"
-PROJECT = ("kneeswarm", "locustfiles", "agents", "collectors", "analysis")
+PACKAGE = "kneeswarm"
+#: the repository's top-level folders that are linked into the one installed package
+LINKED = ("agents", "analysis", "collectors", "locustfiles")
+FOLDERS = (PACKAGE, *LINKED)
 APART = "apart"
 MAX_FUNCTION_LINES = 60
 
@@ -28,16 +31,16 @@ MAX_FUNCTION_LINES = 60
 @dataclass(frozen=True)
 class Room:
     floor: int | str  # a number, or APART
-    paths: tuple[str, ...]  # "agents/" (a folder and all below it), "kneeswarm/cli.py" (one module)
+    paths: tuple[str, ...]  # "agents/" (a folder and all below it), "kneeswarm/launch/cli.py" (one module)
 
     def holds(self, rel: str) -> int:
         """The length of this room's longest path holding ``rel`` (a file, relative to ROOT), 0: none."""
         return max((len(p) for p in self.paths if rel == p or (p.endswith("/") and rel.startswith(p))), default=0)
 
 
-def floor_table(text: str) -> list[Room]:
-    """The rooms of the table under "## Floors" in docs/design.md: | floor | `path`, ... | owns |."""
-    section = text.split("\n## Floors", 1)[1].split("\n## ", 1)[0]
+def floor_table(text: str, heading: str) -> list[Room]:
+    """The rooms of the table under ``heading`` in docs/design.md: | floor | `path`, ... | owns |."""
+    section = text.split(f"\n{heading}", 1)[1].split("\n#", 1)[0]
     rooms = []
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -46,38 +49,50 @@ def floor_table(text: str) -> list[Room]:
         paths = tuple(re.findall(r"`([^`]+)`", cells[1]))
         assert paths, f"docs/design.md: the floor row {line!r} names no path"
         rooms.append(Room(int(cells[0]) if cells[0].isdigit() else APART, paths))
-    assert rooms, "docs/design.md: no floor table under '## Floors'"
+    assert rooms, f"docs/design.md: no floor table under {heading!r}"
     return rooms
 
 
-ROOMS = floor_table(DESIGN.read_text())
+ROOMS = floor_table(DESIGN.read_text(), "## Floors")
+#: the analysis' own floors: they order the imports between two modules both inside analysis/
+INNER = floor_table(DESIGN.read_text(), "### Inside analysis/")
+INNER_TOP = "analysis/"
 TOP = max(r.floor for r in ROOMS if r.floor != APART)
 
 
-def room_of(rel: str) -> Room | None:
-    best = max(ROOMS, key=lambda r: r.holds(rel))
+def _room(rooms: list[Room], rel: str) -> Room | None:
+    best = max(rooms, key=lambda r: r.holds(rel))
     return best if best.holds(rel) else None
 
 
+def room_of(rel: str) -> Room | None:
+    return _room(ROOMS, rel)
+
+
 def module_name(path: Path) -> str:
+    """The installed name of a source file: agents/ssh.py is kneeswarm.agents.ssh."""
     parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    parts = parts[:-1] if parts[-1] == "__init__" else parts
+    return ".".join((PACKAGE, *parts) if parts[0] in LINKED else parts)
 
 
 def module_file(name: str) -> str | None:
     """The file (relative to ROOT) of the longest project module that ``name`` starts with."""
     parts = name.split(".")
+    if len(parts) > 1 and parts[0] == PACKAGE and parts[1] in LINKED:
+        parts = parts[1:]
     for n in range(len(parts), 0, -1):
         base = ROOT.joinpath(*parts[:n])
         for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-            if candidate.is_file():
+            if candidate.is_file() and not any(p.is_symlink() for p in (base, base.parent)):
                 return str(candidate.relative_to(ROOT))
     return None
 
 
 def project_imports(path: Path, here: str) -> list[tuple[int, str]]:
-    """(line, module) of every import of a project module in ``path`` (module ``here``), relative
-    ones resolved; ``from package import module`` counts as an import of the module, not of the package."""
+    """(line, module) of every import of a project module, or of a bare top-level folder, in ``path``
+    (module ``here``), relative ones resolved; ``from package import module`` counts as an import of
+    the module, not of the package."""
     tree = ast.parse(path.read_text())
     out = []
     for node in ast.walk(tree):
@@ -91,47 +106,78 @@ def project_imports(path: Path, here: str) -> list[tuple[int, str]]:
             names = [f"{base}.{a.name}" for a in node.names]
         else:
             continue
-        out += [(node.lineno, name) for name in names if name.split(".")[0] in PROJECT]
+        out += [(node.lineno, name) for name in names if name.split(".")[0] in FOLDERS]
     return out
 
 
 def sources() -> list[Path]:
-    return sorted(p for top in PROJECT for p in (ROOT / top).rglob("*.py"))
+    """Every source file, once: the folders themselves (rglob does not follow kneeswarm/'s links)."""
+    return sorted(p for top in FOLDERS for p in (ROOT / top).rglob("*.py"))
 
 
 def test_the_sources_are_found():
     names = {module_name(p) for p in sources()}
-    assert {"kneeswarm.plan", "collectors.base", "agents.remote", "analysis.knee", "locustfiles.plugin",
-            "kneeswarm.cli", "kneeswarm.target.server"} <= names
+    assert {"kneeswarm.contracts.plan", "kneeswarm.collectors.base", "kneeswarm.agents.remote",
+            "kneeswarm.analysis.models.knee", "kneeswarm.locustfiles.plugin", "kneeswarm.launch.cli",
+            "kneeswarm.target.server"} <= names
+    assert len(names) == len(sources())  # the links were not followed: no module counted twice
+
+
+def test_every_linked_folder_is_a_link_into_the_package():
+    for top in LINKED:
+        link = ROOT / PACKAGE / top
+        assert link.is_symlink() and link.resolve() == (ROOT / top).resolve(), f"{link}: not a link to ../{top}"
 
 
 def test_the_table_is_read_from_the_design_document():
     # Independent truth: the rows as docs/design.md spells them, found by a plain search.
-    rows = re.findall(r"^\| *(\d+|apart) *\|", DESIGN.read_text().split("\n## Floors", 1)[1].split("\n## ", 1)[0],
-                      re.MULTILINE)
-    assert [str(r.floor) for r in ROOMS] == rows and len(rows) >= 6
+    text = DESIGN.read_text()
+    for heading, rooms in (("## Floors", ROOMS), ("### Inside analysis/", INNER)):
+        section = text.split("\n" + heading, 1)[1].split("\n#", 1)[0]
+        rows = re.findall(r"^\| *(\d+|apart) *\|", section, re.MULTILINE)
+        assert [str(r.floor) for r in rooms] == rows and len(rows) >= 6
     assert room_of("collectors/vmstat.py").floor == 2 and room_of("kneeswarm/target/server.py").floor == APART
+    assert _room(INNER, "analysis/models/knee.py").floor == 1
 
 
 def test_every_source_stands_in_a_room():
     lost = [str(p.relative_to(ROOT)) for p in sources() if room_of(str(p.relative_to(ROOT))) is None]
-    assert not lost, f"on no floor of docs/design.md's table: {lost}"
+    lost += [str(p.relative_to(ROOT)) for p in sources()
+             if str(p.relative_to(ROOT)).startswith(INNER_TOP) and _room(INNER, str(p.relative_to(ROOT))) is None]
+    assert not lost, f"on no floor of docs/design.md's tables: {lost}"
+
+
+def _refused(mine: Room, theirs: Room, top: int | str) -> bool:
+    if mine.floor == APART:
+        return True
+    if theirs.floor == APART:
+        return mine.floor != top
+    return theirs.floor >= mine.floor
 
 
 def upward_imports(path: Path, rel: str | None = None) -> list[str]:
     """One line per import of ``path`` (standing at ``rel``, default its own place) that the floor
-    table refuses."""
+    tables refuse, or that names a top-level folder rather than its installed name."""
     rel = rel or str(path.relative_to(ROOT))
     mine = room_of(rel)
     assert mine is not None, f"{rel}: on no floor"
     wrong = []
     for line, name in project_imports(path, module_name(ROOT / rel)):
+        if name.split(".")[0] != PACKAGE:
+            wrong.append(f"line {line}: imports {name}, a top-level folder: say kneeswarm.{name}")
+            continue
         target = module_file(name)
         theirs = room_of(target) if target else None
-        if theirs is None or theirs == mine:
-            continue  # not a project module (an attribute of one resolves to its module), or my own room
-        if mine.floor == APART or (mine.floor != TOP if theirs.floor == APART else theirs.floor >= mine.floor):
-            wrong.append(f"line {line}: floor {mine.floor} imports {name} (floor {theirs.floor})")
+        if theirs is None:
+            continue  # not a project module (an attribute of one resolves to its module)
+        if theirs != mine:
+            if _refused(mine, theirs, TOP):
+                wrong.append(f"line {line}: floor {mine.floor} imports {name} (floor {theirs.floor})")
+        elif rel.startswith(INNER_TOP) and target and target.startswith(INNER_TOP):
+            inner_mine, inner_theirs = _room(INNER, rel), _room(INNER, target)
+            if inner_mine and inner_theirs and inner_mine != inner_theirs and _refused(inner_mine, inner_theirs, -1):
+                wrong.append(f"line {line}: analysis floor {inner_mine.floor} imports {name} "
+                             f"(analysis floor {inner_theirs.floor})")
     return wrong
 
 
@@ -141,12 +187,35 @@ def test_imports_point_down(path):
     assert not wrong, f"{path.relative_to(ROOT)}: " + "; ".join(wrong)
 
 
+def test_nothing_imports_a_top_level_folder():
+    # tests, benchmarks and the conformance suite too: `import analysis` would load a second copy of
+    # every module (the repository root is on sys.path under `python -m pytest`), and a constant a
+    # test patches there would not be the one the code reads.
+    found = []
+    for top in ("tests", "bench", "tests_conformance"):
+        for p in (ROOT / top).rglob("*.py"):
+            for line, name in project_imports(p, p.stem):
+                if name.split(".")[0] in LINKED:
+                    found.append(f"{p.relative_to(ROOT)}:{line} {name}")
+    assert not found, found
+
+
 @pytest.mark.parametrize("rel, code, refused", [
-    ("collectors/_probe.py", "from analysis.knee import find_knee\n", "floor 2 imports analysis.knee.find_knee (floor 3)"),
-    ("analysis/_probe.py", "from locustfiles import recorder\n", "floor 3 imports locustfiles.recorder (floor 3)"),
-    ("kneeswarm/conductor.py", "from kneeswarm.cli import main\n", "floor 4 imports kneeswarm.cli.main (floor 5)"),
+    ("collectors/_probe.py", "from kneeswarm.analysis.models.knee import find_knee\n",
+     "floor 2 imports kneeswarm.analysis.models.knee.find_knee (floor 3)"),
+    ("analysis/_probe.py", "from kneeswarm.locustfiles import recorder\n",
+     "floor 3 imports kneeswarm.locustfiles.recorder (floor 3)"),
+    ("kneeswarm/launch/conductor.py", "from kneeswarm.launch.cli import main\n",
+     "floor 4 imports kneeswarm.launch.cli.main (floor 5)"),
     ("analysis/_probe.py", "import kneeswarm.target.server\n", "floor 3 imports kneeswarm.target.server (floor apart)"),
-    ("kneeswarm/target/_probe.py", "from kneeswarm import rundir\n", "floor apart imports kneeswarm.rundir (floor 1)"),
+    ("kneeswarm/target/_probe.py", "from kneeswarm.contracts import rundir\n",
+     "floor apart imports kneeswarm.contracts.rundir (floor 1)"),
+    ("analysis/measure/_probe.py", "from kneeswarm.analysis.findings import explain\n",
+     "analysis floor 1 imports kneeswarm.analysis.findings.explain (analysis floor 2)"),
+    ("analysis/models/_probe.py", "from kneeswarm.analysis.measure import windows\n",
+     "analysis floor 1 imports kneeswarm.analysis.measure.windows (analysis floor 1)"),
+    ("collectors/_probe.py", "from agents.remote import defaults\n",
+     "imports agents.remote.defaults, a top-level folder: say kneeswarm.agents.remote.defaults"),
 ])
 def test_the_floor_check_catches_an_import_that_runs_up_or_sideways(tmp_path, rel, code, refused):
     # The check must be able to fail: an import up a floor, one into a room beside on the same
@@ -155,7 +224,7 @@ def test_the_floor_check_catches_an_import_that_runs_up_or_sideways(tmp_path, re
     probe.write_text(code)
     assert upward_imports(probe, rel) == [f"line 1: {refused}"]
     if "target" not in rel:  # the same place importing down, and a library, passes
-        probe.write_text("from kneeswarm.rundir import RunDir\nimport numpy\n")
+        probe.write_text("from kneeswarm.contracts.rundir import RunDir\nimport numpy\n")
         assert upward_imports(probe, rel) == []
 
 
@@ -176,7 +245,7 @@ def readme_disagreements(readme: str) -> list[str]:
         for path in room.paths:
             first, _, rest = path.partition("/")
             parts = entries.get(first + "/", "").split("·")
-            named = [p for p in parts if re.search(rf"(^|[\s(]){re.escape(rest)}", p)] if rest else parts
+            named = [p for p in parts if re.search(rf"(^|[\s(]){re.escape(rest)}(?![\w/.])", p)] if rest else parts
             said = {m[1] or m[2] for p in named if (m := re.search(r"floor (\d)|\b(apart)\b", p))}
             if (said != {str(room.floor)}) if rest else (str(room.floor) not in said):
                 wrong.append(f"{path}: README says floor {', '.join(sorted(said)) or 'nothing'}, the table {room.floor}")
@@ -187,8 +256,8 @@ def test_the_readme_layout_says_the_same_floors():
     readme = (ROOT / "README.md").read_text()
     assert readme_disagreements(readme) == []
     # and the check can fail: the command line said to stand on floor 4
-    moved = readme.replace("floor 5: cli.py", "floor 4: cli.py")
-    assert moved != readme and readme_disagreements(moved) == ["kneeswarm/cli.py: README says floor 4, the table 5"]
+    moved = readme.replace("floor 5: launch/cli.py", "floor 4: launch/cli.py")
+    assert moved != readme and readme_disagreements(moved) == ["kneeswarm/launch/cli.py: README says floor 4, the table 5"]
 
 def long_functions(path: Path) -> list[str]:
     src = path.read_text().splitlines()

@@ -16,9 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kneeswarm.plan import PlanError, plan_from_dict
-from locustfiles.protocols import for_plan
-from locustfiles.protocols.sse import ChatStream
+from kneeswarm.contracts.plan import PlanError
+from kneeswarm.contracts.planfile import plan_from_dict
+from kneeswarm.locustfiles.protocols import for_plan
+from kneeswarm.locustfiles.protocols.sse import ChatStream
 
 from conftest import read_summary, runs_against_targets
 
@@ -65,7 +66,7 @@ def test_a_session_carries_its_history_and_the_answers_it_got():
     ({"think_ms": -1}, "request.conversation.think_ms"),
 ])
 def test_bad_conversation_tables_say_which_key(table, error):
-    from locustfiles.protocols import ProtocolError
+    from kneeswarm.locustfiles.protocols import ProtocolError
 
     plan = plan_from_dict({"protocol": "openai", "request": {"conversation": table}})
     with pytest.raises(ProtocolError, match=error):
@@ -161,7 +162,7 @@ def test_a_dataset_conversation_plays_its_user_turns_with_the_live_answers(conve
 
 
 def test_the_report_lines_name_each_turn_and_the_expected_hit_rate():
-    from analysis.summary import llm_workload_lines
+    from kneeswarm.analysis.reports.markdown import llm_workload_lines
 
     lines = llm_workload_lines({"llm_workload": {
         "prefix": {"tokens": 64, "count": 8, "share": 0.9, "rows_share": 0.9, "expected_hit_pct": 78.3},
@@ -185,7 +186,7 @@ record = st.fixed_dictionaries({"messages": st.lists(message, min_size=1, max_si
 @given(st.fixed_dictionaries({}, optional={"turns": dist_table, "think_ms": dist_table}),
        st.none() | st.lists(record, min_size=1, max_size=3), st.integers(0, 3))
 def test_the_conversation_loader_survives_any_table_and_dataset(tmp_path_factory, table, chats, seed):
-    from locustfiles.protocols import ProtocolError
+    from kneeswarm.locustfiles.protocols import ProtocolError
 
     request: dict = {"conversation": table, "prompt_tokens": 3}
     if chats is not None:

@@ -17,9 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kneeswarm.plan import PlanError, plan_from_dict
-from kneeswarm.rundir import RunDir
-from locustfiles.protocols import for_plan
+from kneeswarm.contracts.plan import PlanError
+from kneeswarm.contracts.planfile import plan_from_dict
+from kneeswarm.contracts.rundir import RunDir
+from kneeswarm.locustfiles.protocols import for_plan
 from kneeswarm.target.llmengine import PrefixCache
 
 from conftest import read_summary, runs_against_targets

@@ -71,7 +71,8 @@ def test_three_shapes_give_a_knee_each_where_the_cache_puts_it_and_one_pareto_ch
     ({"shapes": [[16, 16]]}, {"dataset": "x.jsonl"}, "synthetic prompts"),
 ])
 def test_bad_shapes_are_one_line_naming_the_key(load, req, message):
-    from kneeswarm.plan import PlanError, plan_from_dict
+    from kneeswarm.contracts.plan import PlanError
+    from kneeswarm.contracts.planfile import plan_from_dict
 
     with pytest.raises(PlanError, match=message.replace("[", r"\[")):
         plan_from_dict({"protocol": "openai", "load": load, "request": req})

@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import read_summary, run_cli
-from kneeswarm.plan import plan_from_dict
-from locustfiles.protocols import for_plan
-from locustfiles.protocols.workload import WorkloadError, load_trace
+from kneeswarm.contracts.planfile import plan_from_dict
+from kneeswarm.locustfiles.protocols import for_plan
+from kneeswarm.locustfiles.protocols.workload import WorkloadError, load_trace
 
 BLOCK = 16  # the trace's block size here = the target's prefix-cache block
 TRACE = [  # (timestamp ms, input_length, output_length, hash_ids)

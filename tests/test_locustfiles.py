@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kneeswarm.rundir import REQUEST_COLUMNS, RunDir
-from locustfiles.protocols import KServeV2, BadPayload
-from locustfiles.recorder import WIRE_COLUMNS, RequestWriter, RowBuffer, categorize
-from locustfiles.steps import StepSchedule
+from kneeswarm.contracts.rundir import REQUEST_COLUMNS, RunDir
+from kneeswarm.locustfiles.protocols import KServeV2, BadPayload
+from kneeswarm.locustfiles.recorder import WIRE_COLUMNS, RequestWriter, RowBuffer, categorize
+from kneeswarm.locustfiles.steps import StepSchedule
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,7 +32,7 @@ def test_schedule_holds_each_step_from_when_its_users_are_running():
 
 
 def test_a_step_down_is_steady_only_once_the_stopped_users_are_gone():
-    """Going down, the users a step stops finish their request first (plugin.STOP_MARGIN_S: Locust's
+    """Going down, the users a step stops finish their request first (recording.STOP_MARGIN_S: Locust's
     stop_timeout) and are counted as running until then: the step's clock starts when no more than its
     users run (or at spawning_complete), not at the first tick, where 8 running >= 5 is already true."""
     s = StepSchedule([8, 5], ramp=0.0, hold=10.0)
@@ -170,7 +170,7 @@ def rows_with_ids(ids) -> dict:
 def test_rows_of_a_failed_write_are_held_retried_and_counted(small_disk, monkeypatch):
     """A full disk (a real tmpfs): rows are held and written once there is room; beyond
     MAX_HELD_ROWS the oldest are dropped, and every row is either on disk or counted lost."""
-    from locustfiles import recorder
+    from kneeswarm.locustfiles import recorder
 
     monkeypatch.setattr(recorder, "MAX_HELD_ROWS", 500)
     run = RunDir.create(small_disk.path, "full")
@@ -200,8 +200,8 @@ def test_rows_of_a_failed_write_are_held_retried_and_counted(small_disk, monkeyp
 
 JUDGED_BAD = """
 import json
-from locustfiles.users import STALE_CONNECTION_RETRIES, InferenceUser  # Locust first: gevent's patching
-from locustfiles.protocols import BadPayload, PreparedRequest
+from kneeswarm.locustfiles.users import STALE_CONNECTION_RETRIES, InferenceUser  # Locust first: gevent's patching
+from kneeswarm.locustfiles.protocols import BadPayload, PreparedRequest
 
 
 class Answer:  # Locust's ResponseContextManager, as much of it as users._whole reads
@@ -261,7 +261,7 @@ def test_an_answer_judged_bad_is_sent_once():
 
 MASTER_QUIT = """
 import json, types
-from locustfiles import prompt  # Locust first: gevent's patching
+from kneeswarm.locustfiles import prompt  # Locust first: gevent's patching
 import gevent
 
 got, at_kill = [], []  # final reports in, in order; what was in when the runner was killed

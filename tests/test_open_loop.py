@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kneeswarm.plan import PlanError, plan_from_dict
-from kneeswarm.rundir import RunDir
+from kneeswarm.contracts.plan import PlanError
+from kneeswarm.contracts.planfile import plan_from_dict
+from kneeswarm.contracts.rundir import RunDir
 
 from conftest import REPO
 
@@ -45,7 +46,7 @@ def finished_run(proc: subprocess.Popen, out: Path) -> Path:
 @pytest.mark.slow
 def test_open_loop_p99_shows_the_stall_that_closed_loop_hides(tmp_path):
     """The closed and the open loop side by side, against the same target, through the same stalls."""
-    from kneeswarm.cli import start_target, stop_target
+    from kneeswarm.launch.cli import start_target, stop_target
 
     proc, url = start_target(STALL)
     started = []
@@ -100,7 +101,7 @@ def test_open_loop_rates_become_arrival_sources():
 def test_with_two_workers_the_rate_is_split_not_multiplied(tmp_path):
     """Through the conductor (master + 2 workers): each step's measured arrival rate is the plan's."""
     from conftest import read_summary, run_cli
-    from kneeswarm.cli import start_target, stop_target
+    from kneeswarm.launch.cli import start_target, stop_target
 
     proc, url = start_target(["--mode", "knee", "--slots", "64", "--service-ms", "5"])
     try:

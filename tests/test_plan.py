@@ -6,7 +6,8 @@ import tomllib
 
 import pytest
 
-from kneeswarm.plan import Plan, PlanError, load_plan, plan_from_dict
+from kneeswarm.contracts.plan import Plan, PlanError
+from kneeswarm.contracts.planfile import load_plan, plan_from_dict
 
 
 def write(tmp_path, text: str):

@@ -8,9 +8,9 @@ import re
 import numpy as np
 import pytest
 
-from kneeswarm.plan import load_plan
-from kneeswarm.progress import Progress
-from kneeswarm.rundir import RunDir
+from kneeswarm.contracts.planfile import load_plan
+from kneeswarm.launch.progress import Progress
+from kneeswarm.contracts.rundir import RunDir
 
 LINE = re.compile(r"^kneeswarm: step (\d+)/(\d+): (\d+) users?, (\d+) requests, ([\d.]+) QPS, P99 ([\d.]+) ms, "
                   r"(\d+) errors(?: \([\d.]+%\))?, (~\S+ left|done)$")

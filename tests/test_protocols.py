@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kneeswarm import plan as plan_mod
-from kneeswarm.plan import PlanError, plan_from_dict
-from locustfiles.protocols import (PROTOCOLS, BadPayload, GenericHTTP, KServeV2, OpenAI, ProtocolError,
-                                   StreamTruncated, TFServing, TorchServe, for_plan)
-from locustfiles.protocols.sse import ChatStream, SSEDecoder, parse_stream
-from locustfiles.recorder import categorize
+from kneeswarm.contracts import plan as plan_mod
+from kneeswarm.contracts.plan import PlanError
+from kneeswarm.contracts.planfile import plan_from_dict
+from kneeswarm.locustfiles.protocols import (PROTOCOLS, BadPayload, GenericHTTP, KServeV2, OpenAI, ProtocolError, StreamTruncated, TFServing, TorchServe, for_plan)
+from kneeswarm.locustfiles.protocols.sse import ChatStream, SSEDecoder, parse_stream
+from kneeswarm.locustfiles.recorder import categorize
 
 
 def test_the_plan_and_the_registry_name_the_same_protocols():
@@ -168,7 +168,7 @@ def test_with_a_tokenizer_the_streamed_text_is_kept_and_counted():
             b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":5}}\n\ndata: [DONE]\n\n')
     seen = []
     s = ChatStream(0.0, count=lambda text: seen.append(text) or len(text.split()))
-    from locustfiles.protocols.sse import Arrivals
+    from kneeswarm.locustfiles.protocols.sse import Arrivals
 
     arrivals = Arrivals(s)
     arrivals.feed(body, 1.0)  # one arrival: the block path, text kept
@@ -194,7 +194,7 @@ def test_a_stream_of_tokens_without_text_has_no_ttft():
 
 
 def test_a_request_pins_its_length_only_with_ignore_eos_or_min_tokens_at_max_tokens():
-    from locustfiles.protocols.openai import pinned_length
+    from kneeswarm.locustfiles.protocols.openai import pinned_length
 
     assert OpenAI({"max_tokens": 12}).next_request().tokens_pinned is None
     assert OpenAI({"max_tokens": 12, "ignore_eos": True}).next_request().tokens_pinned == 12
@@ -301,7 +301,7 @@ def fed_in_cuts(arrivals, body: bytes, cuts: list[int]) -> type | None:
        st.booleans(), st.booleans())
 def test_reading_per_arrival_equals_reading_line_by_line(events, cuts, crlf, final_blank):
     """However the body is cut into arrivals, Arrivals judges it as the SSE decoder line by line would."""
-    from locustfiles.protocols.sse import Arrivals
+    from kneeswarm.locustfiles.protocols.sse import Arrivals
 
     nl = b"\r\n" if crlf else b"\n"
     body = b"".join(nl.join(lines) + nl + nl for lines in events)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kneeswarm.rundir import RunDir
+from kneeswarm.contracts.rundir import RunDir
 
 from conftest import read_summary, run_cli
 
@@ -32,7 +32,7 @@ UNRECORDED_MAX = 2 * USERS_AT_END
 @pytest.fixture(scope="module")
 def keyed_target():
     """The onnx target (a tiny model) that requires the API key on every request."""
-    from kneeswarm.cli import start_target, stop_target
+    from kneeswarm.launch.cli import start_target, stop_target
 
     os.environ[KEY_ENV] = KEY
     try:
@@ -46,7 +46,7 @@ def keyed_target():
 @pytest.fixture(scope="module")
 def knee_target():
     """The knee target: any inputs, so KServe requests may carry several named tensors."""
-    from kneeswarm.cli import start_target, stop_target
+    from kneeswarm.launch.cli import start_target, stop_target
 
     proc, url = start_target(["--mode", "knee", "--slots", "8", "--service-ms", "5"])
     yield proc, url
@@ -56,7 +56,7 @@ def knee_target():
 def metrics_of(url: str) -> dict[str, float]:
     import requests
 
-    from collectors.prometheus import parse_exposition
+    from kneeswarm.collectors.prometheus import parse_exposition
 
     return parse_exposition(requests.get(url + "/metrics", timeout=5).text)
 
@@ -205,7 +205,7 @@ def test_a_missing_api_key_variable_is_one_line_exit_2(tmp_path, keyed_target):
 
 def test_injected_faults_come_back_one_for_one_by_category(tmp_path):
     """fail -> http_5xx, reset -> conn_reset, truncate -> stream_truncated: equal counts."""
-    from kneeswarm.cli import start_target, stop_target
+    from kneeswarm.launch.cli import start_target, stop_target
 
     proc, url = start_target([*TINY_MODEL, "--itl-ms", "3", "--fail-rate", "0.1", "--reset-rate", "0.1",
                               "--truncate-rate", "0.15", "--fault-seed", "7"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from locustfiles.recorder import WIRE_COLUMNS, RowBuffer, categorize
+from kneeswarm.locustfiles.recorder import WIRE_COLUMNS, RowBuffer, categorize
 
 
 

@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 
 from conftest import run_cli
 from test_workload import loaded_or_refused
-from kneeswarm.plan import PlanError, plan_from_dict
-from locustfiles.protocols import for_plan
-from locustfiles.protocols.workload import Replay, WorkloadError, load_replay
+from kneeswarm.contracts.plan import PlanError
+from kneeswarm.contracts.planfile import plan_from_dict
+from kneeswarm.locustfiles.protocols import for_plan
+from kneeswarm.locustfiles.protocols.workload import Replay, WorkloadError, load_replay
 
 TINY_MODEL = ["--work", "1", "--hidden", "64", "--tokens", "1", "--request-threads", "2", "--itl-ms", "1"]
 
@@ -166,7 +167,7 @@ def run_replay(tmp_path: Path, start_demo_target, load: str, records: list[dict]
 
 @pytest.mark.slow
 def test_closed_loop_replay_sends_the_recorded_bodies_in_order(tmp_path, start_demo_target):
-    from kneeswarm.rundir import RunDir
+    from kneeswarm.contracts.rundir import RunDir
 
     records = [{"body": chat(i)} for i in range(5)]
     run_dir, log = run_replay(tmp_path, start_demo_target, "steps = [1]\nhold = 3.0\n", records)
@@ -184,7 +185,7 @@ def test_open_loop_replay_keeps_the_recorded_order_and_gaps(tmp_path, start_demo
     """Two steps: the recording's own mean rate, then twice it.  The rows' intended times (numpy
     on t_start) keep every recorded gap, halved in the second step; the bodies arrive in order,
     and the target's own arrival gaps follow the recorded ones."""
-    from kneeswarm.rundir import RunDir
+    from kneeswarm.contracts.rundir import RunDir
 
     rng = random.Random(7)
     gaps = [rng.choice([0.02, 0.05, 0.15, 0.3]) for _ in range(29)]

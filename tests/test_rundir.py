@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-import analysis
-from kneeswarm.rundir import RunDir, write_csv
+from kneeswarm import analysis
+from kneeswarm.contracts.rundir import RunDir, write_csv
 from synthetic_run import closed_loop, make_run
 
 
@@ -149,7 +149,7 @@ def test_read_csv_latest_reads_the_whole_latest_sample_from_the_end(tmp_path):
     """The live view's read of a growing host CSV: the rows at the latest t, even where that sample
     is larger than the first tail read (3 x 4,000 thread rows, ~70 kB each), and not a last line
     still being appended."""
-    from kneeswarm.rundir import read_csv_latest
+    from kneeswarm.contracts.rundir import read_csv_latest
 
     rows = [(100.0 + s, 1000 + k, f"w{k}", k % 97 + 0.5) for s in range(3) for k in range(4000)]
     path = tmp_path / "threads.csv"

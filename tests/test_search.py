@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from kneeswarm.search import Probe, Settings, decide
+from kneeswarm.launch.search import Probe, Settings, decide
 
 SERVICE_S = 0.05
 
@@ -60,7 +60,7 @@ def test_a_probe_past_a_sharp_knee_that_passed_is_moved_by_the_plateau_after_it(
     and 28 saturated against it, bracketing [27, 28] at 12 % off.  28 and 32 serve what 27 does (a
     plateau of 24 x 20 = 480 req/s), and the linear rate (20 req/s a user) reaches it at 24 users:
     27 is past the knee, the search goes on below it, first at 24, and lands within 10 % of 24."""
-    from kneeswarm.search import on_plateau
+    from kneeswarm.launch.search import on_plateau
 
     measure = knee_target(24)
     probes = [measure(n) for n in (1, 2, 4, 8, 16, 32, 27, 28)]
@@ -116,7 +116,7 @@ def test_the_bounds_do_not_fit_a_smooth_curve_so_its_knee_is_not_moved_by_them()
     """A USL curve bends below the linear bound well before its peak: at 4 users of σ = 0, κ = 0.01
     it serves 1/1.12 = 89 % of 4 x X(1), more than BOUND_TOL off; so no bounds' crossing is read
     and no scaling probe is called past it (a sharp knee's probes fit the bounds exactly)."""
-    from kneeswarm.search import bound_knee
+    from kneeswarm.launch.search import bound_knee
 
     usl = usl_target(0.0, 0.01)
     probes = [usl(n) for n in (1, 2, 4, 8, 6, 5)]
@@ -176,7 +176,7 @@ def test_open_loop_saturates_when_achieved_falls_below_offered():
 def test_open_loop_saturation_is_a_shortfall_beyond_poisson_noise_not_a_queue_left_behind():
     """Completions under the offered rate by more than Poisson arrivals explain: saturated; a dip
     within that noise, or a P99 inflated by a queue an earlier probe left (completions keep up), is not."""
-    from kneeswarm.search import saturated
+    from kneeswarm.launch.search import saturated
 
     s = Settings(start=1, max=64, unit=4.0)
     ref = Probe(users=4, qps=16.0, p99_ms=110.0, offered=16.0, window_s=12.0)
@@ -206,7 +206,7 @@ def test_bad_search_keys_are_one_line_exit_2_no_run_dir(tmp_path, load, needle):
 
 
 def test_a_search_plan_reads_back_from_its_own_toml():
-    from kneeswarm.plan import load_plan, plan_from_dict
+    from kneeswarm.contracts.planfile import load_plan, plan_from_dict
 
     plan = load_plan(None, {"load.mode": "search", "load.start": 2, "load.max": 64})
     again = plan_from_dict(plan.to_dict(), "plan.toml")  # a worker gets the plan this way
@@ -214,7 +214,7 @@ def test_a_search_plan_reads_back_from_its_own_toml():
 
 
 def test_the_schedule_asks_the_chooser_when_a_step_ends_and_holds_while_it_waits():
-    from locustfiles.steps import WAIT, StepSchedule
+    from kneeswarm.locustfiles.steps import WAIT, StepSchedule
 
     answers = iter([WAIT, 8, 3, None])
     asked = []
@@ -238,7 +238,7 @@ def test_the_schedule_asks_the_chooser_when_a_step_ends_and_holds_while_it_waits
 def test_probe_meter_figures_are_the_rows_own():
     import numpy as np
 
-    from locustfiles.steady import ProbeMeter
+    from kneeswarm.locustfiles.steady import ProbeMeter
 
     rng = np.random.default_rng(5)
     t = np.sort(rng.uniform(0, 10, 2000))
@@ -263,8 +263,8 @@ def test_probe_meter_figures_are_the_rows_own():
 
 def test_analysis_of_a_search_reads_the_probes_by_users_not_by_time():
     """find_knee and the USL fit on probes recorded out of order: the same answer as in order."""
-    from analysis.knee import find_knee
-    from analysis.usl import fit_usl
+    from kneeswarm.analysis.models.knee import find_knee
+    from kneeswarm.analysis.models.usl import fit_usl
 
     users = [1, 2, 4, 8, 16, 10, 12, 11]
     qps = [min(u, 11) * 20.0 for u in users]
@@ -275,7 +275,7 @@ def test_analysis_of_a_search_reads_the_probes_by_users_not_by_time():
 
 
 def test_the_web_form_takes_the_mode_and_the_search_keys_in_a_users_order():
-    from locustfiles.webui import PLAN_FIELDS, form_overrides
+    from kneeswarm.locustfiles.webui import PLAN_FIELDS, form_overrides
 
     keys = [k for _, k, _ in PLAN_FIELDS]
     assert keys.index("request.model") < keys.index("load.mode") < keys.index("load.steps") < \
@@ -290,9 +290,9 @@ def test_the_web_form_takes_the_mode_and_the_search_keys_in_a_users_order():
 
 
 def test_the_knee_tab_reads_each_probes_why_from_the_masters_record(tmp_path):
-    from kneeswarm.lifecycle import _search_whys
-    from kneeswarm.rundir import RunDir
-    from kneeswarm.search import SearchDriver, Settings
+    from kneeswarm.launch.lifecycle import _search_whys
+    from kneeswarm.contracts.rundir import RunDir
+    from kneeswarm.launch.search import SearchDriver, Settings
 
     class Meter:  # figures of a probe that scales: 20 QPS per user
         users = 1
@@ -303,7 +303,7 @@ def test_the_knee_tab_reads_each_probes_why_from_the_masters_record(tmp_path):
         def forget_before(self, t):
             pass
 
-    from locustfiles.steps import StepRecord
+    from kneeswarm.locustfiles.steps import StepRecord
 
     run = RunDir(tmp_path / "run")
     run.generator_dir.mkdir(parents=True)
@@ -316,8 +316,9 @@ def test_the_knee_tab_reads_each_probes_why_from_the_masters_record(tmp_path):
 
 
 def test_an_open_loop_search_probes_rates_as_arrival_sources():
-    from kneeswarm.plan import PlanError, load_plan
-    from kneeswarm.search import settings_of
+    from kneeswarm.contracts.plan import PlanError
+    from kneeswarm.contracts.planfile import load_plan
+    from kneeswarm.launch.search import settings_of
 
     plan = load_plan(None, {"load.mode": "search", "load.arrivals": "open", "load.source_rate": 20.0,
                             "load.start": 20.0, "load.max": 400.0})
@@ -328,12 +329,12 @@ def test_an_open_loop_search_probes_rates_as_arrival_sources():
 
 
 def test_the_knee_tab_chart_marks_the_knee_as_far_as_it_is_known(tmp_path):
-    """kneeswarm.lifecycle.live_knee: a search, the master's bracket from generator/search.json
+    """kneeswarm.launch.lifecycle.live_knee: a search, the master's bracket from generator/search.json
     (nothing before it has a lower end); a grid, the knee detector on the steps done, once three
     are (K = 2 slots: 1, 2, 4 users serve 20, 40, 40 req/s, the knee at 2)."""
-    from kneeswarm.lifecycle import live_knee
-    from kneeswarm.plan import plan_from_dict
-    from kneeswarm.rundir import SEARCH_FILE, RunDir, write_json
+    from kneeswarm.launch.lifecycle import live_knee
+    from kneeswarm.contracts.planfile import plan_from_dict
+    from kneeswarm.contracts.rundir import SEARCH_FILE, RunDir, write_json
 
     run = RunDir(tmp_path)
     run.generator_dir.mkdir(parents=True, exist_ok=True)
@@ -370,7 +371,7 @@ def test_a_smooth_curve_under_qps_noise_is_placed_by_the_usl_fit_within_precisio
 def test_a_sharp_knee_is_not_placed_by_the_usl_fit():
     """Its probes sit on the bounds min(N x rate, plateau) that a USL curve bends away from: the rules
     place it (a USL fit's crossing of K = 11's probes is 9.9 users, 10 % low)."""
-    from kneeswarm.search import smooth_knee
+    from kneeswarm.launch.search import smooth_knee
 
     knee = knee_target(11)
     assert smooth_knee([knee(n) for n in (1, 2, 4, 8, 16, 11, 12)], 16, Settings(start=1, max=512)) is None
@@ -381,7 +382,7 @@ def test_a_sharp_knee_is_not_placed_by_the_usl_fit():
 
 @pytest.mark.parametrize("sigma,kappa", [(0.0, 0.01), (0.02, 0.002), (0.05, 0.0025), (0.1, 0.0), (0.3, 0.001)])
 def test_the_usl_efficiency_crossing_in_closed_form_is_the_bisections(sigma, kappa):
-    from analysis.usl import efficiency_users
+    from kneeswarm.analysis.models.usl import efficiency_users
     from kneeswarm.target.engine import usl_efficiency_users
 
     assert efficiency_users(sigma, kappa, 0.6) == pytest.approx(usl_efficiency_users(sigma, kappa, 0.6), abs=1e-9)
@@ -403,7 +404,7 @@ def test_a_last_scaling_probe_at_the_plateau_closes_the_bracket_without_another_
 def test_the_closed_bracket_s_high_end_is_the_bound_n_times_plateau_over_its_qps():
     """23 users of K = 24 serve 23/24 of the plateau (95.8 %): the bound 23 x 480 / 460 = 24 users
     is within max(1, 2.3) of 23, so the bracket is [23, 24] (24: the bound, not a probe)."""
-    from kneeswarm.search import plateau_close
+    from kneeswarm.launch.search import plateau_close
 
     measure, s = knee_target(24), Settings(start=1, max=512)
     probes = [measure(n) for n in (1, 2, 4, 8, 16, 32, 23)]
@@ -418,7 +419,7 @@ def test_a_probe_past_the_bounds_crossing_is_not_closed_on():
     """26 users of K = 24 pass the rules (92 % of 16's QPS per user, gain 0.8) and serve the
     plateau, but the bounds cross at 480 / 20 = 24 users: 26 is 8 % past, more than PAST_MARGIN, so
     no close at [26, 27] (12 % off would be the knee read); the rules go on and move it."""
-    from kneeswarm.search import plateau_close
+    from kneeswarm.launch.search import plateau_close
 
     measure, s = knee_target(24), Settings(start=1, max=512)
     probes = [measure(n) for n in (1, 2, 4, 8, 16, 32, 26)]
@@ -435,7 +436,7 @@ def test_a_smooth_curve_is_never_closed_by_the_plateau_bound():
     """A USL curve near its knee serves well below the probes past it (σ = 0.02, κ = 0.002: 8 users
     serve 8/1.252 = 6.39 service times a second against 16's 16/1.78 = 8.99, 71 %), so its searches, noise-free and
     under 3 % and 5 % QPS noise, never close on the bound (the fit places them, as before)."""
-    from kneeswarm.search import plateau_close
+    from kneeswarm.launch.search import plateau_close
 
     usl = usl_target(0.02, 0.002)
     assert plateau_close([usl(n) for n in (1, 2, 4, 8, 16)], usl(8), usl(16), Settings(start=1, max=512)) is None

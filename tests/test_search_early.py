@@ -1,5 +1,5 @@
 """A search's growth probe that ends once its scaling is certain (issue 18: "steps far from the knee
-end early under hold = auto"): kneeswarm.search.scaling_certain and SearchDriver.may_end, the step
+end early under hold = auto"): kneeswarm.launch.search.scaling_certain and SearchDriver.may_end, the step
 schedule's ``early`` hook, the gate on the probe's measured QPS precision (EARLY_QPS_CI: ungated,
 bench/search_sim.py --early shows the shorter probes' QPS noise costs accuracy), and the analysis
 keeping such a step valid: the pieces alone, no Locust.  Figures are closed forms: K slots of 50 ms
@@ -14,10 +14,9 @@ import pandas as pd
 import pytest
 from scipy.stats import t as student_t
 
-from kneeswarm.rundir import SCALING_CERTAIN
-from kneeswarm.search import (EARLY_QPS_CI, EFFICIENCY_MIN, MIN_PROBE_REQUESTS, PER_USER_MIN, SCALING_MARGIN, Probe,
-                              SearchDriver, Settings, scaling_certain)
-from locustfiles.steps import StepRecord, StepSchedule
+from kneeswarm.contracts.rundir import SCALING_CERTAIN
+from kneeswarm.launch.search import (EARLY_QPS_CI, EFFICIENCY_MIN, MIN_PROBE_REQUESTS, PER_USER_MIN, SCALING_MARGIN, Probe, SearchDriver, Settings, scaling_certain)
+from kneeswarm.locustfiles.steps import StepRecord, StepSchedule
 
 PER_USER_QPS = 20.0  # 50 ms a request
 
@@ -119,7 +118,7 @@ def test_the_gate_holds_a_probe_on_while_its_measured_qps_half_width_exceeds_ear
     """steady.judge on rows of known per-second spread: its qps_half_width is Student's t for the k
     counts (closed form: t₀.₉₇₅(k − 1)·SD/√k/mean), and may_end answers only at or below EARLY_QPS_CI --
     including spreads that z (1.96) would have let through, and while the QPS is known within ci."""
-    from locustfiles.steady import judge
+    from kneeswarm.locustfiles.steady import judge
 
     mean, k, t_lo = 100, 8, 1000.0
     seen = {"allowed": 0, "blocked": 0, "blocked_by_t_alone": 0}
@@ -147,7 +146,7 @@ def test_the_schedule_ends_a_step_on_the_early_note_once_steady_and_its_qps_know
     """StepSchedule with a real AutoHold on 40 req/s of steady rows: P99 needs 563 rows after the cut
     (14 s), so without ``early`` the step runs to max_hold (12 s) with the max_hold reason; with it, the
     note ends the step at the first tick past min_hold where the rows are steady and the QPS known."""
-    from locustfiles.steady import AutoHold
+    from kneeswarm.locustfiles.steady import AutoHold
 
     rng = np.random.default_rng(5)
     t = np.sort(100.0 + np.arange(30 * 40) / 40.0 + rng.uniform(0, 0.01, 30 * 40))  # closed loop: evenly spread
@@ -179,7 +178,7 @@ def test_the_schedule_ends_a_step_on_the_early_note_once_steady_and_its_qps_know
 
 
 def test_a_step_ended_once_its_scaling_was_certain_stays_valid_with_the_reason():
-    from analysis import with_hold_reasons
+    from kneeswarm.analysis import with_hold_reasons
 
     stats = pd.DataFrame({"users": [1, 2, 4], "valid": [True, True, True], "reasons": [[], [], []],
                           "hold_reason": [f"{SCALING_CERTAIN} (x): its P99 is from 120 rows, not known within ±10%",

@@ -27,9 +27,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kneeswarm.cli import start_target, stop_target
-from kneeswarm.rundir import SCALING_CERTAIN
-from kneeswarm.search import EFFICIENCY_MIN
+from kneeswarm.launch.cli import start_target, stop_target
+from kneeswarm.contracts.rundir import SCALING_CERTAIN
+from kneeswarm.launch.search import EFFICIENCY_MIN
 from kneeswarm.target.engine import usl_efficiency_users
 from tests.conftest import read_summary, side_by_side, start_cli
 
@@ -79,7 +79,7 @@ def test_search_locates_the_knee_of_real_targets_and_stops_at_failures(tmp_path)
             stop_target(proc)
     print({n: o[1][-3000:] for n, o in outs.items()})
     # every run completes (0), the failing one too: its errors are figures of its probes, and exit 3
-    # (kneeswarm.outcome.EXIT_SLA_FAILED) comes only with --fail-on-sla, which none of these passes
+    # (kneeswarm.contracts.outcome.EXIT_SLA_FAILED) comes only with --fail-on-sla, which none of these passes
     assert set(codes.values()) == {0}, (codes, outs)
     runs = {name: _only_run(tmp_path / name) for name in ("knee", "fail", "usl", "demo")}
     s = {name: read_summary(run)["search"] for name, run in runs.items()}

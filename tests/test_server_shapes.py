@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kneeswarm.rundir import RunDir
+from kneeswarm.contracts.rundir import RunDir
 
 from conftest import run_cli
 
@@ -168,8 +168,8 @@ LATE_READER = """
 import json, sys, time
 from locust.contrib.fasthttp import FastHttpSession
 from locust.env import Environment
-from locustfiles.protocols.sse import ChatStream
-from locustfiles.users import read_stream
+from kneeswarm.locustfiles.protocols.sse import ChatStream
+from kneeswarm.locustfiles.users import read_stream
 
 class Late(ChatStream):
     __slots__ = ("late",)

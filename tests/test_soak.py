@@ -1,7 +1,7 @@
 """Soak (issue 20 §1): one load held for a duration, one step per window, and the trends over the
 windows.  Real runs against the demo target with a known leak (--leak-kb-per-request), a known
 latency drift (--drift-ms-per-min) and neither; the expected figures come from the target's
-settings and from numpy over the run's own request rows, never from analysis.soak."""
+settings and from numpy over the run's own request rows, never from kneeswarm.analysis.summary.soak."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.soak import SOAK_IDS, soak_findings, soak_section
-from kneeswarm.plan import PlanError, plan_from_dict
+from kneeswarm.analysis.summary.soak import SOAK_IDS, soak_findings, soak_section
+from kneeswarm.contracts.plan import PlanError
+from kneeswarm.contracts.planfile import plan_from_dict
 from tests.conftest import (REPO, only_run_dir, read_summary, run_cli, side_by_side, start_cli, start_target,
                             stop_target)
 
@@ -132,8 +133,8 @@ def test_soak_leak_is_memory_growth_at_96kb_times_qps(soak_runs):
     assert "requests_s" in soak["series"]["hosts"]["target"]["target"]  # the server's own series, per window
     md = (run / "report" / "summary.md").read_text()
     assert "`memory_growth`" in md and "Soak windows" in md and "**Knee:**" not in md
-    from analysis.live import LiveRun
-    from kneeswarm.rundir import RunDir
+    from kneeswarm.analysis.measure.live import LiveRun
+    from kneeswarm.contracts.rundir import RunDir
 
     live = LiveRun(RunDir(run)).figures(now=last["t_hi"] + 3600)  # the live export's figures: the summary's
     assert [(f.requests, f.qps, f.p99_ms) for f in live.steps] == [(w["requests"], pytest.approx(w["qps"]),
@@ -199,10 +200,10 @@ def assert_progress_keeps_one_window(run: Path) -> None:
     once its line is printed, and still shows that window's figures: numpy's over its rows."""
     import io
 
-    from kneeswarm.lifecycle import live_steps
-    from kneeswarm.plan import load_plan
-    from kneeswarm.progress import Progress
-    from kneeswarm.rundir import RunDir
+    from kneeswarm.launch.lifecycle import live_steps
+    from kneeswarm.contracts.planfile import load_plan
+    from kneeswarm.launch.progress import Progress
+    from kneeswarm.contracts.rundir import RunDir
 
     rd = RunDir(run)
     plan = load_plan(rd.plan_path)

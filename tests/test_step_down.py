@@ -11,17 +11,16 @@ The truth is the target's own request log (every request it received, with its a
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from kneeswarm.rundir import RunDir
+from kneeswarm.contracts.rundir import RunDir
 from tests.conftest import read_summary, run_cli
 
 # 8 users on 5 slots of 500 ms: every user is always in a request (queued or served).  5 slots, not 4:
 # at 4 the 4-user probe already serves the plateau and the search closes the knee there without
-# coming down (kneeswarm.search.plateau_close); at 5 it serves 80 % of it, and the bounds aim down to 5
+# coming down (kneeswarm.launch.search.plateau_close); at 5 it serves 80 % of it, and the bounds aim down to 5
 SLOTS, SERVICE_MS = 5, 500
 # a fixed hold, long enough for the search's 50 rows a probe at 8 req/s once its rows are in
 PLAN = ('[load]\nmode = "search"\nstart = 4\nmax = 8\ngrowth = 2.0\nhold = 8.0\nsettle = 1.0\nramp = 0.5\n'

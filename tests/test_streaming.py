@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kneeswarm.rundir import RunDir
+from kneeswarm.contracts.rundir import RunDir
 
 from conftest import REPO
 
@@ -51,7 +51,7 @@ def server_ttft(url: str) -> tuple[float, float]:
     """The target's own TTFT so far (its /metrics: arrival to first token, on its clock): (sum s, count)."""
     import requests
 
-    from collectors.prometheus import parse_exposition
+    from kneeswarm.collectors.prometheus import parse_exposition
 
     m = parse_exposition(requests.get(url + "/metrics", timeout=5).text)
     return m["vllm:time_to_first_token_seconds_sum"], m["vllm:time_to_first_token_seconds_count"]
@@ -59,7 +59,7 @@ def server_ttft(url: str) -> tuple[float, float]:
 
 @pytest.fixture(scope="module")
 def llm_target():
-    from kneeswarm.cli import start_target, stop_target
+    from kneeswarm.launch.cli import start_target, stop_target
 
     proc, url = start_target([*TINY_MODEL, "--ttft-ms", str(D_MS), "--itl-ms", str(G_MS)])
     yield url

@@ -1,4 +1,4 @@
-"""analysis.streaming through the real analysis (analysis.analyze on a run directory): TTFT, ITL and
+"""kneeswarm.analysis.measure.streaming through the real analysis (analysis.analyze on a run directory): TTFT, ITL and
 TPOT percentiles, tokens/s, goodput, the token-count check, the tokens/s knee, items/s and open-loop
 rates, checked against numpy on the very rows written; and runs written before the streaming
 columns existed still analyse.
@@ -16,9 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from analysis import analyze
-from analysis.streaming import COUNT_MISMATCH_MAX, TOKENIZER_SLACK, GapSample
-from kneeswarm.rundir import REQUEST_SCHEMA, RunDir
+from kneeswarm.analysis import analyze
+from kneeswarm.analysis.measure.streaming import COUNT_MISMATCH_MAX, TOKENIZER_SLACK, GapSample
+from kneeswarm.contracts.rundir import REQUEST_SCHEMA, RunDir
 
 T0 = 1_700_000_000.0
 RAMP, HOLD, SETTLE = 1.0, 20.0, 1.0
@@ -315,7 +315,7 @@ def test_a_streamed_answers_gaps_flag_and_counts_reach_the_part(tmp_path):
     (chunks: chunks_out); a whole
     answer's row has nulls there.  (Plain tuples here: importing users.py would import Locust, whose
     gevent patching must not happen inside this test process.)"""
-    from locustfiles.recorder import RequestWriter, RowBuffer
+    from kneeswarm.locustfiles.recorder import RequestWriter, RowBuffer
 
     run = RunDir.create(tmp_path, "w")
     buf = RowBuffer()
@@ -349,10 +349,10 @@ def test_capacitys_sla_check_reads_the_streaming_step_keys(tmp_path):
 
 def test_rows_in_memory_give_what_the_parts_give(tmp_path):
     """loadstats.step_stats (rows in a DataFrame) and the part-by-part scan agree on the streaming keys."""
-    from analysis.inputs import read_steps
-    from analysis.loadstats import step_stats
-    from analysis.requestscan import scan_parts
-    from analysis.streaming import STEP_KEYS
+    from kneeswarm.analysis.measure.inputs import read_steps
+    from kneeswarm.analysis.measure.loadstats import step_stats
+    from kneeswarm.analysis.measure.requestscan import scan_parts
+    from kneeswarm.analysis.measure.streaming import STEP_KEYS
 
     rd = make_stream_run(tmp_path, usage_offset=lambda step: step, fail=0.03, per_chunk=3, pinned=True, no_text=0.05)
     sla = {"p99_ms": 200.0, "ttft_ms": 48.0}

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kneeswarm.rundir import RunDir
+from kneeswarm.contracts.rundir import RunDir
 
 from conftest import read_summary, run_cli
 

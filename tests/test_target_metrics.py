@@ -1,14 +1,14 @@
-"""analysis.target knows the /metrics names of the servers people run (issue 6 §5).
+"""kneeswarm.analysis.measure.target knows the /metrics names of the servers people run (issue 6 §5).
 
 Each fixture under tests/fixtures/scrapes/ holds two expositions of one server some seconds
 apart: recorded from the real server where it could be installed here (the kneeswarm demo
 target, KServe's Python model server, TorchServe, Triton), or an example written from the server's
 documentation/source where it could not (vLLM, TGI, SGLang: GPU and model weights), its
 header says which. Each is replayed through the real path -- prometheus.jsonl as the scraper
-writes it, collectors.prometheus into prometheus.csv, analysis.inputs.read_prometheus, then
-analysis.target -- and every key's value is checked against a number computed here from the
+writes it, kneeswarm.collectors.prometheus into prometheus.csv, kneeswarm.analysis.measure.inputs.read_prometheus, then
+kneeswarm.analysis.measure.target -- and every key's value is checked against a number computed here from the
 fixture's own text by a few lines of independent parsing (no prometheus_client, no
-analysis.target), with which server's names were used and where those names come from.
+kneeswarm.analysis.measure.target), with which server's names were used and where those names come from.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.inputs import read_prometheus
-from analysis.target import (DOCS, SCRAPE, TARGET_METRICS, source_lines, target_series_used, target_timeline,
-                             target_windows)
-from collectors.prometheus import write_prometheus_csv
+from kneeswarm.analysis.measure.inputs import read_prometheus
+from kneeswarm.analysis.measure.target import (DOCS, SCRAPE, TARGET_METRICS, source_lines, target_series_used, target_timeline, target_windows)
+from kneeswarm.collectors.prometheus import write_prometheus_csv
 
 FIXTURES = Path(__file__).parent / "fixtures" / "scrapes"
 REPO = Path(__file__).resolve().parent.parent
@@ -302,7 +301,7 @@ def test_every_candidate_names_its_source():
 
 def test_counters_without_total_suffix_are_found_after_the_parser_adds_it(tmp_path):
     """Triton, TGI and TorchServe expose counters without ``_total``; prometheus_client's parser
-    (collectors.prometheus) names their samples ``<name>_total``: both spellings must match."""
+    (kneeswarm.collectors.prometheus) names their samples ``<name>_total``: both spellings must match."""
     df = replay(FIXTURES / "triton-docs.txt", tmp_path)
     assert any(c.startswith("nv_inference_request_success_total{") for c in df.columns)
     assert not any(c.startswith("nv_inference_request_success{") for c in df.columns)

@@ -2,7 +2,7 @@
 
 Truth here is the law written out in this file (T·(1 + σ(N−1) + κN(N−1)), N* = √((1−σ)/κ)),
 never the module's own formula; the real-run test fits the throughput kneeswarm measured on the
-real target with analysis.usl.fit_usl and compares the fitted σ, κ and N* with the target's.
+real target with kneeswarm.analysis.models.usl.fit_usl and compares the fitted σ, κ and N* with the target's.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from kneeswarm.cli import start_target, stop_target
+from kneeswarm.launch.cli import start_target, stop_target
 from kneeswarm.target.engine import UslEngine, Warmup, usl_efficiency_users, usl_service_s, warmup_extra_s
 from kneeswarm.target.metrics import TargetMetrics
 from tests.conftest import KNEESWARM, REPO, read_summary
@@ -111,7 +111,7 @@ def test_fit_usl_recovers_the_usl_targets_sigma_kappa_and_peak(tmp_path):
     for s in steps:  # validity is the tool's own judgement (e.g. generator CPU on a loaded host): shown, not required
         print(f"{s['users']} users: {s['qps']:.2f}/s, valid {s['valid']} {s['reasons']}")
 
-    from analysis.usl import fit_usl
+    from kneeswarm.analysis.models.usl import fit_usl
 
     fit = fit_usl([s["users"] for s in steps], [s["qps"] for s in steps])
     n_star = math.sqrt((1 - USL_SIGMA) / USL_KAPPA)

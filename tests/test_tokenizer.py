@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from conftest import read_summary, run_cli
-from kneeswarm.plan import plan_from_dict
-from locustfiles.protocols import for_plan
-from locustfiles.protocols.workload import WorkloadError, token_counter
+from kneeswarm.contracts.planfile import plan_from_dict
+from kneeswarm.locustfiles.protocols import for_plan
+from kneeswarm.locustfiles.protocols.workload import WorkloadError, token_counter
 
 tokenizers = pytest.importorskip("tokenizers", reason="the tokenizer extra (pip install 'kneeswarm[tokenizer]')")
 
@@ -103,7 +103,8 @@ def test_a_bad_tokenizer_is_one_line(tmp_path):
 
 
 def test_the_summary_says_how_tokens_were_counted():
-    from analysis.summary import workload_facts, workload_lines
+    from kneeswarm.analysis.summary.build import workload_facts
+    from kneeswarm.analysis.reports.markdown import workload_lines
 
     words = workload_facts({"protocol": "openai", "request": {"lengths": {"input": {"mean": 3}}}})
     assert words == {"inputs": "lengths", "token_counts": "words (approximation)"}
@@ -127,7 +128,7 @@ def test_rows_and_received_prompts_agree_with_the_tokenizer(bpe, tmp_path, start
     res = run_cli("run", str(plan), "--out", str(tmp_path / "runs"), "-q")
     assert res.returncode == 0, res.stderr[-2000:]
     (run_dir,) = list((tmp_path / "runs").iterdir())
-    from kneeswarm.rundir import RunDir
+    from kneeswarm.contracts.rundir import RunDir
 
     rows = RunDir(run_dir).read_requests()
     sent = [json.loads(json.loads(line)["body"]) for line in log.read_text().splitlines()]

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kneeswarm.rundir import RunDir
+from kneeswarm.contracts.rundir import RunDir
 from kneeswarm.target.llm import VOCAB
 
 from conftest import read_summary, side_by_side, start_cli

@@ -1,4 +1,4 @@
-"""analysis.trend: the Mann–Kendall test, the Theil–Sen slope and the least-squares change point,
+"""kneeswarm.analysis.models.trend: the Mann–Kendall test, the Theil–Sen slope and the least-squares change point,
 checked against scipy/numpy computed here on the same numbers and against series whose answer is
 known by construction."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from analysis import trend
+from kneeswarm.analysis.models import trend
 
 
 def brute_change_point(z: list[float], min_seg: int) -> int:

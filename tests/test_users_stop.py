@@ -21,10 +21,10 @@ SCRIPT = r"""
 import json, sys, time
 from locust.env import Environment  # first: Locust monkey-patches before requests loads ssl
 import gevent, requests
-from collectors.prometheus import parse_exposition
-from kneeswarm.plan import plan_from_dict
-from locustfiles import state
-from locustfiles.users import InferenceUser
+from kneeswarm.collectors.prometheus import parse_exposition
+from kneeswarm.contracts.planfile import plan_from_dict
+from kneeswarm.locustfiles import state
+from kneeswarm.locustfiles.users import InferenceUser
 
 url, mode = sys.argv[1], sys.argv[2]
 load = {"steps": [4], "mode": mode} | ({"rates": [40.0], "source_rate": 10.0} if mode == "open" else {})
@@ -50,7 +50,7 @@ print(json.dumps({"before_stop": before_stop, "after_stop": after_stop, "later":
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["closed", "open"])
 def test_a_stopped_user_sends_nothing_more(mode):
-    from kneeswarm.cli import start_target, stop_target
+    from kneeswarm.launch.cli import start_target, stop_target
 
     proc, url = start_target([])
     try:

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from analysis.usl import describe, fit_usl, peak_of, usl_curve, usl_throughput
+from kneeswarm.analysis.models.usl import describe, fit_usl, peak_of, usl_curve, usl_throughput
 
 # Baron Schwartz, "Practical Scalability Analysis with the Universal Scalability Law"
 # (VividCortex, 2015): the Cisco benchmark and the book's fitted model.  Data and coefficients

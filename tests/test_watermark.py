@@ -11,8 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from locustfiles.clocks import ClockGate, WorkerClocks
-from locustfiles.watermark import Horizon, InFlight
+from kneeswarm.locustfiles.clocks import ClockGate, WorkerClocks
+from kneeswarm.locustfiles.watermark import Horizon, InFlight
 
 LAG_S = 6.0  # the fallback: the old fixed guess of how late rows arrive
 
@@ -81,7 +81,7 @@ def test_auto_hold_judges_up_to_the_horizon_not_a_fixed_lag():
     """A steady 400/s step from 100 s, every row in up to 114 s.  With the horizon at 114 it is
     steady and known at 115; with the fixed 6 s lag it is judged only to 109.  Rows past the
     horizon (not yet complete: here rows of a different level) are never judged."""
-    from locustfiles.steady import AutoHold, judge
+    from kneeswarm.locustfiles.steady import AutoHold, judge
 
     t, lat = _steady_rows(100.0, 114.0, 400, 5)
     late_t = np.linspace(114.0, 115.0, 400)  # rows that started after the horizon, at 10x the latency
@@ -101,10 +101,10 @@ def test_auto_hold_judges_up_to_the_horizon_not_a_fixed_lag():
 
 
 def test_the_search_measures_a_probe_up_to_the_horizon_and_records_its_window(tmp_path):
-    from kneeswarm.rundir import SEARCH_FILE, RunDir
-    from kneeswarm.search import MIN_PROBE_REQUESTS, SearchDriver, Settings
-    from locustfiles.steady import ProbeMeter
-    from locustfiles.steps import WAIT, StepRecord
+    from kneeswarm.contracts.rundir import SEARCH_FILE, RunDir
+    from kneeswarm.launch.search import MIN_PROBE_REQUESTS, SearchDriver, Settings
+    from kneeswarm.locustfiles.steady import ProbeMeter
+    from kneeswarm.locustfiles.steps import WAIT, StepRecord
 
     run = RunDir(tmp_path / "run")
     run.generator_dir.mkdir(parents=True)

@@ -21,11 +21,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kneeswarm.cli import start_target, stop_target
-from kneeswarm.search import MIN_PROBE_REQUESTS
+from kneeswarm.launch.cli import start_target, stop_target
+from kneeswarm.launch.search import MIN_PROBE_REQUESTS
 from tests.conftest import REPO, side_by_side, start_cli
 
-SERVICE_S = 7.0  # > WORKER_REPORT_INTERVAL (3 s) and > the old fixed lag (plugin.ROW_LAG_S, 6 s)
+SERVICE_S = 7.0  # > WORKER_REPORT_INTERVAL (3 s) and > the old fixed lag (recording.ROW_LAG_S, 6 s)
 RATE, SOURCE_RATE = 8.0, 2.0  # 8 req/s: ~56 requests in flight, ~8 of them started 6-7 s before any instant
 PLAN = (f'[load]\nmode = "search"\narrivals = "open"\narrival = "constant"\nsource_rate = {SOURCE_RATE}\n'
         f'start = {RATE}\nmax = {2 * RATE}\nmax_duration = 20\nhold = 4\nsettle = 1\nramp = 0.5\nworkers = 1\n'

@@ -12,10 +12,10 @@ import sys
 import pytest
 import requests
 
-from kneeswarm.conductor import free_port
-from kneeswarm.rundir import RunDir
+from kneeswarm.launch.conductor import free_port
+from kneeswarm.contracts.rundir import RunDir
 
-from conftest import REPO, answers_200, chromium_or_skip, chromium_page, read_summary, run_cli, wait_for
+from conftest import REPO, answers_200, chromium_or_skip, chromium_page, read_summary, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -184,7 +184,7 @@ def test_web_ui_refuses_a_public_address_without_login(tmp_path):
 def plain_headless(request, tmp_path_factory):
     """The run of test_plain_locust_headless_is_a_full_run, started with the module (its own demo
     target), so that it goes while the web UI tests wait on theirs; that test collects it."""
-    from kneeswarm.cli import start_target, stop_target
+    from kneeswarm.launch.cli import start_target, stop_target
 
     if not any(item.name == "test_plain_locust_headless_is_a_full_run" for item in request.session.items
                if item.module is request.module):

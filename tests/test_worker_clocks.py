@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from kneeswarm import cli, conductor
-from kneeswarm.rundir import RunDir
-from locustfiles.clocks import ClockGate, WorkerClocks
-from locustfiles.steps import DRAIN_FACTOR, DRAIN_MIN_S
+from kneeswarm.launch import cli, conductor
+from kneeswarm.contracts.rundir import RunDir
+from kneeswarm.locustfiles.clocks import ClockGate, WorkerClocks
+from kneeswarm.locustfiles.steps import DRAIN_FACTOR, DRAIN_MIN_S
 
 SHIFT = 2.5  # seconds the worker's clock runs ahead (libfaketime, the shifted_clock fixture)
 
@@ -111,11 +111,11 @@ def locustfile_with_silent_worker(tmp_path: Path, silent_s: float, wait_s: float
     f = tmp_path / "swarm_silent_worker.py"
     f.write_text(
         "import time\n"
-        "from locustfiles import clocks\n"
+        "from kneeswarm.locustfiles import clocks\n"
         f"{'' if wait_s is None else f'clocks.FIRST_ANSWER_WAIT = {wait_s}'}\n"
         "_start, _pong = time.monotonic(), clocks.pong\n"
         f"clocks.pong = lambda data: _pong(data) if time.monotonic() - _start > {silent_s} else {{}}\n"
-        "from locustfiles.swarm import *  # noqa: F401,F403\n"
+        "from kneeswarm.locustfiles.swarm import *  # noqa: F401,F403\n"
     )
     return f
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from kneeswarm.conductor import free_port
-from kneeswarm.rundir import RunDir
+from kneeswarm.launch.conductor import free_port
+from kneeswarm.contracts.rundir import RunDir
 
 from conftest import REPO, wait_for
 
@@ -20,11 +20,11 @@ except ImportError:  # tests/ imported as a package
 
 pytestmark = pytest.mark.slow
 
-WORKER_COMMAND = f"env PYTHONPATH={REPO} {sys.executable} -m kneeswarm.cli"
+WORKER_COMMAND = f"env PYTHONPATH={REPO} {sys.executable} -m kneeswarm.launch.cli"
 
 
 def _run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kneeswarm.cli", "run", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "kneeswarm.launch.cli", "run", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
 
 

@@ -14,9 +14,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from kneeswarm.plan import PlanError, plan_from_dict
-from locustfiles.protocols import for_plan
-from locustfiles.protocols.workload import LengthDist, WorkloadError, load_dataset, words
+from kneeswarm.contracts.plan import PlanError
+from kneeswarm.contracts.planfile import plan_from_dict
+from kneeswarm.locustfiles.protocols import for_plan
+from kneeswarm.locustfiles.protocols.workload import LengthDist, WorkloadError, load_dataset, words
 
 T = TypeVar("T")
 
@@ -122,9 +123,9 @@ def test_dataset_prompts_reach_the_target_with_their_lengths(tmp_path):
     """The target's own prompt-token counter equals the sum of the rows' tokens_in."""
     import requests
 
-    from collectors.prometheus import parse_exposition
-    from kneeswarm.cli import start_target, stop_target
-    from kneeswarm.rundir import RunDir
+    from kneeswarm.collectors.prometheus import parse_exposition
+    from kneeswarm.launch.cli import start_target, stop_target
+    from kneeswarm.contracts.rundir import RunDir
     from test_streaming import TINY_MODEL, run_probe
 
     path = write_jsonl(tmp_path, [json.dumps({"prompt": " ".join(["w"] * n), "max_tokens": 2}) for n in (3, 10, 40)])

@@ -1,5 +1,5 @@
 """An independent least-squares fit of the USL, numpy alone, for tests that need the fit's expected
-values without asking analysis.usl (which uses scipy's curve_fit).
+values without asking kneeswarm.analysis.models.usl (which uses scipy's curve_fit).
 
     X(N) = λ·N / (1 + σ·(N − 1) + κ·N·(N − 1))
 

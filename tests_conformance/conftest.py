@@ -99,7 +99,7 @@ def scrape(metrics_url: str) -> dict[str, float]:
     """The server's Prometheus exposition now, as {"name{labels}": value}."""
     import requests
 
-    from collectors.prometheus import parse_exposition
+    from kneeswarm.collectors.prometheus import parse_exposition
 
     return parse_exposition(requests.get(metrics_url, timeout=5).text)
 
@@ -114,7 +114,7 @@ COUNT_EDGE = 2  # ... or two requests (ending within a few ms of a step's edge: 
 
 
 def rows_and_steps(run_dir: Path):
-    from kneeswarm.rundir import RunDir
+    from kneeswarm.contracts.rundir import RunDir
 
     return RunDir(run_dir).read_requests(), RunDir(run_dir).read_steps()
 
@@ -162,7 +162,7 @@ def per_step_counts(rows, steps, server_t) -> list[tuple[int, int, int]]:
 
 
 def target_of(step: dict) -> dict:
-    """The server's own metrics (analysis/target.py keys) of one summary step, from its scrape."""
+    """The server's own metrics (analysis/measure/target.py keys) of one summary step, from its scrape."""
     for host in (step.get("server") or {}).values():
         if isinstance(host, dict) and host.get("target"):
             return host["target"]

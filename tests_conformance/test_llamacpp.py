@@ -18,7 +18,7 @@ The truths, all the server's own:
   over the generated tokens less one: server-common.h's t_gen_per_token_ms, the same span as
   (latency - TTFT) / (tokens - 1)) where its first token was not held (HELD_MS);
 - its /metrics (--metrics): llamacpp:tokens_predicted_total against the sum of `usage`, and the
-  metric names analysis/target.py must match on the live scrape.
+  metric names analysis/measure/target.py must match on the live scrape.
 """
 
 from __future__ import annotations
@@ -305,7 +305,7 @@ def test_target_metrics_matched_on_the_live_scrape(chat):
     # it reads the whole wait (users - slots) or 0, as the server moves the deferred tasks back to its
     # queue each time a slot frees (one run's scrapes at 6 users: 0, 2, 0, 0, 0, 0, 0, 2, 2, 2, a step
     # mean of 0.8 while 2 waited throughout).  So the step's figure is the highest scrape
-    # (analysis/target.py LLAMACPP_DEFERRED): exactly users - slots at the top step, the most the gauge
+    # (analysis/measure/target.py LLAMACPP_DEFERRED): exactly users - slots at the top step, the most the gauge
     # can show, with processing + deferred never above the users sent -- and the client's own count
     # says the same: requests in flight (Little's L, measured from the rows) less the busy slots.
     assert target[1]["queue_length"] == 0.0, target[1]

@@ -1,7 +1,7 @@
 """The agent's defaults and the names of the files in its directory, spelled once.
 
 Imported by every module of the agent and by the controller side (agents/settings.py,
-agents/fetch.py, agents/heartbeat.py, agents/shellagent.py, kneeswarm/plan.py): what the agent
+agents/fetch.py, agents/heartbeat.py, agents/shellagent.py, kneeswarm/contracts/plan.py): what the agent
 falls back to and what the controller asks for are the same numbers.  Standard library only,
 python 3.6 (it is packed into the agent's zipapp).
 """

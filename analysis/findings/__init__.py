@@ -23,11 +23,12 @@ import logging
 import math
 from typing import Any, Callable
 
-from analysis.findings import cgroup, cpu, engine, llm_engine, load, memory_gpu, scaling
-from analysis.findings.context import Context, as_dict, num
-from analysis.findings.finding import FINDING_IDS, SEVERITY
-from analysis.findings.validity import littles_law_reason, step_littles_law
-from analysis.usl import describe, fit_usl, usl_curve
+from kneeswarm.analysis.findings import cgroup, cpu, engine, llm_engine, load, memory_gpu, scaling
+from kneeswarm.analysis.findings.context import Context, as_dict
+from kneeswarm.analysis.schema.summary import num
+from kneeswarm.analysis.findings.finding import FINDING_IDS, SEVERITY
+from kneeswarm.analysis.measure.validity import littles_law_reason, step_littles_law
+from kneeswarm.analysis.models.usl import describe, fit_usl, usl_curve
 
 logger = logging.getLogger(__name__)
 

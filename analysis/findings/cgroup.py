@@ -1,8 +1,8 @@
 """Container rules: a CPU quota that throttles the service, a memory limit close to its RSS.
 
 They read the cgroup the agent sampled (collectors/cgroup.py): the steps' ``throttled_share``
-(throttled CFS periods / periods, analysis.serverstats) and the host facts' ``service``
-{``cpus``, ``bound``, ``memory_limit_mb``} (analysis.hostfacts).  A host without a quota gives no
+(throttled CFS periods / periods, kneeswarm.analysis.measure.serverstats) and the host facts' ``service``
+{``cpus``, ``bound``, ``memory_limit_mb``} (kneeswarm.analysis.measure.hostfacts).  A host without a quota gives no
 periods and so no throttled share: ``cpu_throttled`` cannot fire there.
 """
 
@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from analysis.findings.context import Context, as_dict, num, users_text
-from analysis.findings.finding import finding
+from kneeswarm.analysis.findings.context import Context, as_dict, users_text
+from kneeswarm.analysis.schema.summary import num
+from kneeswarm.analysis.findings.finding import finding
 
 logger = logging.getLogger(__name__)
 

@@ -4,27 +4,28 @@ Keys read (anything missing or malformed reads as "not measured", so a rule does
 
 * ``steps[]``: ``users``, ``qps``, ``rps``, ``p99_ms``, ``mean_ms``, ``valid``, ``reasons``,
   ``errors`` {category: count}, ``window_s``, ``generator_cpu_max``, ``generator.cpu_pct``
-  {worker: %}, ``server[host]`` {metric: mean} with the keys of analysis/serverstats.py
+  {worker: %}, ``server[host]`` {metric: mean} with the keys of analysis/measure/serverstats.py
   ``server_metrics``: vmstat ``us sy wa cs r bi bo``; process ``cpu_pct usr_pct sys_pct wait_pct rss_mb threads
   cswch_s nvcswch_s migrations_s sy_share io_read_kb_s io_write_kb_s io_delay_pct``; threads ``active_threads top_thread_cpu_pct``; GPU
   ``sm_pct mem_pct fb_used_mb fb_peak_mb power_w``; and ``target`` {``queue_length rejected_s ...``};
 * ``knee.users``; ``analysis.generator_cpu_max``; ``load.loop``;
 * ``hosts[host].cpu`` {``logical_cpus physical_cores``}, ``hosts[host].process.cmdline``,
-  ``hosts[host].service`` {``cpus bound memory_limit_mb``} (analysis.hostfacts: the CPUs the
+  ``hosts[host].service`` {``cpus bound memory_limit_mb``} (kneeswarm.analysis.measure.hostfacts: the CPUs the
   service may use, from its cgroup's quota and cpuset), and the steps' cgroup metrics
   ``throttled_share cgroup_cpus``.
 """
 
 from __future__ import annotations
 
+from kneeswarm.analysis.schema.summary import num
+
 import logging
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_GENERATOR_CPU_MAX = 90.0  # kneeswarm/plan.py AnalysisPlan.generator_cpu_max
+DEFAULT_GENERATOR_CPU_MAX = 90.0  # kneeswarm/contracts/plan.py AnalysisPlan.generator_cpu_max
 
 
 def users_text(n: Any) -> str:
@@ -32,12 +33,6 @@ def users_text(n: Any) -> str:
     return f"{n} user" if num(n) == 1 else f"{n} users"
 
 
-def num(x: Any) -> float | None:
-    """A finite float, or None (bools, strings, NaN and None are not numbers here)."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    f = float(x)
-    return f if math.isfinite(f) else None
 
 
 def as_dict(x: Any) -> dict[str, Any]:
@@ -69,8 +64,8 @@ class Context:
     hosts: dict[str, dict[str, Any]]
     plan: dict[str, Any]
     generator_cpu_max: float
-    loop: str = "closed"  # summary["load"]["loop"] (analysis/loop.py): "closed" unless it says "open"
-    llm_workload: dict[str, Any] = field(default_factory=dict)  # summary["llm_workload"] (analysis/llmworkload.py)
+    loop: str = "closed"  # summary["load"]["loop"] (analysis/measure/loop.py): "closed" unless it says "open"
+    llm_workload: dict[str, Any] = field(default_factory=dict)  # summary["llm_workload"] (analysis/measure/llmworkload.py)
     valid: list[dict[str, Any]] = field(init=False)  # the steps marked valid with numeric users and QPS
 
     def __post_init__(self) -> None:
@@ -80,7 +75,7 @@ class Context:
     @classmethod
     def from_summary(cls, summary: Any, plan: Any = None) -> Context:
         summary = as_dict(summary)
-        if hasattr(plan, "to_dict"):  # a kneeswarm.plan.Plan rather than its dict
+        if hasattr(plan, "to_dict"):  # a kneeswarm.contracts.plan.Plan rather than its dict
             plan = plan.to_dict()
         raw = summary.get("steps") if isinstance(summary.get("steps"), list) else []
         by_users = [(u, s) for s in raw if isinstance(s, dict) and (u := num(s.get("users"))) is not None]
@@ -143,7 +138,7 @@ class Context:
 
     def service_cpus(self, host: str) -> float | None:
         """The CPUs the service on ``host`` may use: hosts[host]["service"]["cpus"] (the smallest of
-        its cgroup's CPU quota, its cpuset and the host's logical CPUs: analysis.hostfacts), else
+        its cgroup's CPU quota, its cpuset and the host's logical CPUs: kneeswarm.analysis.measure.hostfacts), else
         the host's logical CPUs; None when neither is known."""
         v = num(as_dict(as_dict(self.hosts.get(host)).get("service")).get("cpus"))
         return v if v is not None and v > 0 else self.cpu_fact(host, "logical_cpus")

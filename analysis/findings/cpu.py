@@ -8,8 +8,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from analysis.findings.context import Context, known, users_text
-from analysis.findings.finding import finding
+from kneeswarm.analysis.findings.context import Context, known, users_text
+from kneeswarm.analysis.findings.finding import finding
 
 logger = logging.getLogger(__name__)
 

@@ -19,9 +19,10 @@ import logging
 import shlex
 from typing import Any
 
-from analysis.findings.context import Context, as_dict, num
-from analysis.findings.cpu import fills_cores
-from analysis.findings.finding import finding
+from kneeswarm.analysis.findings.context import Context, as_dict
+from kneeswarm.analysis.schema.summary import num
+from kneeswarm.analysis.findings.cpu import fills_cores
+from kneeswarm.analysis.findings.finding import finding
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from analysis.findings.context import num, rounded
+from kneeswarm.analysis.findings.context import rounded
+from kneeswarm.analysis.schema.summary import num
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ SEVERITY = {
     "prefill_bound": "warning",
     "decode_bound": "warning",
     "prefix_cache_cold": "warning",
-    "memory_growth": "warning",  # issue 20: a soak's trends over its windows (analysis/soak.py)
+    "memory_growth": "warning",  # issue 20: a soak's trends over its windows (analysis/summary/soak.py)
     "latency_drift": "warning",
     "throughput_decay": "warning",
     "fd_growth": "warning",

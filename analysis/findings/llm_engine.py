@@ -1,14 +1,14 @@
 """LLM-engine rules (issue 19 §2): what the engine's own counters say about the knee.
 
-They read the target keys of analysis/target.py (the server's /metrics: ``kv_cache_usage_pct``,
+They read the target keys of analysis/measure/target.py (the server's /metrics: ``kv_cache_usage_pct``,
 ``preempted_s``, ``llm_running``, ``llm_waiting``) and the client's streaming percentiles of
-analysis/streaming.py (``ttft_p50_ms``, ``tpot_p50_ms``), at the valid steps at and after the knee
+analysis/measure/streaming.py (``ttft_p50_ms``, ``tpot_p50_ms``), at the valid steps at and after the knee
 against the step before it.  ``unchecked(ctx)`` says, for a streaming run, which of these rules a
 host's /metrics could not feed (no such series under any known server's names): the findings
 section prints those lines; they are not findings.
 
 ``prefix_cache_cold`` reads the workload's shared prefixes (summary ``llm_workload``,
-analysis/llmworkload.py) against the server's prefix-cache hit rate (``prefix_hit_pct``).
+analysis/measure/llmworkload.py) against the server's prefix-cache hit rate (``prefix_hit_pct``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from analysis.findings.context import Context, as_dict, num, users_text
-from analysis.findings.finding import finding
-from analysis.findings.load import LATENCY_RISE
+from kneeswarm.analysis.findings.context import Context, as_dict, users_text
+from kneeswarm.analysis.schema.summary import num
+from kneeswarm.analysis.findings.finding import finding
+from kneeswarm.analysis.findings.load import LATENCY_RISE
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ RUNNING_FLAT_SHARE = 0.25
 # so that at most one of the two fires; no published figure.
 CARRY_SHARE = 0.6
 
-# What each rule needs from the server, and the servers whose names provide it (analysis/target.py).
+# What each rule needs from the server, and the servers whose names provide it (analysis/measure/target.py).
 NEEDS = {
     "kv_cache_full": (("kv_cache_usage_pct",), "KV-cache usage (vLLM, SGLang, older llama.cpp)"),
     "preemption": (("preempted_s",), "preemption counter (vLLM, SGLang)"),
@@ -250,7 +251,7 @@ def unchecked(ctx: Context) -> list[str]:
 
 
 # prefix_cache_cold: the workload shares prefixes worth at least PREFIX_EXPECT_MIN_PCT of its prompt
-# tokens (analysis/llmworkload.py: share x the cacheable fraction, measured on the rows) and the
+# tokens (analysis/measure/llmworkload.py: share x the cacheable fraction, measured on the rows) and the
 # server's prefix-cache hit rate, mean over the valid steps, is below COLD_SHARE of that.  Half: a
 # block cache reads a block or so below the expectation and misses each prefix's first use (on the
 # demo target, 8 prefixes of 64 tokens behind 16-token messages at share 0.9: 77.5 % measured for

@@ -7,9 +7,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from analysis.findings.context import Context, as_dict, known, num, users_text
-from analysis.findings.cpu import CPU_SATURATED_PCT, CPU_WAIT_DISTURBS
-from analysis.findings.finding import finding
+from kneeswarm.analysis.findings.context import Context, as_dict, known, users_text
+from kneeswarm.analysis.schema.summary import num
+from kneeswarm.analysis.findings.cpu import CPU_SATURATED_PCT, CPU_WAIT_DISTURBS
+from kneeswarm.analysis.findings.finding import finding
 
 logger = logging.getLogger(__name__)
 
@@ -18,7 +19,7 @@ RETROGRADE_DROP = 0.05  # issue 7 table: QPS at a higher step >= 5 % below the p
 # most one request per user, so a step's QPS is known to about users / window_s (issue 16: the
 # knee-mode target, 80/s flat past 4 users, read 80.2 then 75.5/s at 8 and 16 users over 2 s
 # windows, where the resolution is 4 + 8/s): ``qps_resolution``.
-# Error categories that mean "the server refused": kneeswarm/rundir.py names http_4xx/http_5xx;
+# Error categories that mean "the server refused": kneeswarm/contracts/rundir.py names http_4xx/http_5xx;
 # 429 and 503 are what bounded queues answer (the demo target: 503 when its queue is full).
 PUSHBACK_CATEGORIES = ("http_429", "http_503", "http_5xx")
 # "Latency exploding": P99 at the last step >= 10x the knee step's.  The article: 500 ms -> 8 s

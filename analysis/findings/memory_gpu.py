@@ -9,8 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from analysis.findings.context import Context, num
-from analysis.findings.finding import finding
+from kneeswarm.analysis.findings.context import Context
+from kneeswarm.analysis.schema.summary import num
+from kneeswarm.analysis.findings.finding import finding
 
 logger = logging.getLogger(__name__)
 

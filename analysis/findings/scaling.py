@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from analysis.findings.context import Context, num, users_text
-from analysis.findings.cpu import cpu_full_by_service
-from analysis.findings.finding import finding
+from kneeswarm.analysis.findings.context import Context, users_text
+from kneeswarm.analysis.schema.summary import num
+from kneeswarm.analysis.findings.cpu import cpu_full_by_service
+from kneeswarm.analysis.findings.finding import finding
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 A protocol knows nothing about Locust or recording; the user class in users.py drives it and
 the conductor calls its ``preflight``.  Adding a protocol is one module here plus one line in
-PROTOCOLS (and its name in kneeswarm.plan.PROTOCOLS, which the plan validates against; a test
+PROTOCOLS (and its name in kneeswarm.contracts.plan.PROTOCOLS, which the plan validates against; a test
 keeps the two equal).
 """
 
@@ -10,17 +10,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from locustfiles.protocols.base import (BadPayload, PreflightError, PreparedRequest, Protocol, ProtocolError,
-                                        StreamTruncated, Tokens, connection_problem, detail, refusal_hint)
-from locustfiles.protocols.http import GenericHTTP
-from locustfiles.protocols.kserve import KServeV2
-from locustfiles.protocols.openai import OpenAI
-from locustfiles.protocols.tfserving import TFServing
-from locustfiles.protocols.torchserve import TorchServe
-from locustfiles.protocols.workload import Replayed, Traced, token_counter
+from kneeswarm.locustfiles.protocols.base import (BadPayload, PreflightError, PreparedRequest, Protocol, ProtocolError, StreamTruncated, Tokens, connection_problem, detail, refusal_hint)
+from kneeswarm.locustfiles.protocols.http import GenericHTTP
+from kneeswarm.locustfiles.protocols.kserve import KServeV2
+from kneeswarm.locustfiles.protocols.openai import OpenAI
+from kneeswarm.locustfiles.protocols.tfserving import TFServing
+from kneeswarm.locustfiles.protocols.torchserve import TorchServe
+from kneeswarm.locustfiles.protocols.workload import Replayed, Traced, token_counter
 
 if TYPE_CHECKING:
-    from kneeswarm.plan import Plan
+    from kneeswarm.contracts.plan import Plan
 
 PROTOCOLS: dict[str, type[Protocol]] = {
     "kserve": KServeV2,

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from kneeswarm.plan import EndpointPlan
+from kneeswarm.contracts.plan import EndpointPlan
 
 logger = logging.getLogger(__name__)
 

@@ -22,11 +22,10 @@ import logging
 import math
 import random
 
-from kneeswarm.plan import EndpointPlan
-from locustfiles.protocols.base import (BODY_VARIANTS, BadPayload, PreflightError, PreparedRequest, Protocol, ProtocolError,
-                                        Tokens, json_path, parse_json)
-from locustfiles.protocols.openai import WORDS
-from locustfiles.protocols.tensors import batched, nested, values
+from kneeswarm.contracts.plan import EndpointPlan
+from kneeswarm.locustfiles.protocols.base import (BODY_VARIANTS, BadPayload, PreflightError, PreparedRequest, Protocol, ProtocolError, Tokens, json_path, parse_json)
+from kneeswarm.locustfiles.protocols.openai import WORDS
+from kneeswarm.locustfiles.protocols.tensors import batched, nested, values
 
 logger = logging.getLogger(__name__)
 

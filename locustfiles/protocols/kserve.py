@@ -18,9 +18,9 @@ import logging
 import math
 import random
 
-from kneeswarm.plan import EndpointPlan
-from locustfiles.protocols.base import BODY_VARIANTS, BadPayload, PreflightError, PreparedRequest, Protocol, Tokens
-from locustfiles.protocols.tensors import batched, values
+from kneeswarm.contracts.plan import EndpointPlan
+from kneeswarm.locustfiles.protocols.base import (BODY_VARIANTS, BadPayload, PreflightError, PreparedRequest, Protocol, Tokens)
+from kneeswarm.locustfiles.protocols.tensors import batched, values
 
 logger = logging.getLogger(__name__)
 

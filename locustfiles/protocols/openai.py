@@ -42,12 +42,10 @@ import json
 import logging
 import random
 
-from kneeswarm.plan import EndpointPlan
-from locustfiles.protocols.base import (BODY_VARIANTS, BadPayload, PreflightError, PreparedRequest, Protocol, Tokens,
-                                        parse_json)
-from locustfiles.protocols.sse import ChatStream
-from locustfiles.protocols.workload import (WORDS, LengthDist, SharedPrefixes, dataset_tokens, dist_of,
-                                            load_dataset, token_counter)
+from kneeswarm.contracts.plan import EndpointPlan
+from kneeswarm.locustfiles.protocols.base import (BODY_VARIANTS, BadPayload, PreflightError, PreparedRequest, Protocol, Tokens, parse_json)
+from kneeswarm.locustfiles.protocols.sse import ChatStream
+from kneeswarm.locustfiles.protocols.workload import (WORDS, LengthDist, SharedPrefixes, dataset_tokens, dist_of, load_dataset, token_counter)
 
 logger = logging.getLogger(__name__)
 

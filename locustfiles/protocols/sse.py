@@ -26,7 +26,7 @@ import logging
 import re
 from typing import Any, Callable
 
-from locustfiles.protocols.base import BadPayload, StreamTruncated, parse_json
+from kneeswarm.locustfiles.protocols.base import BadPayload, StreamTruncated, parse_json
 
 logger = logging.getLogger(__name__)
 

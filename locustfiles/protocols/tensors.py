@@ -13,7 +13,7 @@ import math
 import random
 from typing import Any
 
-from locustfiles.protocols.base import BODY_VARIANTS, PreparedRequest
+from kneeswarm.locustfiles.protocols.base import BODY_VARIANTS, PreparedRequest
 
 logger = logging.getLogger(__name__)
 

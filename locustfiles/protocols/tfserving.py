@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import logging
 
-from kneeswarm.plan import EndpointPlan
-from locustfiles.protocols.base import BadPayload, PreflightError, Protocol, Tokens
-from locustfiles.protocols.tensors import json_tensor_requests
+from kneeswarm.contracts.plan import EndpointPlan
+from kneeswarm.locustfiles.protocols.base import BadPayload, PreflightError, Protocol, Tokens
+from kneeswarm.locustfiles.protocols.tensors import json_tensor_requests
 
 logger = logging.getLogger(__name__)
 

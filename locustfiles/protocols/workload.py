@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from locustfiles.protocols.base import PreparedRequest, ProtocolError
+from kneeswarm.locustfiles.protocols.base import PreparedRequest, ProtocolError
 
 logger = logging.getLogger(__name__)
 

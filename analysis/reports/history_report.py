@@ -1,0 +1,138 @@
+"""A run history (kneeswarm.analysis.runs.history) as markdown and as one offline plotly page: per plan and target,
+the percentiles at each users value over time (one line per percentile on one chart), the drift
+test of every figure, and at a drifting figure's change point what changed between the runs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import logging
+from typing import Any
+
+import plotly.graph_objects as go
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["history_markdown", "history_html"]
+
+MAX_CHANGES_SHOWN = 12  # per change point; the JSON has them all
+PERCENTILE_NAMES = {"p50_ms": "P50", "p95_ms": "P95", "p99_ms": "P99", "p999_ms": "P99.9"}
+
+
+def _f(v: Any, fmt: str = "{:.4g}") -> str:
+    return "–" if v is None else fmt.format(v)
+
+
+def _when(t: float | None) -> str:
+    return "–" if t is None else dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _drift_cell(d: dict[str, Any]) -> str:
+    if d.get("p") is None:
+        return d.get("reason") or "–"
+    verdict = f"**drift {d['direction']}**" if d["drifting"] else "no drift"
+    left = f" (left out: {d['reason']})" if d.get("unmeasured") else ""
+    return (f"{verdict}: Theil–Sen {d['slope']:+.3g}/run ({_f(d['rel_change'], '{:+.1%}')} over the window), "
+            f"Mann–Kendall S {d['s']}, p {d['p']:.3g}{left}")
+
+
+def _changed_lines(cp: dict[str, Any]) -> list[str]:
+    ch = cp.get("changes") or []
+    whats = sorted({c["what"] for c in ch}, key=["input length", "versions", "host facts", "plan keys"].index)
+    lines = [f"  - change point at run `{cp['run']}` (after `{cp['previous_run']}`): mean {cp['before']:.4g} → "
+             f"{cp['after']:.4g} ({cp['explained']:.0%} of the variance); "
+             f"changed: {', '.join(whats) if whats else 'nothing recorded'}"]
+    lines += [f"    - {c['what']}: `{c['key']}` {c['before']!r} → {c['after']!r}" for c in ch[:MAX_CHANGES_SHOWN]]
+    if len(ch) > MAX_CHANGES_SHOWN:
+        lines.append(f"    - … {len(ch) - MAX_CHANGES_SHOWN} more in history.json")
+    return lines
+
+
+def _soak_lines(g: dict[str, Any]) -> list[str]:
+    """A soak group's runs: windows, and what crept in each (its soak findings and trends)."""
+    lines = ["", "Soaks: each figure is the median over the run's windows; what crept within each run:", ""]
+    for r in g["runs"]:
+        soak = r.get("soak") or {}
+        found = ", ".join(f"{f['id']}" + (f" ({f['host']})" if f.get("host") else "") for f in soak.get("findings") or [])
+        moved = "; ".join(f"{k} {t['slope'] * 60:+.3g}/min (p {t['p']:.2g})" for k, t in (soak.get("trends") or {}).items()
+                          if t.get("slope") is not None and t.get("p") is not None)
+        lines.append(f"- `{r['run_id']}`: {soak.get('valid_windows')} of {soak.get('windows')} windows of "
+                     f"{_f(soak.get('window_s'))} s valid; {found or 'nothing crept'}" + (f"; {moved}" if moved else ""))
+    return lines
+
+
+def group_markdown(g: dict[str, Any]) -> list[str]:
+    kind = " (soak)" if g.get("soak") else ""
+    lines = [f"## {g['plan']} → {g['target']}{kind}", "",
+             f"{len(g['runs'])} runs, {_when(g['runs'][0]['started'] if g['runs'] else None)} to "
+             f"{_when(g['runs'][-1]['started'] if g['runs'] else None)}"]
+    lines += _soak_lines(g) if g.get("soak") else []
+    lines += [f"- left out: `{x['run']}` ({x['reason']})" for x in g["left_out"]]
+    lines += ["", "| figure | last | drift test |", "|---|---:|---|"]
+    for s in g["series"]:
+        last = next((v for v in reversed(s["values"]) if v is not None), None)
+        lines.append(f"| {s['figure']} | {_f(last)} | {_drift_cell(s['drift'])} |")
+    drifting = [s for s in g["series"] if s["drift"]["drifting"] and s["change_point"]]
+    if drifting:
+        lines += ["", "Where the drifting figures moved (single least-squares change point):"]
+    for s in drifting:
+        lines += [f"- {s['figure']}:", *_changed_lines(s["change_point"])]
+    return lines + [""]
+
+
+def history_markdown(result: dict[str, Any]) -> str:
+    th = result["thresholds"]
+    lines = ["# Run history", "",
+             f"Drift: Mann–Kendall p < {th['alpha']} and the Theil–Sen line moving ≥ {th['min_relative_drift']:.0%} "
+             f"of the median over the last {result['window']} runs (at least {th['min_runs']}); a percentile only where "
+             f"the step had ≥ {th['min_tail_rows']} requests beyond it.", ""]
+    if result["drift_worse"]:
+        lines += ["**Drifted worse:** " + "; ".join(f"plan `{d['plan']}`: {d['figure']}" for d in result["drift_worse"]), ""]
+    lines += [f"- skipped: `{s['path']}`: {s['reason']}" for s in result["skipped"]]
+    lines += [""] if result["skipped"] else []
+    for g in result["groups"]:
+        lines += group_markdown(g)
+    return "\n".join(lines) + "\n"
+
+
+def _times(g: dict[str, Any]) -> list[dt.datetime | None]:
+    return [None if r["started"] is None else dt.datetime.fromtimestamp(r["started"], dt.timezone.utc) for r in g["runs"]]
+
+
+def _chart(g: dict[str, Any], title: str, members: list[dict[str, Any]], yaxis: str) -> go.Figure:
+    """One line per series of ``members`` over the runs' start times, the change point of the first
+    drifting one marked."""
+    x = _times(g)
+    fig = go.Figure()
+    for s in members:
+        fig.add_trace(go.Scatter(x=x, y=s["values"], mode="lines+markers", name=PERCENTILE_NAMES.get(s["metric"], s["figure"]),
+                                 text=[r["run_id"] for r in g["runs"]], hovertemplate="%{text}<br>%{y:.4g}"))
+    cp = next((s["change_point"] for s in members if s["drift"]["drifting"] and s["change_point"]), None)
+    if cp is not None and x[cp["index"]] is not None:
+        fig.add_vline(x=x[cp["index"]].timestamp() * 1000, line_dash="dash", line_color="grey")
+        fig.add_annotation(x=x[cp["index"]], y=1, yref="paper", text="change point", showarrow=False)
+    fig.update_layout(title=title, xaxis_title="run start (UTC)", yaxis_title=yaxis, height=360)
+    return fig
+
+
+def group_figures(g: dict[str, Any]) -> list[go.Figure]:
+    by_chart: dict[str, list[dict[str, Any]]] = {}
+    for s in g["series"]:
+        key = s["figure"] if s["metric"] == "peak_qps" else s["figure"].split(" ", 1)[1]
+        by_chart.setdefault(key, []).append(s)
+    return [_chart(g, f"{g['plan']}: {k if members[0]['metric'] == 'peak_qps' else 'latency ' + k}", members,
+                   "QPS" if members[0]["metric"] == "peak_qps" else "ms") for k, members in by_chart.items()]
+
+
+def history_html(result: dict[str, Any]) -> str:
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>kneeswarm run history</title>",
+             "<style>body{font-family:sans-serif;margin:2em} pre{white-space:pre-wrap}</style>",
+             "</head><body>"]
+    first = True
+    parts.append("<pre>" + html.escape(history_markdown(result)) + "</pre>")  # the tables, as in history.md
+    for g in result["groups"]:
+        parts.append(f"<h2>{html.escape(g['plan'])} → {html.escape(g['target'])}{' (soak)' if g.get('soak') else ''}</h2>")
+        for fig in group_figures(g):
+            parts.append(fig.to_html(full_html=False, include_plotlyjs=first))
+            first = False
+    return "\n".join(parts) + "</body></html>\n"

@@ -1,0 +1,80 @@
+"""compare.json's contract: the shape of a comparison of two runs, declared once.
+
+kneeswarm.analysis.runs.compare writes it; the comparison's pages (reports.compare_report), its
+JUnit cases (reports.junit) and the command line read it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from typing import TypedDict
+
+COMPARE_VERSION = 1  # compare.json's "version": raised when a key changes meaning or goes
+
+
+# -- compare.json: its shape, declared once (readers: compare_report, junit, the command line) ----
+class RunInfo(TypedDict):
+    run_id: str
+    path: str
+    complete: bool | None
+
+
+class Change(TypedDict):
+    """One metric at one step, new − base, with its bootstrap interval."""
+    base: float | None
+    new: float | None
+    delta: float | None
+    rel: float | None
+    ci: list[float] | None  # [lo, hi] of new − base
+    significant: bool
+    direction: str | None  # "worse", "better", None
+    min_relative_change: float
+
+
+class Side(TypedDict):
+    valid: bool
+    requests: int | None
+    qps: float | None
+    p99_ms: float | None
+    error_rate: float | None
+    rows_resampled: int
+    rows: int
+
+
+class StepComparison(TypedDict):
+    users: Any  # the base summary's users value
+    base: Side
+    new: Side
+    qps: Change | None  # None: not valid in both runs
+    p99_ms: Change | None
+    verdict: str  # REGRESSED, IMPROVED, NO_CHANGE, NOT_COMPARED
+    note: str | None
+
+
+class Shift(TypedDict):
+    """A knee or peak: {users, qps} of each run, and how it moved."""
+    base: dict[str, Any]
+    new: dict[str, Any]
+    users_ratio: float | None
+    qps_rel: float | None
+
+
+class SummariesComparison(TypedDict):
+    knee: Shift
+    peak: Shift
+    usl: dict[str, Any]  # {base, new, change}: kneeswarm.analysis.models.usl.fit_usl's figures
+    findings: dict[str, Any]  # {appeared[], vanished[], persisted[], rule_errors[]}
+
+
+class Comparison(SummariesComparison):
+    """compare.json."""
+    version: int  # COMPARE_VERSION
+    base: RunInfo
+    new: RunInfo
+    settings: dict[str, Any]  # resamples, seed, confidence, max_rows_per_step, min_relative_change
+    steps: list[StepComparison]
+    unmatched: dict[str, list[Any]]  # {base_only, new_only}: users of the steps in one run only
+    verdict: str  # REGRESSED, IMPROVED, NO_CHANGE, NOT_COMPARABLE
+    reasons: list[str]
+    warnings: list[str]
