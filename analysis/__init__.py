@@ -141,7 +141,7 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
     if soak:
         summary["soak"] = jsonable(soak_section(summary, inputs.plan))
     search = search_section(inputs.plan, summary["steps"], read_search(inputs.run_dir), summary["load"]["loop"])
-    if search is not None:  # [load] mode = "search": the probes in order, with why (issue 18)
+    if search is not None:  # [load] mode = "search": the probes in order, with why each was chosen
         summary["search"] = jsonable(search)
     return add_explanations(summary, inputs.plan)
 
