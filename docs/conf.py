@@ -2,8 +2,7 @@
 
 The pages are Markdown (MyST-Parser); README.md is the front page (index.md includes it).  `make
 docs` runs sphinx-build with -W --keep-going, so every warning below fails the build: a link to a
-page or heading that does not exist (MyST's xref_missing), a page in no toctree, a code block that
-does not lex.
+page or heading that does not exist (MyST's xref_missing), a page in no toctree.
 """
 
 from __future__ import annotations
@@ -22,7 +21,8 @@ exclude_patterns = ["_build", "screenshot.py"]
 nitpicky = True
 # "page.md#a-heading" links resolve against the headings of levels 1 to 4, GitHub's slugs
 myst_heading_anchors = 4
-# a plain-text block is text, never guessed at as Python (the default lexer warns on shell lines)
+# a fenced block without a language (commands, the run directory's tree) is shown as text, not
+# coloured as Python
 highlight_language = "text"
 
 html_theme = "furo"
