@@ -36,6 +36,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
+ACCT_CGROUP = Path("/sys/fs/cgroup/cpuacct")  # the cgroup's CPU seconds (cpuacct.usage) where v1 splits it off
 QUOTA_US, PERIOD_US = 50000, 100000  # half a CPU: the truth the cgroup sampler must read back
 START_TIMEOUT = 60.0  # seconds for the container's server to answer
 BUSYBOX_PATH = "/bin"
@@ -156,13 +157,18 @@ class Container:
         _run("ip", "link", "del", self.veth, check=False)
         _run("ip", "netns", "del", self.netns, check=False)
         deadline = time.monotonic() + 10
-        while self.cgroup.exists() and time.monotonic() < deadline:
-            try:
-                for pid in (self.cgroup / "cgroup.procs").read_text().split():
-                    (CPU_CGROUP / "cgroup.procs").write_text(pid)
-                self.cgroup.rmdir()
-            except OSError:
-                time.sleep(0.2)
+        for cg in (self.cgroup, self.acct):
+            while cg.exists() and time.monotonic() < deadline:
+                try:
+                    for pid in (cg / "cgroup.procs").read_text().split():
+                        (cg.parent / "cgroup.procs").write_text(pid)
+                    cg.rmdir()
+                except OSError:
+                    time.sleep(0.2)
+
+    @property
+    def acct(self) -> Path:
+        return ACCT_CGROUP / self.cgroup.name
 
 
 @dataclass
@@ -226,10 +232,13 @@ def start_container(tmp: Path, python: bool, server_args: list[str]) -> Containe
         c.cgroup.mkdir()
         (c.cgroup / "cpu.cfs_period_us").write_text(str(PERIOD_US))
         (c.cgroup / "cpu.cfs_quota_us").write_text(str(QUOTA_US))
+        if ACCT_CGROUP.exists() and ACCT_CGROUP != CPU_CGROUP:
+            c.acct.mkdir()
         binds = sorted({sys.base_prefix, sys.prefix, str(REPO), "/usr/lib", "/usr/lib64"})
         server = [sys.executable, "-m", "kneeswarm.target", "--host", "0.0.0.0", "--port", str(c.port), *server_args]
         (tmp / f"init-{tag}.sh").write_text(INIT)
-        enter = (f"echo $$ > {c.cgroup}/cgroup.procs && exec ip netns exec {c.netns} unshare --pid --mount --uts "
+        acct = f" && echo $$ > {c.acct}/cgroup.procs" if c.acct.exists() else ""
+        enter = (f"echo $$ > {c.cgroup}/cgroup.procs{acct} && exec ip netns exec {c.netns} unshare --pid --mount --uts "
                  f"--ipc --fork --propagation private sh {tmp}/init-{tag}.sh \"$@\"")
         env = {"BINDS": " ".join(binds), "CGROUPS": "cpu cpuacct memory", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "PYTHONDONTWRITEBYTECODE": "1"}
         c.proc = subprocess.Popen(["/bin/sh", "-c", enter, "sh", str(c.root), "env", "-i", f"PATH={c.path}",
