@@ -3,8 +3,8 @@
 python3, no pidstat, no vmstat) reached by its debug container, and a container with python3
 entered directly.  Every step has the server's figures (its process from the /proc sampler, its
 cgroup's CPU seconds and throttling), the cgroup's CPU time stays within the half CPU the test's
-quota allows (the kernel enforces it: an independent bound), and nothing of the agent is left in
-the container.
+quota allows (the kernel enforces it: an independent bound), the analysis bounds the service by that
+quota, and nothing of the agent is left in the container.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ def test_a_run_monitors_the_container_through_exec(tmp_path, python):
         assert srv["cpu_pct"] is not None and math.isfinite(srv["cpu_pct"]) and srv["threads"] >= 1, srv
         assert srv["cgroup_cpus"] is not None and srv["throttled_share"] is not None, srv
         assert srv["cgroup_cpus"] <= QUOTA_US / PERIOD_US + QUOTA_TOL, srv
-    # the report reads the container's quota: 4 users want more than half a CPU
-    findings = {f["id"]: f for f in read_summary(run_dir)["findings"]}
-    assert "cpu_throttled" in findings and "0.5 CPUs" in findings["cpu_throttled"]["text"], findings.keys()
+    # the analysis bounds the service by the container's quota, as the test wrote it (whether 4
+    # users get throttled depends on what else the machine runs: not asserted)
+    service = read_summary(run_dir)["hosts"]["ctr"]["service"]
+    assert service["bound"] == "quota" and service["quota_cpus"] == QUOTA_US / PERIOD_US, service
     assert (run_dir / "report" / "index.html").is_file()
