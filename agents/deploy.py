@@ -84,13 +84,14 @@ class Deployment:
         for name, reason in self.selection.skipped.items():
             if name not in self.selection.quiet:
                 self.warnings.add(f"collector {name} skipped: {reason}")
+        way_out = f"; {self.link.t.way_out}" if self.link.t.way_out else ""
         if not self.selection.enabled and self.link.flavor.kind == "shell":
             tools = sorted({argv[0] for argv in cfg["checks"].values()})
             raise AgentError(f"{self.link.label}: cannot be monitored: {self.link.flavor.why} and none of "
-                             f"{', '.join(tools)} is installed (without python3 only those can run)")
+                             f"{', '.join(tools)} is installed (without python3 only those can run){way_out}")
         if not self.selection.enabled:
             raise AgentError(f"{self.link.label}: no collector can run "
-                             f"({'; '.join(self.warnings) or 'none available'})")
+                             f"({'; '.join(self.warnings) or 'none available'}){way_out}")
         for line in self.selection.news:  # after the checks above: a host refused is one line
             logger.warning("%s", line)
         return self.facts

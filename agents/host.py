@@ -38,11 +38,23 @@ logger = logging.getLogger(__name__)
 MAX_HOST_WARNINGS = 50  # warnings kept per host for meta.json (the rest are counted)
 
 
-def make_transport(host: HostPlan, accept_new_host_keys: bool = False) -> Transport:
+def make_transport(host: HostPlan, accept_new_host_keys: bool = False, lifetime: float | None = None) -> Transport:
+    """The transport the plan names for ``host``: ssh, an exec prefix (``exec``, or the one the
+    ``kubernetes`` table builds), else this machine.  ``lifetime``: seconds a debug container the
+    transport starts may live (the agent's own limit)."""
+    python = [host.python] if host.python else None
+    if host.kubernetes is not None:
+        from kneeswarm.agents.kubernetes import KubernetesTarget
+
+        return KubernetesTarget.from_plan(host).transport(host.label, python, lifetime)
+    if host.exec is not None:
+        from kneeswarm.agents.exec import ExecTransport
+
+        return ExecTransport(host.exec, host.label, python)
     if host.ssh is None:
         from kneeswarm.agents.local import LocalTransport
 
-        return LocalTransport(label=host.label, python=[host.python] if host.python else None)
+        return LocalTransport(label=host.label, python=python)
     from kneeswarm.agents.ssh import SSHTransport
 
     return SSHTransport.from_plan(host, accept_new_host_keys=accept_new_host_keys)
@@ -52,7 +64,8 @@ def open_agent(host: HostPlan, run: RunDir, settings: AgentSettings | None = Non
                transport: Transport | None = None) -> HostAgent:
     """A HostAgent for ``host`` (connected: an unreachable host raises AgentError here)."""
     settings = settings or AgentSettings()
-    return HostAgent(host, run, transport or make_transport(host, settings.accept_new_host_keys), settings)
+    return HostAgent(host, run, transport or make_transport(host, settings.accept_new_host_keys, settings.agent_max_duration),
+                     settings)
 
 
 class HostAgent:
@@ -150,6 +163,7 @@ class HostAgent:
             "transfer": self.t.transfer,
             "ssh": self.host.ssh,
             "jump": self.host.jump,
+            "exec": self.t.describe() if self.t.kind == "exec" else None,
             "remote_dir": self.remote_dir,
             "pid": self.deploy.pid,
             "facts": self.deploy.facts_summary(),
@@ -170,10 +184,22 @@ class HostAgent:
 
     def close(self) -> None:
         self.heartbeat.stop()
+        self._remove_unstarted()
         try:
             self.t.close()
         except Exception as e:  # closing must never raise over the real error
             logger.debug("%s: close: %s", self.label, e)
+
+    def _remove_unstarted(self) -> None:
+        """An agent uploaded but never started (a preflight refused the host) leaves nothing on
+        it: its directory holds only the agent and its preflight config (no data to keep)."""
+        if self.remote_dir is None or self.started or self.host.keep_remote:
+            return
+        try:
+            self.t.remove_tree(self.remote_dir)
+            self.link.remote_dir = None
+        except Exception as e:  # closing must never raise over the real error
+            logger.warning("%s: removing the unused agent directory %s: %s", self.label, self.remote_dir, e)
 
     def __enter__(self) -> HostAgent:
         return self

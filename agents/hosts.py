@@ -54,7 +54,12 @@ class HostAgents:
              hosts: Iterable[HostPlan] | None = None) -> HostAgents:
         """Connect to every host of ``plan`` (or ``hosts``) at once; AgentError naming each that failed."""
         settings = AgentSettings.from_plan(plan, accept_new_host_keys)
-        results = each(list(plan.hosts if hosts is None else hosts), lambda h: open_agent(h, run, settings))
+        wanted = list(plan.hosts if hosts is None else hosts)
+        if any(h.kubernetes and "selector" in h.kubernetes for h in wanted):
+            from kneeswarm.agents.kubernetes import expand_hosts
+
+            wanted = expand_hosts(wanted)  # one host per pod a selector matches
+        results = each(wanted, lambda h: open_agent(h, run, settings))
         opened = [r for r in results if isinstance(r, HostAgent)]
         errors = [r for r in results if not isinstance(r, HostAgent)]
         if errors:

@@ -29,15 +29,19 @@ LOCAL_ROOT: str | None = None
 
 
 class LocalEcho(EchoChannel):
-    def __init__(self, argv: list[str]):
+    """A child process fed on stdin; ``label`` names where it runs in messages (the exec
+    transport's channels are such children too: the prefix's program runs here)."""
+
+    def __init__(self, argv: list[str], label: str = "local"):
+        self.label = label
         try:
             # its own session: a Ctrl-C at the controller's terminal is the controller's to handle
             self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=subprocess.DEVNULL, bufsize=0, start_new_session=True)
         except OSError as e:
-            raise AgentError(f"local: cannot start echo process {argv[0]}: {e.strerror or e}") from None
+            raise AgentError(f"{label}: cannot start {argv[0]}: {e.strerror or e}") from None
         if self.proc.stdin is None or self.proc.stdout is None:  # Popen makes both with PIPE
-            raise AgentError(f"local: echo process {argv[0]} started without pipes")
+            raise AgentError(f"{label}: {argv[0]} started without pipes")
         self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
         self._buf = b""
 
@@ -45,7 +49,7 @@ class LocalEcho(EchoChannel):
         try:
             self.stdin.write(line)
         except OSError as e:
-            raise TransportError(f"local: echo process gone ({e.strerror or e})") from None
+            raise TransportError(f"{self.label}: echo process gone ({e.strerror or e})") from None
 
     def recv_line(self, timeout: float) -> bytes:
         deadline = time.monotonic() + timeout
@@ -53,10 +57,10 @@ class LocalEcho(EchoChannel):
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise TransportError(f"local: echo process silent for {timeout:g}s")
+                raise TransportError(f"{self.label}: echo process silent for {timeout:g}s")
             chunk = os.read(fd, 4096)
             if not chunk:
-                raise TransportError("local: echo process exited")
+                raise TransportError(f"{self.label}: echo process exited")
             self._buf += chunk
         line, self._buf = self._buf.split(b"\n", 1)
         return line

@@ -10,7 +10,8 @@ default keys.  No password or passphrase ever goes into argv, logs or the run di
 Commands read stdout and stderr together (no deadlock on large outputs) against a deadline;
 files move by SFTP with a socket timeout, or, where the server has no sftp subsystem, through the
 exec channel (``python3 -c`` reading stdin, the written file's sha256 checked: Ansible's piped
-transfer; ``sh -c`` with coreutils on a host without python3); ``transfer`` says which. ProxyJump opens a direct-tcpip channel on the bastion's
+transfer; ``sh -c`` with coreutils on a host without python3: kneeswarm.agents.fileops); ``transfer``
+says which. ProxyJump opens a direct-tcpip channel on the bastion's
 connection.
 """
 
@@ -20,7 +21,6 @@ import base64
 import getpass
 import hashlib
 import io
-import json
 import logging
 import os
 import posixpath
@@ -35,6 +35,8 @@ from typing import Any
 import paramiko
 
 from kneeswarm.agents.errors import AgentError, HostKeyError, TransportError
+# the exec channel's file operations, shared with the exec transport (EXEC_FILE_OPS: named here too)
+from kneeswarm.agents.fileops import EXEC_FILE_OPS, EXEC_FILE_OPS_SH, exec_op, exec_put, exec_sizes  # noqa: F401
 from kneeswarm.agents.transport import CommandResult, EchoChannel, Transport
 
 logger = logging.getLogger(__name__)
@@ -49,54 +51,6 @@ EOF_GRACE = 2.0  # seconds to wait for EOF after a command's exit status arrived
 RUN_MAX_OUTPUT = 256 << 20  # bytes kept per stream of one command; the rest is read and dropped
 REMOTE_ROOT = ".kneeswarm/runs"  # per-run agent directories, relative to the remote home
 ACCEPT_FLAG = "--accept-new-host-keys"
-EXEC_OP_TIMEOUT = 30.0  # one file operation through the exec channel
-#: The file operations through the exec channel, for a server without the sftp subsystem. Run as
-#: ``python3 -c EXEC_FILE_OPS OP PATH [ARGS]``; exit 3 means "no such file or directory".
-EXEC_FILE_OPS = r"""
-import hashlib, json, os, sys
-op, path = sys.argv[1], sys.argv[2]
-try:
-    if op == "put":
-        tmp = path + ".tmp-upload"
-        with open(tmp, "wb") as f:
-            f.write(sys.stdin.buffer.read())
-        os.chmod(tmp, int(sys.argv[3], 8))
-        os.replace(tmp, path)
-        with open(path, "rb") as f:
-            print(hashlib.sha256(f.read()).hexdigest())
-    elif op == "sizes":
-        print(json.dumps({e.name: e.stat().st_size for e in os.scandir(path) if e.is_file(follow_symlinks=False)}))
-    elif op == "read":
-        with open(path, "rb") as f:
-            f.seek(int(sys.argv[3]))
-            sys.stdout.buffer.write(f.read(int(sys.argv[4])))
-    elif op == "mkdir":
-        os.makedirs(path, mode=0o700, exist_ok=True)
-except FileNotFoundError as e:
-    sys.stderr.write(f"{e}\n")
-    sys.exit(3)
-"""
-
-
-#: The same operations in POSIX sh, for a host without python3 (the shell agent's hosts):
-#: ``sh -c EXEC_FILE_OPS_SH sh OP PATH [ARGS]``; exit 3 means "no such file or directory".
-EXEC_FILE_OPS_SH = r"""
-op=$1; path=$2
-case $op in
-put) tmp="$path.tmp-upload"; cat > "$tmp" && chmod "$3" "$tmp" && mv -f "$tmp" "$path" && sha256sum "$path" | cut -d' ' -f1 ;;
-sizes) [ -d "$path" ] || { echo "$path: no such directory" >&2; exit 3; }
-  cd "$path" || exit 1; printf '{'; s=
-  for f in * .[!.]*; do
-    [ -f "$f" ] && [ ! -L "$f" ] || continue
-    printf '%s"%s": %s' "$s" "$f" "$(wc -c < "$f" | tr -d ' ')"; s=', '
-  done
-  printf '}\n' ;;
-read) [ -f "$path" ] || { echo "$path: no such file" >&2; exit 3; }
-  tail -c +"$(($3 + 1))" "$path" | head -c "$4" ;;
-mkdir) mkdir -p -m 700 "$path" ;;
-*) echo "unknown op $op" >&2; exit 2 ;;
-esac
-"""
 
 
 def parse_target(text: str, default_user: str | None = None) -> tuple[str, str, int]:
@@ -388,13 +342,7 @@ class SSHTransport(Transport):
         return self.transfer == "exec"
 
     def _exec_op(self, op: str, path: str, *args: str, stdin: bytes | None = None) -> bytes:
-        argv = (["sh", "-c", EXEC_FILE_OPS_SH, "sh"] if self.shell_file_ops else [*self.python, "-c", EXEC_FILE_OPS])
-        res = self.run([*argv, op, path, *args], EXEC_OP_TIMEOUT, stdin=stdin)
-        if res.rc == 3:
-            raise FileNotFoundError(path)
-        if res.rc != 0:
-            raise AgentError(f"{self.label}: {op} {path} through the exec channel failed: {res.err_line()}")
-        return res.stdout
+        return exec_op(self, op, path, *args, stdin=stdin)
 
     def _sftp_op(self, what: str, fn: Any) -> Any:
         try:
@@ -477,9 +425,7 @@ class SSHTransport(Transport):
 
     def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
         if self._use_exec():
-            got = self._exec_op("put", path, f"{mode:o}", stdin=data).decode().strip()
-            if got != hashlib.sha256(data).hexdigest():
-                raise TransportError(f"{self.label}: upload of {path} through the exec channel: sha256 mismatch")
+            exec_put(self, path, data, mode)
             return
 
         def up(sftp: paramiko.SFTPClient) -> None:
@@ -492,12 +438,7 @@ class SSHTransport(Transport):
 
     def sizes(self, path: str) -> dict[str, int]:
         if self._use_exec():
-            try:
-                return {str(k): int(v) for k, v in json.loads(self._exec_op("sizes", path)).items()}
-            except FileNotFoundError:
-                raise AgentError(f"{self.label}: agent directory {path} is gone") from None
-            except (ValueError, AttributeError):
-                raise TransportError(f"{self.label}: listing {path} through the exec channel gave no JSON") from None
+            return exec_sizes(self, path)
         try:
             attrs = self._sftp_op(f"listing {path}", lambda s: s.listdir_attr(path))
         except FileNotFoundError:

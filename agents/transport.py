@@ -1,4 +1,4 @@
-"""How the controller reaches a host: the small interface shared by the local and SSH transports.
+"""How the controller reaches a host: the small interface shared by the local, SSH and exec transports.
 
 Every path given to a transport is a path on the host; relative paths are relative to the
 user's home directory (where SSH commands and SFTP start), absolute ones are taken as they are.
@@ -59,6 +59,9 @@ class Transport(ABC):
     transfer: str | None = None
     #: File operations through the exec channel in sh rather than python3 (a host without it).
     shell_file_ops: bool = False
+    #: What to do where the host can run neither the python agent nor a collector's tool (the exec
+    #: transport: a debug container); said in that error's line. None: nothing to add.
+    way_out: str | None = None
 
     @abstractmethod
     def run_root(self, run_id: str, label: str) -> str:

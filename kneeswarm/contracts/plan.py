@@ -227,6 +227,10 @@ class MonitorPlan:
     heartbeat_timeout: float = HEARTBEAT_TIMEOUT  # agents stop everything when the controller is silent this long
 
 
+#: The keys of ``[[hosts]] kubernetes = {...}`` (kneeswarm.agents.kubernetes builds kubectl's argv from them).
+KUBERNETES_KEYS = ("namespace", "pod", "selector", "container", "context", "debug_image", "kubectl")
+
+
 @dataclass
 class HostPlan:
     """One monitored server; ``ssh`` absent means this machine, without SSH."""
@@ -244,12 +248,27 @@ class HostPlan:
     keep_remote: bool = False  # keep the remote run directory after the verified fetch
     python: str | None = None  # the host's python3 (default "python3" on its PATH; RHEL 8: /usr/libexec/platform-python)
 
+    # -- reached without SSH, through a command that opens a shell where the server runs ----------
+    #: argv prefix of that command: ["kubectl", "exec", "-i", "-n", "serving", "pod/triton-0", "-c",
+    #: "server", "--"], ["docker", "exec", "-i", "triton"], ["nsenter", "-t", "PID", "-a"]
+    exec: list[str] | None = None
+    #: the kubectl prefix built from {namespace, pod | selector, container, context, debug_image,
+    #: kubectl} (kneeswarm.agents.kubernetes; KUBERNETES_KEYS); a selector: one host per pod
+    kubernetes: dict | None = None
+
+    @property
+    def is_local(self) -> bool:
+        """This machine, without SSH or an exec prefix."""
+        return self.ssh is None and self.exec is None and self.kubernetes is None
+
     @property
     def label(self) -> str:
         if self.name:
             return self.name
         if self.ssh:
             return self.ssh.split("@")[-1].split(":")[0]
+        if self.kubernetes:  # a selector's hosts are named by their pods once listed
+            return str(self.kubernetes.get("pod") or self.kubernetes.get("selector"))
         return "local"
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kneeswarm.contracts.plan import (LOOPS, MODES, OPENAI_ENDPOINTS, PROTOCOLS, SOAK_KEYS, SOAK_MIN_WINDOWS, SOAK_WINDOW,
-                                      TENSOR_DATATYPES, AnalysisPlan, CapacityPlan, EndpointPlan, HostPlan, LoadPlan,
+                                      TENSOR_DATATYPES, KUBERNETES_KEYS, AnalysisPlan, CapacityPlan, EndpointPlan, HostPlan, LoadPlan,
                                       MonitorPlan, Plan, PlanError, RequestPlan, SlaPlan)
 
 logger = logging.getLogger(__name__)
@@ -294,6 +294,48 @@ def _validate(plan: Plan, source: str) -> None:
     for i, h in enumerate(plan.hosts):
         if sum(x is not None for x in (h.pid, h.process, h.port)) > 1:
             raise PlanError(f"{source}: hosts[{i}] ({h.label}): give one of pid, process or port, not several")
+        _validate_reach(h, f"{source}: hosts[{i}] ({h.label})")
+
+
+#: A Kubernetes object name (RFC 1123 subdomain: pods, namespaces) and a container name (a DNS label)
+_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_K8S_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+#: The keys that only mean something over SSH
+_SSH_KEYS = ("key_file", "passphrase_env", "jump", "known_hosts")
+
+
+def _validate_reach(h: HostPlan, where: str) -> None:
+    """How a host is reached: ssh, an exec prefix or the kubernetes table, at most one of them,
+    each with the keys it takes (one line naming the key)."""
+    given = [k for k in ("ssh", "exec", "kubernetes") if getattr(h, k) is not None]
+    if len(given) > 1:
+        raise PlanError(f"{where}: give one of ssh, exec or kubernetes, not {' and '.join(given)}")
+    if not given or given == ["ssh"]:
+        return
+    if stray := [k for k in _SSH_KEYS if getattr(h, k) is not None]:
+        raise PlanError(f"{where}: {stray[0]} is for ssh hosts; {given[0]} reaches this one")
+    if h.exec is not None:
+        if not h.exec or not h.exec[0].strip():
+            raise PlanError(f"{where}: exec must be a command line prefix, e.g. [\"kubectl\", \"exec\", \"-i\", "
+                            f"\"pod/NAME\", \"--\"], got {h.exec!r}")
+        if not h.name:
+            raise PlanError(f"{where}: a host reached by exec needs a name (its folder in the run directory)")
+        return
+    k = h.kubernetes or {}
+    if unknown := sorted(set(k) - set(KUBERNETES_KEYS)):
+        raise PlanError(f"{where}: unknown key 'kubernetes.{unknown[0]}' (known: {', '.join(sorted(KUBERNETES_KEYS))})")
+    for key, value in k.items():
+        if not isinstance(value, str) or not value.strip():
+            raise PlanError(f"{where}: kubernetes.{key} must be a non-empty string, got {value!r}")
+    if ("pod" in k) == ("selector" in k):
+        raise PlanError(f"{where}: kubernetes needs one of pod (one pod) or selector (a label selector: "
+                        "one host per pod), not {}".format("both" if "pod" in k else "neither"))
+    if "debug_image" in k and "container" not in k:
+        raise PlanError(f"{where}: kubernetes.debug_image needs kubernetes.container (the server's container, "
+                        "whose processes the debug container shares: kubectl debug --target)")
+    for key, pattern in (("pod", _K8S_NAME), ("namespace", _K8S_LABEL), ("container", _K8S_LABEL)):
+        if key in k and not pattern.match(k[key]):
+            raise PlanError(f"{where}: kubernetes.{key} {k[key]!r} is not a Kubernetes name")
 
 
 def _validate_request(plan: Plan, source: str) -> None:

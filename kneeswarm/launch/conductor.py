@@ -152,7 +152,7 @@ def default_hosts(plan: Plan, pid: int | None, process: str | None) -> list[Host
     if plan.hosts:
         hosts = list(plan.hosts)
         if pid is not None or process is not None:
-            local = [h for h in hosts if h.ssh is None]
+            local = [h for h in hosts if h.is_local]
             if not local:
                 raise ConductorError("--pid/--process name a local process but the plan's [[hosts]] has no local entry")
             local[0].pid, local[0].process, local[0].port = pid, process, None
