@@ -25,7 +25,7 @@ demo: $(STAMP)
 	$(VENV)/bin/kneeswarm demo
 
 # `make test`: every test but the long real-run scenarios (marked `long`: 20 s or more each, the
-# issues' "what must be shown" runs); `make test-long` runs those. CI (.ci/run) runs both.
+# real-run scenarios that show each feature end to end); `make test-long` runs those. CI (.ci/run) runs both.
 test: $(STAMP) debs typecheck
 	$(PY) -m pytest -m 'not long' $(PYTEST_ARGS)
 

@@ -145,7 +145,7 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
     if soak:
         summary["soak"] = jsonable(soak_section(summary, inputs.plan))
     search = search_section(inputs.plan, summary["steps"], read_search(inputs.run_dir), summary["load"]["loop"])
-    if search is not None:  # [load] mode = "search": the probes in order, with why (issue 18)
+    if search is not None:  # [load] mode = "search": the probes in order, with why each was chosen
         summary["search"] = jsonable(search)
     reps = None if soak else step_replicates(stats, inputs.hosts, inputs.think_ms, inputs.closed_loop)
     return add_explanations(summary, inputs.plan, reps)

@@ -16,7 +16,7 @@ loopback is started from tests/sshd_fixture.py when /usr/sbin/sshd exists (else 
 
 Verdict per transport against the target: mean CPU <= 1% of one core and peak RSS <= 50 MB.
 
-``--compare`` measures, in the same run and right before, the collectors of before issue 20
+``--compare`` measures, in the same run and right before, the old default collectors
 (pidstat -t reading every thread each second instead of the agent's /proc sampler, which reads the
 threads every THREAD_INTERVAL seconds) and prints the ratio of the two means: the machine's other
 load weighs on both alike.
@@ -51,7 +51,7 @@ SECONDS = 60.0  # default measuring time per transport
 PERIOD = 1.0  # psutil sampling period (1 Hz)
 FETCH_PERIOD = 5.0  # seconds between incremental fetches (the conductor's FETCH_PERIOD)
 TARGET_CPU_PCT = 1.0  # of one core
-#: ``--compare``: the default collectors before issue 20 (pidstat -t each second for the process).
+#: ``--compare``: the old default collectors, before the /proc thread sampler (pidstat -t each second).
 BASELINE_COLLECTORS = ["pidstat", "vmstat", "cgroup", "fds"]
 TARGET_RSS_MB = 50.0
 TARGET_ARGS = ["--mode", "onnx", "--request-threads", "4"]
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=THREADS,
                     help=f"threads of the monitored process (default {THREADS}; 0: the demo target)")
     ap.add_argument("--compare", action="store_true",
-                    help="measure the pre-issue-20 collectors first (pidstat -t) and print the ratio")
+                    help="measure the old default collectors first (pidstat -t) and print the ratio")
     ap.add_argument("--ssh", help="user@host[:port] of an existing sshd (default: a private one on loopback)")
     ap.add_argument("--key-file", help="with --ssh: private key")
     ap.add_argument("--known-hosts", help="with --ssh: known_hosts file")

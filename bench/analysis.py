@@ -15,7 +15,7 @@ The requests are spread over the hour at the same ROWS/3600 rate whatever ``--ro
 Each size is analysed in a fresh child process (``analysis.analyze``, report included); the
 child prints its wall seconds and peak RSS (``ru_maxrss``).  Generated directories are cached
 under ``--cache`` (default /tmp/kneeswarm-bench-analysis/<rows>) and reused; the reports are
-rewritten by each analysis.  Targets on 2 cores (issue 7): <= 60 s and <= 2 GB at 36M rows, and
+rewritten by each analysis.  Targets on 2 cores (1 h at 10k/s): <= 60 s and <= 2 GB at 36M rows, and
 the 36M/18M ratio of the seconds <= 2.2.
 
 ``--streaming GAPS``: every row is a streamed LLM answer (TTFT, GAPS inter-token gaps, GAPS + 1

@@ -1,6 +1,6 @@
-"""Real closed-loop QPS noise against window length (issue 18), real processes.
+"""Real closed-loop QPS noise against window length (what a probe's early end must allow for), real processes.
 
-Issue 18's search may end a growth probe early once its scaling is certain; bench/search_sim.py
+The knee search may end a growth probe early once its scaling is certain; bench/search_sim.py
 models a probe's QPS noise as ∝ 1/√rows.  This bench measures the real noise: it starts the demo
 target (kneeswarm.launch.cli start_target, as bench/search.py does) and runs ``kneeswarm run`` with a fixed
 grid at a fixed hold (``hold = 60``, ``settle = 1``, closed loop, 1 worker) against

@@ -1,4 +1,4 @@
-"""Search against the doubling grid (issue 18), real processes: `kneeswarm run` against the demo
+"""Search against the doubling grid (at no more load time), real processes: `kneeswarm run` against the demo
 target's ground truths, each case twice side by side -- ``[load] mode = "search"`` from 1 to 64
 users, and the fixed doubling grid 1, 2, 4 … 64 -- with the same hold rule (``hold = "auto"``).
 
@@ -8,7 +8,7 @@ seconds of each, the load seconds of two linear grids fine enough to give the se
 (steps max(1, ⌊precision x the truth⌋) apart), and the rule that judged each probe
 (``rules_by_probe``: scaling, or the saturation rule that named it the first saturated one):
 
-- "linear 1..max": the issue's baseline.  Issue 18 weighs the search against fixed grids over the
+- "linear 1..max" (the search should take half its load time at most) weighs it against fixed grids over the
   plan's range, as the doubling grid 1..64 runs in full: a linear grid of that precision over the
   same range 1..max is ⌈max / width⌉ steps, each at the doubling grid's mean step duration (a fixed
   grid over the same range under the same hold rule, measured beside the search).
@@ -129,7 +129,7 @@ def figures(r: dict) -> dict:
     grid_durations = [s["t_end"] - s["t_ramp"] for s in grid["steps"] if s.get("t_end") is not None]
     grid_s = sum(grid_durations)
     width = max(1, math.floor(PRECISION * truth))
-    linear_max_s = math.ceil(MAX / width) * grid_s / len(grid_durations)  # the issue's baseline (docstring)
+    linear_max_s = math.ceil(MAX / width) * grid_s / len(grid_durations)  # "linear 1..max" (docstring)
     linear_s = math.ceil(2 * truth / width) * mean_s  # the oracle's
     # the grid's knee by kneeswarm.analysis.models.knee's rule on all its steps (a short max_hold leaves many steps
     # not valid for their P99, which would leave the summary's knee empty: their QPS is what counts here)

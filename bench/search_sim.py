@@ -1,4 +1,4 @@
-"""The search's decisions (issue 18) on closed forms with QPS noise, many seeds: how often the knee
+"""The knee search's decisions on closed forms with QPS noise, many seeds: how often the knee
 it reports (the last scaling probe) is within max(1 user, 10 %) of the truth, and what it costs.
 
 The cases are bench/search.py's: ``knee:K`` (K slots of service S: QPS = min(N, K)/S, P99 = S·⌈N/K⌉)

@@ -5,7 +5,7 @@
     .venv/bin/python bench/soak.py --threads 256    # the monitored process with 256 threads
     .venv/bin/python bench/soak.py --source pidstat # its process and threads from pidstat -t (a shell-agent host)
 
-Issue 20 §1: bounded memory for the whole run on every process.  Each process runs as a child of
+Soaks last hours: bounded memory for the whole run on every process.  Each process runs as a child of
 its own, in the order a real soak runs them (peak RSS: the child's VmHWM, ``peak_rss_mb``):
 
 * ``master``: the Locust master's ingest, ``kneeswarm.locustfiles.recorder.RequestWriter``: the rows arrive

@@ -135,7 +135,7 @@ class PidstatStream:
     """pidstat text read a piece at a time, in whole lines (:meth:`feed_text`); :meth:`take` returns the
     rows read so far as the two tables and forgets them.
 
-    Why a stream: 2 h of a 256-thread process is 1.8M thread rows and 293 MB of text (issue 20,
+    Why a stream: 2 h of a 256-thread process is 1.8M thread rows and 293 MB of text (a 2-hour soak,
     bench/soak.py); the whole text and a record per row peaked at 2.2 GB.  Here only the interval
     being read is held as records (rows of one Time; a row of another Time closes it), and each
     closed interval goes into typed columns (8 bytes a number; thread names shared).  The same

@@ -69,7 +69,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_CLK_TCK = 100.0
 #: Seconds between two reads of every thread (three /proc files each; the process itself is read
 #: every interval).  pidstat -t read them all each second: 1.75 % of a core with 256 threads and
-#: SSH fetches (bench/agent_overhead.py; issue 20 asks <= 1 %).  A 3-second step still holds one.
+#: SSH fetches (bench/agent_overhead.py; a soak's agent must cost <= 1 %).  A 3-second step still holds one.
 THREAD_INTERVAL = 2.0
 KB_PER_MB = 1024.0
 

@@ -31,7 +31,7 @@ try:
 except ImportError:  # tests/ imported as a package
     from tests.sshd_fixture import collector_pids, start_busy, stop_proc, wait_until_gone
 
-#: The oldest python3 the agent supports (issue 15: RHEL 8 / Ubuntu 18.04).
+#: The oldest python3 the agent supports (RHEL 8's and Ubuntu 18.04's, still common under GPU servers).
 OLDEST = (3, 6)
 PYENV_GLOB = "/root/.pyenv/versions/*/bin/python3"
 HAVE_TOOLS = shutil.which("pidstat") and shutil.which("vmstat")

@@ -523,7 +523,7 @@ def test_per_request_timeline_stays_downsampled(tmp_path):
     assert len(req) > 2000 and len(ps) <= 2 * (RAMP + HOLD) + 2  # one row per second, not per request
 
 
-# -- threads.csv read a chunk at a time (issue 20 §1: bounded memory) ---------------------------
+# -- threads.csv read a chunk at a time (bounded memory through a soak's hours) --------------------
 FIXTURES = Path(__file__).parent / "fixtures" / "collectors"
 
 

@@ -1,4 +1,4 @@
-"""summary.json explains (issue 7 §1-§3): findings, the USL fit over valid steps only, Little's law
+"""summary.json explains why and which numbers to trust: findings, the USL fit over valid steps only, Little's law
 and clock-offset bounds in each step's reasons, energy per request.
 
 Run directories come from tests/synthetic_run.py; expected values are computed here from the

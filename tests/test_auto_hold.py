@@ -38,7 +38,7 @@ def test_mser_finds_a_warm_up_and_refuses_a_trend():
     assert mser_cut(np.linspace(10, 40, 80) + rng.normal(0, 0.3, 80), 0.10) is None  # trending to the end
     assert mser_cut(12 + rng.normal(0, 0.3, 80), 0.10) == 0  # steady: nothing cut
     # a one-off stall past the warm-up (a busy host's hiccup: one second at half the rate, the next
-    # recovering) is no warm-up: the cut stays at the drift's end (measured series, issue 18 run)
+    # recovering) is no warm-up: the cut stays at the drift's end (a series measured on a real search run)
     stalled = np.array([101, 111, 130, 136, 129, 151, 162, 163, 180, 188, 180, 167, 83, 152, 173, 170, 164,
                         170, 171, 171, 167, 183, 183], dtype=float)
     d = mser_cut(stalled, 0.10)

@@ -1,4 +1,4 @@
-"""Containers and CPU quotas (issue 16 part 2): the agent's cgroup sampler, its parser, the CPUs
+"""Containers and CPU quotas (a service CPU-bound at its quota): the agent's cgroup sampler, its parser, the CPUs
 the service may use, and the rules ``cpu_throttled`` and ``memory_limit_near``.
 
 The real runs put the demo target in a v1 cgroup created here (root, the cpu controller writable)
@@ -230,7 +230,7 @@ wait_ms = {THINK_MS}
 min_requests = 20
 """
 STAT_POLL_S = 0.1
-SHARE_TOLERANCE = 0.02  # the issue: the kernel's share over the step windows, within 2 % (of all periods)
+SHARE_TOLERANCE = 0.02  # required: the kernel's share over the step windows, within 2 % (of all periods)
 
 
 class CpuStatLog:

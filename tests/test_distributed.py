@@ -198,7 +198,7 @@ def test_a_search_with_workers_on_other_machines_locates_the_knee(tmp_path, star
     other machines): the master chooses each probe from both workers' rows as they arrive; the knee
     target's K = 6 slots of 200 ms are the truth (min(N, 6) x 5 req/s: the knee is 6 users).  Both
     workers carry every probe, and the knee lands within max(1, 10 %) of K.  From 4 users, held 10 s
-    at most (issue 15: CI's 45 minutes): probes of 1 and 2 users (~19 s each, their 50 rows slow to
+    at most (CI's whole run must fit in 45 minutes): probes of 1 and 2 users (~19 s each, their 50 rows slow to
     come) only showed growth before the knee, and a probe can end no sooner than settle + 4 s of rows
     + the 0-3 s they trail by (the least of the two workers' watermarks), so max_hold sets each probe's
     length (tests/test_search_runs.py)."""

@@ -1,4 +1,4 @@
-"""End to end over real SSH against the hosts people run inference servers on (issue 15 part 4):
+"""End to end over real SSH against the hosts people run inference servers on (old and minimal ones):
 `kneeswarm run` monitoring the demo target on a host whose python3 is 3.6 (RHEL 8, Ubuntu 18.04),
 and on one with no python3 on its PATH (a minimal container, an appliance), side by side; and a
 host with neither python3 nor any collector, refused in one line.

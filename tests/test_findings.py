@@ -375,7 +375,7 @@ def test_real_knee_target_gets_no_cpu_finding(knee_run):
 
 
 def test_a_host_busy_with_other_work_is_not_a_full_run_queue():
-    # issue 16, measured on this shared machine: the knee target used ~4 % of 2 CPUs while other tests
+    # a false alarm measured on this shared machine: the knee target used ~4 % of 2 CPUs while other tests
     # kept the host 46-77 % busy and vmstat's r read 2.3-2.7 (the summary of a real run, rounded).  r
     # counts vmstat itself and the CPUs had idle time: no run queue over the cores, no full host; the
     # slots are the cause.
@@ -443,7 +443,7 @@ def test_a_host_full_of_other_work_is_contention_not_the_service():
 
 
 @pytest.mark.parametrize("share,starved,expect", [
-    (0.30, True, {"host_contended"}),  # issue 16: 25-35 % of a host others filled is not "the CPU is the bottleneck"
+    (0.30, True, {"host_contended"}),  # seen: 25-35 % of a host others filled is not "the CPU is the bottleneck"
     (0.30, False, set()),  # ... nor contention where its threads did not wait for a CPU
     (0.45, True, {"host_contended"}),
     (0.55, False, {"cpu_saturated"}),  # most of the busy CPU was the service's
@@ -475,9 +475,9 @@ def test_plan_object_and_its_dict_are_both_read():
     assert [x["users"] for x in explain(summary([s]))["littles_law"]] == [10]
 
 
-# -- issue 16: each signal read with the condition that makes it mean something ------------------------
-def test_issue_16_single_python_server_is_single_thread_bound_only():
-    # the report of issue 16: one-process Python model server, host half idle, one thread at 98 %,
+# -- each signal read with the condition that makes it mean something (no false alarm) ------------------
+def test_a_one_process_python_server_is_single_thread_bound_only():
+    # a real case that misfired: one-process Python model server, host half idle, one thread at 98 %,
     # vmstat r = 2.2 on 2 CPUs (vmstat itself is one of them)
     qps, p99 = [40, 75, 78, 77, 78], [26, 27, 52, 104, 207]
     steps = [step(u, q, p, us=48.0, sy=3.0, r=2.2, cs=1200.0, cpu_pct=99.0, usr_pct=96.0, sys_pct=3.0,
@@ -520,7 +520,7 @@ def test_migrations_are_read_per_second_of_cpu_the_service_used():
     assert "migrations_high" not in ids(explain(summary(many, knee=16, logical=64, physical=32)))
 
 
-# -- issue 16 §3: the method's remaining rules ---------------------------------------------------------
+# -- the method's remaining rules (the digest's, beyond the first specified ids) -----------------------
 def wall_steps(qps, cpu_pct, users=USERS, **over):
     """16 physical cores, 32 logical CPUs; the host's us + sy are the service's CPU, switches follow QPS."""
     out = []
@@ -627,7 +627,7 @@ def test_gpu_memory_creep_from_the_h200_recording(tmp_path, creep):
     assert "model_copies" not in ids(result)
 
 
-# -- issue 16: real runs where every rule but one must stay silent -----------------------------------------
+# -- real runs where every rule but one must stay silent (a wrong finding costs more than none) -----------
 def start_knee_run(start_demo_target, out, slots, steps, hold):
     """A real `kneeswarm run` (its own process: Locust master and a worker, local pidstat and vmstat)
     against a fresh knee-mode target with ``slots`` slots of 50 ms, started and not waited for.  A
@@ -748,7 +748,7 @@ def test_switch_storm_reads_the_services_own_switches():
 
 
 def test_unbounded_queue_only_beyond_what_the_users_explain():
-    # measured (issue 16, a 16 x 2-thread ONNX target on a busy host): P99 22 -> 233 ms from 1 to 16
+    # measured (a 16 x 2-thread ONNX target on a busy host): P99 22 -> 233 ms from 1 to 16
     # users at 190.8 -> 221.1/s; users / throughput alone grew 13.8x, P99 10.6x: a closed loop's queue
     rows = [(1, 190.8, 22), (2, 121.1, 71), (4, 92.8, 124), (8, 111.1, 324), (16, 221.1, 233)]
     steps = [step(u, q, p) for u, q, p in rows]

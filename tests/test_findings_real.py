@@ -1,4 +1,4 @@
-"""Findings on real runs where the host is shared (issue 16): a rule must blame the service only
+"""Findings on real runs where the host is shared (as where services run): a rule must blame the service only
 for what the service did.  Real processes throughout: the conductor, Locust, the demo target,
 pidstat and vmstat, and the kernel's cgroups (v1 here: blkio, cpu, memory) to shape what the
 service may use; the expected numbers come from the kernel's or the target's own counters."""
@@ -186,7 +186,7 @@ BURNER = "while True: pass"
 def test_a_cpu_burner_beside_the_service_is_not_the_service_saturating_the_cpu(start_demo_target, tmp_path):
     # Two processes spinning beside the ONNX target (one request thread, one ONNX thread) at 1 user:
     # the host's 2 CPUs are full, but the target does only a part of that (one thread among three
-    # or more runnable): the CPU is not "the bottleneck" of the service (issue 16: cpu_saturated was
+    # or more runnable): the CPU is not "the bottleneck" of the service (cpu_saturated was once
     # given at 25-35 %); a full host that kept the target waiting is host_contended.
     burners = [subprocess.Popen([sys.executable, "-c", BURNER]) for _ in range(2)]
     try:

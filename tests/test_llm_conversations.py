@@ -1,4 +1,4 @@
-"""Conversations (issue 19): ``[request.conversation] turns, think_ms`` against the demo target's engine
+"""Conversations (history resent): ``[request.conversation] turns, think_ms`` against the demo target's engine
 model, and a dataset of whole conversations.
 
 Independent truths: the target's request log (--request-log: every body as it arrived), and the

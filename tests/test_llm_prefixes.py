@@ -1,4 +1,4 @@
-"""Shared prefixes (issue 19): ``[request.prefix]`` against the demo target's engine-model prefix cache
+"""Shared prefixes (system prompts): ``[request.prefix]`` against the demo target's engine-model prefix cache
 (``--prefix-cache-blocks``, kneeswarm/target/llmengine.py), and the ``prefix_cache_cold`` finding.
 
 Independent truths: the target's own counters (``vllm:prefix_cache_hits_total`` /

@@ -1,4 +1,4 @@
-"""The length x concurrency sweep (``[load] shapes``, issue 19): three shapes against one engine-model
+"""The length x concurrency sweep (``[load] shapes``): three shapes against one engine-model
 target whose KV cache puts each shape's knee at a known number of users, and the Pareto chart in
 Chromium.
 

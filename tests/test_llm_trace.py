@@ -1,4 +1,4 @@
-"""Mooncake trace replay (issue 19): ``[request] trace`` -- prompts synthesised so that requests sharing
+"""Mooncake trace replay (real traffic): ``[request] trace`` -- prompts synthesised so that requests sharing
 a hash id share those tokens, arrivals from the trace's timestamps; the loader under hypothesis; bad
 traces through the real console script; a real run against the demo target's prefix cache.
 

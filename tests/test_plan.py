@@ -70,7 +70,7 @@ def test_secrets_are_named_not_stored():
     assert 'passphrase_env = "KEY_PASS"' in text
 
 
-# -- [sla] and [capacity] (issue 7 §4) ---------------------------------------------------------------
+# -- [sla] and [capacity] (the SLA gate and the capacity plan) ------------------------------------------
 GATES = ("[sla]\np99_ms = 250\nerror_rate = 0.01\nttft_ms = 400\nitl_ms = 40\nmin_qps = 50\n"
          "[capacity]\npeak_qps = 1000\nspare = 2\nqueue_tolerance_ms = 500\nheadroom = 0.3\nsafe_fraction = 0.7\n")
 

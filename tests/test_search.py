@@ -1,4 +1,4 @@
-"""``[load] mode = "search"`` (issue 18): the decision alone, on closed forms of the demo target's
+"""``[load] mode = "search"`` (the knee found by probing): the decision alone, on closed forms of the demo target's
 modes (the truth: K slots of service S serve min(N, K)/S requests/s; the USL target serves
 N / (S·(1 + σ(N−1) + κN(N−1)))), then the plan's bad input."""
 
@@ -91,7 +91,7 @@ def noisy(measure, seed: int, noise: float = 0.03):
 
 
 def test_a_sharp_knee_under_qps_noise_is_bracketed_by_its_bounds_not_one_probe_past_it():
-    """Issue 18's remaining miss: with this noise sequence the earlier rules probed 1, 2, 4, 8, 16,
+    """A miss of the earlier rules: with this noise sequence the earlier rules probed 1, 2, 4, 8, 16,
     32, 26, 27, 28 and bracketed [27, 28] (27 passed against 26, 0.96 of its QPS per user; the plateau
     rule compared it with 26, not with the linear region).  The asymptotic bounds (20 req/s a user,
     the plateau of 32) cross at 24: the first refinement probe goes there and 26, 27 are past it."""
@@ -391,7 +391,7 @@ def test_the_usl_efficiency_crossing_in_closed_form_is_the_bisections(sigma, kap
 
 @pytest.mark.parametrize("k", [5, 6, 11, 24])
 def test_a_last_scaling_probe_at_the_plateau_closes_the_bracket_without_another_probe(k):
-    """Issue 18's load-time target: K = 24 probed 25 (aimed by the bounds, scaling, serving the
+    """The load-time target (the grid's at most): K = 24 probed 25 (aimed by the bounds, scaling, serving the
     plateau) and then 26 only to confirm.  On the closed form the bounds aim at K, whose QPS is the
     plateau's K/S: the knee is at most K x X_max / X(K) = K users, so the bracket is [K, K + 1]
     and K + 1 is never probed."""

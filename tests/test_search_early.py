@@ -1,4 +1,4 @@
-"""A search's growth probe that ends once its scaling is certain (issue 18: "steps far from the knee
+"""A search's growth probe that ends once its scaling is certain (to save load time: "steps far from the knee
 end early under hold = auto"): kneeswarm.launch.search.scaling_certain and SearchDriver.may_end, the step
 schedule's ``early`` hook, the gate on the probe's measured QPS precision (EARLY_QPS_CI: ungated,
 bench/search_sim.py --early shows the shorter probes' QPS noise costs accuracy), and the analysis

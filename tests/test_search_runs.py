@@ -1,4 +1,4 @@
-"""``[load] mode = "search"`` end to end (issue 18): real `kneeswarm run` / `kneeswarm demo --search`
+"""``[load] mode = "search"`` end to end (against known truths): real `kneeswarm run` / `kneeswarm demo --search`
 processes against the demo target's ground truths, side by side.  The truths come from the
 target's settings: K slots serve min(N, K)/S (the knee is K users); the USL target serves
 X(N) = N/(S·d(N)), d(N) = 1 + σ(N−1) + κN(N−1), whose marginal efficiency (dX/dN over X/N, that is
@@ -7,7 +7,7 @@ a target answering 500 above N in service fails from N + 1 users on.  Services o
 busy 2-core host (load average 7-8 with the other tests) tens of ms of scheduling delay cost a
 100 ms service 6-17 % of its QPS at 4 users, enough to read as saturation; 200 ms halves that.
 
-Probes are short (issue 15: CI's 45 minutes): a probe can end no sooner than settle + 4 s of rows
+Probes are short (CI's whole run must fit in 45 minutes): a probe can end no sooner than settle + 4 s of rows
 (steady.MIN_SECONDS) + the 0-3 s the rows trail by (the workers' watermark, locustfiles/watermark.py;
 6 s before it), and at these rates P99's 563
 rows never come in before max_hold, so max_hold sets every probe's length: 11 s with a settle of

@@ -1,4 +1,4 @@
-"""Soak (issue 20 §1): one load held for a duration, one step per window, and the trends over the
+"""Soak (leaks, drift): one load held for a duration, one step per window, and the trends over the
 windows.  Real runs against the demo target with a known leak (--leak-kb-per-request), a known
 latency drift (--drift-ms-per-min) and neither; the expected figures come from the target's
 settings and from numpy over the run's own request rows, never from kneeswarm.analysis.summary.soak."""

@@ -24,7 +24,7 @@ T0 = 1_700_000_000.0
 RAMP, HOLD, SETTLE = 1.0, 20.0, 1.0
 USERS = (1, 2, 4)
 OLD_COLUMNS = ("t_start", "latency_ms", "ttft_ms", "tokens_in", "tokens_out", "bytes", "ok", "status", "error",
-               "step", "users", "worker", "name")  # REQUEST_SCHEMA before issue 6's streaming columns
+               "step", "users", "worker", "name")  # REQUEST_SCHEMA before the streaming columns were added
 
 
 def stream_rows(rng: np.random.Generator, step: int, users: int, t_ramp: float, t_end: float, *,

@@ -1,4 +1,4 @@
-"""kneeswarm.analysis.measure.target knows the /metrics names of the servers people run (issue 6 §5).
+"""kneeswarm.analysis.measure.target knows the /metrics names of the servers people run (names differ per server).
 
 Each fixture under tests/fixtures/scrapes/ holds two expositions of one server some seconds
 apart: recorded from the real server where it could be installed here (the kneeswarm demo

@@ -1,4 +1,4 @@
-"""Token truth against a server that streams several tokens per chunk (issue 15 §1): real `kneeswarm
+"""Token truth against a server that streams several tokens per chunk (a chunk is not a token): real `kneeswarm
 run`s against the real demo target started with ``--tokens-per-chunk N`` (N tokens merged into each
 chunk, as a server that detokenizes incrementally sends them; its usage right).
 

@@ -40,8 +40,8 @@ SPECSDM91 = [(1, 64.9), (18, 995.9), (36, 1652.4), (72, 1853.2), (108, 1828.9), 
 SDM_SIGMA, SDM_KAPPA, SDM_LAMBDA, SDM_R2, SDM_PEAK_N = 2.773e-02, 1.044e-04, 9.000e01, 0.9896, 97
 SDM_FITTED = [90, 1078, 1541, 1850, 1879, 1822, 1646]
 
-PUBLISHED_TOLERANCE = 0.01  # the issue: within 1% of a published fit
-KNOWN_TOLERANCE = 0.05  # the issue: σ and κ within 5% on noisy data from known parameters
+PUBLISHED_TOLERANCE = 0.01  # the acceptance bound: within 1% of a published fit
+KNOWN_TOLERANCE = 0.05  # the acceptance bound: σ and κ within 5% on noisy data from known parameters
 
 
 def rel(a: float, b: float) -> float:

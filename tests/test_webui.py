@@ -259,12 +259,12 @@ def test_web_login_from_environment_variables(tmp_path):
 
 @pytest.mark.long
 def test_web_ui_search_in_chromium_shows_each_probes_why(tmp_path, start_demo_target):
-    """Chromium, issue 18: mode = "search" set in the start form over a grid plan; the Knee tab shows
+    """Chromium, a web UI search: mode = "search" set in the start form over a grid plan; the Knee tab shows
     why each probe was chosen as it is decided; the report has the search section.  A fixed hold
     of 3 s: each probe is judged once its rows are in (they trail the workers' reports by ~6 s, so
     a probe lasts ~7 s whatever the hold; no settle: 2 slots of 20 ms are steady at once).  From 2
     users on 2 slots: 2, 4 and the refinement 3, a why of each kind (start, growth, knee), out of
-    order for the chart to sort; from 1 it was a fourth probe (issue 15: CI's 45 minutes)."""
+    order for the chart to sort; from 1 it was a fourth probe (CI's whole run must fit in 45 minutes)."""
     browsers = chromium_or_skip()
     target = start_demo_target("--mode", "knee", "--slots", "2", "--service-ms", "20")
     plan = tmp_path / "plan.toml"

@@ -1,4 +1,4 @@
-"""Findings: why the service stopped scaling, with the numbers that say so (issue 7).
+"""Findings: why the service stopped scaling, with the numbers that say so (no graph to read).
 
 ``explain(summary, plan=None)`` takes a summary dict as ``analysis.summarize`` returns it and
 returns ``{"findings": [...], "usl": {...}, "littles_law": [...], "rule_errors": [...], "unchecked": [...]}``:
@@ -6,8 +6,8 @@ returns ``{"findings": [...], "usl": {...}, "littles_law": [...], "rule_errors":
 * ``findings``: ``{id, severity, steps, evidence, text, advice}`` from the rules below, in the
   order of ``RULES`` (ids: ``FINDING_IDS``; thresholds: the UPPER_CASE constants of each rule
   module, each with its source).  Rules look at the valid steps at or after the knee unless
-  their module says otherwise; a missing metric means a rule does not fire.  Beyond the issue's
-  table: ``host_contended`` (the host was full, but mostly with other processes' work).
+  their module says otherwise; a missing metric means a rule does not fire.  Beyond the ids first
+  specified: ``host_contended`` (the host was full, but mostly with other processes' work).
 * ``usl``: ``fit_usl`` over the valid steps' (users, qps), plus ``curve`` (the fitted curve from 1
   to the highest users tested) and ``text`` (σ read as contention, κ as coherency cost).
 * ``littles_law``: ``{users, reason}`` for each step where users ≠ QPS × (mean latency + think

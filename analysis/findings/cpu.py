@@ -13,16 +13,16 @@ from kneeswarm.analysis.findings.finding import finding
 
 logger = logging.getLogger(__name__)
 
-CPU_SATURATED_PCT = 90.0  # issue 7 table: host us + sy >= 90 %
+CPU_SATURATED_PCT = 90.0  # specified, no published figure: host us + sy >= 90 %
 RUN_QUEUE_PER_CPU = 1.0  # digest: vmstat r persistently above the logical CPUs => overloaded
 # vmstat's r is procs_running at the sampling instant and counts the vmstat process itself
 # (REFERENCE.md, "Containers"): one runnable task of every sample is the sampler.
 VMSTAT_SELF = 1.0
-# A run queue longer than the CPUs cannot persist while CPUs sit idle (issue 16: r 2.2 on 2 CPUs
-# with the host 90 % idle).  The excess is read only in a step whose CPUs were full, as
+# A run queue longer than the CPUs cannot persist while CPUs sit idle (this rule once fired on r 2.2
+# on 2 CPUs with the host 90 % idle).  The excess is read only in a step whose CPUs were full, as
 # cpu_saturated reads "full"; an instantaneous r above the CPUs on an idle host is a sampling blip.
 RUN_QUEUE_BUSY_PCT = CPU_SATURATED_PCT
-SINGLE_THREAD_PCT = 90.0  # issue 7 table: the busiest thread at >= 90 % of one core
+SINGLE_THREAD_PCT = 90.0  # specified, no published figure: the busiest thread at >= 90 % of one core
 # "while the host has idle CPU": at least half a CPU's worth idle (on 2 CPUs: 25 % idle).  One
 # pinned thread on a 2-CPU host leaves ~50 % idle; a saturated host leaves none.
 SINGLE_THREAD_IDLE_CPUS = 0.5
@@ -39,7 +39,7 @@ KERNEL_SHARE = 0.10  # digest: %sy above 10 % of the CPU time => lock contention
 # process's own share was 4 %).
 KERNEL_MIN_PROCESS_CPU_PCT = 50.0
 KERNEL_MIN_HOST_BUSY_PCT = 50.0
-SWITCH_STORM_GROWTH = 3.0  # issue 7 table: cs/s grew >= 3x from the step before the knee to the last
+SWITCH_STORM_GROWTH = 3.0  # specified: cs/s grew >= 3x from the step before the knee to the last
 # ... and faster than the work: cs/s per request at least doubled (cs/s rising with QPS is normal;
 # the article's storm was 4x the switches at 32 threads for less throughput than at 16)
 SWITCH_PER_REQUEST_GROWTH = 2.0
@@ -51,7 +51,7 @@ SWITCH_STORM_MIN_PER_S = 1000.0  # below this, switching costs nothing worth rep
 # of CPU the process used, its threads spend about 100 x 0.5 ms = 5 % of their CPU time warming
 # caches again (the article's pinning gained 12 % QPS).  Per CPU-second, not per second, since a
 # process that computes on 32 cores migrates more than one computing on 1 for the same harm.
-# Measured here with the kernel's counters (se.nr_migrations, issue 16, 2 CPUs shared with other
+# Measured here with the kernel's counters (se.nr_migrations, on 2 CPUs shared with other
 # work): 1-2 busy threads 0-5 per CPU-second, 4-8 busy Python threads (more than the CPUs) 60-75,
 # the ONNX demo target (2 request threads) at 1-2 users left to the scheduler 3-49, the same
 # with its threads moved to the other CPU every 4 ms 250-620
@@ -60,10 +60,10 @@ MIGRATIONS_PER_CPU_S = 100.0
 # The migrations counted before the kernel's counter was read (pidstat; /proc without a sched
 # file) are at most one per thread per sample: a lower bound, read against the same figure.
 MIGRATIONS_MIN_PROCESS_CPU_PCT = KERNEL_MIN_PROCESS_CPU_PCT
-IO_WAIT_PCT = 10.0  # issue 7 table: iowait > 10 %
+IO_WAIT_PCT = 10.0  # specified, no published figure: iowait > 10 %
 # ... and that wait is the service's only where it did a fair part of the disk traffic (its own
 # kB read + written, pidstat -d, over vmstat bi + bo): the same fair part as the CPU's
-# (PROCESS_SHARE_MIN).  Measured (issue 16): the knee-mode target, which does no disk IO, got
+# (PROCESS_SHARE_MIN).  Measured (the false alarm it prevents): the knee-mode target, which does no disk IO, got
 # io_wait at wa 29 % from the disk writes of the runs beside it on this shared machine.
 IO_SHARE_MIN = 0.25
 # vmstat's wa counts only idle CPU time (a CPU kept busy by others shows 0 % wa whatever waits on
@@ -82,7 +82,7 @@ IO_DELAY_DISTURBS = 0.10
 # ONNX target at 2 users, 41 % CPU, 4 threads active, r = 9.8.)
 PROCESS_SHARE_MIN = 0.25
 # "The CPU is the bottleneck" (cpu_saturated) says more: that the service filled it.  That holds
-# only where it did most of the busy CPU; a fair part is not enough (issue 16: blamed on a service
+# only where it did most of the busy CPU; a fair part is not enough (it once blamed a service
 # that did 25-35 % of a host other processes filled).  Below it, a full host on which the service
 # waited for a CPU is host_contended.  The figure: a majority, no published threshold.
 SATURATED_SHARE_MIN = 0.5
@@ -343,7 +343,7 @@ def kernel_time_high(ctx: Context) -> list[dict[str, Any]]:
 def _switches(c: Context, s: dict[str, Any], h: str) -> float | None:
     """Context switches/s: the process's own (voluntary + involuntary, summed over its threads)
     where measured, else the host's (vmstat cs).  On a host shared with the load generator and
-    other work the host's count is theirs too (issue 16: read the service's signal first)."""
+    other work the host's count is theirs too (so the service's own signal is read first)."""
     v, nv = c.metric(s, h, "cswch_s"), c.metric(s, h, "nvcswch_s")
     if v is not None and nv is not None:
         return v + nv

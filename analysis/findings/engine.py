@@ -7,8 +7,8 @@ process when it is the bundled demo target (``hosts[h].process.cmdline`` contain
 ``kneeswarm.target``).  The CPUs are those the process may use on its host (Context.service_cpus:
 its cgroup's quota or cpuset, else the host's logical CPUs).
 
-Threads that never run at once do not fight (issue 16: an idle demo target, 4 x 1 threads on 2
-CPUs, got this finding): it fires only where, at a step at or after the knee, the CPUs were full
+Threads that never run at once do not fight (a false alarm seen: an idle demo target, 4 x 1 threads
+on 2 CPUs, got this finding): it fires only where, at a step at or after the knee, the CPUs were full
 with the service's work (analysis/findings/cpu.py ``fills_cores``, on the logical CPUs).  Without
 server metrics the configuration alone is reported, as before.
 """

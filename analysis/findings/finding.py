@@ -1,4 +1,4 @@
-"""One finding: ``{id, severity, steps, evidence, text, advice}``; ids are a contract (issue 7).
+"""One finding: ``{id, severity, steps, evidence, text, advice}``; ids are a contract (other tools read them).
 
 ``severity``: "critical" (the results or the service are wrong: a retrograde curve, an invalid
 step), "warning" (a cause of the knee, with a setting to change), "info" (behaviour that is
@@ -32,19 +32,19 @@ SEVERITY = {
     "retrograde": "critical",
     "generator_bound": "critical",
     "engine_oversubscribed": "warning",
-    "host_contended": "warning",  # not in the issue's table: a full host that the service did not fill
-    "cpu_throttled": "warning",  # issue 16: the container's CPU quota is the bottleneck
-    "memory_limit_near": "warning",  # issue 16: RSS within a margin of the container's memory limit
-    "efficiency_falling": "warning",  # issue 16: the method's remaining rules
+    "host_contended": "warning",  # beyond the ids first specified: a full host that the service did not fill
+    "cpu_throttled": "warning",  # services run in containers: the container's CPU quota is the bottleneck
+    "memory_limit_near": "warning",  # in a container: RSS within a margin of the container's memory limit
+    "efficiency_falling": "warning",  # the digest's remaining rules, to gpu_memory_creep
     "latency_swinging": "warning",
     "gpu_memory_creep": "warning",
-    "kv_cache_full": "warning",  # issue 19: the LLM engine's own counters (llm_engine.py)
+    "kv_cache_full": "warning",  # LLM serving: the engine's own counters (llm_engine.py), to prefix_cache_cold
     "preemption": "warning",
     "queue_growing": "warning",
     "prefill_bound": "warning",
     "decode_bound": "warning",
     "prefix_cache_cold": "warning",
-    "memory_growth": "warning",  # issue 20: a soak's trends over its windows (analysis/summary/soak.py)
+    "memory_growth": "warning",  # over time: a soak's trends over its windows (analysis/summary/soak.py)
     "latency_drift": "warning",
     "throughput_decay": "warning",
     "fd_growth": "warning",

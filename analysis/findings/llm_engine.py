@@ -1,4 +1,4 @@
-"""LLM-engine rules (issue 19 §2): what the engine's own counters say about the knee.
+"""LLM-engine rules: what the engine's own counters (batch, queue, caches) say about the knee.
 
 They read the target keys of analysis/measure/target.py (the server's /metrics: ``kv_cache_usage_pct``,
 ``preempted_s``, ``llm_running``, ``llm_waiting``) and the client's streaming percentiles of

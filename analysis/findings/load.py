@@ -14,9 +14,9 @@ from kneeswarm.analysis.findings.finding import finding
 
 logger = logging.getLogger(__name__)
 
-RETROGRADE_DROP = 0.05  # issue 7 table: QPS at a higher step >= 5 % below the peak
+RETROGRADE_DROP = 0.05  # specified, no published figure: QPS at a higher step >= 5 % below the peak
 # ... and by more than the two steps' counting resolution: in a closed loop a window edge cuts at
-# most one request per user, so a step's QPS is known to about users / window_s (issue 16: the
+# most one request per user, so a step's QPS is known to about users / window_s (a false alarm seen: the
 # knee-mode target, 80/s flat past 4 users, read 80.2 then 75.5/s at 8 and 16 users over 2 s
 # windows, where the resolution is 4 + 8/s): ``qps_resolution``.
 # Error categories that mean "the server refused": kneeswarm/contracts/rundir.py names http_4xx/http_5xx;
@@ -28,13 +28,13 @@ PUSHBACK_CATEGORIES = ("http_429", "http_503", "http_5xx")
 UNBOUNDED_LATENCY_FACTOR = 10.0
 # In a closed loop no queue holds more requests than there are users, and past the knee Little's
 # law stretches latency as users / throughput: P99 must also grow this many times beyond that
-# (issue 16, measured: a 16 x 2-thread ONNX target's P99 grew 10.6x from 1 to 16 users at 191 ->
+# (measured: a 16 x 2-thread ONNX target's P99 grew 10.6x from 1 to 16 users at 191 ->
 # 221/s, where users / throughput alone grew 13.8x).  No published figure: twice, as the users
 # double from step to step.
 UNBOUNDED_BEYOND_LITTLE = 2.0
 LATENCY_RISE = 1.5  # waiting_not_computing: P99 rose >= 1.5x from the knee to the last step ...
 # ... or P50 did: a P99 over a few hundred requests is their second or third largest, which one
-# scheduler stall moves (issue 16, measured: the knee-mode target on a host others kept full, P50
+# scheduler stall moves (measured: the knee-mode target on a host others kept full, P50
 # 59 -> 203 ms from 4 to 16 users while P99 read 226 -> 308 ms over 2.8 s windows).
 LATENCY_QUANTILES = ("p99_ms", "p50_ms")
 CPU_NOT_SATURATED_PCT = 70.0  # ... while the process used below 70 % of the CPUs ...

@@ -29,7 +29,7 @@ MODEL_COPY_MIN_STEPS = 3
 # model under 50 MB is not reported (it costs little memory either).
 MODEL_COPY_MIN_MB_PER_USER = 50.0
 MEMORY_METRICS = (("rss_mb", "process RSS"), ("fb_used_mb", "GPU memory"))
-GPU_LOW_PCT = 50.0  # issue 7 table: GPU utilisation < 50 %
+GPU_LOW_PCT = 50.0  # specified, no published figure: GPU utilisation < 50 %
 GPU_FLAT_POINTS = 10.0  # "flat": utilisation varies by at most 10 points over the late steps
 QPS_FLAT = 0.10  # "QPS flat": the late steps' QPS within 10 % of their mean (max - min)
 MIN_LATE_STEPS_FOR_FLAT = 2

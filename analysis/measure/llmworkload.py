@@ -1,4 +1,4 @@
-"""What the LLM workload was, from the request rows (issue 19): shared prefixes and conversations.
+"""What the LLM workload was, from the request rows: shared prefixes and conversations (the knee moves with them).
 
 ``summary["llm_workload"]`` (declared in kneeswarm.analysis.summary.build.LlmWorkload), for an OpenAI run whose plan
 has ``[request.prefix]`` or ``[request.conversation]``; over the successful rows inside each step's

@@ -1,4 +1,4 @@
-"""Which load produced each step's numbers (issue 6 §2, §3): closed loop (users) or open loop
+"""Which load produced each step's numbers (the report names it): closed loop (users) or open loop
 (arrival rates), and how many items a request carried (tensor protocols' ``[request] batch``).
 
 * Open loop (``[load] arrivals = "open"``): steps.csv's ``users`` are arrival sources of

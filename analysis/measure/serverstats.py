@@ -190,7 +190,7 @@ def server_metrics(hosts: dict[str, dict[str, pd.DataFrame]], t_lo: np.ndarray, 
 def energy_per_request(server: dict[str, Any], completed: Any, window_s: Any) -> float | None:
     """Joules per completed request over a step: the GPUs' mean power (``power_w``, summed over
     the hosts that recorded it) x the window / the completed requests (or, given the output tokens
-    of the completed requests, per token); None without power or completions.  Issue 7 §2: the
+    of the completed requests, per token); None without power or completions.  It is the
     cost figure capacity planners ask for."""
     power = [m["power_w"] for m in server.values() if isinstance(m, dict) and m.get("power_w") is not None]
     try:

@@ -1,5 +1,5 @@
 """LLM streaming per step: TTFT, ITL and TPOT percentiles, output tokens/s, goodput, tokens per chunk,
-and whether the server's output count is true (issue 6 §1 "token-count truth", §6; issue 15 §1).
+and whether the server's output count is true (tokens/s, TPOT and the knee all assume it is).
 
 Where the numbers come from (one request row each, kneeswarm.contracts.rundir.REQUEST_SCHEMA): ``ttft_ms``,
 ``itl_ms`` (every gap between text chunks the client measured), ``tokens_out`` (the server's
@@ -64,7 +64,7 @@ STREAM_COLUMNS = ("ttft_ms", "itl_ms", "tokens_counted", "usage_out", "chunks_ou
 ITL_TYPE = pa.list_(pa.float32())
 ITL_SAMPLE_MAX = 1_000_000  # gaps kept per step for the ITL percentiles (~12 MB while thinning)
 ITL_SAMPLE_SEED = 6  # the sample is reproducible: the same run gives the same figures
-COUNT_MISMATCH_MAX = 0.05  # issue 6: usage and an independent count disagreeing on more than 5% of requests
+COUNT_MISMATCH_MAX = 0.05  # a step whose usage and independent count disagree on > 5% of requests says so
 # Re-encoding detokenized text need not give back the ids the model produced (a merge across two
 # tokens, normalisation), so a tokenizer's count may miss usage by a token or two on a long answer;
 # a server that miscounts (the prompt counted in, a chunk counted as a token) is off by far more.

@@ -260,7 +260,7 @@ TARGET_METRICS: tuple[TargetMetric, ...] = (
         TGI(r"tgi_request_input_length_sum"),  # histogram sum: prompt tokens of requests
         LLAMACPP(r"llamacpp:prompt_tokens_total"),  # prompt tokens processed, cached ones left out
     )),
-    # -- the LLM engine's own state (issue 19 §2): its batch, its queue, its prefix cache ----------
+    # -- the LLM engine's own state, which the engine findings read: its batch, its queue, its prefix cache
     # Keys of their own, not queue_length/in_flight: a server may export both a request pool's
     # names and an engine's (the demo target: kneeswarm_target_inflight for tensor requests,
     # vllm:num_requests_running for its LLM engine), and the engine findings read the engine's.

@@ -1,4 +1,4 @@
-"""Is each step's number trustworthy?  The checks that need more than the step's own rows (issue 7 §3).
+"""Is each step's number trustworthy?  The checks that need more than the step's own rows (else: invalid).
 
 * **Little's law** (closed loop only): N users each either wait for a response or think, so
   N ≈ X·(R + Z) within 10 % (kneeswarm.analysis.measure.validity); a step that misses it did not hold the
@@ -28,7 +28,7 @@ from kneeswarm.contracts.rundir import Meta
 
 logger = logging.getLogger(__name__)
 
-CLOCK_ERROR_SHARE_OF_P50 = 0.10  # issue 7 §3: an offset error bound above P50 / 10 makes a step invalid
+CLOCK_ERROR_SHARE_OF_P50 = 0.10  # chosen, no published figure: an error bound above P50 / 10 makes a step invalid
 
 
 def _num(x: Any) -> float | None:

@@ -23,7 +23,7 @@ from kneeswarm.analysis.schema.summary import num
 
 logger = logging.getLogger(__name__)
 
-LITTLE_TOLERANCE = 0.10  # issue 7: within 10 % in closed loop
+LITTLE_TOLERANCE = 0.10  # chosen, no published figure: within 10 % in closed loop
 
 
 def littles_law_reason(users: Any, throughput: Any, mean_ms: Any, think_ms: Any = 0.0,

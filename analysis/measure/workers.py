@@ -1,4 +1,4 @@
-"""Per load-generator worker: what each one sent, and what it cost, per step (issue 8 §3).
+"""Per load-generator worker: what each one sent, and what it cost, per step (so a saturated or lost worker shows).
 
 For every worker (the request rows' ``worker``; the generator CSV of the same name, see
 rundir.safe_name) and every step's steady window [t_lo, t_hi) (kneeswarm.analysis.measure.windows):

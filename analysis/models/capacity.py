@@ -1,4 +1,4 @@
-"""The SLA check and the capacity plan: from measured steps to settings (issue 7 §4).
+"""The SLA check and the capacity plan: from measured steps to settings a team can deploy.
 
 The rules are the digest's "From measurements to settings" (../shared/seed/DIGEST.md):
 

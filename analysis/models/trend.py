@@ -1,4 +1,4 @@
-"""Trend statistics over a series of runs (issue 20, run history): is a figure drifting, and where
+"""Trend statistics over a series of runs (the run history: slow drifts): is a figure drifting, and where
 did it move?
 
 ``drift(values, worse)``: the Mann–Kendall trend test (Kendall's tau between the run order and the

@@ -231,7 +231,7 @@ def table_rows(summary: dict[str, Any], srv: list[tuple[str, str, str, str]] | N
 
 
 def table_groups(summary: dict[str, Any]) -> list[tuple[str, list[tuple[str, str, str, str]] | None]]:
-    """The step table split for reading (issue 7 §6): (title, server columns) of the load table
+    """The step table split for reading (not one 25-column table): (title, server columns) of the load table
     (None: the load columns), one table per host of what the server was doing, and one per host
     of the target's own /metrics."""
     srv = server_columns(summary, prefix_hosts=False)

@@ -1,6 +1,6 @@
 """The explaining sections of the report, as Markdown lines shared by summary.md and index.html.
 
-Top-down (issue 7 §6): the verdict in one sentence, then the findings (each with its evidence and
+Top-down, the answer first: the verdict in one sentence, then the findings (each with its evidence and
 advice), then the scalability model (USL), then the SLA and capacity plan when the summary has
 them.  Lines use only ``**bold**`` and ``code`` so that report.py can turn them into HTML.
 """

@@ -1,4 +1,4 @@
-"""Run-to-run comparison: did the new run regress against the base? (issue 7 §5)
+"""Run-to-run comparison: did the new run regress against the base? (a CI gate for each change)
 
 ``compare_runs(base_dir, new_dir)`` matches the two runs' steps by users and, for each step valid
 in both, gives the QPS and P99 change with a bootstrap confidence interval over the request rows of

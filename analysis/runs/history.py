@@ -1,4 +1,4 @@
-"""The run history (issue 20 part 2): every run below some folders indexed into one SQLite table
+"""The run history (slow drifts show over runs): every run below some folders indexed into one SQLite table
 next to them, and the trend of each figure over the runs of a plan and target.
 
 ``update_index(paths, db)``: finds the run directories below ``paths`` (a folder holding meta.json

@@ -1,4 +1,4 @@
-"""A length x concurrency sweep (``[load] shapes``, issue 19): one run per [input, output] shape, a knee
+"""A length x concurrency sweep (``[load] shapes``: knees move with lengths): one run per [input, output] shape, a knee
 per shape, and the Pareto chart capacity planners ask for.
 
 ``kneeswarm run`` runs the step plan once per shape (a run directory each, prompts of ``input``

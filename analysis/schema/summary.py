@@ -120,7 +120,7 @@ class SummaryStep(TypedDict, total=False):
 
 
 class SearchSummary(TypedDict, total=False):
-    """``search`` ([load] mode = "search", issue 18; kneeswarm.analysis.summary.search.search_section)."""
+    """``search`` ([load] mode = "search": the probes and why; kneeswarm.analysis.summary.search.search_section)."""
 
     mode: str  # the loop: "closed" (probes in users) or "open" (probes in rate, requests/s)
     probes: list[dict[str, Any]]  # in the order run: {users|rate, why, t_start, duration_s, qps, p99_ms, valid, steady}
@@ -132,7 +132,7 @@ class SearchSummary(TypedDict, total=False):
 
 
 class LlmWorkload(TypedDict, total=False):
-    """kneeswarm.analysis.measure.llmworkload: what the LLM workload was, from the rows (issue 19)."""
+    """kneeswarm.analysis.measure.llmworkload: what the LLM workload was, from the rows (it moves the knee)."""
 
     prefix: dict[str, Any]  # tokens, count, share, rows_share, expected_hit_pct, per_step {step index: pct}
     turns: list[dict[str, Any]]  # per turn number: turn, requests, tokens_in_mean, ttft_p50_ms, ttft_mean_ms
@@ -178,7 +178,7 @@ class Summary(TypedDict, total=False):
     workers: dict[str, Any]  # kneeswarm.analysis.measure.workers
     load: dict[str, Any]  # kneeswarm.analysis.measure.loop.load_facts
     workload: dict[str, Any]  # workload_facts
-    llm_workload: LlmWorkload  # kneeswarm.analysis.measure.llmworkload: shared prefixes and conversation turns (issue 19)
+    llm_workload: LlmWorkload  # kneeswarm.analysis.measure.llmworkload: shared prefixes and turns (the hit rate to expect)
     endpoint: dict[str, Any]  # endpoint_facts: scheme, tls (verified|unverified|None), headers named, base_path
     itl_columns: dict[str, str]  # streaming runs: what each ITL column is (kneeswarm.analysis.measure.streaming.ITL_COLUMNS)
     tokens_knee: Knee  # runs that recorded output tokens
@@ -191,7 +191,7 @@ class Summary(TypedDict, total=False):
     usl: dict[str, Any]  # kneeswarm.analysis.models.usl.fit_usl + curve, text
     sla: dict[str, Any]  # kneeswarm.analysis.summary.gates / capacity
     capacity: dict[str, Any]
-    soak: dict[str, Any]  # issue 20, mode = "soak": kneeswarm.analysis.summary.soak.soak_section (users, rate, duration_s,
+    soak: dict[str, Any]  # mode = "soak", for leaks: kneeswarm.analysis.summary.soak.soak_section (users, rate, duration_s,
     #                       window_s, windows, series {t, client, errors, hosts}, trends, thresholds)
     search: SearchSummary  # [load] mode = "search" only
 

@@ -6,21 +6,21 @@ p999_ms, mean_ms, error_rate, errors, valid, reasons[]), knee {users, qps, metho
 qps}; ``warnings`` [one line each] and ``lost`` {what: count} (kneeswarm.analysis.measure.problems: meta.json's,
 each host's, and analysis's own; ``complete`` is false when anything was lost).  Also written:
 latency_knee, totals, ended, analysis settings, per-step window/rps/generator/server facts
-(``server[host]``: vmstat, process incl. ``sy_share`` and ``wait_pct`` (its threads' run delay,
-issue 16), threads, GPU means and ``fb_peak_mb`` (the window's largest sample), and ``target``
+(``server[host]``: vmstat, process incl. ``sy_share`` and ``wait_pct`` (its threads' run delay:
+waiting for a CPU), threads, GPU means and ``fb_peak_mb`` (the window's largest sample), and ``target``
 {key: value} from the server's /metrics), ``hosts`` {host: facts} (kneeswarm.analysis.measure.hostfacts),
-``target_series`` {host: {key: series used}} (kneeswarm.analysis.measure.target).  Issue 7: ``findings`` [{id,
+``target_series`` {host: {key: series used}} (kneeswarm.analysis.measure.target).  The why: ``findings`` [{id,
 severity, steps, evidence, text, advice}] and ``usl`` {sigma, kappa, lambda, n_star, peak,
 peak_kind, r2, points, caution, curve {users, qps}, text} (kneeswarm.analysis.findings.explain over the
 valid steps), ``findings_unchecked`` [one line per LLM-engine rule the server's metrics could not feed,
-issue 19]; per step ``energy_j_per_request`` (and ``energy_j_per_token`` when output tokens were
+not read as passed]; per step ``energy_j_per_request`` (and ``energy_j_per_token`` when output tokens were
 recorded) where GPU power was recorded, and Little's-law /
-clock-offset reasons (kneeswarm.analysis.measure.trust).  Issue 6: ``load`` {loop, batch, arrival, source_rate}
+clock-offset reasons (kneeswarm.analysis.measure.trust).  The loop: ``load`` {loop, batch, arrival, source_rate}
 and per step ``rate`` (open loop) and ``items_s`` (batch > 1) (kneeswarm.analysis.measure.loop); per step
 ``tokens_s`` where output tokens were recorded, ``goodput_rps``/``goodput_share`` when ``[sla]``
 limits a request (``goodput`` {limits}), and in a streaming run the TTFT/ITL/TPOT percentiles and
 token-count keys of kneeswarm.analysis.measure.streaming.STEP_KEYS; ``tokens_knee`` {users, tokens_s, method} in an
-LLM run.  Issue 15: ``itl_columns`` {itl, itl_token} in a streaming run says what each ITL column is
+LLM run.  A chunk is not a token: ``itl_columns`` {itl, itl_token} in a streaming run says what each ITL column is
 (per chunk, per token: kneeswarm.analysis.measure.streaming.ITL_COLUMNS).  NaN and infinities are written as null.
 """
 

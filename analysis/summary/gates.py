@@ -1,4 +1,4 @@
-"""The SLA gate and the capacity plan of one analysis (issue 7 §4, §5): one entry point.
+"""The SLA gate and the capacity plan of one analysis (what CI fails on, what to deploy): one entry point.
 
 ``add_gates(summary, plan)`` reads the run's resolved plan (plan.toml as a dict,
 so that an analysis months later applies the SLA the run was planned with), adds to the summary

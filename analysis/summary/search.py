@@ -1,4 +1,4 @@
-"""summary.json ``search`` (issue 18): what a ``[load] mode = "search"`` run probed, in order, and why.
+"""summary.json ``search`` (and what searching saved): what a ``[load] mode = "search"`` run probed, in order, and why.
 
 The master records each decision in generator/search.json (kneeswarm.launch.search); the probes' figures
 here are the analysis' own (summary ``steps``: the steady window's QPS, P99, validity), so the

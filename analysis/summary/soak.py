@@ -1,4 +1,4 @@
-"""Soak (``[load] mode = "soak"``, issue 20): what crept while one load was held.
+"""Soak (``[load] mode = "soak"``: leaks and drifts): what crept while one load was held.
 
 A soak records one step per window of one unchanged load (kneeswarm.contracts.plan: ``steps`` = the load x
 the windows, ``hold`` = the window), so every per-step figure the analysis already computes is a

@@ -55,7 +55,7 @@ class LoadPlan:
         """The longest a step is held: ``hold``, or ``max_hold`` under ``hold = "auto"``."""
         return self.max_hold if self.auto_hold else float(self.hold)
 
-    # -- the strategy: "grid" (the planned steps), "search" (issue 18), "soak" (issue 20) -------
+    # -- the strategy: "grid" (the planned steps), "search" (probes as it goes), "soak" (one load held)
     mode: str = "grid"  # legacy "closed" / "open" still accepted: they set `arrivals` (grid)
     # -- open loop: arrivals on a schedule, latency from the intended send time ----------------
     arrivals: str = "closed"  # "closed" (steps are users) or "open" (steps are arrival rates)
@@ -64,15 +64,15 @@ class LoadPlan:
     source_rate: float = 1.0  # open loop: requests/s of one arrival source (a Locust user)
     max_inflight: int = 1000  # open loop: in-flight cap per load-generator process (arrivals
     #                           beyond it are recorded as `dropped` failures)
-    # -- mode = "search" (issue 18): the probes are chosen as the run goes (kneeswarm/launch/search.py) --
+    # -- mode = "search": the probes are chosen as the run goes, not guessed (kneeswarm/launch/search.py)
     start: float = 1.0  # search: the first probe (users; open loop: requests/s)
     max: float = 512.0  # search: never beyond this many users (open loop: requests/s)
     growth: float = 2.0  # search: each probe multiplies the last by this until one saturates
     precision: float = 0.10  # search: the knee is bracketed within max(1 user, precision x its users)
     max_duration: float = 1800.0  # search: seconds of load at most (the search stops there)
-    # -- length x concurrency sweep (issue 19): the step plan once per [input, output] tokens shape
+    # -- length x concurrency sweep (the knee moves with them): the plan once per [input, output] tokens shape
     shapes: list[list[int]] | None = None
-    # -- soak (mode = "soak", issue 20): one load held for `duration`, one step per `window` ----
+    # -- soak (mode = "soak": leaks, drift): one load held for `duration`, one step per `window`
     users: int | None = None  # soak, closed loop: the users held
     rate: float | None = None  # soak, open loop: the arrival rate held, requests/s
     duration: float | None = None  # soak: seconds the load is held once all its users run
@@ -125,7 +125,7 @@ class RequestPlan:
     lengths: dict | None = None  # [request.lengths] input/output = {dist, mean, stdev, min, max}
     replay: str | None = None  # JSONL of recorded {"body": {...}, "t": seconds?} (protocols/workload.py)
     tokenizer: str | None = None  # a Hugging Face tokenizer.json: token counts (else words approximate them)
-    # issue 19 (protocols/workload.py): shared prefixes, multi-turn sessions, a Mooncake trace
+    # LLM workloads as served (protocols/workload.py): shared prefixes, multi-turn sessions, a Mooncake trace
     prefix: dict | None = None  # [request.prefix] tokens, count, share
     conversation: dict | None = None  # [request.conversation] turns = {dist...} | n, think_ms = {dist...} | ms
     trace: str | None = None  # Mooncake trace JSONL: timestamp (ms), input_length, output_length, hash_ids

@@ -344,7 +344,7 @@ CONVERSATION_KEYS = ("turns", "think_ms")
 
 
 def _validate_llm_workload(plan: Plan, source: str) -> None:
-    """[request.prefix], [request.conversation] and request.trace (issue 19): their shapes; the
+    """[request.prefix], [request.conversation] and request.trace (LLM workloads): their shapes; the
     distribution tables inside a conversation are checked where they are read (workload.LengthDist)."""
     r = plan.request
     workloads = [k for k in ("prefix", "conversation", "trace", "replay") if getattr(r, k) is not None]

@@ -65,10 +65,10 @@ REQUEST_SCHEMA = pa.schema(
         ("tokens_counted", pa.bool_()),  # true: tokens_out is the client's count, tokenizer else chunks (no usage)
         ("usage_out", pa.int64()),  # the server's usage.completion_tokens, when it sent one
         ("chunks_out", pa.int64()),  # text chunks the client counted itself (a chunk may carry several tokens)
-        # independent output counts the server's usage is checked against (issue 15; null where not known):
+        # independent output counts the server's usage is checked against (not chunks; null where not known):
         ("tokens_tokenizer", pa.int64()),  # the plan's tokenizer over the streamed text, counted by the client
         ("tokens_pinned", pa.int64()),  # the output length the request pinned (ignore_eos, or min_tokens = max_tokens)
-        # LLM workloads (issue 19; null otherwise):
+        # LLM workloads (prefixes, conversations; null otherwise):
         ("prefix", pa.int32()),  # which shared prefix the prompt starts with ([request.prefix]), 0-based
         ("turn", pa.int32()),  # the request's turn in its conversation, from 1 ([request.conversation])
         # times the request was sent again because the server closed its kept-alive connection cleanly
@@ -117,7 +117,7 @@ STEP_TIME_COLUMNS = STEP_COLUMNS[2:]
 STEP_HOLD_COLUMNS = ("t_cut", "hold_reason")
 SCALING_CERTAIN = "ended once its scaling was certain"
 GENERATOR_COLUMNS = ("t", "cpu_pct", "rss_mb", "users", "lag_ms")
-SEARCH_FILE = "search.json"  # generator/search.json: mode = "search": each probe as decided, with why (issue 18)
+SEARCH_FILE = "search.json"  # generator/search.json: mode = "search": each probe as decided, with why (for the report)
 CLOCKS_FILE = "clocks.json"  # generator/clocks.json: each worker's clock offset, measured by the master
 TARGET_HOST = "target"  # hosts/<this>/ holds the target's /metrics scraped from the load side
 CORRUPT_META_SUFFIX = ".corrupt"  # an unreadable meta.json is kept aside as meta.json.corrupt[.N]

@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--target-args", metavar="FLAGS", help="the demo target's flags, e.g. --target-args='--mode knee "
                       "--slots 11' (default: ONNX Runtime, 4 request threads; see `kneeswarm target --help`)")
     _add_export_flags(demo)
-    soak = demo.add_argument_group("soak (instead of the steps: one load held, issue 20)")
+    soak = demo.add_argument_group("soak (instead of the steps: one load held, to catch leaks and drift)")
     soak.add_argument("--soak", type=float, metavar="SECONDS", help="hold --users users this long ([load] mode = \"soak\")")
     soak.add_argument("--users", type=int, default=DEMO_SOAK_USERS, help=f"users held by --soak (default {DEMO_SOAK_USERS})")
     soak.add_argument("--window", type=float, help="seconds per point of the soak's series (default 60)")
@@ -327,7 +327,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def run_shapes(plan: Any, args: argparse.Namespace) -> int:
-    """``[load] shapes`` (issue 19): the step plan once per [input, output] shape, one run directory
+    """``[load] shapes`` (knees move with lengths): the step plan once per [input, output] shape, one run directory
     each, then the sweep's Pareto report (kneeswarm.analysis.runs.shapes) beside them; the first failing exit code
     wins, and an interrupted shape ends the sweep."""
     import copy

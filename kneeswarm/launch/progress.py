@@ -37,7 +37,7 @@ PART_COLUMNS = ["t_start", "latency_ms", "ok", "step"]
 @dataclass
 class StepSoFar:
     """The rows of one step seen so far; once the step is over (``close``), only its figures: a
-    soak's hours of windows keep one window of rows, not the run's (issue 20)."""
+    soak's hours of windows keep one window of rows, not the run's (memory bounded over hours)."""
 
     t: list[np.ndarray] = field(default_factory=list)
     latency: list[np.ndarray] = field(default_factory=list)

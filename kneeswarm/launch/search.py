@@ -1,4 +1,4 @@
-"""``[load] mode = "search"`` (issue 18): the next probe is chosen from the probes so far.
+"""``[load] mode = "search"`` (not a guessed grid): the next probe is chosen from the probes so far.
 
 ``decide`` is pure: the probes measured so far (each an ordinary step: users, QPS, P99, errors)
 in, the next probe and why out, or the reason to stop.  The rules, in order:

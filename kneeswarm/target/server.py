@@ -638,7 +638,7 @@ def _wrapped_app(args: argparse.Namespace, info: ModelInfo, engine: OnnxEngine |
                     no_text_every=args.no_text_every, kv_tokens=args.kv_tokens, max_batch=args.max_batch,
                     prefill_ms_per_token=args.prefill_ms_per_token, decode_ms=args.decode_ms,
                     decode_ms_per_seq=args.decode_ms_per_seq)
-    llm = dataclasses.replace(llm, prefix_cache_blocks=args.prefix_cache_blocks)  # the prefix cache (issue 19)
+    llm = dataclasses.replace(llm, prefix_cache_blocks=args.prefix_cache_blocks)  # the prefix cache (LLM workloads)
     faults = FaultPlan(fail_rate=args.fail_rate, reset_rate=args.reset_rate, truncate_rate=args.truncate_rate,
                        stall_ms=args.stall_ms, stall_every=args.stall_every, seed=args.fault_seed,
                        fail_above=args.fail_above,

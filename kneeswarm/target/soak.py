@@ -1,4 +1,4 @@
-"""What a soak run is meant to catch, on purpose: a leak and a slow latency drift (issue 20).
+"""What a soak run is meant to catch, on purpose: a leak and a slow latency drift (to test the soak findings).
 
 ``Soak`` is a plain ASGI middleware around the application, applied to inference requests
 (every POST) only:

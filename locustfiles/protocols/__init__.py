@@ -36,7 +36,7 @@ def for_plan(plan: Plan, seed: int = 0) -> Protocol:
     trace`` a Mooncake trace's (workload.Traced)."""
     request = vars(plan.request)
     protocol = PROTOCOLS[plan.protocol](request, seed=seed, endpoint=plan.endpoint)
-    if request.get("trace"):  # a Mooncake trace: lengths, shared blocks, arrival times (issue 19)
+    if request.get("trace"):  # a Mooncake trace: lengths, shared blocks, arrival times (production's, replayed)
         return Traced(protocol, str(request["trace"]), token_counter(request.get("tokenizer")),  # type: ignore[return-value]
                       int(request.get("trace_block_tokens") or 512))
     if request.get("replay"):

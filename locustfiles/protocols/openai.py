@@ -178,7 +178,7 @@ class OpenAI(Protocol):
         return ChatStream(t0, self.chat, self.counter.count if self.counter.path else None,
                           keep_text=self._session is not None)
 
-    # -- shared prefixes and conversations (issue 19) ------------------------------------------------
+    # -- shared prefixes and conversations (LLM serving as it is used) ------------------------------
     def _message(self) -> tuple[str, int | None]:
         """A new user message and its max_tokens: a dataset record's text, or a synthetic prompt
         (``[request.lengths]`` or ``prompt_tokens``) whose first word is a nonce."""

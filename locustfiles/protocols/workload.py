@@ -380,7 +380,7 @@ def _replayed_request(inner: Any, template: PreparedRequest, r: Recorded, where:
                            stream=llm and body.get("stream") is True, items=template.items)
 
 
-# -- shared prefixes, conversations, Mooncake traces (issue 19) ----------------------------------
+# -- shared prefixes, conversations, Mooncake traces (LLM serving as it is used) ------------------
 def dist_of(value: Any, where: str, minimum: int = 1) -> LengthDist | None:
     """A number (fixed) or a LengthDist table; None for 0 (``think_ms = 0``: no think time)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
