@@ -362,7 +362,8 @@ def _findings_html(summary: dict[str, Any]) -> str:
     for lines in findings_section(summary):
         sev = next((k for k, mark in SEVERITY_MARK.items() if mark in lines[0]), "none") if len(lines) > 1 else "none"
         body = "".join(f"<div>{_md_inline(x)}</div>" for x in lines[1:])
-        cards.append(f"<div class='finding {html.escape(sev)}'><div>{_md_inline(lines[0])}</div>{body}</div>")
+        folded = " consequence" if lines[0].startswith("↳") else ""  # under its cause (findings.causes)
+        cards.append(f"<div class='finding {html.escape(sev)}{folded}'><div>{_md_inline(lines[0])}</div>{body}</div>")
     out = "<h2>Findings</h2>" + "".join(cards)
     marginal = marginal_section(summary)
     if marginal:
@@ -426,6 +427,8 @@ ul.hosts code{font-size:12px;word-break:break-all}
 .finding.critical{border-color:#b00020;background:#fdecee}
 .finding.warning{border-color:#e65100;background:#fff4e5}
 .finding.info{border-color:#1565c0;background:#eef4fc}
+.finding.consequence{margin-left:2em;opacity:.9}
+.finding.marginal{border-style:dashed;background:#fafafa}
 .finding code{font-size:12px;white-space:normal}
 h3{margin:1.2em 0 .2em;font-size:15px}
 """
