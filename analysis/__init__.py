@@ -46,7 +46,7 @@ from kneeswarm.analysis.measure.loadstats import data_loss_reasons, generator_cp
 from kneeswarm.analysis.measure.problems import collect
 from kneeswarm.analysis.measure.resample import Replicates, step_replicates
 from kneeswarm.analysis.reports.html import render_html
-from kneeswarm.analysis.summary.search import read_search, search_section
+from kneeswarm.analysis.summary.search import bracket_at_noise, read_search, search_section
 from kneeswarm.analysis.measure.serverstats import server_metrics
 from kneeswarm.analysis.summary.soak import soak_findings, soak_knees, soak_section
 from kneeswarm.analysis.measure.streaming import ITL_COLUMNS, count_reasons, goodput_limits, has_streaming
@@ -184,6 +184,8 @@ def add_explanations(summary: dict[str, Any], plan: dict[str, Any], reps: Replic
     summary["findings"] = link(summary["findings"])  # the cause first, its consequences under it
     link_marginal(summary.get("findings_marginal") or [], summary["findings"])
     summary["verdict"] = verdict(summary["findings"])
+    if isinstance(summary.get("search"), dict) and isinstance(summary.get("knee"), dict):
+        bracket_at_noise(summary["search"], summary["knee"])
     summary["findings_unchecked"] = list(explained["unchecked"])
     summary["warnings"] = list(summary.get("warnings") or []) + [
         f"findings: {line} (the other rules ran)" for line in explained["rule_errors"]] + noise

@@ -101,3 +101,17 @@ def test_a_noisy_plateau_gets_a_wide_knee_interval():
     lo, hi = summary["knee"]["interval"]
     assert lo <= summary["knee"]["users"] <= (hi if hi is not None else math.inf)
     assert summary["knee"]["stability"] < 1.0 and (hi is None or hi > lo)
+
+
+def test_a_search_bracket_narrower_than_the_noise_says_so():
+    from kneeswarm.analysis.summary.search import bracket_at_noise, search_lines
+    search = {"mode": "closed", "knee_bracket": [12, 13], "probes": []}
+    bracket_at_noise(search, {"users": 12, "interval": [8, 12]})
+    assert search["bracket_holds"] is False and search["knee_at_noise"] == [8, 12]
+    assert any("narrower than this run's noise" in line and "between 8 and 12" in line
+               for line in search_lines({"search": search}))
+    bracket_at_noise(search, {"users": 12, "interval": [12, 13]})
+    assert search["bracket_holds"] is True
+    assert not any("narrower" in line for line in search_lines({"search": search}))
+    bracket_at_noise(search, {"users": 12, "interval": [12, None]})  # some resamples: no knee in range
+    assert search["bracket_holds"] is False

@@ -16,7 +16,8 @@ explains which (docs/findings.md shows the same table; a test holds the two equa
 
 Why each link (the seed's article and the kernel's behaviour):
 
-* ``cpu_throttled``: the quota is spent, so the CPUs the service may use are full, runnable
+* ``cpu_throttled``: the quota is spent, so the CPUs the service may use are full (the engine's
+  threads, counted against those CPUs, oversubscribe the quota rather than the host), runnable
   threads wait (run queue), throttled threads are switched out (involuntary switches) and, when
   the period refreshes, all wake at once and are spread over the CPUs (migrations); more users
   inside the same quota only add waiting (retrograde, latency swinging, falling efficiency).
@@ -42,7 +43,7 @@ logger = logging.getLogger(__name__)
 #: cause -> the findings it explains (every id here is a finding id: tests/test_findings_causes.py)
 CAUSES: dict[str, tuple[str, ...]] = {
     "generator_bound": ("retrograde", "latency_swinging", "efficiency_falling", "waiting_not_computing"),
-    "cpu_throttled": ("cpu_saturated", "run_queue_over_cores", "threads_over_cores", "switch_storm",
+    "cpu_throttled": ("engine_oversubscribed", "cpu_saturated", "run_queue_over_cores", "threads_over_cores", "switch_storm",
                       "migrations_high", "retrograde", "latency_swinging", "efficiency_falling"),
     "host_contended": ("run_queue_over_cores", "switch_storm", "retrograde", "latency_swinging"),
     "engine_oversubscribed": ("threads_over_cores", "cpu_saturated", "run_queue_over_cores", "switch_storm",

@@ -129,6 +129,8 @@ class SearchSummary(TypedDict, total=False):
     stopped_because: str | None  # None: the run was stopped before the search ended
     load_s: float | None  # seconds of load of all probes (ramps and holds)
     grid_equivalent_s: float | None  # the doubling grid start..max with the same hold rule, at the mean probe duration
+    knee_at_noise: list[int | float | None] | None  # the knee's interval over resamples of the probes
+    bracket_holds: bool | None  # whether knee_bracket holds that interval (None: nothing to compare)
 
 
 class LlmWorkload(TypedDict, total=False):
