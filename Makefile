@@ -13,7 +13,7 @@ CONSTRAINTS = constraints.txt
 DEBS    = sysstat procps openssh-server faketime iproute2 chromium busybox nginx
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-long typecheck test-fast conformance conformance-debs bench debs clean constraints
+.PHONY: demo test test-long typecheck test-fast conformance conformance-debs bench debs clean constraints docs
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,20 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 
 demo: $(STAMP)
 	$(VENV)/bin/kneeswarm demo
+
+# `make docs`: the site (docs/, README.md its front page) into build/docs/, every warning an error (a
+# broken link or heading anchor, a page in no toctree), all of them reported before it fails.  The
+# docs extra goes into the same venv under a stamp of its own, so `make test` installs nothing more.
+DOCS_STAMP = $(VENV)/.docs-stamp
+DOCS_OUT   = build/docs
+
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[docs]' -c $(CONSTRAINTS)
+	touch $@
+
+docs: $(DOCS_STAMP)
+	$(VENV)/bin/sphinx-build -W --keep-going -q -b html docs $(DOCS_OUT)
+	@echo "docs: $(DOCS_OUT)/index.html"
 
 # `make test`: every test but the long real-run scenarios (marked `long`: 20 s or more each, the
 # real-run scenarios that show each feature end to end); `make test-long` runs those. CI (.ci/run) runs both.
@@ -84,7 +98,7 @@ debs:
 	fi
 
 # After a change of dependencies: record the versions of a venv the whole suite passed in.
-constraints: $(STAMP)
+constraints: $(STAMP) $(DOCS_STAMP)
 	{ sed -n '/^#/p' $(CONSTRAINTS); $(PY) -m pip freeze --all --exclude-editable | grep -v -e '^#' -e '^pip==' -e '^wheel=='; } > $(CONSTRAINTS).new
 	mv $(CONSTRAINTS).new $(CONSTRAINTS)
 

@@ -2,7 +2,7 @@
 
 kneeswarm.contracts.outcome owns meta.json's ``ended`` values (``Ended``) and the exit codes of every
 command; kneeswarm.contracts.rundir owns the run directory's file names.  These tests read the sources
-(ast) and the README, so that a new bare "completed", a new ``EXIT_X = 5`` or a new
+(ast) and the docs' exit-code table (docs/cli.md), so that a new bare "completed", a new ``EXIT_X = 5`` or a new
 ``/ "index.html"`` elsewhere fails here.
 """
 
@@ -109,13 +109,20 @@ def test_exit_codes_are_defined_only_in_outcome(path):
     assert not found, f"{path.relative_to(ROOT)}: an exit code spelled outside kneeswarm.contracts.outcome: {found}"
 
 
-def test_readme_lists_every_exit_code():
-    text = (ROOT / "README.md").read_text()
-    para = text[text.index("Exit codes ("):]
-    para = para[: para.index("\n\n")]
-    listed = {int(n) for n in re.findall(r"`(\d+)`", para)}
-    assert listed == set(outcome.EXIT_CODES.values()), para
+def documented_exit_codes(page: str) -> list[int]:
+    """The codes of the table under docs/cli.md's "## Exit codes" (its rows' first cells), in order."""
+    section = page.split("\n## Exit codes\n", 1)[1].split("\n## ", 1)[0]
+    return [int(n) for n in re.findall(r"^\| `(\d+)` \|", section, re.M)]
+
+
+def test_the_docs_list_every_exit_code():
+    page = (ROOT / "docs" / "cli.md").read_text()
+    listed = documented_exit_codes(page)
+    assert sorted(listed) == sorted(set(outcome.EXIT_CODES.values())), listed  # each once, none missing or extra
     assert len(set(outcome.EXIT_CODES.values())) == len(outcome.EXIT_CODES)  # no two meanings share a code
+    # and the check can fail: a row dropped from the table is missed
+    dropped = page.replace("| `4` | a regression", "| four | a regression")
+    assert dropped != page and 4 not in documented_exit_codes(dropped)
 
 
 #: tunables shared by several parts, and their one owner

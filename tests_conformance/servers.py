@@ -111,7 +111,7 @@ def llama_cpp() -> Installed:
         # target's sources into a few translation units: llama.cpp's common/ and server parse the same
         # heavy JSON and chat headers in every file) but for the files that cannot share a batch
         # (llama_unity.cmake): one cold build took 353 s of CPU instead of 479 (5.5 instead of 10 min
-        # at nice 19 on two shared cores; README "Tested against real servers").  x86-64-v3 code (AVX2, FMA, F16C)
+        # at nice 19 on two shared cores; docs/conformance.md).  x86-64-v3 code (AVX2, FMA, F16C)
         # rather than GGML_NATIVE: the cache may move to another machine of the kind, and without
         # SIMD (GGML_NATIVE=OFF alone is SSE2) a decode step is compute-bound, so continuous
         # batching would not scale at all.

@@ -1,6 +1,6 @@
 """The summary: one dict that becomes report/summary.json and report/summary.md.
 
-Where the summary lives in a run directory: the README's "What a run directory holds" section.
+Where the summary lives in a run directory: docs/run-directory.md.
 Stable keys: run_id, complete, steps[] (index, users, requests, qps, p50_ms, p95_ms, p99_ms,
 p999_ms, mean_ms, error_rate, errors, valid, reasons[]), knee {users, qps, method}, peak {users,
 qps}; ``warnings`` [one line each] and ``lost`` {what: count} (kneeswarm.analysis.measure.problems: meta.json's,

@@ -1,6 +1,6 @@
 """How a run ended (floor 1, beside the run directory): meta.json's ``ended`` values and the exit
 code of every command, each spelled once.  Standard library only: the command line imports it
-before anything heavy.  README "Exit codes" lists the same table (tests/test_contracts.py checks).
+before anything heavy.  docs/cli.md "Exit codes" lists the same table (tests/test_contracts.py checks).
 """
 
 from __future__ import annotations
