@@ -115,3 +115,15 @@ def test_a_search_bracket_narrower_than_the_noise_says_so():
     assert not any("narrower" in line for line in search_lines({"search": search}))
     bracket_at_noise(search, {"users": 12, "interval": [12, None]})  # some resamples: no knee in range
     assert search["bracket_holds"] is False
+
+
+def test_each_step_carries_its_own_95_percent_interval():
+    summary, reps = run({1: 10.0, 2: 19.0, 4: 30.0, 8: 21.0})
+    summary["steps"][2]["server"] = {"srv": {"cpu_pct": 80.0, "target": {"queue": 3.0}}}
+    reps.server[2] = {"srv": {"cpu_pct": np.linspace(-5, 5, B), "target.queue": np.zeros(B)}}
+    judge(summary, {}, reps)
+    lo, hi = summary["steps"][2]["ci"]["qps"]
+    expect = np.percentile(reps.client[2]["qps"], [2.5, 97.5])  # numpy on the same draws
+    assert (lo, hi) == pytest.approx(tuple(expect)) and lo < 30.0 < hi
+    assert summary["steps"][2]["server_ci"]["srv"]["cpu_pct"] == pytest.approx([75.25, 84.75], abs=0.03)
+    assert summary["steps"][2]["server_ci"]["srv"]["target.queue"] == [3.0, 3.0]

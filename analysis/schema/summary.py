@@ -116,6 +116,8 @@ class SummaryStep(TypedDict, total=False):
     rate: float  # open loop (kneeswarm.analysis.measure.loop.step_load_keys)
     items_s: float | None  # batch > 1
     workers: dict[str, Any]  # per worker (kneeswarm.analysis.measure.workers)
+    ci: dict[str, list[float]]  # 95 % intervals of qps, mean_ms, p50/p95/p99_ms over resamples of the step's window
+    server_ci: dict[str, dict[str, list[float]]]  # {host: {metric: [lo, hi]}}, the same for the server's figures
     resent: int  # requests sent again after the server closed a kept-alive connection cleanly (only when > 0)
 
 

@@ -168,8 +168,39 @@ def judge(summary: Summary, plan: dict[str, Any], reps: Replicates) -> list[str]
         told: Knee = summary.get(name) or {}  # type: ignore[assignment]
         interval, stability = knee_interval(told.get("users"), found)
         told["interval"], told["stability"] = interval, round(stability, 3)
+    for i, step in enumerate(steps):
+        step_intervals(step, reps.client[i] if i < len(reps.client) else {},
+                       reps.server[i] if i < len(reps.server) else {})
     summary["noise"] = noise_facts(reps)
     return warnings + [f"findings under resampling: {e}" for e in dict.fromkeys(errors)]
+
+
+STEP_INTERVAL = (2.5, 97.5)  # percentiles of a step's resampled figures: its 95 % interval
+
+
+def _interval(values: np.ndarray) -> list[float] | None:
+    v = values[np.isfinite(values)]
+    return [float(x) for x in np.percentile(v, STEP_INTERVAL)] if len(v) else None
+
+
+def step_intervals(step: SummaryStep, client: dict[str, np.ndarray], server: dict[str, dict[str, np.ndarray]]) -> None:
+    """A step's 95 % intervals over its resamples, in place: ``ci`` {qps, mean_ms, p50_ms, ...} and
+    ``server_ci`` {host: {metric: [lo, hi]}} (the metric's own figure plus the resampled deviations)."""
+    ci = {k: got for k, values in client.items() if (got := _interval(values)) is not None}
+    if ci:
+        step["ci"] = ci
+    out: dict[str, dict[str, list[float]]] = {}
+    for host, devs in server.items():
+        metrics = (step.get("server") or {}).get(host)
+        if not isinstance(metrics, dict):
+            continue
+        for key, dev in devs.items():
+            base = num(metrics.get(key)) if not key.startswith("target.") else \
+                num((metrics.get("target") or {}).get(key[len("target."):]))
+            if base is not None and (got := _interval(base + dev)) is not None:
+                out.setdefault(host, {})[key] = got
+    if out:
+        step["server_ci"] = out
 
 
 def noise_facts(reps: Replicates) -> NoiseFacts:
