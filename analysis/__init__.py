@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 
 from kneeswarm.analysis.findings import explain
+from kneeswarm.analysis.findings.causes import link, link_marginal, verdict
+from kneeswarm.analysis.schema.summary import Summary
+from kneeswarm.analysis.summary.confidence import judge
 from kneeswarm.analysis.summary.gates import add_gates
 from kneeswarm.analysis.reports.junit import write_junit
 from kneeswarm.analysis.measure.hostfacts import host_facts
@@ -41,8 +44,9 @@ from kneeswarm.analysis.measure.llmworkload import llm_workload
 from kneeswarm.analysis.measure.loop import load_facts
 from kneeswarm.analysis.measure.loadstats import data_loss_reasons, generator_cpu, step_stats, validate_steps
 from kneeswarm.analysis.measure.problems import collect
+from kneeswarm.analysis.measure.resample import Replicates, step_replicates
 from kneeswarm.analysis.reports.html import render_html
-from kneeswarm.analysis.summary.search import read_search, search_section
+from kneeswarm.analysis.summary.search import bracket_at_noise, read_search, search_section
 from kneeswarm.analysis.measure.serverstats import server_metrics
 from kneeswarm.analysis.summary.soak import soak_findings, soak_knees, soak_section
 from kneeswarm.analysis.measure.streaming import ITL_COLUMNS, count_reasons, goodput_limits, has_streaming
@@ -143,7 +147,8 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
     search = search_section(inputs.plan, summary["steps"], read_search(inputs.run_dir), summary["load"]["loop"])
     if search is not None:  # [load] mode = "search": the probes in order, with why each was chosen
         summary["search"] = jsonable(search)
-    return add_explanations(summary, inputs.plan)
+    reps = None if soak else step_replicates(stats, inputs.hosts, inputs.think_ms, inputs.closed_loop)
+    return add_explanations(summary, inputs.plan, reps)
 
 
 def llm_extras(good: pd.DataFrame, plan: dict[str, Any], streaming: bool = False) -> dict[str, Any]:
@@ -158,9 +163,13 @@ def llm_extras(good: pd.DataFrame, plan: dict[str, Any], streaming: bool = False
     return out
 
 
-def add_explanations(summary: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+def add_explanations(summary: dict[str, Any], plan: dict[str, Any], reps: Replicates | None = None) -> dict[str, Any]:
     """``findings`` and ``usl`` (kneeswarm.analysis.findings.explain, over the valid steps only); a rule that
     failed becomes a warning.  Little's law is already in each step's reasons (kneeswarm.analysis.measure.trust).
+
+    With ``reps`` (each step's figures resampled from its own window), the findings are judged against
+    the run's noise: confirmed ones stay in ``findings``, marginal ones go to ``findings_marginal``, the
+    knees get their intervals (kneeswarm.analysis.summary.confidence).
 
     Then ``sla`` and ``capacity`` (kneeswarm.analysis.summary.gates: the plan's [sla] and [capacity] tables over
     the summary with its findings and USL fit).
@@ -171,9 +180,15 @@ def add_explanations(summary: dict[str, Any], plan: dict[str, Any]) -> dict[str,
     if summary.get("soak"):  # one load held: no scalability curve to fit; the findings of its trends instead
         summary["findings"] += jsonable(soak_findings(summary))
         summary["usl"] = jsonable({**fit_usl([], []), "caution": "a soak holds one load: no USL fit (not a step sweep)"})
+    noise = judge(cast(Summary, summary), plan, reps) if reps is not None and not summary.get("soak") else []
+    summary["findings"] = link(summary["findings"])  # the cause first, its consequences under it
+    link_marginal(summary.get("findings_marginal") or [], summary["findings"])
+    summary["verdict"] = verdict(summary["findings"])
+    if isinstance(summary.get("search"), dict) and isinstance(summary.get("knee"), dict):
+        bracket_at_noise(summary["search"], summary["knee"])
     summary["findings_unchecked"] = list(explained["unchecked"])
     summary["warnings"] = list(summary.get("warnings") or []) + [
-        f"findings: {line} (the other rules ran)" for line in explained["rule_errors"]]
+        f"findings: {line} (the other rules ran)" for line in explained["rule_errors"]] + noise
     return add_gates(summary, plan)
 
 

@@ -124,7 +124,8 @@ def test_findings_and_usl_in_summary_json_and_reports(tmp_path):
     window = HOLD - SETTLE
     qps = {u: len(steady_rows(rd, i).query("ok")) / window for i, u in enumerate((1, 2, 4, 8, 16, 32))}
     [retro] = [f for f in s["findings"] if f["id"] == "retrograde"]
-    assert set(retro) == {"id", "severity", "steps", "evidence", "text", "advice"}
+    # the rule's keys, and what judging it against the run's noise adds (its support: resamples)
+    assert set(retro) == {"id", "severity", "steps", "evidence", "text", "advice", "support"}
     assert retro["evidence"]["peak_users"] == 16 and retro["evidence"]["users"] == 32
     assert retro["evidence"]["drop"] == pytest.approx(1 - qps[32] / qps[16], abs=1e-3)
     # the story's host: cs/s = 1000 x users (4x from 8 to 32 users), migrations 50/s x users (at 3 CPUs:

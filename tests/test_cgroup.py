@@ -326,7 +326,12 @@ def test_half_cpu_quota_is_throttling_and_cpu_rules_count_half_a_cpu(half_cpu_cg
         assert fid in found, summary["findings"]
         ev = found[fid]["evidence"]
         assert ev["service_cpus"] == 0.5 and ev["cpus_bound"] == "quota" and ev["busy_pct"] >= 90, (fid, ev)
+    # the cause first: the quota leads, the verdict names it, the rest are folded under it
+    assert summary["verdict"]["causes"] == ["cpu_throttled"], (summary["verdict"], summary["findings"])
+    assert "quota (0.5 CPUs)" in summary["verdict"]["text"] and summary["findings"][0]["id"] == "cpu_throttled"
+    assert all(f.get("explained_by") for f in summary["findings"][1:]), summary["findings"]
     md = (run_dir / "report" / "summary.md").read_text()
+    assert "**Cause: `cpu_throttled`" in md
     assert "CPUs the service may use: 0.5 (bound by the cgroup's CPU quota" in md
     assert "CPUs the service may use: 0.5" in (run_dir / "report" / "index.html").read_text()
 

@@ -81,11 +81,17 @@ def engine_runs(tmp_path_factory, request):
 @pytest.mark.parametrize("name", list(PLANS))
 def test_each_engine_finding_fires_on_the_plan_built_to_cause_it_and_not_on_the_others(engine_runs, name):
     summary, rd, metrics = engine_runs[name]
-    ids = {f["id"] for f in summary["findings"]}
-    print(name, summary["knee"], sorted(ids), [f["evidence"] for f in summary["findings"] if f["id"] == "kv_cache_full"])
+    # fired, confirmed or within this run's noise: these runs hold each step ~4 s, and a rule that reads the
+    # steps from the knee on is marginal where the knee itself moves between resamples (decode: 16 users
+    # gained 11 % over 8, a knee at 8 in 94 % of resamples, none in the rest)
+    ids = {f["id"] for f in summary["findings"]} | {f["id"] for f in summary["findings_marginal"] if f["at_point"]}
+    print(name, summary["knee"], sorted(ids), [f["evidence"] for f in summary["findings"] if f["id"] == "kv_cache_full"],
+          [(f["id"], f["support"]) for f in summary["findings"] + summary["findings_marginal"]])
     assert CAUSES[name] <= ids, (name, sorted(ids))
     assert not ids & MUST_NOT[name], (name, sorted(ids))
     assert "waiting_not_computing" not in ids  # the engine's counters named the cause
+    if name == "kv":  # the cause first: the full cache leads, its preemptions and queue follow from it
+        assert summary["verdict"]["causes"][0] == "kv_cache_full", (summary["verdict"], summary["findings"])
     assert summary["findings_unchecked"] == []  # the target exports every counter the rules read
     # the target's own count of preemptions: some where the cache was built too small, none elsewhere
     assert (metrics["vllm:num_preemptions_total"] > 0) == (name == "kv")

@@ -572,6 +572,7 @@ def test_a_curve_falling_past_its_peak_is_retrograde(start_demo_target, tmp_path
     assert max(qps, key=qps.get) == 3 and {1, 3, 8} <= set(valid), summary["steps"]
     # the client's own turn-around per request (1-10 ms on this busy host) reads as a few % less QPS
     assert all(qps[n] == pytest.approx(usl_qps(n), rel=0.15) for n in (1, 3, 8)), qps
+    assert only(summary, "retrograde")["support"] == 1.0  # confirmed: past the threshold in every resample
     ev = only(summary, "retrograde")["evidence"]
     worst = min((u for u in valid if u > 3), key=valid.get)
     assert (ev["peak_users"], ev["users"]) == (3, worst)

@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kneeswarm.analysis.measure.streaming import (STREAM_COLUMNS, STEP_KEYS as STREAM_STEP_KEYS, StreamAcc, StreamRows, goodput_limits)
+from kneeswarm.analysis.measure.resample import BLOCKS_KEY, BlockSample
 from kneeswarm.analysis.measure.windows import resolve_windows
 from kneeswarm.contracts.rundir import (REQUEST_SCHEMA, RunDir, UnreadablePart, footer_range, safe_name, unreadable_part)
 
@@ -143,6 +144,7 @@ class StepAcc:
     busy_s: float = 0.0  # request-seconds in flight inside the window, from every row that overlaps it
     tokens_out: float = math.nan  # output tokens of the successful rows (NaN: none recorded)
     lat: list[np.ndarray] = field(default_factory=list)
+    t_ok: list[np.ndarray] = field(default_factory=list)  # the successful rows' starts (for the blocks)
     errors: Counter = field(default_factory=Counter)
     workers: set[str] = field(default_factory=set)
     pending: list[Chunk] = field(default_factory=list)  # rows of an open window, filtered at the end
@@ -188,6 +190,7 @@ class StepAcc:
         if len(tokens):
             self.tokens_out = float(tokens.sum()) + (0.0 if math.isnan(self.tokens_out) else self.tokens_out)
         self.lat.append(c.lat[c.ok])
+        self.t_ok.append(c.t[c.ok])
         if c.resent is not None:
             self.resent += int(np.nansum(c.resent))
         self.errors.update(str(e) for e in c.err[~c.ok])
@@ -203,16 +206,20 @@ class StepAcc:
             self.result = empty_stats() | {"foreign_rows": self.foreign, "resent": self.resent}
             self.stream.finish(math.nan)  # frees what it kept
         else:
-            self.result = window_stats(np.concatenate(self.lat), self.n, self.errors, window_s) | {
+            lat = np.concatenate(self.lat)
+            self.result = window_stats(lat, self.n, self.errors, window_s) | {
                 "foreign_rows": self.foreign, "resent": self.resent, "tokens_out": self.tokens_out,
                 "in_flight": self.busy_s / window_s} | self.stream.finish(window_s)
             self.result["tokens_s"] = self.tokens_out / window_s  # NaN when no tokens were recorded
-        self.lat = []
+            # what the step's figures are resampled from (kneeswarm.analysis.measure.resample)
+            self.result[BLOCKS_KEY] = BlockSample.of(np.concatenate(self.t_ok), lat, self.t_lo, self.t_lo + window_s,
+                                                     seed=int(self.index) if math.isfinite(self.index) else 0)
+        self.lat, self.t_ok = [], []
         return self.result
 
 
 def empty_stats() -> dict:
-    return dict(requests=0, ok=0, qps=np.nan, rps=np.nan, mean_ms=np.nan,
+    return dict(requests=0, ok=0, qps=np.nan, **{BLOCKS_KEY: None}, rps=np.nan, mean_ms=np.nan,
                 **{k: np.nan for k in PERCENTILES}, error_rate=np.nan, errors={}, foreign_rows=0, resent=0, tokens_out=np.nan, in_flight=np.nan,
                 **{k: np.nan for k in STREAM_STEP_KEYS})
 

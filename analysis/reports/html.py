@@ -22,7 +22,8 @@ from plotly.subplots import make_subplots
 from kneeswarm.analysis.measure.hostfacts import host_lines
 from kneeswarm.analysis.measure.serverstats import ACTIVE_THREAD_CPU_PCT, active_threads
 from kneeswarm.analysis.measure.requestscan import BIN_S, Chunk, Timeline
-from kneeswarm.analysis.reports.sections import findings_section, plan_lines, usl_lines, verdict
+from kneeswarm.analysis.reports.sections import (MARGINAL_NOTE, MARGINAL_TITLE, SEVERITY_MARK, findings_section, marginal_section, plan_lines,
+                                                 usl_lines, verdict)
 from kneeswarm.analysis.summary.search import search_lines
 from kneeswarm.analysis.measure.streaming import streaming_lines, streaming_table
 from kneeswarm.analysis.reports.markdown import (VALID_HEADER, knee_lines, malformed_lines, n_users, resent_lines, status_line, table_groups, table_rows, warning_lines, workload_lines)
@@ -359,10 +360,18 @@ def _findings_html(summary: dict[str, Any]) -> str:
     """Each finding as a card: severity and id, what was seen, the evidence, the advice."""
     cards = []
     for lines in findings_section(summary):
-        sev = lines[0].split(" ", 1)[0].strip("*").lower() if len(lines) > 1 else "none"
+        sev = next((k for k, mark in SEVERITY_MARK.items() if mark in lines[0]), "none") if len(lines) > 1 else "none"
         body = "".join(f"<div>{_md_inline(x)}</div>" for x in lines[1:])
-        cards.append(f"<div class='finding {html.escape(sev)}'><div>{_md_inline(lines[0])}</div>{body}</div>")
-    return "<h2>Findings</h2>" + "".join(cards)
+        folded = " consequence" if lines[0].startswith("↳") else ""  # under its cause (findings.causes)
+        cards.append(f"<div class='finding {html.escape(sev)}{folded}'><div>{_md_inline(lines[0])}</div>{body}</div>")
+    out = "<h2>Findings</h2>" + "".join(cards)
+    marginal = marginal_section(summary)
+    if marginal:
+        out += f"<h2>{html.escape(MARGINAL_TITLE)}</h2><p>{html.escape(MARGINAL_NOTE)}</p>"
+        for lines in marginal:
+            body = "".join(f"<div>{_md_inline(x)}</div>" for x in lines[1:])
+            out += f"<div class='finding marginal'><div>{_md_inline(lines[0])}</div>{body}</div>"
+    return out
 
 
 def _model_html(summary: dict[str, Any]) -> str:
@@ -418,6 +427,8 @@ ul.hosts code{font-size:12px;word-break:break-all}
 .finding.critical{border-color:#b00020;background:#fdecee}
 .finding.warning{border-color:#e65100;background:#fff4e5}
 .finding.info{border-color:#1565c0;background:#eef4fc}
+.finding.consequence{margin-left:2em;opacity:.9}
+.finding.marginal{border-style:dashed;background:#fafafa}
 .finding code{font-size:12px;white-space:normal}
 h3{margin:1.2em 0 .2em;font-size:15px}
 """

@@ -10,7 +10,8 @@ from typing import Any
 
 from kneeswarm.analysis.measure.hostfacts import host_lines, skipped_lines
 from kneeswarm.analysis.measure.loop import loop_line
-from kneeswarm.analysis.reports.sections import findings_section, plan_lines, usl_lines, verdict
+from kneeswarm.analysis.reports.sections import (MARGINAL_NOTE, MARGINAL_TITLE, findings_section, marginal_section, plan_lines,
+                                                 usl_lines, verdict)
 from kneeswarm.analysis.summary.search import search_lines
 from kneeswarm.analysis.summary.soak import held_line, trend_rows, window_rows
 from kneeswarm.analysis.measure.streaming import streaming_lines, streaming_table, tokens_knee_line
@@ -265,6 +266,12 @@ def _md_explained(summary: dict[str, Any]) -> list[str]:
     for f in findings_section(summary):
         lines.append(f"- {f[0]}")
         lines += [f"  - {x}" for x in f[1:]]
+    marginal = marginal_section(summary)
+    if marginal:
+        lines += ["", f"### {MARGINAL_TITLE}", "", f"_{MARGINAL_NOTE}_", ""]
+        for f in marginal:
+            lines.append(f"- {f[0]}")
+            lines += [f"  - {x}" for x in f[1:]]
     usl = usl_lines(summary)
     if usl:
         lines += ["", "### Scalability model (USL)", "", *(f"- {x}" for x in usl)]

@@ -45,7 +45,24 @@ def _valid_steps(summary: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(steps, key=lambda s: s["users"])
 
 
+def noise_text(knee: dict[str, Any]) -> str:
+    """" (2-8 users at this run's noise)" from a knee's resampled interval; "" without one."""
+    interval = knee.get("interval")
+    if not isinstance(interval, list) or len(interval) != 2 or _n(interval[0]) is None:
+        return ""
+    lo, hi = interval
+    if _n(hi) is None:
+        return f" ({_users(lo)} or past the tested range at this run's noise)"
+    if lo == hi == knee.get("users"):
+        share = _n(knee.get("stability"))
+        return f" (the same knee in {share:.0%} of resamples of its steps)" if share is not None else ""
+    return f" ({lo:g}–{_users(hi)} at this run's noise)"
+
+
 def _main_cause(summary: dict[str, Any]) -> str:
+    told = summary.get("verdict")
+    if isinstance(told, dict) and "causes" in told:  # the causal chain (kneeswarm.analysis.findings.causes)
+        return f" **{told['text']}**" if told.get("text") else ""
     causes = [f for f in summary.get("findings") or [] if f.get("severity") in ("critical", "warning")]
     if not causes:
         return ""
@@ -75,8 +92,8 @@ def verdict(summary: dict[str, Any]) -> str:
         at = next((s for s in valid if s["users"] == knee["users"]), lo)
         peak_text = ("its peak" if peak.get("users") == knee["users"]
                      else f"peak {_qps(peak.get('qps'))} at {_users(peak.get('users'))}")
-        text = (f"**Verdict:** throughput stopped scaling at {_users(knee['users'])} ({_qps(knee.get('qps'))}, "
-                f"{peak_text}; P99 {p99(at)}); at {_users(hi['users'])} P99 was {p99(hi)}.")
+        text = (f"**Verdict:** throughput stopped scaling at {_users(knee['users'])}{noise_text(knee)}: "
+                f"{_qps(knee.get('qps'))}, {peak_text}; P99 {p99(at)}; at {_users(hi['users'])} P99 was {p99(hi)}.")
     return text + _main_cause(summary)
 
 
@@ -88,9 +105,12 @@ def _evidence(ev: dict[str, Any]) -> str:
     return ", ".join(f"{k} = {fmt(v)}" for k, v in ev.items())
 
 
-def sorted_findings(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """The findings, critical first (stable within a severity)."""
-    found = [f for f in summary.get("findings") or [] if isinstance(f, dict)]
+def sorted_findings(summary: dict[str, Any], key: str = "findings") -> list[dict[str, Any]]:
+    """The findings in the causal order the analysis gave them (root causes first, each followed by
+    what it explains); a summary written before that order existed: critical first."""
+    found = [f for f in summary.get(key) or [] if isinstance(f, dict)]
+    if isinstance(summary.get("verdict"), dict):
+        return found
     rank = {s: i for i, s in enumerate(SEVERITY_ORDER)}
     return sorted(found, key=lambda f: rank.get(f.get("severity") or "", len(rank)))  # unknown ones last
 
@@ -102,6 +122,13 @@ def finding_lines(f: dict[str, Any]) -> list[str]:
     severity = f.get("severity")
     head = f"{SEVERITY_MARK.get(severity or '', severity)} `{f.get('id')}`"
     head += f" (at {steps} {'user' if users == [1] else 'users'})" if users else ""
+    if f.get("explained_by"):
+        head = f"↳ {head}, explained by `{f['explained_by']}`"
+    support = _n(f.get("support"))
+    if support is not None and support < 1.0:
+        head += f" [fired in {support:.0%} of resamples]"
+    if f.get("rule_severity"):
+        head += f" [the rule said {f['rule_severity']}]"
     return [f"{head}: {f.get('text', '')}",
             f"evidence: `{_evidence(f.get('evidence') or {})}`",
             f"**advice:** {f.get('advice', '')}"]
@@ -119,6 +146,16 @@ def findings_section(summary: dict[str, Any]) -> list[list[str]]:
     if not _valid_steps(summary):
         return [["no finding: no valid step to read"]]
     return [["no finding: nothing in the recorded metrics points at a bottleneck over the tested range"]]
+
+
+def marginal_section(summary: dict[str, Any]) -> list[list[str]]:
+    """The marginal findings (at the run's noise: shown apart, never critical, never a gate)."""
+    return [finding_lines(f) for f in sorted_findings(summary, "findings_marginal")]
+
+
+MARGINAL_TITLE = "Marginal findings (within this run's noise: not confirmed)"
+MARGINAL_NOTE = ("each fired in some resamples of the steps and not in others: the statistic's interval straddles "
+                 "the rule's threshold, so a repeat of this run may or may not show it")
 
 
 def usl_lines(summary: dict[str, Any]) -> list[str]:

@@ -39,6 +39,41 @@ class Knee(TypedDict, total=False):
     took_off_users: int | float | None  # latency_knee: the step where P99 took off
     kneedle_users: int | float | None  # Kneedle's own answer, kept beside the rule's
     kneedle_error: str  # only when Kneedle raised (the rule alone decided)
+    interval: list[int | float | None] | None  # the resamples' knees, 5th-95th percentile (hi None: beyond the range)
+    stability: float  # the share of resamples that found this knee (kneeswarm.analysis.summary.confidence)
+
+
+class Finding(TypedDict, total=False):
+    """One of ``findings[]`` / ``findings_marginal[]`` (kneeswarm.analysis.findings; ids are a contract)."""
+
+    id: str
+    severity: str  # "critical", "warning" or "info"
+    steps: list[int | float]  # the users of the steps it was seen at
+    evidence: dict[str, Any]  # the numbers that say so (names are each rule's own)
+    text: str
+    advice: str
+    support: float  # share of the resampled steps in which it fired (kneeswarm.analysis.summary.confidence)
+    at_point: bool  # marginal ones: whether it fired on the measured figures themselves
+    rule_severity: str  # marginal ones: the severity the rule gave, where it was above a marginal's
+    explained_by: str  # the id of the finding that causes it (kneeswarm.analysis.findings.causes)
+    consequences: list[str]  # a cause's: the ids of the findings it explains
+
+
+class NoiseFacts(TypedDict):
+    """``noise``: how the knee and the findings were judged against the run's own noise."""
+
+    resamples: int
+    block_s: float
+    confirm: float
+    notice: float
+    knee_quantiles: list[float]
+
+
+class Verdict(TypedDict):
+    """``verdict``: the root causes found (findings no other finding explains) and the sentence."""
+
+    causes: list[str]
+    text: str
 
 
 class Totals(TypedDict):
@@ -81,6 +116,8 @@ class SummaryStep(TypedDict, total=False):
     rate: float  # open loop (kneeswarm.analysis.measure.loop.step_load_keys)
     items_s: float | None  # batch > 1
     workers: dict[str, Any]  # per worker (kneeswarm.analysis.measure.workers)
+    ci: dict[str, list[float]]  # 95 % intervals of qps, mean_ms, p50/p95/p99_ms over resamples of the step's window
+    server_ci: dict[str, dict[str, list[float]]]  # {host: {metric: [lo, hi]}}, the same for the server's figures
     resent: int  # requests sent again after the server closed a kept-alive connection cleanly (only when > 0)
 
 
@@ -94,6 +131,8 @@ class SearchSummary(TypedDict, total=False):
     stopped_because: str | None  # None: the run was stopped before the search ended
     load_s: float | None  # seconds of load of all probes (ramps and holds)
     grid_equivalent_s: float | None  # the doubling grid start..max with the same hold rule, at the mean probe duration
+    knee_at_noise: list[int | float | None] | None  # the knee's interval over resamples of the probes
+    bracket_holds: bool | None  # whether knee_bracket holds that interval (None: nothing to compare)
 
 
 class LlmWorkload(TypedDict, total=False):
@@ -148,7 +187,10 @@ class Summary(TypedDict, total=False):
     itl_columns: dict[str, str]  # streaming runs: what each ITL column is (kneeswarm.analysis.measure.streaming.ITL_COLUMNS)
     tokens_knee: Knee  # runs that recorded output tokens
     goodput: dict[str, Any]  # {"limits": {...}} when [sla] limits a request
-    findings: list[dict[str, Any]]  # kneeswarm.analysis.findings: {id, severity, steps, evidence, text, advice}
+    findings: list[Finding]  # the confirmed findings (kneeswarm.analysis.findings; summary.confidence)
+    findings_marginal: list[Finding]  # findings at the run's noise: shown apart, never critical, never a gate
+    noise: NoiseFacts
+    verdict: Verdict
     findings_unchecked: list[str]  # what the server's metrics could not feed (kneeswarm.analysis.findings.llm_engine)
     usl: dict[str, Any]  # kneeswarm.analysis.models.usl.fit_usl + curve, text
     sla: dict[str, Any]  # kneeswarm.analysis.summary.gates / capacity

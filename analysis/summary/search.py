@@ -64,6 +64,23 @@ def search_section(plan: dict[str, Any], steps: list[dict[str, Any]], decided: d
             "grid_equivalent_s": (doubling_steps(start, top) * sum(durations) / len(durations)) if durations else None}
 
 
+def bracket_at_noise(search: dict[str, Any], knee: dict[str, Any]) -> None:
+    """Set ``knee_at_noise`` (the knee's interval over resamples of the probes: summary.confidence)
+    and ``bracket_holds``: whether the search's bracket holds that interval.  A bracket narrower
+    than the run's noise is a claim the probes cannot make (seen: probes 1, 2, 4, 8, 16, 12 of an
+    11-slot target gave [12, 13], and 11 was never probed), and the report says so."""
+    interval, bracket = knee.get("interval"), search.get("knee_bracket")
+    search["knee_at_noise"] = interval
+    if not (isinstance(interval, list) and isinstance(bracket, list) and len(bracket) == 2) or \
+            search.get("mode") == "open":
+        search["bracket_holds"] = None  # nothing to hold against (an open loop's bracket is in rate)
+        return
+    lo, hi = interval
+    b_lo, b_hi = bracket
+    holds = (b_lo is None or (lo is not None and lo >= b_lo)) and (b_hi is None or (hi is not None and hi <= b_hi))
+    search["bracket_holds"] = bool(holds)
+
+
 def search_lines(summary: dict[str, Any]) -> list[str]:
     """Markdown lines of the ``search`` section (none for a grid run)."""
     s = summary.get("search")
@@ -73,6 +90,11 @@ def search_lines(summary: dict[str, Any]) -> list[str]:
     lines = ["## Search", "", f"Stopped because: {s.get('stopped_because') or 'the run was stopped before the search ended'}."]
     if s.get("knee_bracket"):
         lines.append(f"Knee bracket ({key}): {s['knee_bracket']}.")
+        noise = s.get("knee_at_noise")
+        if s.get("bracket_holds") is False and isinstance(noise, list):
+            hi = "past the tested range" if noise[1] is None else f"{noise[1]:g}"
+            lines.append(f"**The bracket is narrower than this run's noise:** resampling the probes puts the knee "
+                         f"between {noise[0]:g} and {hi} {key}; longer holds (or a tighter `ci`) narrow it.")
     if s.get("sla_bracket"):
         lines.append(f"SLA boundary bracket ({key}): {s['sla_bracket']}.")
     if s.get("load_s") is not None and s.get("grid_equivalent_s"):
