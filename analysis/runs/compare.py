@@ -122,7 +122,8 @@ def window(step: dict[str, Any], settle: float) -> tuple[float | None, float | N
     return lo, (hi if hi is not None else _num(step.get("t_end")))
 
 
-def _settle(summary: dict[str, Any]) -> float:
+def settle_of(summary: dict[str, Any]) -> float:
+    """The settle the summary's windows used (its ``analysis.settle``; 0 when it does not say)."""
     ana = got if isinstance(got := summary.get("analysis"), dict) else {}
     return _num(ana.get("settle")) or 0.0
 
@@ -259,7 +260,7 @@ def compare_runs(base_dir: str | Path, new_dir: str | Path, *, resamples: int = 
     warnings: list[str] = []
     samples = []
     for k, (run, summary) in enumerate(zip(runs, summaries)):
-        wins = [(u, *window(by[k][u], _settle(summary))) for u in common]
+        wins = [(u, *window(by[k][u], settle_of(summary))) for u in common]
         got, warn = bootstrap.step_samples(run, wins, seed + k, max_rows)
         samples.append(got)
         warnings += warn
