@@ -193,9 +193,11 @@ def _add_gates(sub: Any) -> None:
         sub.choices[name].add_argument("--sla-error-rate", type=float, help="[sla] error_rate: the error limit, 0..1")
     co = sub.add_parser("compare", help="compare two runs: per-step QPS/P99 changes, verdict",
                         description="Compare two kneeswarm runs: per-step QPS and P99 changes with bootstrap "
-                                    "confidence intervals, and a verdict.")
-    co.add_argument("base", help="the base run directory")
-    co.add_argument("new", help="the new run directory")
+                                    "confidence intervals, and a verdict.  A repeated run (`run --repeat`'s "
+                                    "<stamp>-<name>-repeat folder) is one point per step, the mean of its runs, "
+                                    "whose interval is how far its runs moved between each other.")
+    co.add_argument("base", help="the base run directory, or a repeated run's folder")
+    co.add_argument("new", help="the new run directory, or a repeated run's folder")
     co.add_argument("--fail-on-regression", action="store_true",
                     help=f"exit {EXIT_REGRESSION} when the verdict is 'regressed'")
     co.add_argument("--out", help="folder for compare.json, compare.md, compare.html, junit.xml "
@@ -560,7 +562,8 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """`compare BASE NEW` (kneeswarm.analysis.runs.compare; imported here: the analysis package loads pandas)."""
-    from kneeswarm.analysis.runs.compare import (NOT_COMPARABLE, REGRESSED, compare_markdown, compare_runs, write_outputs)
+    from kneeswarm.analysis.runs.compare import (NOT_COMPARABLE, REGRESSED, compare_markdown, compare_runs, is_repeat,
+                                                 write_outputs)
     from kneeswarm.contracts.rundir import COMPARE_DIR, RunDir
 
     result = compare_runs(args.base, args.new)  # RunDirError: bad input (main)
@@ -568,7 +571,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"kneeswarm compare: {args.base} and {args.new}: no step is valid in both runs", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        write_outputs(result, Path(args.out) if args.out else RunDir(args.new).report_dir / COMPARE_DIR)
+        default = Path(args.new) / COMPARE_DIR if is_repeat(args.new) else RunDir(args.new).report_dir / COMPARE_DIR
+        write_outputs(result, Path(args.out) if args.out else default)
     except OSError as exc:  # the output folder cannot be written: the comparison did not complete
         print(f"kneeswarm compare: cannot write the comparison: {exc}", file=sys.stderr)
         return EXIT_FAILED

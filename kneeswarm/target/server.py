@@ -577,12 +577,16 @@ def _url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _build(args: argparse.Namespace) -> tuple[ModelInfo, OnnxEngine | KneeEngine | UslEngine, TargetMetrics]:
-    info_labels: dict[str, Any] = {"mode": args.mode, "model": args.model_name}
-    warmup = Warmup(args.warmup_s, args.warmup_extra_ms / 1000.0)
-    jitter = Jitter(args.jitter, args.jitter_period, args.jitter_seed)
+def _jitter(args: argparse.Namespace, info_labels: dict[str, Any]) -> Jitter:
+    """--jitter's noise (its settings added to the info metric's labels when on)."""
     if args.jitter:
         info_labels.update(jitter=args.jitter, jitter_period=args.jitter_period, jitter_seed=args.jitter_seed)
+    return Jitter(args.jitter, args.jitter_period, args.jitter_seed)
+
+
+def _build(args: argparse.Namespace) -> tuple[ModelInfo, OnnxEngine | KneeEngine | UslEngine, TargetMetrics]:
+    info_labels: dict[str, Any] = {"mode": args.mode, "model": args.model_name}
+    warmup, jitter = Warmup(args.warmup_s, args.warmup_extra_ms / 1000.0), _jitter(args, info_labels)
     if args.mode == "usl":
         info_labels.update(service_ms=args.service_ms, sigma=args.sigma, kappa=args.kappa)
         metrics = TargetMetrics(info_labels, workers=0, queue_capacity=0)
