@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import logging
+from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
@@ -205,7 +206,8 @@ def _findings_html(rep: Repetition) -> str:
 def _runs_html(rep: Repetition) -> str:
     rows = []
     for r in rep["runs"]:
-        link = f'<a href="../{html.escape(r["run_id"])}/report/{REPORT_HTML}">{html.escape(r["run_id"])}</a>'
+        folder = html.escape(Path(r["run_dir"]).name)  # a sibling of the merged result's folder
+        link = f'<a href="../{folder}/report/{REPORT_HTML}">{html.escape(r["run_id"])}</a>'
         cls = "" if r["merged"] else ' class="left"'
         rows.append(f"<tr{cls}><td>{r['index']}</td><td>{link}</td><td>{_f(r['knee_users'], '{:g}')}</td>"
                     f"<td>{_iv(r['knee_interval'])}</td><td>{_f(r['peak_qps'])}</td>"
