@@ -95,12 +95,13 @@ class Series:
             gevent.sleep(min(COOLDOWN_POLL_S, max(0.0, self.next_at - time.time())))
         return not self.cancelled
 
-    def finish(self, merge: Callable[[list[Path]], tuple[str | None, str | None]]) -> None:
-        """The series is over: merged (``merge`` gives the folder's name or an error) when a run completed."""
+    def finish(self, merge: Callable[[list[Path], int], tuple[str | None, str | None]]) -> None:
+        """The series is over: merged (``merge(runs, planned)`` gives the folder's name or an error)
+        when a run completed."""
         stopped = self.cancelled or self.completed < self.of
         if self.completed:
             self.state = MERGING
-            folder, error = merge(self.runs)
+            folder, error = merge(self.runs, self.of)
             self.report = {"report_url": f"{self.run_prefix}/{folder}/{REPORT_HTML}"} if folder else \
                 {"report_error": error or "the merge wrote nothing"}
         self.state = STOPPED if stopped else DONE
@@ -109,10 +110,10 @@ class Series:
 REPORT_LINE = re.compile(r"^repeat report: (?P<path>.+)$", re.M)
 
 
-def merge_in_child(runs: list[Path], timeout: float = MERGE_TIMEOUT_S) -> tuple[str | None, str | None]:
+def merge_in_child(runs: list[Path], planned: int, timeout: float = MERGE_TIMEOUT_S) -> tuple[str | None, str | None]:
     """``kneeswarm merge RUN_DIR...`` in its own process (beside the first run); (its folder's name,
     None) or (None, one line saying why not)."""
-    argv = [sys.executable, "-m", "kneeswarm.launch.cli", "merge", *map(str, runs), "-q"]
+    argv = [sys.executable, "-m", "kneeswarm.launch.cli", "merge", *map(str, runs), "--planned", str(planned), "-q"]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as e:

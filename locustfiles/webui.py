@@ -148,7 +148,19 @@ KNEE_JS = """(function () {
       live = d; chart(); repetition();
     }).catch(function () {});
   }
+  var seen_index = null, reload_for = null;
+  function follow(r) {
+    // Locust's page stops asking for its stats once a test stops, and does not see a test it did not
+    // start: when the series starts its next repetition, the page is loaded again once that test runs
+    if (seen_index !== null && r.index !== seen_index && r.state === 'running') { reload_for = r.index; }
+    seen_index = r.index;
+    if (reload_for === null) { return; }
+    fetch('/stats/requests').then(function (x) { return x.json(); }).then(function (st) {
+      if (st.state === 'running' || st.state === 'spawning') { reload_for = null; location.reload(); }
+    }).catch(function () {});
+  }
   function repetition() {  // [load] repeat: which repetition is running, above the Knee tab's chart
+    if (live && live.repeat) { follow(live.repeat); }
     var table = knee_tab(), box = document.getElementById('kneeswarm-repeat');
     if (!table || !live || !live.repeat) { if (box && !(live && live.repeat)) { box.remove(); } return; }
     if (!box || !box.isConnected) {
@@ -361,7 +373,7 @@ class KneeTab:
     def check_form(self) -> Response | None:
         """A bad plan field in the start form: Locust's own failure answer, with one line.  Stop
         pressed: ``on_stop`` first (a series of repetitions starts no further test)."""
-        if request.path == "/stop":
+        if request.path == "/stop" and request.method == "POST":
             self.on_stop()
         if request.path == "/swarm" and request.method == "POST":
             problem = self.validate(request.form)

@@ -162,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     me.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="the runs, in the order they ran")
     me.add_argument("--out", help="the merged result's folder (default: <stamp>-<name>-repeat beside the first run)")
     me.add_argument("--name", help="its name (default: the first run's plan name)")
+    me.add_argument("--planned", type=int, metavar="N", help="runs the series asked for, when fewer ran (default: as many as given)")
     me.add_argument("-q", "--quiet", action="store_true", help="print only the report path")
     _add_gates(sub)
     _add_history(sub)
@@ -537,7 +538,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
         except (OSError, ValueError):
             name = "merged"
     folder = Path(args.out) if args.out else repeat_folder(runs[0].path.parent, name)
-    rep = write_repeat(folder, name, [r.path for r in runs])
+    rep = write_repeat(folder, name, [r.path for r in runs], args.planned)
     return _merged(folder, rep, False, args.quiet)
 
 
