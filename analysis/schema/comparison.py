@@ -6,7 +6,7 @@ JUnit cases (reports.junit) and the command line read it.
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, TypedDict
+from typing import Any, TypedDict
 
 COMPARE_VERSION = 1  # compare.json's "version": raised when a key changes meaning or goes
 #: settings.interval: how a change's interval was found.  Two single runs: each step's rows
@@ -17,11 +17,14 @@ INTERVAL_BOOTSTRAP, INTERVAL_BETWEEN_RUNS = "bootstrap over the rows", "between 
 
 
 # -- compare.json: its shape, declared once (readers: compare_report, junit, the command line) ----
-class RunInfo(TypedDict):
+class _RunInfo(TypedDict):
     run_id: str
     path: str
     complete: bool | None
-    runs: NotRequired[int]  # a repeated run (kneeswarm.analysis.runs.repeat): the runs merged into this side
+
+
+class RunInfo(_RunInfo, total=False):
+    runs: int  # a repeated run (kneeswarm.analysis.runs.repeat): the runs merged into this side
 
 
 class Change(TypedDict):
@@ -36,7 +39,7 @@ class Change(TypedDict):
     min_relative_change: float
 
 
-class Side(TypedDict):
+class _Side(TypedDict):
     valid: bool
     requests: int | None
     qps: float | None
@@ -44,8 +47,11 @@ class Side(TypedDict):
     error_rate: float | None
     rows_resampled: int
     rows: int
-    runs: NotRequired[int]  # a repeated run: the runs whose valid step gave qps and p99_ms (their mean)
-    sd: NotRequired[dict[str, float | None]]  # ... and the runs' standard deviation of each
+
+
+class Side(_Side, total=False):
+    runs: int  # a repeated run: the runs whose valid step gave qps and p99_ms (their mean)
+    sd: dict[str, float | None]  # ... and the runs' standard deviation of each
 
 
 class StepComparison(TypedDict):
