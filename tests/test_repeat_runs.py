@@ -157,3 +157,33 @@ def test_ctrl_c_between_runs_ends_the_series_and_keeps_what_was_recorded(start_d
     assert (rep["planned"], rep["merged"], rep["complete"]) == (3, 1, False)
     assert "2 of the 3 planned runs did not run" in (folder / REPEAT_MD).read_text()
     assert f"repeat report: {folder / REPORT_HTML}" in stdout
+
+
+@pytest.mark.long
+def test_a_repetition_that_cannot_start_ends_the_series_with_exit_1(start_demo_target, tmp_path):
+    """The target stopped during the cooldown: the second repetition's health check fails, the
+    series ends there (exit 1, one line naming the repetition), and the first run is merged as 1
+    of the 2 planned, marked incomplete."""
+    target = start_demo_target("--mode", "knee", "--slots", str(SLOTS), "--service-ms", "20")
+    plan = _plan(tmp_path, target, "gone", [2], repeat=2, cooldown=8.0, hold=1.5)
+    out = tmp_path / "out"
+    p = subprocess.Popen([KNEESWARM, "run", str(plan), "--out", str(out), "-q"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=REPO)
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: said.extend(iter(p.stderr.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    try:
+        wait_for(lambda: out.exists() and any(out.glob("*/report/index.html")), 120, "the first run's report")
+        target.stop()  # within the 8 s cooldown that follows the report
+        p.wait(timeout=120)
+        reader.join(timeout=10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    stderr = "".join(said)
+    assert p.returncode == outcome.EXIT_FAILED, stderr[-3000:]
+    assert "repetition 2 of 2 did not start: target" in stderr and "Traceback" not in stderr
+    runs, folder = _outputs(out)
+    assert len(runs) == 1
+    rep = json.loads((folder / REPEAT_JSON).read_text())
+    assert (rep["planned"], rep["merged"], rep["complete"]) == (2, 1, False)
