@@ -30,7 +30,7 @@ from locust.env import Environment
 from locust.runners import (HEARTBEAT_INTERVAL, HEARTBEAT_LIVENESS, STATE_MISSING, STATE_RUNNING, STATE_SPAWNING,
                             MasterRunner, WorkerRunner)
 
-from kneeswarm.contracts.outcome import EXIT_BAD_INPUT
+from kneeswarm.contracts.outcome import EXIT_BAD_INPUT, Ended
 from kneeswarm.contracts.plan import PlanError
 from kneeswarm.contracts.planfile import load_plan, plan_from_dict
 from kneeswarm.contracts.rundir import (REPORT_HTML, RunDir)
@@ -41,6 +41,7 @@ from kneeswarm.locustfiles import clocks, prompt, state, webui
 from kneeswarm.locustfiles.master_state import MasterState
 from kneeswarm.locustfiles.recording import EXIT_OUTCOME_UNWRITTEN, ROW_LAG_S, STOP_MARGIN_S, Recording, worker_name
 from kneeswarm.locustfiles.recorder import (GEN_KEY, REPORT_KEY, GeneratorSampler, RowBuffer, WorkerReport)
+from kneeswarm.locustfiles.series import Series, merge_in_child, wants_series
 from kneeswarm.locustfiles.shape import StepShape
 from kneeswarm.locustfiles.steady import ProbeMeter
 from kneeswarm.locustfiles.steps import StepSchedule
@@ -192,9 +193,10 @@ class MasterListeners:
         self.local_buffer = None if self.is_master else RowBuffer()
         self.recording: Recording | None = None
         self.test: TestHosts | None = None  # the test's lifecycle when no conductor drives it
+        self.series: Series | None = None  # a web UI Start of a plan with repeat > 1 (locustfiles/series.py)
         if env.web_ui is not None:
             webui.KneeTab(env, live=self.live_view, out=lambda: getattr(env.parsed_options, "kneeswarm_out", "runs"),
-                          validate=lambda form: _check_form(env, form))
+                          validate=lambda form: _check_form(env, form), on_stop=self.stop_series)
         if self.local_buffer is not None:
             env.events.request.add_listener(self.local_buffer.on_request)
         if isinstance(env.shape_class, StepShape):
@@ -226,6 +228,14 @@ class MasterListeners:
             except PlanError as e:
                 logger.error("kneeswarm: %s; the previous plan is used", e)
         run, owns_meta = _run_dir(self.env, first=self.recording is None)
+        if self.series is not None and self.series.continuing:  # the series' next repetition
+            self.series.started_next()
+        else:  # a Start: a series of its own when the plan repeats
+            if self.series is not None:
+                self.series.cancel()
+            plan = state.plan()
+            self.series = Series(plan.load.repeat, plan.load.cooldown) \
+                if wants_series(plan, owns_meta, self.env.web_ui) else None
         self.recording = Recording(self.env, run, self.local_buffer, owns_meta, self.worker_clocks, _search_driver)
         if owns_meta:  # no conductor: this process drives the test's host agents and report
             accept = bool(getattr(self.env.parsed_options, "kneeswarm_accept_new_host_keys", False))
@@ -238,8 +248,28 @@ class MasterListeners:
         return self.recording.schedule
 
     def live_view(self) -> webui.LiveJson:
-        """What the Knee tabs show: the current (or last) test's tables and its report link."""
-        return self.test.view() if self.test is not None else {"steps": [], "hosts": []}
+        """What the Knee tabs show: the current (or last) test's tables and its report link, and
+        which repetition of a series is running."""
+        view: webui.LiveJson = self.test.view() if self.test is not None else {"steps": [], "hosts": []}
+        if self.series is not None:
+            view["repeat"] = self.series.view()
+        return view
+
+    def stop_series(self) -> None:
+        if self.series is not None:
+            self.series.cancel()
+
+    def next_in_series(self, test: TestHosts, series: Series) -> None:
+        """A test of a series stopped: its report, then the cooldown and the next test's start, or,
+        when the series is over, the merged result."""
+        gevent.sleep(REPORT_WAIT)  # the workers' last rows (as finish_later)
+        test.finish()
+        if series.ran(test.run.path, test.run.read_meta().get("ended") == Ended.COMPLETED) and series.wait_cooldown() \
+                and self.series is series:
+            series.continuing = True
+            self.runner.start_shape()  # new_test: the next repetition
+            return
+        series.finish(merge_in_child)
 
     def on_worker_connect(self, client_id: str, **_kw: Any) -> None:
         self.state.connected(client_id)
@@ -313,7 +343,9 @@ class MasterListeners:
         if self.recording is not None:
             self.recording.end()
         headless = bool(getattr(environment.parsed_options, "headless", False))
-        if self.test is not None and not headless:  # web UI: the report once the last rows are in
+        if self.test is not None and not headless and self.series is not None:  # web UI, repeat: the series goes on
+            gevent.spawn(self.next_in_series, self.test, self.series)
+        elif self.test is not None and not headless:  # web UI: the report once the last rows are in
             self.test.finish_later(REPORT_WAIT)
 
     def on_quitting(self, environment: Environment, **_kw: Any) -> None:

@@ -6,7 +6,8 @@
     Knee tab         the live step table (users, QPS, P50/P99, errors, valid, why a probe was chosen)
                      under a chart of QPS and P99 against users (plotly.js from the installed plotly
                      package, served here: no CDN), each step labelled with its number and why, the
-                     knee marked once known (LiveKnee)
+                     knee marked once known (LiveKnee); with [load] repeat, which repetition of the
+                     Start's series is running above it, and the merged report's link (LiveRepeat)
     Knee servers     the latest server metrics per monitored host (CPU us/sy, cs/s, run queue,
                      busiest thread, GPU)
     /kneeswarm/...   live.json (both tables, the knee and the report's URL once written), runs/<id>/...
@@ -47,10 +48,13 @@ PLAN_FIELDS = (  # in the order a user thinks: what, then how the steps are chos
     ("kneeswarm_ramp", "load.ramp", "seconds to ramp to each step"),
     ("kneeswarm_hold", "load.hold", "seconds each step is held after its ramp, or auto (until steady and known)"),
     ("kneeswarm_settle", "load.settle", "seconds after each ramp left out of the step's statistics"),
+    ("kneeswarm_repeat", "load.repeat", "runs of the plan one Start makes, each its own report, then merged"),
+    ("kneeswarm_cooldown", "load.cooldown", "repeat: seconds between two runs"),
 )
 #: plan keys of the start form that are numbers (the others are words, or the steps' list)
 NUMBER_KEYS = ("load.ramp", "load.hold", "load.settle", "load.start", "load.max", "load.growth", "load.precision",
-               "load.max_duration")
+               "load.max_duration", "load.cooldown")
+INTEGER_KEYS = ("load.repeat",)  # plan keys of the start form that are whole numbers
 STEP_COLUMNS = [("step", "Step"), ("users", "Users"), ("state", "State"), ("requests", "Requests"),
                 ("qps", "QPS"), ("p50_ms", "P50 ms"), ("p99_ms", "P99 ms"), ("errors", "Errors"),
                 ("valid", "Valid"), ("why", "Why (search)")]
@@ -103,6 +107,19 @@ class Live(TypedDict):
     knee: NotRequired[LiveKnee]
 
 
+class LiveRepeat(TypedDict, total=False):
+    """``[load] repeat`` in the web UI (kneeswarm.locustfiles.series): which repetition of a Start's
+    series is running, shown above the Knee tab's chart, and the merged report once written."""
+    index: int  # the repetition running (or last run), from 1
+    of: int  # repetitions asked for
+    state: str  # "running", "cooldown", "merging", "done", "stopped"
+    text: str  # what the Knee tab shows
+    runs: list[str]  # the run directories of the series so far
+    next_in_s: float  # state "cooldown": seconds until the next repetition starts
+    report_url: str  # the merged result's page
+    report_error: str  # why it was not written
+
+
 class ReportLink(TypedDict, total=False):
     """The report's link once written, or why there is none."""
     report_url: str
@@ -112,6 +129,7 @@ class ReportLink(TypedDict, total=False):
 class LiveJson(Live, ReportLink, total=False):
     """/kneeswarm/live.json: the tables, the run, and the report's link."""
     run_id: str
+    repeat: LiveRepeat  # a Start that runs a series (plan repeat > 1)
 
 
 KNEE_JS = """(function () {
@@ -127,8 +145,38 @@ KNEE_JS = """(function () {
         }
         a.href = d.report_url; a.textContent = 'Knee report: ' + d.run_id;
       } else if (a) { a.remove(); }
-      live = d; chart();
+      live = d; chart(); repetition();
     }).catch(function () {});
+  }
+  var seen_index = null, reload_for = null;
+  function follow(r) {
+    // Locust's page stops asking for its stats once a test stops, and does not see a test it did not
+    // start: when the series starts its next repetition, the page is loaded again once that test runs
+    if (seen_index !== null && r.index !== seen_index && r.state === 'running') { reload_for = r.index; }
+    seen_index = r.index;
+    if (reload_for === null) { return; }
+    fetch('/stats/requests').then(function (x) { return x.json(); }).then(function (st) {
+      if (st.state === 'running' || st.state === 'spawning') { reload_for = null; location.reload(); }
+    }).catch(function () {});
+  }
+  function repetition() {  // [load] repeat: which repetition is running, above the Knee tab's chart
+    if (live && live.repeat) { follow(live.repeat); }
+    var table = knee_tab(), box = document.getElementById('kneeswarm-repeat');
+    if (!table || !live || !live.repeat) { if (box && !(live && live.repeat)) { box.remove(); } return; }
+    if (!box || !box.isConnected) {
+      box = document.createElement('div'); box.id = 'kneeswarm-repeat';
+      box.style.cssText = 'font:15px sans-serif;margin:8px 0;padding:6px 10px;background:#e8f0fe;border-radius:4px';
+      var at = document.getElementById('kneeswarm-chart') || table.closest('.MuiTableContainer-root') || table;
+      at.parentNode.insertBefore(box, at);
+    }
+    var r = live.repeat, text = r.text + (r.next_in_s !== undefined ? ' (in ' + Math.ceil(r.next_in_s) + ' s)' : '');
+    box.setAttribute('data-index', r.index); box.setAttribute('data-state', r.state);
+    box.textContent = text;
+    if (r.report_url) {
+      var a = document.createElement('a'); a.id = 'kneeswarm-repeat-link'; a.href = r.report_url; a.target = '_blank';
+      a.textContent = 'merged report'; a.style.marginLeft = '10px';
+      box.appendChild(a);
+    } else if (r.report_error) { box.appendChild(document.createTextNode(' (merge failed: ' + r.report_error + ')')); }
   }
   var opened = false;
   function form() {
@@ -207,7 +255,7 @@ KNEE_JS = """(function () {
       legend: {orientation: 'h'}, title: {text: k.how ? 'QPS and P99 by users (' + k.how + ')' : 'QPS and P99 by users'}
     }, {displaylogo: false});
   }
-  poll(); setInterval(poll, 2000); setInterval(form, 300); setInterval(chart, 1000);
+  poll(); setInterval(poll, 2000); setInterval(form, 300); setInterval(chart, 1000); setInterval(repetition, 1000);
 })();
 """
 
@@ -243,6 +291,8 @@ def form_overrides(opts: Any) -> dict[str, Any]:
                 out[key] = raw
             elif key in NUMBER_KEYS:
                 out[key] = float(raw)
+            elif key in INTEGER_KEYS:
+                out[key] = int(raw)
             else:
                 out[key] = raw
         except ValueError:
@@ -299,8 +349,8 @@ class KneeTab:
     """The tabs, routes and live data of the web UI; ``live()`` gives the latest tables."""
 
     def __init__(self, env: Any, live: Callable[[], LiveJson], out: Callable[[], str],
-                 validate: Callable[[Any], str | None]):
-        self.env, self.live, self.out, self.validate = env, live, out, validate
+                 validate: Callable[[Any], str | None], on_stop: Callable[[], None] = lambda: None):
+        self.env, self.live, self.out, self.validate, self.on_stop = env, live, out, validate, on_stop
         web_ui = env.web_ui
         if getattr(env.parsed_options, "web_login", False):
             _login(web_ui)
@@ -321,7 +371,10 @@ class KneeTab:
                          web_ui.auth_required_if_enabled(self.run_file))
 
     def check_form(self) -> Response | None:
-        """A bad plan field in the start form: Locust's own failure answer, with one line."""
+        """A bad plan field in the start form: Locust's own failure answer, with one line.  Stop
+        pressed: ``on_stop`` first (a series of repetitions starts no further test)."""
+        if request.path == "/stop" and request.method == "POST":
+            self.on_stop()
         if request.path == "/swarm" and request.method == "POST":
             problem = self.validate(request.form)
             if problem:

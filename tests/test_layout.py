@@ -401,3 +401,15 @@ def test_the_length_check_catches_a_long_file(tmp_path):
     assert long_files([probe], tmp_path) == []
     probe.write_text("x = 1\n" * MAX_FILE_LINES + "y = 2")  # the last line need not end
     assert long_files([probe], tmp_path) == [f"tests/test_probe.py: {MAX_FILE_LINES + 1} lines"]
+
+
+def test_no_source_file_is_ignored_by_git():
+    # `.gitignore`'s "runs/" once matched analysis/runs/ too: files made there were on disk and never
+    # committed, so a clean clone (CI) would lack them.  Every source file must be one git can track.
+    import subprocess
+
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    out = subprocess.run(["git", "ls-files", "--others", "--ignored", "--exclude-standard", "--", *FOLDERS, "tests"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    assert not [p for p in out if p.endswith((".py", ".sh", ".md", ".toml"))], out

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kneeswarm.analysis.schema.comparison import Change, Comparison, Shift, StepComparison
+from kneeswarm.analysis.schema.comparison import INTERVAL_BETWEEN_RUNS, Change, Comparison, Shift, StepComparison
 
 logger = logging.getLogger(__name__)
 
@@ -42,11 +42,33 @@ def step_table(result: Comparison) -> list[str]:
     return lines
 
 
+def _over_runs(side: dict[str, Any]) -> str:
+    """A repeated run's knee: " (1-4 over 3 runs)", or "" for a single run."""
+    if side.get("runs") is None:
+        return ""
+    lo, hi = side.get("lo"), side.get("hi")
+    spread = f"{lo:g}-{hi:g}" if lo is not None and hi is not None and lo != hi else "the same"
+    return f" ({spread} over {side['runs']} runs)"
+
+
 def shift_line(label: str, sh: Shift) -> str:
     b, n = sh.get("base") or {}, sh.get("new") or {}
-    return (f"**{label}:** {_f(b.get('users'), '{}')} users at {_f(b.get('qps'))} QPS → "
-            f"{_f(n.get('users'), '{}')} users at {_f(n.get('qps'))} QPS"
+    return (f"**{label}:** {_f(b.get('users'), '{:g}')} users{_over_runs(b)} at {_f(b.get('qps'))} QPS → "
+            f"{_f(n.get('users'), '{:g}')} users{_over_runs(n)} at {_f(n.get('qps'))} QPS"
             + (f" (QPS {sh['qps_rel']:+.1%})" if sh.get("qps_rel") is not None else ""))
+
+
+def _sides(result: Comparison) -> str:
+    """base → new, each a run or a repeated run with its count of runs."""
+    def one(info: Any) -> str:
+        return f"`{info['run_id']}`" + (f" (repeated: {info['runs']} runs merged)" if info.get("runs") else "")
+    return f"base {one(result['base'])} → new {one(result['new'])}"
+
+
+def _interval_text(s: dict[str, Any]) -> str:
+    if s.get("interval") == INTERVAL_BETWEEN_RUNS:
+        return f"the {s.get('confidence', 0):.0%} interval of the change between runs (Student's t over the repeated runs)"
+    return f"the {s.get('confidence', 0):.0%} bootstrap CI of the change"
 
 
 def usl_line(usl: dict[str, Any]) -> str:
@@ -68,8 +90,7 @@ def compare_markdown(result: Comparison) -> str:
     v = result.get("verdict", "")
     s = result.get("settings", {})
     out = [f"## kneeswarm compare: {VERDICT_MARK.get(v, '')} {v}", "",
-           f"base `{result['base']['run_id']}` → new `{result['new']['run_id']}`; significant = the "
-           f"{s.get('confidence', 0):.0%} bootstrap CI of the change excludes 0 and the change is at least "
+           f"{_sides(result)}; significant = {_interval_text(s)} excludes 0 and the change is at least "
            + ", ".join(f"{k} {t:.0%}" for k, t in (s.get("min_relative_change") or {}).items()), ""]
     out += [f"- {r}" for r in result.get("reasons", [])] + ([""] if result.get("reasons") else [])
     out += step_table(result) + [""]
@@ -145,7 +166,7 @@ def compare_html(result: Comparison) -> str:
              usl_line(result.get("usl", {}))] + findings_lines(result.get("findings", {}))
     extra += [f"Warning: {w}" for w in result.get("warnings", [])]
     body = (f"<h1>kneeswarm compare: {e(result.get('verdict', ''))}</h1>"
-            f"<p>base <code>{e(str(result['base']['run_id']))}</code> → new <code>{e(str(result['new']['run_id']))}</code></p>"
+            f"<p>{e(_sides(result).replace('`', ''))}</p>"
             f"<ul>{''.join(lines)}</ul>"
             + compare_figure(result).to_html(full_html=False, include_plotlyjs=True)
             + html_table(result) + "<ul>" + "".join(f"<li>{e(x.replace('**', '').lstrip('- '))}</li>" for x in extra) + "</ul>")

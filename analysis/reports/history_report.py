@@ -61,17 +61,35 @@ def _soak_lines(g: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _repeat_lines(g: dict[str, Any]) -> list[str]:
+    """The group's repeated runs: each one point, the mean of its runs with the interval between them."""
+    rep = [r for r in g["runs"] if r.get("repeat")]
+    if not rep:
+        return []
+    lines = ["", "Repeated runs, each one point (the mean of its runs; [the interval between them]):", ""]
+    for r in rep:
+        x = r["repeat"]
+        moved = [f"`{f['id']}` {f['label']}" for f in x.get("findings") or [] if not f.get("stable")]
+        lines.append(f"- `{r['run_id']}`: {x['runs']} of {x['planned']} runs merged; {x['knee']['text']}"
+                     + (f"; findings that did not repeat: {', '.join(moved)}" if moved else ""))
+    return lines
+
+
 def group_markdown(g: dict[str, Any]) -> list[str]:
     kind = " (soak)" if g.get("soak") else ""
     lines = [f"## {g['plan']} → {g['target']}{kind}", "",
              f"{len(g['runs'])} runs, {_when(g['runs'][0]['started'] if g['runs'] else None)} to "
              f"{_when(g['runs'][-1]['started'] if g['runs'] else None)}"]
     lines += _soak_lines(g) if g.get("soak") else []
+    lines += _repeat_lines(g)
     lines += [f"- left out: `{x['run']}` ({x['reason']})" for x in g["left_out"]]
     lines += ["", "| figure | last | drift test |", "|---|---:|---|"]
     for s in g["series"]:
-        last = next((v for v in reversed(s["values"]) if v is not None), None)
-        lines.append(f"| {s['figure']} | {_f(last)} | {_drift_cell(s['drift'])} |")
+        last = next((i for i in reversed(range(len(s["values"]))) if s["values"][i] is not None), None)
+        ivs = s.get("intervals") or []
+        iv = ivs[last] if last is not None and last < len(ivs) else None
+        value = _f(s["values"][last] if last is not None else None) + (f" [{iv[0]:.4g}, {iv[1]:.4g}]" if iv else "")
+        lines.append(f"| {s['figure']} | {value} | {_drift_cell(s['drift'])} |")
     drifting = [s for s in g["series"] if s["drift"]["drifting"] and s["change_point"]]
     if drifting:
         lines += ["", "Where the drifting figures moved (single least-squares change point):"]
@@ -105,8 +123,14 @@ def _chart(g: dict[str, Any], title: str, members: list[dict[str, Any]], yaxis: 
     x = _times(g)
     fig = go.Figure()
     for s in members:
+        ivs = s.get("intervals") or [None] * len(s["values"])
+        error = None
+        if any(iv is not None for iv in ivs):  # a repeated run's point: the interval between its runs
+            error = dict(type="data", symmetric=False,
+                         array=[iv[1] - v if iv and v is not None else 0 for iv, v in zip(ivs, s["values"])],
+                         arrayminus=[v - iv[0] if iv and v is not None else 0 for iv, v in zip(ivs, s["values"])])
         fig.add_trace(go.Scatter(x=x, y=s["values"], mode="lines+markers", name=PERCENTILE_NAMES.get(s["metric"], s["figure"]),
-                                 text=[r["run_id"] for r in g["runs"]], hovertemplate="%{text}<br>%{y:.4g}"))
+                                 text=[r["run_id"] for r in g["runs"]], hovertemplate="%{text}<br>%{y:.4g}", error_y=error))
     cp = next((s["change_point"] for s in members if s["drift"]["drifting"] and s["change_point"]), None)
     if cp is not None and x[cp["index"]] is not None:
         fig.add_vline(x=x[cp["index"]].timestamp() * 1000, line_dash="dash", line_color="grey")

@@ -33,9 +33,9 @@ from kneeswarm.analysis.measure import bootstrap
 from kneeswarm.analysis.reports.compare_report import compare_html, compare_markdown
 from kneeswarm.analysis.findings import explain
 from kneeswarm.analysis.models.usl import fit_usl
-from kneeswarm.analysis.schema.comparison import (COMPARE_VERSION, Change, Comparison, RunInfo, Shift, Side, StepComparison,
-                                                  SummariesComparison)
-from kneeswarm.contracts.rundir import COMPARE_HTML, COMPARE_JSON, COMPARE_MD, JUNIT_FILE, RunDir, RunDirError
+from kneeswarm.analysis.schema.comparison import (COMPARE_VERSION, INTERVAL_BOOTSTRAP, Change, Comparison, RunInfo, Shift,
+                                                  Side, StepComparison, SummariesComparison)
+from kneeswarm.contracts.rundir import COMPARE_HTML, COMPARE_JSON, COMPARE_MD, JUNIT_FILE, REPEAT_JSON, RunDir, RunDirError
 
 logger = logging.getLogger(__name__)
 
@@ -55,21 +55,12 @@ NOT_COMPARED = "not compared"
 USL_KEYS = ("sigma", "kappa", "lambda", "n_star", "peak", "r2")
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 # -- loading -------------------------------------------------------------------------------------
+def is_repeat(path: str | Path) -> bool:
+    """A folder holding repeat.json: a repeated run's merged result (kneeswarm.analysis.runs.repeat)."""
+    return (Path(path) / REPEAT_JSON).is_file()
+
+
 def load_summary(run: RunDir) -> dict[str, Any]:
     """report/summary.json, or, when the run was never analysed, the summary computed now."""
     path = run.summary_path
@@ -122,7 +113,8 @@ def window(step: dict[str, Any], settle: float) -> tuple[float | None, float | N
     return lo, (hi if hi is not None else _num(step.get("t_end")))
 
 
-def _settle(summary: dict[str, Any]) -> float:
+def settle_of(summary: dict[str, Any]) -> float:
+    """The settle the summary's windows used (its ``analysis.settle``; 0 when it does not say)."""
     ana = got if isinstance(got := summary.get("analysis"), dict) else {}
     return _num(ana.get("settle")) or 0.0
 
@@ -183,7 +175,7 @@ def compare_step(i: int, users: Any, b: dict[str, Any], n: dict[str, Any], sb: b
 
 
 # -- whole runs ----------------------------------------------------------------------------------
-def _shift(base: Any, new: Any) -> Shift:
+def shift_of(base: Any, new: Any) -> Shift:
     """{base {users, qps}, new {users, qps}, users_ratio, qps_rel} of a knee or peak."""
     b = base if isinstance(base, dict) else {}
     n = new if isinstance(new, dict) else {}
@@ -216,7 +208,7 @@ def findings_change(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]
 def compare_summaries(base: dict[str, Any], new: dict[str, Any], base_plan: Any = None,
                       new_plan: Any = None) -> SummariesComparison:
     """The parts of a comparison that need only the two summaries: knee, peak, USL, findings."""
-    return {"knee": _shift(base.get("knee"), new.get("knee")), "peak": _shift(base.get("peak"), new.get("peak")),
+    return {"knee": shift_of(base.get("knee"), new.get("knee")), "peak": shift_of(base.get("peak"), new.get("peak")),
             "usl": usl_change(usl_of(base), usl_of(new)),
             "findings": findings_change(explain(base, base_plan), explain(new, new_plan))}
 
@@ -251,6 +243,10 @@ def compare_runs(base_dir: str | Path, new_dir: str | Path, *, resamples: int = 
     Returns compare.json's ``Comparison`` (declared above: per matched step a ``StepComparison``
     whose ``qps``/``p99_ms`` are ``Change``s).
     """
+    if is_repeat(base_dir) or is_repeat(new_dir):  # a repeated run on a side: one point with its interval
+        from kneeswarm.analysis.runs.repeat_compare import compare_repeated
+
+        return compare_repeated(base_dir, new_dir)
     runs = [RunDir.open(base_dir), RunDir.open(new_dir)]
     plans = [load_plan(r) for r in runs]  # before any work: an unreadable plan is bad input
     summaries = [load_summary(r) for r in runs]
@@ -259,7 +255,7 @@ def compare_runs(base_dir: str | Path, new_dir: str | Path, *, resamples: int = 
     warnings: list[str] = []
     samples = []
     for k, (run, summary) in enumerate(zip(runs, summaries)):
-        wins = [(u, *window(by[k][u], _settle(summary))) for u in common]
+        wins = [(u, *window(by[k][u], settle_of(summary))) for u in common]
         got, warn = bootstrap.step_samples(run, wins, seed + k, max_rows)
         samples.append(got)
         warnings += warn
@@ -268,7 +264,8 @@ def compare_runs(base_dir: str | Path, new_dir: str | Path, *, resamples: int = 
     verdict, reasons = run_verdict(steps)
     result: Comparison = {"version": COMPARE_VERSION, "base": _run_info(runs[0], summaries[0]), "new": _run_info(runs[1], summaries[1]),
               "settings": {"resamples": resamples, "seed": seed, "confidence": bootstrap.CONFIDENCE,
-                           "max_rows_per_step": max_rows, "min_relative_change": dict(MIN_RELATIVE_CHANGE)},
+                           "max_rows_per_step": max_rows, "min_relative_change": dict(MIN_RELATIVE_CHANGE),
+                           "interval": INTERVAL_BOOTSTRAP},
               "steps": steps, "unmatched": {"base_only": [by[0][u].get("users") for u in sorted(set(by[0]) - set(by[1]))],
                                             "new_only": [by[1][u].get("users") for u in sorted(set(by[1]) - set(by[0]))]},
               **compare_summaries(summaries[0], summaries[1], plans[0], plans[1]),

@@ -14,6 +14,12 @@ requests those of its smallest valid window (a window's percentile rests on that
 and beside them its windows' trends and soak findings (column ``soak``).  Its windows are not
 steps of rising users: read as steps, "P99 at 16 users" would be its last window's.
 
+A repeated run (``kneeswarm run --repeat N``: a ``<stamp>-<name>-repeat`` folder holding repeat.json,
+kneeswarm.analysis.runs.repeat) is indexed as one point: each figure is the mean over its runs, with
+the interval between them beside it (series ``intervals``), its knee the median of its runs' knees,
+and its runs are not indexed again one by one (they would count N times in the drift test).  Its
+plan, target, start, versions and host facts are its first run's.
+
 ``history(db, since, plan, last)``: the indexed runs grouped by (plan name, target, and whether they
 are soaks: a soak's window medians and a sweep's steps are not one series) in start order;
 for each group the series of P50/P95/P99/P999 at each step's users value and at the SLA boundary,
@@ -35,7 +41,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Iterable
 
-from kneeswarm.contracts.rundir import META_FILE, PLAN_FILE, SUMMARY_JSON, Meta, RunDir
+from kneeswarm.contracts.rundir import META_FILE, PLAN_FILE, REPEAT_JSON, SUMMARY_JSON, Meta, RunDir
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +70,8 @@ COLUMNS = {"path": "TEXT PRIMARY KEY", "fingerprint": "TEXT", "status": "TEXT", 
            "started": "REAL", "plan": "TEXT", "target": "TEXT", "complete": "INTEGER", "knee_users": "REAL",
            "knee_qps": "REAL", "peak_users": "REAL", "peak_qps": "REAL", "sla_users": "REAL", "sla_qps": "REAL",
            "input_tokens": "TEXT", "steps": "TEXT", "versions": "TEXT", "hosts": "TEXT", "plan_keys": "TEXT",
-           "indexed_at": "REAL", "mode": "TEXT", "soak": "TEXT"}
-JSON_COLUMNS = ("input_tokens", "steps", "versions", "hosts", "plan_keys", "soak")
+           "indexed_at": "REAL", "mode": "TEXT", "soak": "TEXT", "repeat": "TEXT"}
+JSON_COLUMNS = ("input_tokens", "steps", "versions", "hosts", "plan_keys", "soak", "repeat")
 SOAK_TRENDS = ("qps", "p50_ms", "p99_ms")  # the client series whose trend a soak's index row keeps
 
 
@@ -75,21 +81,25 @@ class HistoryError(ValueError):
 
 # -- finding runs ---------------------------------------------------------------------------------
 def find_runs(paths: Iterable[str | Path]) -> list[Path]:
-    """Every run directory at or below ``paths`` (resolved, sorted, each once)."""
+    """Every run directory and repeated run at or below ``paths`` (resolved, sorted, each once); the
+    runs a repeated run found here merges are left out (it stands for them)."""
+    from kneeswarm.analysis.runs.repeat import merged_members
+
     found: set[Path] = set()
     for p in map(Path, paths):
         if not p.is_dir():
             raise HistoryError(f"{p}: not a directory")
-        if (p / META_FILE).exists():
+        if (p / META_FILE).exists() or (p / REPEAT_JSON).exists():
             found.add(p.resolve())
             continue
         for root, dirs, files in os.walk(p):
-            if META_FILE in files:
+            if META_FILE in files or REPEAT_JSON in files:
                 found.add(Path(root).resolve())
                 dirs[:] = []  # a run's insides hold no runs
             else:
                 dirs.sort()
-    return sorted(found)
+    members = {m for r in found if (r / REPEAT_JSON).exists() for m in merged_members(r)}
+    return sorted(found - members)
 
 
 def default_index(paths: list[str | Path]) -> Path:
@@ -100,7 +110,7 @@ def default_index(paths: list[str | Path]) -> Path:
 
 def fingerprint(run: Path) -> str:
     parts = []
-    for name in WATCHED_FILES:
+    for name in (REPEAT_JSON,) if (run / REPEAT_JSON).exists() else WATCHED_FILES:
         try:
             st = (run / name).stat()
             parts.append(f"{name}:{st.st_size}:{st.st_mtime_ns}")
@@ -179,6 +189,8 @@ def _steps(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 def read_run(run: Path) -> dict[str, Any]:
     """One row of the index (JSON columns as Python objects)."""
+    if (run / REPEAT_JSON).exists():
+        return read_repeated(run)
     row: dict[str, Any] = {"path": str(run), "fingerprint": fingerprint(run), "indexed_at": time.time()}
     meta = RunDir(run).read_meta()  # {} when missing; no "started" when unreadable (it says why in the log)
     try:
@@ -207,6 +219,38 @@ def _figures(summary: dict[str, Any]) -> dict[str, Any]:
     return {"knee_users": _num(knee.get("users")), "knee_qps": _num(knee.get("qps")),
             "peak_users": _num(peak.get("users")), "peak_qps": _num(peak.get("qps")),
             "sla_users": _num(best.get("users")), "sla_qps": _num(best.get("qps")), "steps": _steps(summary)}
+
+
+def read_repeated(folder: Path) -> dict[str, Any]:
+    """A repeated run's row: its first run's facts, each figure the mean over its runs with the interval
+    between them (``steps[].ci``, ``repeat.peak_qps``), its knee and SLA boundary the median of its runs'."""
+    from kneeswarm.analysis.runs.repeat import member_dirs, read_repeat
+    from kneeswarm.contracts.rundir import RunDirError
+
+    base = {"path": str(folder), "fingerprint": fingerprint(folder), "indexed_at": time.time(), "run_id": folder.name}
+    try:
+        rep = read_repeat(folder)
+    except RunDirError as exc:
+        return {**base, "status": "skipped", "reason": str(exc)}
+    members = [read_run(d) for d, r in zip(member_dirs(folder, rep), rep["runs"]) if r["merged"] and d.is_dir()]
+    members = [m for m in members if m["status"] == "indexed"]
+    if not members:
+        return {**base, "status": "skipped", "reason": "none of its runs could be read"}
+    first = members[0]
+    steps = [{"users": float(s["users"]), "requests": _num(s["requests"]),
+              **{k: s[k]["mean"] for k in ("qps", *PERCENTILES)},  # type: ignore[literal-required]
+              "valid": s["valid"] >= 2 and 2 * s["valid"] >= s["ran"],
+              "ci": {k: s[k]["between"] for k in ("qps", *PERCENTILES)}} for s in rep["steps"]]  # type: ignore[literal-required]
+    knee = rep["knee"]
+    return {**first, **base, "status": "indexed", "reason": None, "complete": bool(rep["complete"]), "steps": steps,
+            "knee_users": knee["median"], "knee_qps": _median([m.get("knee_qps") for m in members]),
+            "peak_users": _median([m.get("peak_users") for m in members]), "peak_qps": rep["peak"]["qps"]["mean"],
+            "sla_users": _median([m.get("sla_users") for m in members]),
+            "sla_qps": _median([m.get("sla_qps") for m in members]),
+            "repeat": {"runs": rep["merged"], "planned": rep["planned"], "members": [m["run_id"] for m in members],
+                       "knee": {k: knee[k] for k in ("lo", "hi", "median", "mode", "mode_runs", "text")},
+                       "peak_qps": rep["peak"]["qps"]["between"],
+                       "findings": [{"id": c["id"], "label": c["label"], "stable": c["stable"]} for c in rep["findings"]]}}
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -387,8 +431,19 @@ def series(rows: list[dict[str, Any]], figures: tuple[str, ...] = FIGURES) -> li
             d["unmeasured"] = sum(v is not None for v in values) - sum(v is not None for v in tested)
             left = f"{d['unmeasured']} runs had < {MIN_TAIL_ROWS} requests beyond this percentile"
             d["reason"] = f"{left}; {d['reason']}" if d["reason"] else left
-        out.append({"figure": figure, "users": users, "metric": metric, "values": values, "drift": d, "change_point": cp})
+        out.append({"figure": figure, "users": users, "metric": metric, "values": values, "drift": d, "change_point": cp,
+                    "intervals": [interval(r, users, metric, figure) for r in rows]})
     return out
+
+
+def interval(row: dict[str, Any], users: float | None, metric: str, figure: str) -> list[float] | None:
+    """A repeated run's interval between its runs of the figure's value; None for a single run."""
+    if not row.get("repeat"):
+        return None
+    if metric == "peak_qps":
+        return row["repeat"].get("peak_qps")
+    step = _step_at(row, row.get("sla_users") if figure.endswith("SLA boundary") else users)
+    return ((step or {}).get("ci") or {}).get(metric)
 
 
 def _since(text: str | None) -> float | None:
@@ -435,7 +490,8 @@ def history(rows: list[dict[str, Any]], since: str | None = None, plan: str | No
         out.append({"plan": name, "target": target, "soak": soak, "left_out": left,
                     "series": series(complete, chosen_figures),
                     "runs": [{"run_id": r["run_id"], "started": r["started"], "path": r["path"],
-                              **({"soak": r.get("soak")} if soak else {})} for r in complete]})
+                              **({"soak": r.get("soak")} if soak else {}),
+                              **({"repeat": r["repeat"]} if r.get("repeat") else {})} for r in complete]})
     worse = [{"plan": g["plan"], "target": g["target"], "soak": g["soak"], "figure": s["figure"], **s["drift"]}
              for g in out for s in g["series"] if s["drift"]["direction"] == "worse"]
     skipped = [{"path": r["path"], "reason": r["reason"]} for r in chosen if r["status"] == "skipped"]

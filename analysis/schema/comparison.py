@@ -6,18 +6,25 @@ JUnit cases (reports.junit) and the command line read it.
 
 from __future__ import annotations
 
-from typing import Any
-
-from typing import TypedDict
+from typing import Any, TypedDict
 
 COMPARE_VERSION = 1  # compare.json's "version": raised when a key changes meaning or goes
+#: settings.interval: how a change's interval was found.  Two single runs: each step's rows
+#: resampled (kneeswarm.analysis.measure.bootstrap).  A repeated run on either side: Student's t over
+#: the runs' step values (Welch's between two repeated runs; against a single run, that run taken to
+#: move as much as the repeated one's runs do), the run-to-run noise a single run cannot measure.
+INTERVAL_BOOTSTRAP, INTERVAL_BETWEEN_RUNS = "bootstrap over the rows", "between runs (Student's t)"
 
 
 # -- compare.json: its shape, declared once (readers: compare_report, junit, the command line) ----
-class RunInfo(TypedDict):
+class _RunInfo(TypedDict):
     run_id: str
     path: str
     complete: bool | None
+
+
+class RunInfo(_RunInfo, total=False):
+    runs: int  # a repeated run (kneeswarm.analysis.runs.repeat): the runs merged into this side
 
 
 class Change(TypedDict):
@@ -26,13 +33,13 @@ class Change(TypedDict):
     new: float | None
     delta: float | None
     rel: float | None
-    ci: list[float] | None  # [lo, hi] of new − base
+    ci: list[float] | None  # [lo, hi] of new − base (settings.interval says how it was found)
     significant: bool
     direction: str | None  # "worse", "better", None
     min_relative_change: float
 
 
-class Side(TypedDict):
+class _Side(TypedDict):
     valid: bool
     requests: int | None
     qps: float | None
@@ -40,6 +47,11 @@ class Side(TypedDict):
     error_rate: float | None
     rows_resampled: int
     rows: int
+
+
+class Side(_Side, total=False):
+    runs: int  # a repeated run: the runs whose valid step gave qps and p99_ms (their mean)
+    sd: dict[str, float | None]  # ... and the runs' standard deviation of each
 
 
 class StepComparison(TypedDict):
@@ -72,7 +84,8 @@ class Comparison(SummariesComparison):
     version: int  # COMPARE_VERSION
     base: RunInfo
     new: RunInfo
-    settings: dict[str, Any]  # resamples, seed, confidence, max_rows_per_step, min_relative_change
+    settings: dict[str, Any]  # resamples, seed, confidence, max_rows_per_step, min_relative_change; interval:
+    #                           INTERVAL_BOOTSTRAP (two runs) or INTERVAL_BETWEEN_RUNS (a repeated run on a side)
     steps: list[StepComparison]
     unmatched: dict[str, list[Any]]  # {base_only, new_only}: users of the steps in one run only
     verdict: str  # REGRESSED, IMPROVED, NO_CHANGE, NOT_COMPARABLE

@@ -30,6 +30,12 @@ OPENAI_ENDPOINTS = ("chat", "completions")
 TENSOR_DATATYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
                     "FP16", "FP32", "FP64", "BYTES")
 DEFAULT_STEPS = (1, 2, 4, 8, 16, 32)
+#: ``[load] cooldown``: seconds between two repetitions.  What the last step left at the server
+#: (the requests it queued, an open loop's backlog, connections closing) is served and gone before
+#: the next repetition's first step, which would otherwise measure it: the knee target's queue at
+#: 16 users over 4 slots of 50 ms empties in 0.2 s, a real server's batch of long generations takes
+#: seconds; the previous run's own analysis adds a few more.
+DEFAULT_COOLDOWN = 5.0
 
 
 class PlanError(ValueError):
@@ -72,6 +78,10 @@ class LoadPlan:
     max_duration: float = 1800.0  # search: seconds of load at most (the search stops there)
     # -- length x concurrency sweep (the knee moves with them): the plan once per [input, output] tokens shape
     shapes: list[list[int]] | None = None
+    # -- repetition: the same plan run `repeat` times against the same server, one run directory
+    #    each, `cooldown` seconds apart, and a merged result (kneeswarm.analysis.runs.repeat)
+    repeat: int = 1
+    cooldown: float = DEFAULT_COOLDOWN
     # -- soak (mode = "soak": leaks, drift): one load held for `duration`, one step per `window`
     users: int | None = None  # soak, closed loop: the users held
     rate: float | None = None  # soak, open loop: the arrival rate held, requests/s

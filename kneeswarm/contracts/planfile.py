@@ -260,6 +260,21 @@ def _hold(load: LoadPlan, source: str) -> None:
         raise PlanError(f"{source}: load.settle ({load.settle}s) must be shorter than load.hold ({load.hold}s)")
 
 
+def _repeat(load: LoadPlan, source: str) -> None:
+    """load.repeat (runs of the plan, at least 1) and load.cooldown (seconds between them); a
+    repetition of a sweep of shapes or of a soak is refused: a sweep's runs are not the same plan,
+    and a soak's windows are already its repetitions over time."""
+    if load.repeat < 1:
+        raise PlanError(f"{source}: load.repeat must be >= 1 (runs of the plan), got {load.repeat}")
+    if not 0 <= load.cooldown < float("inf"):
+        raise PlanError(f"{source}: load.cooldown must be >= 0 seconds, got {load.cooldown!r}")
+    if load.repeat > 1 and load.shapes is not None:
+        raise PlanError(f"{source}: load.repeat and load.shapes are both given; repeat one shape's plan at a time")
+    if load.repeat > 1 and load.mode == "soak":
+        raise PlanError(f"{source}: load.repeat is for step sweeps and searches; a soak's windows are its "
+                        "repetitions (give load.duration instead)")
+
+
 def _validate(plan: Plan, source: str) -> None:
     _open_loop(plan, source)
     steps = plan.load.steps
@@ -272,6 +287,7 @@ def _validate(plan: Plan, source: str) -> None:
     if plan.load.mode != "soak" and any(b <= a for a, b in zip(steps, steps[1:])):
         raise PlanError(f"{source}: load.steps must be strictly increasing, got {steps}")
     _hold(plan.load, source)
+    _repeat(plan.load, source)
     if plan.load.workers < 0:
         raise PlanError(f"{source}: load.workers must be >= 0, got {plan.load.workers}")
     if plan.protocol not in PROTOCOLS:

@@ -101,6 +101,10 @@ SUMMARY_MD = "summary.md"  # report/
 REPORT_HTML = "index.html"  # report/
 JUNIT_FILE = "junit.xml"  # report/ (and the comparison's folder)
 SWEEP_JSON = "sweep.json"  # <out>/<stamp>-<name>-shapes/: a [load] shapes sweep (analysis/runs/shapes.py), with its index.html
+# <out>/<stamp>-<name>-repeat/: `run --repeat N` (analysis/runs/repeat.py): the merged result of
+# the N run directories beside it, with its index.html
+REPEAT_JSON, REPEAT_MD = "repeat.json", "repeat.md"
+REPEAT_SUFFIX = "-repeat"  # the merged result's folder: <stamp>-<name> and this
 COMPARE_DIR = "compare"  # report/compare/: `kneeswarm compare`'s default output folder
 COMPARE_JSON, COMPARE_MD, COMPARE_HTML = "compare.json", "compare.md", "compare.html"
 RECORDER_FILE = "recorder.json"  # generator/recorder.json: what the master's recording could not write

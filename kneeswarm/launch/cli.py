@@ -3,7 +3,8 @@
     kneeswarm run [PLAN.toml] [flags]   stepped load + collectors + report
     kneeswarm demo                      the bundled target, a default plan, a report in ~2 minutes
     kneeswarm target [flags]            the bundled demo inference server
-    kneeswarm analyze RUN_DIR           (re)write the report of a run directory
+    kneeswarm analyze RUN_DIR           (re)write the report of a run directory (or a repeat's merged result)
+    kneeswarm merge RUN_DIR...          merge runs of one plan into one repeated result (as run --repeat does)
     kneeswarm compare BASE NEW          did NEW regress against BASE?
     kneeswarm history RUNS_ROOT|RUN_DIR...   index the runs, trend report, drift test (kneeswarm.analysis.runs.history)
     kneeswarm worker --master HOST[:PORT] [--processes N]   a worker for a master on another machine
@@ -11,7 +12,10 @@
 Exit codes (of `run`, `demo` and `analyze`): 0 the load completed and the report is written;
 1 the load did not complete, no request succeeded, or the analysis failed (the reason on stderr,
 one line); 2 bad input (plan, flags, target, host, process); 3 with --fail-on-sla: the SLA failed
-(1 and 2 take precedence); 130 interrupted.  `compare`: 0, 4 a regression with
+(1 and 2 take precedence); 130 interrupted.  With --repeat N (or [load] repeat): 0 only when every
+repetition completed; 1 when one did not (the series stops there), 130 when interrupted (a Ctrl-C
+between runs ends the series; the runs so far are kept and merged), 3 with --fail-on-sla when the SLA
+was missed in any repetition (the merged result says in how many).  `compare`: 0, 4 a regression with
 --fail-on-regression, 2 bad input (not run directories, an unreadable plan.toml, no step valid in
 both), 130 interrupted.  `history`: 0, 5 a figure drifted worse with --fail-on-drift
 (kneeswarm.contracts.outcome.EXIT_DRIFT), 1 the report could not be written, 2 bad input, 130 interrupted.
@@ -69,6 +73,7 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                    "its QPS and P99 are known ([load] ci, min_hold, max_hold)")
     p.add_argument("--ramp", type=float, help="seconds to ramp from one step to the next")
     p.add_argument("--settle", type=float, help="seconds after each ramp left out of the step's statistics")
+    _add_repeat_flags(p)
     p.add_argument("--workers", type=int, help="Locust worker processes on this machine (default: number of cores)")
     p.add_argument("--expect-workers", type=int, metavar="N",
                    help="workers the master waits for in all, those started elsewhere with `kneeswarm worker` included")
@@ -94,6 +99,14 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="record the SSH host key of a host seen for the first time (never a changed one)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the report path")
     _add_export_flags(p)
+
+
+def _add_repeat_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repeat", type=int, metavar="N", help="run the plan N times against the same server, a run "
+                   "directory each, and merge them: the knee of each run and its spread, each step's interval "
+                   "between the runs beside each run's own, each finding counted over the runs ([load] repeat)")
+    p.add_argument("--cooldown", type=float, metavar="SECONDS",
+                   help="--repeat: seconds between two runs ([load] cooldown, default 5)")
 
 
 def _add_export_flags(p: argparse.ArgumentParser) -> None:
@@ -133,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--target-args", metavar="FLAGS", help="the demo target's flags, e.g. --target-args='--mode knee "
                       "--slots 11' (default: ONNX Runtime, 4 request threads; see `kneeswarm target --help`)")
     _add_export_flags(demo)
+    _add_repeat_flags(demo)
     soak = demo.add_argument_group("soak (instead of the steps: one load held, to catch leaks and drift)")
     soak.add_argument("--soak", type=float, metavar="SECONDS", help="hold --users users this long ([load] mode = \"soak\")")
     soak.add_argument("--users", type=int, default=DEMO_SOAK_USERS, help=f"users held by --soak (default {DEMO_SOAK_USERS})")
@@ -142,8 +156,14 @@ def build_parser() -> argparse.ArgumentParser:
     wk.add_argument("--master", metavar="HOST[:PORT]", help="the master (`kneeswarm run --expect-workers`)")
     wk.add_argument("--versions", action="store_true", help="print this machine's kneeswarm and Locust versions (JSON)")
     wk.add_argument("--processes", type=int, metavar="N", help="worker processes to fork (Locust's --processes)")
-    an = sub.add_parser("analyze", help="(re)write report/ of a run directory")
-    an.add_argument("run_dir")
+    an = sub.add_parser("analyze", help="(re)write report/ of a run directory, or a repeat's merged result")
+    an.add_argument("run_dir", help="a run directory, or the <stamp>-<name>-repeat folder of `run --repeat`")
+    me = sub.add_parser("merge", help="merge run directories of one plan into one repeated result")
+    me.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="the runs, in the order they ran")
+    me.add_argument("--out", help="the merged result's folder (default: <stamp>-<name>-repeat beside the first run)")
+    me.add_argument("--name", help="its name (default: the first run's plan name)")
+    me.add_argument("--planned", type=int, metavar="N", help="runs the series asked for, when fewer ran (default: as many as given)")
+    me.add_argument("-q", "--quiet", action="store_true", help="print only the report path")
     _add_gates(sub)
     _add_history(sub)
     return parser
@@ -174,9 +194,11 @@ def _add_gates(sub: Any) -> None:
         sub.choices[name].add_argument("--sla-error-rate", type=float, help="[sla] error_rate: the error limit, 0..1")
     co = sub.add_parser("compare", help="compare two runs: per-step QPS/P99 changes, verdict",
                         description="Compare two kneeswarm runs: per-step QPS and P99 changes with bootstrap "
-                                    "confidence intervals, and a verdict.")
-    co.add_argument("base", help="the base run directory")
-    co.add_argument("new", help="the new run directory")
+                                    "confidence intervals, and a verdict.  A repeated run (`run --repeat`'s "
+                                    "<stamp>-<name>-repeat folder) is one point per step, the mean of its runs, "
+                                    "whose interval is how far its runs moved between each other.")
+    co.add_argument("base", help="the base run directory, or a repeated run's folder")
+    co.add_argument("new", help="the new run directory, or a repeated run's folder")
     co.add_argument("--fail-on-regression", action="store_true",
                     help=f"exit {EXIT_REGRESSION} when the verdict is 'regressed'")
     co.add_argument("--out", help="folder for compare.json, compare.md, compare.html, junit.xml "
@@ -216,6 +238,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "target": args.target, "protocol": args.protocol, "name": args.name, "metrics_url": args.metrics_url,
         "request.model": args.model, "load.steps": args.steps, "load.hold": args.hold,
         "load.ramp": args.ramp, "load.settle": args.settle, "load.workers": args.workers,
+        "load.repeat": args.repeat, "load.cooldown": args.cooldown,
     }
 
 
@@ -321,6 +344,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     plan.hosts = default_hosts(plan, args.pid, args.process)
     if plan.load.shapes:
         return run_shapes(plan, args)
+    if plan.load.repeat > 1:
+        from kneeswarm.launch.repeat import run_repeat
+
+        return run_repeat(plan, args.out, lambda p: Conductor(
+            p, args.out, accept_new_host_keys=args.accept_new_host_keys, quiet=args.quiet, dist=_distribution(args),
+            export=_export(args)).run(), lambda r: _print_result(r, args.quiet), args.fail_on_sla, args.quiet)
     result = Conductor(plan, args.out, accept_new_host_keys=args.accept_new_host_keys, quiet=args.quiet,
                        dist=_distribution(args), export=_export(args)).run()
     return sla_gate(_print_result(result, args.quiet), result.run, result.summary, args.fail_on_sla)
@@ -449,9 +478,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
         plan = load_plan(None, {
             "name": "demo", "target": url, "load.hold": args.hold, "load.ramp": DEMO_RAMP, "load.settle": DEMO_SETTLE,
             "metrics_url": f"{url}/metrics", "load.min_hold": args.min_hold, "load.max_hold": args.max_hold,
-            **_demo_strategy(args), **_gate_overrides(args),
+            **_demo_strategy(args), **_gate_overrides(args), "load.repeat": args.repeat, "load.cooldown": args.cooldown,
         })
         plan.hosts = [HostPlan(name="local", pid=proc.pid)]
+        if plan.load.repeat > 1:
+            from kneeswarm.launch.repeat import run_repeat
+
+            return run_repeat(plan, args.out, lambda p: Conductor(p, args.out, export=export).run(),
+                              lambda r: _print_result(r, False), args.fail_on_sla, False)
         result = Conductor(plan, args.out, export=export).run()
     finally:
         stop_target(proc)
@@ -467,11 +501,45 @@ def _demo_soak(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     from kneeswarm.launch.conductor import analyze_run
-    from kneeswarm.contracts.rundir import RunDir
+    from kneeswarm.contracts.rundir import REPEAT_JSON, RunDir
 
+    if (Path(args.run_dir) / REPEAT_JSON).is_file():  # a repeat's merged result: merged again from its runs
+        from kneeswarm.analysis.runs.repeat import remerge
+
+        return _merged(Path(args.run_dir), remerge(args.run_dir), args.fail_on_sla, quiet=False)
     run = RunDir.open(args.run_dir)
     summary, error = analyze_run(run)
     return sla_gate(_report(run, summary, error, None, quiet=False), run, summary, args.fail_on_sla)
+
+
+def _merged(folder: Path, rep: Any, fail_on_sla: bool, quiet: bool) -> int:
+    """Print a merged result (repeat.md unless quiet, its page's path) and give its exit code."""
+    from kneeswarm.contracts.rundir import REPEAT_MD, REPORT_HTML
+    from kneeswarm.launch.repeat import series_code
+
+    if not quiet:
+        print((folder / REPEAT_MD).read_text())
+    print(f"repeat report: {folder / REPORT_HTML}")
+    return series_code(rep, EXIT_OK, False, fail_on_sla)
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    """`merge RUN_DIR...`: the runs (each a run directory, else bad input) into one repeated result."""
+    import tomllib
+
+    from kneeswarm.analysis.runs.repeat import repeat_folder, write_repeat
+    from kneeswarm.contracts.rundir import RunDir
+
+    runs = [RunDir.open(d) for d in args.run_dirs]  # RunDirError: bad input (main)
+    name = args.name
+    if name is None:
+        try:
+            name = str(tomllib.loads(runs[0].plan_path.read_text()).get("name") or "merged")
+        except (OSError, ValueError):
+            name = "merged"
+    folder = Path(args.out) if args.out else repeat_folder(runs[0].path.parent, name)
+    rep = write_repeat(folder, name, [r.path for r in runs], args.planned)
+    return _merged(folder, rep, False, args.quiet)
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -495,7 +563,8 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """`compare BASE NEW` (kneeswarm.analysis.runs.compare; imported here: the analysis package loads pandas)."""
-    from kneeswarm.analysis.runs.compare import (NOT_COMPARABLE, REGRESSED, compare_markdown, compare_runs, write_outputs)
+    from kneeswarm.analysis.runs.compare import (NOT_COMPARABLE, REGRESSED, compare_markdown, compare_runs, is_repeat,
+                                                 write_outputs)
     from kneeswarm.contracts.rundir import COMPARE_DIR, RunDir
 
     result = compare_runs(args.base, args.new)  # RunDirError: bad input (main)
@@ -503,7 +572,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"kneeswarm compare: {args.base} and {args.new}: no step is valid in both runs", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        write_outputs(result, Path(args.out) if args.out else RunDir(args.new).report_dir / COMPARE_DIR)
+        default = Path(args.new) / COMPARE_DIR if is_repeat(args.new) else RunDir(args.new).report_dir / COMPARE_DIR
+        write_outputs(result, Path(args.out) if args.out else default)
     except OSError as exc:  # the output folder cannot be written: the comparison did not complete
         print(f"kneeswarm compare: cannot write the comparison: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -527,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     from kneeswarm.contracts.rundir import RunDirError
 
     commands = {"run": cmd_run, "demo": cmd_demo, "analyze": cmd_analyze, "worker": cmd_worker, "history": cmd_history,
-                "compare": cmd_compare}
+                "compare": cmd_compare, "merge": cmd_merge}
     try:
         return commands[args.command](args)
     except (PlanError, ConductorError, AgentError, RunDirError) as e:

@@ -23,7 +23,8 @@ T·(1 + σ(N−1) + κN(N−1)) seconds, N the number in service when it starts,
 the Universal Scalability Law exactly (see its docstring for why N is sampled at the start).
 
 Both sleep-based engines take an optional ``Warmup`` (``--warmup-s``, ``--warmup-extra-ms``): extra
-time that falls linearly to 0 over the first seconds of load, a latency drift to cut as warm-up.
+time that falls linearly to 0 over the first seconds of load, a latency drift to cut as warm-up; and
+an optional ``Jitter`` (``--jitter``, jitter.py): each service time multiplied by seeded noise of mean 1.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from kneeswarm.target.jitter import Jitter
 from kneeswarm.target.metrics import TargetMetrics
 from kneeswarm.target.model import INPUT_NAME, OUTPUT_NAME
 
@@ -229,7 +231,7 @@ class KneeEngine:
 
     def __init__(
         self, metrics: TargetMetrics, slots: int, service_s: float, queue_size: int = 0,
-        warmup: Warmup | None = None,
+        warmup: Warmup | None = None, jitter: Jitter | None = None,
     ) -> None:
         self._metrics = metrics
         self._slots_n = slots
@@ -237,6 +239,7 @@ class KneeEngine:
         self._queue_size = queue_size  # 0 = unbounded
         self._free: asyncio.Queue[float] | None = None  # holds, per free slot, when it freed
         self._warmup = warmup or Warmup()
+        self._jitter = jitter or Jitter()
         self._waiting = 0
         self._inflight = 0
         metrics.track_queue_length(lambda: self._waiting)
@@ -263,7 +266,7 @@ class KneeEngine:
             self._waiting -= 1
         # Virtual clock: a request that waited starts exactly when its slot freed.
         start = max(arrived, freed_at)
-        end = start + self._service_s + self._warmup.extra(start)
+        end = start + self._service_s * self._jitter.factor(start) + self._warmup.extra(start)
         self._metrics.queue_wait.observe(start - arrived)
         self._metrics.nv_queue_us.inc((start - arrived) * 1e6)
         self._metrics.nv_exec.inc()
@@ -331,10 +334,11 @@ class UslEngine:
     """
 
     def __init__(self, metrics: TargetMetrics, service_s: float, sigma: float, kappa: float,
-                 warmup: Warmup | None = None) -> None:
+                 warmup: Warmup | None = None, jitter: Jitter | None = None) -> None:
         self._metrics = metrics
         self._service_s, self._sigma, self._kappa = service_s, sigma, kappa
         self._warmup = warmup or Warmup()
+        self._jitter = jitter or Jitter()
         self._inflight = 0
         metrics.track_queue_length(lambda: 0)
         metrics.track_inflight(lambda: self._inflight)
@@ -349,7 +353,7 @@ class UslEngine:
         loop = asyncio.get_running_loop()
         start = loop.time()
         self._inflight += 1
-        hold = usl_service_s(self._inflight, self._service_s, self._sigma, self._kappa)
+        hold = usl_service_s(self._inflight, self._service_s, self._sigma, self._kappa) * self._jitter.factor(start)
         hold += self._warmup.extra(start)
         self._metrics.queue_wait.observe(0.0)
         self._metrics.nv_exec.inc()

@@ -23,6 +23,9 @@ Modes
     QPS = 1000 N / that, peak at N* = sqrt((1 - sigma) / kappa) users, retrograde past it.
     ``--warmup-s W --warmup-extra-ms X`` (knee and usl): requests take up to X ms more during the
     first W seconds after the first inference request, falling linearly: a warm-up to be cut.
+    ``--jitter J`` (knee and usl; jitter.py): each service time times seeded lognormal noise of
+    mean 1 and spread J, per request and per ``--jitter-period`` seconds: a noisy server, on which
+    the same plan run twice gets other figures (``kneeswarm run --repeat``).
 
 Endpoints (KServe v2 / Open Inference Protocol over HTTP, JSON tensors)
     GET  /v2                                  server metadata
@@ -86,6 +89,7 @@ from starlette.routing import Route
 from kneeswarm.target import model as model_mod
 from kneeswarm.target.engine import KneeEngine, OnnxEngine, Rejected, UslEngine, Warmup
 from kneeswarm.target.gate import FaultPlan, Gate
+from kneeswarm.target.jitter import DEFAULT_PERIOD_S, Jitter
 from kneeswarm.target.llm import DEFAULT_DECODE_MS, DEFAULT_MAX_BATCH, LLMConfig, TokenChain, llm_routes
 from kneeswarm.target.metrics import PROMETHEUS_CONTENT_TYPE, TargetMetrics
 from kneeswarm.target.requestlog import RequestLog
@@ -543,6 +547,13 @@ def build_parser(prog: str = "kneeswarm target") -> argparse.ArgumentParser:
                        help="seconds, from the first inference request, over which the extra time falls to 0")
     drift.add_argument("--warmup-extra-ms", type=_non_negative_float, default=0.0,
                        help="extra time of the first request (falls linearly to 0 over --warmup-s)")
+    noise = p.add_argument_group("noise (knee and usl modes; kneeswarm.target.jitter)")
+    noise.add_argument("--jitter", type=_non_negative_float, default=0.0, metavar="J",
+                       help="each service time times two lognormal factors of mean 1 and spread J (sigma of "
+                            "the log): one per request, one per --jitter-period; 0 = exact times")
+    noise.add_argument("--jitter-period", type=_non_negative_float, default=DEFAULT_PERIOD_S, metavar="SECONDS",
+                       help="how long the slow factor holds (a noisy neighbour); 0 = per-request noise only")
+    noise.add_argument("--jitter-seed", type=int, default=0, help="seed of the noise")
     return p
 
 
@@ -566,14 +577,22 @@ def _url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+def _jitter(args: argparse.Namespace, info_labels: dict[str, Any]) -> Jitter:
+    """--jitter's noise (its settings added to the info metric's labels when on)."""
+    if args.jitter:
+        info_labels.update(jitter=args.jitter, jitter_period=args.jitter_period, jitter_seed=args.jitter_seed)
+    return Jitter(args.jitter, args.jitter_period, args.jitter_seed)
+
+
 def _build(args: argparse.Namespace) -> tuple[ModelInfo, OnnxEngine | KneeEngine | UslEngine, TargetMetrics]:
     info_labels: dict[str, Any] = {"mode": args.mode, "model": args.model_name}
-    warmup = Warmup(args.warmup_s, args.warmup_extra_ms / 1000.0)
+    warmup, jitter = Warmup(args.warmup_s, args.warmup_extra_ms / 1000.0), _jitter(args, info_labels)
     if args.mode == "usl":
         info_labels.update(service_ms=args.service_ms, sigma=args.sigma, kappa=args.kappa)
         metrics = TargetMetrics(info_labels, workers=0, queue_capacity=0)
         engine: OnnxEngine | KneeEngine | UslEngine = UslEngine(
-            metrics, service_s=args.service_ms / 1000.0, sigma=args.sigma, kappa=args.kappa, warmup=warmup)
+            metrics, service_s=args.service_ms / 1000.0, sigma=args.sigma, kappa=args.kappa, warmup=warmup,
+            jitter=jitter)
         return ModelInfo(args.model_name, "kneeswarm_usl", -1, 1), engine, metrics  # any input
     if args.mode == "knee":
         info_labels.update(slots=args.slots, service_ms=args.service_ms)
@@ -584,6 +603,7 @@ def _build(args: argparse.Namespace) -> tuple[ModelInfo, OnnxEngine | KneeEngine
             service_s=args.service_ms / 1000.0,
             queue_size=args.queue_size,
             warmup=warmup,
+            jitter=jitter,
         )
         return ModelInfo(args.model_name, "kneeswarm_knee", -1, 1), engine, metrics  # any input
     spec = model_mod.ModelSpec(
@@ -655,6 +675,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the demo target until SIGTERM/SIGINT; 0 on a clean stop, 2 on bad arguments."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.jitter and args.mode == "onnx":  # the onnx mode's time is real work: no service time to scale
+        parser.error("--jitter is for --mode knee and usl (their service time is set, not measured)")
     logging.basicConfig(
         level=args.log_level.upper(),
         stream=sys.stderr,
