@@ -43,8 +43,13 @@ def step_table(result: Comparison) -> list[str]:
 
 
 def _over_runs(side: dict[str, Any]) -> str:
-    """A repeated run's knee: " (1-4 over 3 runs)", or "" for a single run."""
+    """A repeated run's knee: " (1-4 over 3 runs)"; a single run's: " (2-8 at its noise)" where its
+    summary has the interval, else ""."""
     if side.get("runs") is None:
+        interval = side.get("interval")  # a single run's knee at its own noise (summary.confidence)
+        if isinstance(interval, list) and len(interval) == 2 and interval[0] is not None:
+            top = "past the range" if interval[1] is None else f"{interval[1]:g}"
+            return f" ({interval[0]:g}-{top} at its noise)"
         return ""
     lo, hi = side.get("lo"), side.get("hi")
     spread = f"{lo:g}-{hi:g}" if lo is not None and hi is not None and lo != hi else "the same"

@@ -75,6 +75,19 @@ def _repeat_lines(g: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _knee_lines(g: dict[str, Any]) -> list[str]:
+    """Each single run's knee with its interval at the run's own noise (where its summary has one)."""
+    runs = [r for r in g["runs"] if not r.get("repeat") and isinstance(r.get("knee_interval"), list)]
+    if not runs:
+        return []
+    lines = ["", "Knee of each run [its interval at that run's own noise]:", ""]
+    for r in runs:
+        lo, hi = r["knee_interval"]
+        at = f"{_f(lo)}-{'past the range' if hi is None else _f(hi)}"
+        lines.append(f"- `{r['run_id']}`: {_f(r.get('knee_users')) if r.get('knee_users') is not None else 'none'} [{at}]")
+    return lines
+
+
 def group_markdown(g: dict[str, Any]) -> list[str]:
     kind = " (soak)" if g.get("soak") else ""
     lines = [f"## {g['plan']} → {g['target']}{kind}", "",
@@ -82,6 +95,7 @@ def group_markdown(g: dict[str, Any]) -> list[str]:
              f"{_when(g['runs'][-1]['started'] if g['runs'] else None)}"]
     lines += _soak_lines(g) if g.get("soak") else []
     lines += _repeat_lines(g)
+    lines += _knee_lines(g)
     lines += [f"- left out: `{x['run']}` ({x['reason']})" for x in g["left_out"]]
     lines += ["", "| figure | last | drift test |", "|---|---:|---|"]
     for s in g["series"]:

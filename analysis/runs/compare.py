@@ -180,7 +180,9 @@ def shift_of(base: Any, new: Any) -> Shift:
     b = base if isinstance(base, dict) else {}
     n = new if isinstance(new, dict) else {}
     bu, nu, bq, nq = (_num(b.get("users")), _num(n.get("users")), _num(b.get("qps")), _num(n.get("qps")))
-    return {"base": {"users": b.get("users"), "qps": bq}, "new": {"users": n.get("users"), "qps": nq},
+    side = lambda k, q: {"users": k.get("users"), "qps": q,  # noqa: E731
+                         **({"interval": k["interval"]} if isinstance(k.get("interval"), list) else {})}
+    return {"base": side(b, bq), "new": side(n, nq),
             "users_ratio": nu / bu if bu and nu is not None else None,
             "qps_rel": (nq - bq) / bq if bq and nq is not None else None}
 

@@ -70,8 +70,8 @@ COLUMNS = {"path": "TEXT PRIMARY KEY", "fingerprint": "TEXT", "status": "TEXT", 
            "started": "REAL", "plan": "TEXT", "target": "TEXT", "complete": "INTEGER", "knee_users": "REAL",
            "knee_qps": "REAL", "peak_users": "REAL", "peak_qps": "REAL", "sla_users": "REAL", "sla_qps": "REAL",
            "input_tokens": "TEXT", "steps": "TEXT", "versions": "TEXT", "hosts": "TEXT", "plan_keys": "TEXT",
-           "indexed_at": "REAL", "mode": "TEXT", "soak": "TEXT", "repeat": "TEXT"}
-JSON_COLUMNS = ("input_tokens", "steps", "versions", "hosts", "plan_keys", "soak", "repeat")
+           "indexed_at": "REAL", "mode": "TEXT", "soak": "TEXT", "repeat": "TEXT", "knee_interval": "TEXT"}
+JSON_COLUMNS = ("input_tokens", "steps", "versions", "hosts", "plan_keys", "soak", "repeat", "knee_interval")
 SOAK_TRENDS = ("qps", "p50_ms", "p99_ms")  # the client series whose trend a soak's index row keeps
 
 
@@ -216,7 +216,9 @@ def read_run(run: Path) -> dict[str, Any]:
 def _figures(summary: dict[str, Any]) -> dict[str, Any]:
     knee, peak = summary.get("knee") or {}, summary.get("peak") or {}
     best = (summary.get("sla") or {}).get("best") or {}
+    interval = knee.get("interval")  # the knee over resamples of the run's steps (summary.confidence)
     return {"knee_users": _num(knee.get("users")), "knee_qps": _num(knee.get("qps")),
+            "knee_interval": interval if isinstance(interval, list) else None,
             "peak_users": _num(peak.get("users")), "peak_qps": _num(peak.get("qps")),
             "sla_users": _num(best.get("users")), "sla_qps": _num(best.get("qps")), "steps": _steps(summary)}
 
@@ -491,7 +493,9 @@ def history(rows: list[dict[str, Any]], since: str | None = None, plan: str | No
                     "series": series(complete, chosen_figures),
                     "runs": [{"run_id": r["run_id"], "started": r["started"], "path": r["path"],
                               **({"soak": r.get("soak")} if soak else {}),
-                              **({"repeat": r["repeat"]} if r.get("repeat") else {})} for r in complete]})
+                              **({"repeat": r["repeat"]} if r.get("repeat") else {}),
+                              **({"knee_users": r.get("knee_users"), "knee_interval": r["knee_interval"]}
+                                 if r.get("knee_interval") else {})} for r in complete]})
     worse = [{"plan": g["plan"], "target": g["target"], "soak": g["soak"], "figure": s["figure"], **s["drift"]}
              for g in out for s in g["series"] if s["drift"]["direction"] == "worse"]
     skipped = [{"path": r["path"], "reason": r["reason"]} for r in chosen if r["status"] == "skipped"]
