@@ -98,8 +98,9 @@ def test_repeat_on_a_jittered_target_marks_the_findings_that_did_not_repeat(star
     repeat.  (On this machine 9 of 9 such runs moved: waiting_not_computing fired in 7, retrograde
     in 6; every series of 3 had a finding that did not repeat.)"""
     target = start_demo_target("--mode", "knee", "--slots", str(SLOTS), "--service-ms", str(SERVICE_MS),
-                               "--jitter", "0.3", "--jitter-period", "1")
-    plan = _plan(tmp_path, target, "jitter", [2, 4, 6, 8], repeat=3, cooldown=1.0)
+                               "--jitter", "0.3", "--jitter-period", "0.5")
+    # 6-s holds: each window holds ten of the slow parts, so a run can see in itself how far they move it
+    plan = _plan(tmp_path, target, "jitter", [2, 4, 6, 8], repeat=3, cooldown=1.0, hold=6.0)
     res = subprocess.run([KNEESWARM, "run", str(plan), "--out", str(tmp_path / "out"), "-q"], capture_output=True,
                          text=True, timeout=400, cwd=REPO)
     assert res.returncode == outcome.EXIT_OK, res.stderr[-3000:]

@@ -31,7 +31,7 @@ def point(lat: np.ndarray, seconds: float) -> dict:
 
 
 def test_blocks_and_picks():
-    assert n_blocks(30.0) == int(30 // BLOCK_S) and n_blocks(1.0) == 2 and n_blocks(math.nan) == 0
+    assert n_blocks(30.0) == int(30 // BLOCK_S) and n_blocks(1.0) == 5 and n_blocks(math.nan) == 0
     picks = block_picks(15, 3)
     assert picks.shape == (RESAMPLES, 15) and (picks.sum(axis=1) == 15).all()
     assert (picks == block_picks(15, 3)).all() and not (picks == block_picks(15, 4)).all()  # seeded by position
@@ -57,10 +57,11 @@ def test_a_resampled_mean_is_the_mean_of_the_drawn_blocks_rows():
     out = client_replicates(s, point(lat, 20), picks, None, 0.0, closed_loop=False)
     edges = block_edges(T0, T0 + 20)
     block = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, s.k - 1)
+    c = math.sqrt(s.k / (s.k - 1))  # the plug-in variance of k blocks, scaled back to the unbiased one
     for b in range(20):  # by hand: each drawn block's rows, as often as it was drawn
         drawn = np.concatenate([lat[block == j] for j in range(s.k) for _ in range(picks[b, j])])
-        assert out["mean_ms"][b] == pytest.approx(drawn.mean(), rel=1e-9)
-        assert out["qps"][b] == pytest.approx(len(drawn) / 20, rel=1e-9)
+        assert out["mean_ms"][b] == pytest.approx(lat.mean() + c * (drawn.mean() - lat.mean()), rel=1e-9)
+        assert out["qps"][b] == pytest.approx(len(lat) / 20 + c * (len(drawn) - len(lat)) / 20, rel=1e-9)
 
 
 def test_the_spread_is_the_standard_error_of_iid_rows():
@@ -101,11 +102,12 @@ def test_server_samples_resampled_with_the_same_blocks():
     blocks[2]["srv"].pop("cpu_pct")  # a block without a sample of it
     picks = block_picks(6, 0, resamples=50)
     dev = server_deviations(blocks, picks)["srv"]
+    c = math.sqrt(6 / 5)  # six blocks: the plug-in variance scaled back
     have = np.array([v for v in range(6) if v != 2], dtype=float)
     base = have.mean()
     for b in range(50):
         drawn = [v for j, v in enumerate(range(6)) for _ in range(picks[b, j]) if j != 2]
-        expect = np.mean(drawn) - base if drawn else math.nan
+        expect = c * (np.mean(drawn) - base) if drawn else math.nan
         assert (dev["cpu_pct"][b] == pytest.approx(expect)) if drawn else math.isnan(dev["cpu_pct"][b])
         queue = [2 * v for j, v in enumerate(range(6)) for _ in range(picks[b, j])]
-        assert dev["target.queue"][b] == pytest.approx(np.mean(queue) - 5.0)
+        assert dev["target.queue"][b] == pytest.approx(c * (np.mean(queue) - 5.0))

@@ -15,6 +15,7 @@ What is resampled, and how:
   uniform subsample of that many is kept (memory stays bounded on any run) and each resampled
   deviation from the subsample's own figure is scaled by √(m/n), the m-out-of-n bootstrap
   (Bickel, Götze & van Zwet 1997), as kneeswarm.analysis.measure.bootstrap does for compare.
+  Every deviation is also scaled by √(k/(k−1)) for k blocks (``spread_correction``).
   A resampled figure is the step's own plus that deviation, so the point estimate stays the
   summary's exactly.
 * **QPS, closed loop**: N users without think time start their requests in cohorts, so counts per
@@ -43,7 +44,11 @@ logger = logging.getLogger(__name__)
 
 RESAMPLES = 200  # resamples per run: a support of 0.95 is then known to about ±0.015
 BLOCK_S = 2.0  # block length: the thread sampler's period (collectors/procfs.py THREAD_INTERVAL)
-MIN_BLOCKS = 2  # a window shorter than two blocks is still cut in two (its spread is then rough)
+# A window shorter than this many blocks of BLOCK_S is cut into this many shorter ones: a bootstrap of
+# few blocks has few possible draws and understates the spread (two blocks: three outcomes; seen on
+# a repeated run of 2-s windows whose knee moved 4 -> 6 between runs while each run's interval held
+# only its own knee).
+MIN_BLOCKS = 5
 MAX_ROWS = 5000  # successful rows per step kept for the latency quantiles (m-out-of-n above it)
 SEED = 11
 BLOCKS_KEY = "block_sample"  # a step's BlockSample in the step statistics (never written to the summary)
@@ -61,6 +66,12 @@ def block_edges(t_lo: float, t_hi: float) -> np.ndarray:
     """The ``n_blocks + 1`` edges of a window's equal blocks (empty when the window is not usable)."""
     k = n_blocks(t_hi - t_lo)
     return np.linspace(t_lo, t_hi, k + 1) if k else np.empty(0)
+
+
+def spread_correction(k: int) -> float:
+    """√(k/(k−1)): a bootstrap over k blocks gives a mean's variance (k−1)/k of the unbiased estimate
+    (the plug-in variance); resampled deviations are scaled back by this."""
+    return math.sqrt(k / (k - 1)) if k > 1 else 1.0
 
 
 def block_picks(k: int, position: int, resamples: int = RESAMPLES, seed: int = SEED) -> np.ndarray:
@@ -127,7 +138,7 @@ def client_replicates(sample: BlockSample, point: dict[str, Any], picks: np.ndar
         return out
     weights = picks[:, sample.blocks].astype(float)  # each sampled row counts as often as its block was drawn
     keep = weights.sum(axis=1) > 0
-    scale = math.sqrt(len(lat) / max(sample.n_ok, len(lat)))
+    scale = math.sqrt(len(lat) / max(sample.n_ok, len(lat))) * spread_correction(sample.k)
     ones = np.ones((1, len(lat)))
     mean_dev = np.where(keep, (weights @ lat) / np.maximum(weights.sum(axis=1), 1e-12) - lat.mean(), 0.0)
     if _finite(point.get("mean_ms")):
@@ -146,7 +157,7 @@ def client_replicates(sample: BlockSample, point: dict[str, Any], picks: np.ndar
         out["qps"] = float(qps) * cycle * (1.0 + u)
     else:
         window = sample.t_hi - sample.t_lo
-        out["qps"] = float(qps) + (picks @ sample.counts - sample.counts.sum()) / window
+        out["qps"] = float(qps) + spread_correction(sample.k) * (picks @ sample.counts - sample.counts.sum()) / window
     return out
 
 
@@ -181,7 +192,8 @@ def server_deviations(blocks: list[dict[str, Any]], picks: np.ndarray) -> dict[s
         with np.errstate(invalid="ignore", divide="ignore"):
             means = (w @ filled) / (w @ have)
             base = filled.sum(axis=0) / have.sum(axis=0)
-        out[host] = {k: means[:, j] - base[j] for j, k in enumerate(keys)}
+        c = spread_correction(len(blocks))
+        out[host] = {k: c * (means[:, j] - base[j]) for j, k in enumerate(keys)}
     return out
 
 
