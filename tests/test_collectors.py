@@ -453,7 +453,7 @@ def test_procfs_read_in_pieces_gives_the_whole_files_tables():
     whole = get("procfs").parse(text)
     lines = text.splitlines(keepends=True)
     stream = ProcfsStream()
-    got = {"process": [], "threads": []}
+    got = {"process": [], "threads": [], "tree": []}
     edges = [0, 1, 2, len(lines) // 2, len(lines) - 1, len(lines)]
     for a, b in zip(edges, edges[1:]):
         stream.feed_text("".join(lines[a:b]))
