@@ -280,8 +280,10 @@ class PidstatStream:
         try:
             if mark == NOTE_MARK:
                 self.note = line.split(None, 1)[1].strip()
-            elif mark == TREE_MARK:
+            elif mark == TREE_MARK:  # pidstat starts again on new pids: the interval read so far is whole
                 self.root = _pid(parts[2])
+                self._close()
+                self.t_open = None
                 self.members = {}
             else:
                 self.members[_pid(parts[1])] = (to_float(parts[2]) if len(parts) > 2 else NAN,

@@ -11,8 +11,8 @@
   container's or a pod's): the group's cgroup.procs files, read at each sample.
 * ``"process"``: the found process alone (what was watched before the service was a tree).
 
-The agent itself and its collectors (its children) are never members: in a container the agent
-may share the service's cgroup.
+The agent itself is never a member (in a container it may share the service's cgroup); its
+collectors, where they share it, are: their cost is the agent's own (bench/agent_overhead.py).
 
 The tree's counters (``Accounts``) are cumulative, as the kernel's are, and never fall when a
 member leaves:
@@ -193,7 +193,7 @@ class ServiceTree(object):
     def __init__(self, root, scope=None, port=None, identify=True):
         self.root = int(root)
         self.identify = identify  # read each joining member's command line and role
-        self.me = os.getpid()  # the agent: never a member, nor its collectors (its children)
+        self.me = os.getpid()  # the agent: never a member
         self.scope = scope if scope in SCOPES else DEFAULT_SCOPE
         self.port = int(port) if port else None
         self.note = None  # why the processes watched are not quite what the scope asked
@@ -283,7 +283,7 @@ class ServiceTree(object):
         stats = {}
         for pid in sorted(self._pids())[:MAX_TREE_PROCESSES]:
             st = read_stat("/proc/%d/stat" % pid)
-            if st is not None and pid != self.me and st.int(4) != self.me:
+            if st is not None and (pid != self.me or pid == self.root):
                 stats[pid] = st
         if self.watched_scope != SCOPE_CGROUP and self.root not in stats:
             stats = {}

@@ -34,6 +34,7 @@ import logging
 import math
 from typing import Any, Iterable, Mapping
 
+from kneeswarm.analysis.schema.summary import ServiceTree, TreeProcess
 from kneeswarm.contracts.rundir import TARGET_HOST, Meta, safe_name
 
 logger = logging.getLogger(__name__)
@@ -218,7 +219,7 @@ def _first_text(values: Iterable[Any]) -> str | None:
     return next((v for v in values if isinstance(v, str) and v.strip()), None)
 
 
-def service_tree(tree: Any, scope: str | None = None) -> dict[str, Any]:
+def service_tree(tree: Any, scope: str | None = None) -> ServiceTree:
     """``tree`` facts (the module's text) from a tree table; {} without rows."""
     try:
         pids = [_num(x) for x in tree["pid"]]
@@ -240,35 +241,34 @@ def service_tree(tree: Any, scope: str | None = None) -> dict[str, Any]:
         return {}
     procs = [_tree_process(pid, rec) for pid, rec in per.items()]
     procs.sort(key=lambda p: (-(p.get("cpu_pct") or 0.0), p["pid"]))
-    out: dict[str, Any] = {"count": len(procs), "at_once": max(len(v) for v in at.values()),
+    out: ServiceTree = {"count": len(procs), "at_once": max(len(v) for v in at.values()),
                            "t_first": min(at), "t_last": max(at), "processes": procs[:TREE_LISTED]}
     if scope:
         out["scope"] = scope
     return out
 
 
-def _tree_process(pid: int, rec: dict[str, list[Any]]) -> dict[str, Any]:
+def _tree_process(pid: int, rec: dict[str, list[Any]]) -> TreeProcess:
     """One process of the service over the run (``service_tree``)."""
     def numbers(c: str) -> list[float]:
         return [v for x in rec.get(c, []) if (v := _num(x)) is not None]
 
-    out: dict[str, Any] = {"pid": pid, "t_first": min(rec["t"]), "t_last": max(rec["t"])}
+    out: TreeProcess = {"pid": pid, "t_first": min(rec["t"]), "t_last": max(rec["t"])}
     ppid = numbers("ppid")
     if ppid:
         out["ppid"] = int(ppid[-1])
-    for key in ("name", "role"):
-        text = _first_text(reversed(rec.get(key, [])))
-        if text:
-            out[key] = text
-    cmd = _first_text(rec.get("cmdline", []))
-    if cmd:
+    if name := _first_text(reversed(rec.get("name", []))):
+        out["name"] = name
+    if role := _first_text(reversed(rec.get("role", []))):
+        out["role"] = role
+    if cmd := _first_text(rec.get("cmdline", [])):
         out["cmdline"] = cmd
-    cpu = numbers("cpu_pct")
-    if cpu:
-        out.update(cpu_pct=sum(cpu) / len(cpu), cpu_pct_max=max(cpu))
-    for key in ("rss_mb", "threads"):
-        if v := numbers(key):
-            out[key] = max(v)
+    if cpu := numbers("cpu_pct"):
+        out["cpu_pct"], out["cpu_pct_max"] = sum(cpu) / len(cpu), max(cpu)
+    if rss := numbers("rss_mb"):
+        out["rss_mb"] = max(rss)
+    if threads := numbers("threads"):
+        out["threads"] = max(threads)
     return out
 
 
