@@ -38,6 +38,11 @@ class Deployment:
         self.started = self.stopped = False
         self.probed = False
 
+    @property
+    def scope(self) -> str:
+        """Which processes are the service on this host: its own ``scope``, else the plan's."""
+        return self.host.scope or self.settings.scope
+
     def probe(self) -> shellagent.AgentFlavor:
         """Which agent this host runs (once): remote.pyz, or remote.sh where python3 is absent or
         older than MIN_PYTHON (the host's warnings then say what that lost)."""
@@ -69,7 +74,8 @@ class Deployment:
         """Facts about the host; AgentError if it cannot be monitored."""
         self.upload()
         h = self.host
-        cfg: dict[str, Any] = {"checks": selection.check_argvs(), "pid": h.pid, "process": h.process, "port": h.port}
+        cfg: dict[str, Any] = {"checks": selection.check_argvs(), "pid": h.pid, "process": h.process, "port": h.port,
+                               "scope": self.scope}
         name, data = self.link.flavor.preflight_config(cfg)
         self.link.put(name, data)
         facts = self.link.call("preflight", self.link.path(name), PREFLIGHT_TIMEOUT, wrapper=[])
@@ -80,7 +86,8 @@ class Deployment:
         if self.pid is None:
             self.warnings.add("no monitored process (give pid, process or port): host-wide collectors only")
         self.facts = facts
-        self.selection = selection.select(facts, h.collectors, self.pid, self.settings, self.link.label)
+        self.selection = selection.select(facts, h.collectors, self.pid, self.settings, self.link.label,
+                                          scope=self.scope, port=h.port if proc.get("by") == "port" else None)
         for name, reason in self.selection.skipped.items():
             if name not in self.selection.quiet:
                 self.warnings.add(f"collector {name} skipped: {reason}")

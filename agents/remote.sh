@@ -12,7 +12,9 @@
 #   remote.sh echo              line echo with timestamps (clock offset)
 #
 # What it cannot do, and remote.pyz can: the in-process samplers (the /proc sampler, NVML, the
-# Prometheus scrape). Collectors run as commands only, each in its own session, signalled only
+# Prometheus scrape).  The service's processes (the process found and its descendants, or its
+# cgroup's) are followed by the pidstat collector's own command (collectors/pidstat.py
+# TREE_SCRIPT: pidstat started again on the new pids whenever they change). Collectors run as commands only, each in its own session, signalled only
 # while its pid still has the start time recorded for it. The daemon's watchdog stops them when
 # the heartbeat file has not changed for HEARTBEAT_TIMEOUT seconds or MAX_DURATION has passed;
 # the watch channel's EOF (the controller died) stops them after WATCH_EOF_GRACE seconds.
@@ -179,8 +181,12 @@ process_json() {
 }
 
 cmd_preflight() {
-	PID=""; PROCESS=""; PORT=""
+	PID=""; PROCESS=""; PORT=""; SCOPE=""
 	[ -n "${1:-}" ] && . "$1"
+	proc=$(process_json)
+	case "$proc" in  # the service the process stands for: its scope (pidstat follows its processes)
+		*'"pid": '[0-9]*) [ -n "$SCOPE" ] && proc="{\"scope\": $(json_str "$SCOPE"), ${proc#\{}" ;;
+	esac
 	mem=$(awk '/^MemTotal:/ { print $2 }' /proc/meminfo 2>/dev/null)
 	procfs=false; [ -d /proc/self ] && procfs=true
 	printf '{"ok": true, "agent": "shell", "agent_version": 1, "python": null, "samplers": []'
@@ -189,7 +195,7 @@ cmd_preflight() {
 	printf ', "time": %s, "tools": {%s}, "cpu": %s, "memory_total_kb": %s' \
 		"$(json_num_or_null "$(now)")" "$TOOLS" "$(cpu_json)" "$(json_num_or_null "$mem")"
 	printf ', "gpus": %s, "nvml": {"available": false, "error": "no python agent"}, "procfs": %s, "process": %s}\n' \
-		"$(gpus_json)" "$procfs" "$(process_json)"
+		"$(gpus_json)" "$procfs" "$proc"
 }
 
 # -- the daemon --------------------------------------------------------------------------------

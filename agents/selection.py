@@ -44,8 +44,10 @@ def check_argvs() -> dict[str, list[str]]:
 
 
 def select(facts: dict[str, Any], requested: list[str] | None, pid: int | None, settings: AgentSettings,
-           label: str) -> Selection:
-    """Choose the collectors for one host; one that cannot run is skipped with its reason."""
+           label: str, scope: str | None = None, port: int | None = None) -> Selection:
+    """Choose the collectors for one host; one that cannot run is skipped with its reason.
+    ``scope``: which processes are the service there (default: ``settings.scope``); ``port``: its
+    TCP port where known (the process was found by it)."""
     if requested is not None:
         unknown = [n for n in requested if n not in COLLECTORS]
         if unknown:
@@ -53,7 +55,8 @@ def select(facts: dict[str, Any], requested: list[str] | None, pid: int | None, 
                              f"(known: {', '.join(sorted(COLLECTORS))})")
     names = list(requested) if requested is not None else [n for n, c in COLLECTORS.items() if c.default]
     names.sort(key=lambda n: COLLECTORS[n].instead_of is not None)  # stand-ins after what they stand in for
-    ctx = HostContext(facts, pid, settings.interval, settings.metrics_url, settings.metrics_tls)
+    ctx = HostContext(facts, pid, settings.interval, settings.metrics_url, settings.metrics_tls,
+                      scope=scope or settings.scope, port=port)
     sel = Selection()
     for name in names:
         c = COLLECTORS[name]

@@ -11,7 +11,7 @@ from typing import Any
 
 from kneeswarm.contracts.plan import Plan
 
-from kneeswarm.agents.remote.defaults import HEARTBEAT_TIMEOUT, INTERVAL, MAX_DURATION
+from kneeswarm.agents.remote.defaults import DEFAULT_SCOPE, HEARTBEAT_TIMEOUT, INTERVAL, MAX_DURATION
 
 #: Added to the plan's duration for the agent's own time limit (the controller stops it first).
 MAX_DURATION_MARGIN = 180.0
@@ -26,6 +26,7 @@ class AgentSettings:
     #: how a host's own scrape reaches metrics_url (``metrics_tls``): {verify, cadata, headers}
     metrics_tls: dict[str, Any] = field(default_factory=dict)
     accept_new_host_keys: bool = False  # record an unknown SSH host key once (accept-new)
+    scope: str = DEFAULT_SCOPE  # which processes are the service where a host does not say (plan.monitor.scope)
 
     @property
     def agent_max_duration(self) -> float:
@@ -36,7 +37,8 @@ class AgentSettings:
     def from_plan(cls, plan: Plan, accept_new_host_keys: bool = False) -> AgentSettings:
         return cls(interval=plan.monitor.interval, heartbeat_timeout=plan.monitor.heartbeat_timeout,
                    max_duration=plan.step_durations(), metrics_url=plan.metrics_url,
-                   metrics_tls=metrics_tls(plan), accept_new_host_keys=accept_new_host_keys)
+                   metrics_tls=metrics_tls(plan), accept_new_host_keys=accept_new_host_keys,
+                   scope=plan.monitor.scope)
 
 
 def metrics_tls(plan: Plan) -> dict[str, Any]:

@@ -65,7 +65,7 @@ class AgentFlavor:
         if self.kind == "python":
             return PREFLIGHT_FILE, json.dumps(cfg).encode()
         lines = [f"check {shlex.quote(name)} {shlex.join(argv)}" for name, argv in (cfg.get("checks") or {}).items()]
-        for key in ("pid", "process", "port"):
+        for key in ("pid", "process", "port", "scope"):
             if cfg.get(key) is not None:
                 lines.append(f"{key.upper()}={shlex.quote(str(cfg[key]))}")
         return SHELL_PREFLIGHT_FILE, ("\n".join(lines) + "\n").encode()

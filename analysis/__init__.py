@@ -131,7 +131,8 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
                 "steps": len(stats), "valid_steps": int(stats["valid"].sum())},
         hosts=host_facts(inputs.meta, inputs.hosts, inputs.parse,
                          cgroups={h: st["cgroup"] for h, st in inputs.hosts.items() if "cgroup" in st},
-                         processes={h: st["process"] for h, st in inputs.hosts.items() if "process" in st}),
+                         processes={h: st["process"] for h, st in inputs.hosts.items() if "process" in st},
+                         trees={h: st["tree"] for h, st in inputs.hosts.items() if "tree" in st}),
         workers=workers,
         target_series={h: used for h, streams in sorted(inputs.hosts.items())
                         if (used := target_series_used(streams.get(PROMETHEUS_STREAM)))},

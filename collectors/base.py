@@ -20,7 +20,12 @@ Canonical tables (column names exactly; the analysis and the report read these):
 * ``threads``: t, tid, name, cpu_pct, usr_pct, sys_pct, core, cswch_s, nvcswch_s
 * ``gpu``: t, gpu, sm_pct, mem_pct, fb_used_mb, power_w, sm_clock_mhz, mem_clock_mhz, temp_c
 * ``gpu_procs``: t, gpu, pid, used_mb, sm_pct
-* ``fds``: t, pid, fds (open file descriptors of the monitored process)
+* ``fds``: t, pid, fds (open file descriptors of the monitored service, summed over its processes)
+* ``tree``: t, pid, ppid, name, role, cpu_pct, rss_mb, threads, cswch_s, nvcswch_s, wait_pct,
+  cmdline: each process of the monitored service (the process found and its descendants, or its
+  cgroup's processes: agents/remote/tree.py) per sample, its own figures; ``role`` (listener,
+  worker, engine) where it can be told; ``cmdline`` on the first row of each pid only.  The
+  ``process`` table holds the service's sums (``pid``: the process found).
 
 Wall-clock timestamps (vmstat -t, dmon -o DT, query-gpu, pidstat without -H) carry no zone. The
 commands built here pin the tool's zone with ``TZ=UTC0`` (see ``Collector.output_tz``); a parser
@@ -63,12 +68,14 @@ GPU_COLUMNS = ["t", "gpu", "sm_pct", "mem_pct", "fb_used_mb", "power_w", "sm_clo
                "mem_clock_mhz", "temp_c"]
 GPU_PROC_COLUMNS = ["t", "gpu", "pid", "used_mb", "sm_pct"]
 FDS_COLUMNS = ["t", "pid", "fds"]
+TREE_COLUMNS = ["t", "pid", "ppid", "name", "role", "cpu_pct", "rss_mb", "threads", "cswch_s", "nvcswch_s",
+                "wait_pct", "cmdline"]
 VMSTAT_COLUMNS = ["t", "r", "b", "swpd", "free", "buff", "cache", "si", "so", "bi", "bo", "in",
                   "cs", "us", "sy", "id", "wa", "st"]
 #: The columns of each canonical table (an empty table still has them); others: just "t".
 TABLE_COLUMNS = {"process": PROCESS_COLUMNS, "threads": THREAD_COLUMNS, "gpu": GPU_COLUMNS,
                  "gpu_procs": GPU_PROC_COLUMNS, "vmstat": VMSTAT_COLUMNS, "dmon": ["t", "gpu"],
-                 "fds": FDS_COLUMNS}
+                 "fds": FDS_COLUMNS, "tree": TREE_COLUMNS}
 
 Kind = Literal["command", "sampler"]
 
@@ -97,6 +104,10 @@ class HostContext:
     interval: float  # seconds between samples
     metrics_url: str | None = None  # a Prometheus /metrics the host's agent may scrape
     metrics_tls: Mapping[str, Any] | None = None  # how it is reached: {verify, cadata, headers} (kneeswarm.agents.settings)
+    #: which processes are the service (agents/remote/tree.py SCOPES): the process found and its
+    #: descendants ("tree"), its cgroup's processes ("cgroup"), or it alone ("process")
+    scope: str = "tree"
+    port: int | None = None  # the service's TCP port where known (a listener is told by it)
 
     @property
     def has_gpu(self) -> bool:
@@ -167,7 +178,7 @@ class Collector:
             raise Unavailable(tool.get("error") or f"{' '.join(self.check_argv() or [])} exited {tool.get('rc')}")
         version = self.version_from(tool.get("output") or "")
         try:
-            cmd = self.command(ctx.pid, ctx.interval, version)
+            cmd = self.host_command(ctx, version)
         except Exception as e:  # e.g. pidstat without a pid to monitor
             raise Unavailable(str(e)) from None
         if cmd is None:
@@ -179,6 +190,11 @@ class Collector:
     def sampler_params(self, ctx: HostContext) -> dict[str, Any]:
         """Keyword parameters of the remote sampler (samplers only); Unavailable if it cannot run."""
         return {}
+
+    def host_command(self, ctx: HostContext, version: str | None) -> tuple[list[str], dict[str, str]] | None:
+        """What runs on the host ``ctx`` describes: ``command`` by default; a collector that
+        follows the service's processes (pidstat) reads the scope here."""
+        return self.command(ctx.pid, ctx.interval, version)
 
     @staticmethod
     def process_params(ctx: HostContext) -> dict[str, Any]:

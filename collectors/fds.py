@@ -1,9 +1,12 @@
-"""fd sampler output (fds.jsonl): the monitored process's open file descriptors.
+"""fd sampler output (fds.jsonl): the monitored service's open file descriptors.
 
 The sampler runs in the remote agent (``FdSampler``, stdlib only) at the monitor's interval and
-writes one JSON object per line::
+writes one JSON object per line, over the service's processes (the process found and its
+descendants, or its cgroup's: agents/remote/tree.py)::
 
-    {"t": 1796002084.01, "pid": 4041, "fds": 37}     # len(os.listdir("/proc/PID/fd"))
+    {"t": 1796002084.01, "pid": 4041, "fds": 37,     # len(os.listdir("/proc/PID/fd")), summed
+     "procs": [[4041, 30], [4042, 7]],               # each process's (absent before the tree)
+     "unreadable": 1}                                 # processes whose fds could not be read (if any)
     {"t": 1796002085.01, "pid": 4041, "error": "/proc/4041/fd: Permission denied"}   # said once
 
 Table ``fds``: t, pid, fds.  pidstat counts no descriptors; a soak reads this for ``fd_growth``
@@ -44,7 +47,7 @@ class FdsCollector(Collector):
     output_tz = None
 
     def sampler_params(self, ctx: HostContext) -> dict[str, Any]:
-        return self.process_params(ctx)
+        return {**self.process_params(ctx), "scope": ctx.scope}
 
     def parse_text(self, text: str, tz: tzinfo | None, t0: float | None, interval: float) -> Parsed:
         return parse_fds(text)

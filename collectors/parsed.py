@@ -35,6 +35,7 @@ from kneeswarm.collectors.correction import ClockCorrection, ClockOffset
 TABLE_PREFERENCE = {
     "process": ("pidstat", "procfs"),
     "threads": ("pidstat", "procfs"),
+    "tree": ("pidstat", "procfs"),
     "gpu": ("nvml", "dmon", "query_gpu"),
     "gpu_procs": ("nvml",),
 }

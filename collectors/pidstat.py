@@ -29,6 +29,21 @@ Tables:
   delay accounting is on (``sysctl kernel.task_delayacct``, off by default since Linux 5.14), else
   it reads 0.  pidstat prints -1 where it may not read /proc/PID/io: NaN here.
 * ``threads``: one row per thread per interval.
+* ``tree``: where the service is a tree or a cgroup's processes (``TREE_SCRIPT``), one row per
+  process per interval from its process row, with its parent and command line from the script's
+  ``#kneeswarm-member`` lines (role: ``engine`` by name, agents/remote/tree.py ENGINE_MARKS;
+  ``worker`` for every process but the one found); none for pidstat run on one pid.
+
+The service as a tree (``scope`` "tree" or "cgroup"; agents/remote/tree.py for the python agent's
+way): pidstat is run by ``TREE_SCRIPT``, a POSIX sh loop that lists the service's processes every
+interval (the process found and its descendants, each staying while it lives; or every process of
+its cgroup) and, whenever they change, stops pidstat (SIGINT) and starts it again on the new pids.
+Before each start it writes ``#kneeswarm-tree <epoch> <root> <pids...>`` and one
+``#kneeswarm-member <pid> <ppid> <command line>`` per process to the same file (and, once,
+``#kneeswarm-note <text>`` where a cgroup scope found the process in the root cgroup).  What the shell
+agent can do with pidstat alone: a process's CPU is counted while it is listed (a worker's last
+interval before it dies, and the first interval of pidstat started again, are lost), where the
+python agent's /proc sampler loses none.
 
 Read as a stream (:class:`PidstatStream`): only the interval being read is held as records, and a
 file is read a piece at a time (:func:`parse_pidstat_file`), so 2 h of a 256-thread process (1.8M
@@ -45,7 +60,11 @@ from typing import Any
 
 import numpy as np
 
-from kneeswarm.collectors.base import (BASE_ENV, MIGRATIONS_SAMPLED, NAN, PROCESS_COLUMNS, THREAD_COLUMNS, Collector, Parsed, frame, local_epoch, split_hms, to_float, whole_line_pieces)
+from kneeswarm.agents.remote.defaults import SCOPE_PROCESS
+from kneeswarm.agents.remote.tree import ENGINE_MARKS
+from kneeswarm.collectors.base import (BASE_ENV, MIGRATIONS_SAMPLED, NAN, PROCESS_COLUMNS, THREAD_COLUMNS, TREE_COLUMNS,
+                                       Collector, HostContext, Parsed, frame, local_epoch, split_hms, to_float,
+                                       whole_line_pieces)
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +92,50 @@ THREAD_FIELD_SLOT = {col: i for col, i in FIELD_SLOT.items()
                      if SLOTS[i] in ("usr", "sys", "wait", "cpu", "core", "cswch", "nvcswch", "iodelay")}
 #: The slots of the threads table's value columns (THREAD_COLUMNS after t, tid, name).
 THREAD_VALUE_SLOTS = tuple(SLOT[k] for k in ("cpu", "usr", "sys", "core", "cswch", "nvcswch"))
+TREE_MARK, MEMBER_MARK, NOTE_MARK = "#kneeswarm-tree", "#kneeswarm-member", "#kneeswarm-note"  # TREE_SCRIPT's lines
+#: pidstat on the service's processes, started again whenever they change (the module's text).
+#: $1 the process found, $2 the scope, $3 the interval; the rest: pidstat's options but -p.
+TREE_SCRIPT = r"""root=$1 scope=$2 iv=$3
+shift 3
+members="" child="" hier="" group=""
+trap '[ -n "$child" ] && kill -INT "$child" 2>/dev/null && wait "$child"; exit 0' INT TERM
+if [ "$scope" = cgroup ]; then
+	line=$(grep -m1 '^0::/.' "/proc/$root/cgroup" 2>/dev/null || grep -m1 '[:,]cpu[,:]/.' "/proc/$root/cgroup" 2>/dev/null)
+	hier=${line%%:*} group=${line#*:*:}
+	[ -n "$line" ] || echo "#kneeswarm-note it is in the root cgroup: every process this host shows is watched"
+fi
+scan() {
+	if [ "$scope" = cgroup ]; then
+		awk -v h="$hier" -v g="$group" -v me=$$ 'FNR == 1 { split(FILENAME, f, "/"); pid = f[3] }
+			{ i = index($0, ":"); id = substr($0, 1, i - 1); rest = substr($0, i + 1); path = substr(rest, index(rest, ":") + 1) }
+			id == h && (path == g || index(path, g "/") == 1 || h == "") && pid != me { print pid }' /proc/[0-9]*/cgroup 2>/dev/null | sort -un | tr '\n' ' '
+	else
+		cat /proc/[0-9]*/stat 2>/dev/null | sed -n 's/^\([0-9]*\) (.*) [A-Za-z] \([0-9]*\) .*/\1 \2/p' | awk -v root="$root" -v keep="$members" -v me=$$ '
+			{ parent[$1] = $2 }
+			END {
+				n = split(keep, k, " "); for (i = 1; i <= n; i++) if (k[i] in parent) in_[k[i]] = 1
+				if (root in parent) in_[root] = 1
+				for (grown = 1; grown;) { grown = 0; for (p in parent) if (!(p in in_) && (parent[p] in in_) && p != me && parent[p] != me) { in_[p] = 1; grown = 1 } }
+				for (p in in_) print p
+			}' | sort -n | tr '\n' ' '
+	fi
+}
+while [ -d "/proc/$root" ] || [ "$scope" = cgroup ]; do
+	now=$(scan)
+	if [ -n "$now" ] && { [ "$now" != "$members" ] || ! kill -0 "$child" 2>/dev/null; }; then
+		if [ -n "$child" ]; then kill -INT "$child" 2>/dev/null; wait "$child"; fi
+		members=$now
+		echo "#kneeswarm-tree $(date +%s) $root $members"
+		for p in $members; do
+			echo "#kneeswarm-member $p $(sed 's/^.*) [A-Za-z] \([0-9]*\) .*/\1/' "/proc/$p/stat" 2>/dev/null) $(tr '\000\n' '  ' < "/proc/$p/cmdline" 2>/dev/null | cut -c1-300)"
+		done
+		pidstat "$@" -p "$(echo $members | tr ' ' ,)" "$iv" &
+		child=$!
+	fi
+	sleep "$iv"
+done
+[ -n "$child" ] && kill -INT "$child" 2>/dev/null && wait "$child"
+"""
 LINES_CHUNK = 1 << 23  # characters of the text split into lines at a time (a whole day's lines would be held)
 BANNER_DATE_FORMATS = ("%Y-%m-%d", "%m/%d/%y", "%m/%d/%Y", "%d/%m/%y", "%d/%m/%Y")
 HALF_DAY_S = 43200
@@ -156,10 +219,15 @@ class PidstatStream:
         self.open: dict[tuple[int, int | None], list] = {}  # the open interval's records by (pid, tid)
         self.prev: dict[int, tuple[float, dict[int, float]]] = {}  # pid -> (t, {tid: core}): migrations
         self.names: dict[str, str] = {}  # one str per thread name
+        self.root: int | None = None  # TREE_SCRIPT's process found (None: pidstat on one pid, no tree table)
+        self.members: dict[int, tuple[float, str | None]] = {}  # pid -> (ppid, command line) of its last listing
+        self.shown: set[int] = set()  # pids whose command line is already on a tree row
+        self.note: str | None = None  # TREE_SCRIPT's note: why the processes are not what the scope asked
         self._reset_columns()
 
     def _reset_columns(self) -> None:
         self.process_rows: list[list] = []
+        self.tree_rows: list[list] = []
         self.thread_t, self.thread_tid = array("d"), array("q")
         self.thread_names: list[str] = []
         self.thread_values = [array("d") for _ in THREAD_VALUE_SLOTS]
@@ -174,6 +242,9 @@ class PidstatStream:
         if not tokens:
             return
         first = tokens[0]
+        if first in (TREE_MARK, MEMBER_MARK, NOTE_MARK):
+            self._tree_line(first, line)
+            return
         if first == "Linux" or first == "Average:":
             if first == "Linux" and self.clock.day is None:
                 self.clock.day = _banner_date(tokens)
@@ -202,6 +273,23 @@ class PidstatStream:
             self._close()
             self.t_open = t
         self._record(key, " ".join(tokens[ncol - 1:]), row)
+
+    def _tree_line(self, mark: str, line: str) -> None:
+        """TREE_SCRIPT's listing of the service's processes (a new listing replaces the last)."""
+        parts = line.split(None, 3)
+        try:
+            if mark == NOTE_MARK:
+                self.note = line.split(None, 1)[1].strip()
+            elif mark == TREE_MARK:  # pidstat starts again on new pids: the interval read so far is whole
+                self.root = _pid(parts[2])
+                self._close()
+                self.t_open = None
+                self.members = {}
+            else:
+                self.members[_pid(parts[1])] = (to_float(parts[2]) if len(parts) > 2 else NAN,
+                                                parts[3].strip() if len(parts) > 3 else None)
+        except (IndexError, ValueError):
+            self.skipped += 1
 
     def _record(self, key: tuple[int, int | None], command: str, row: dict[str, str]) -> None:
         pid, tid = key
@@ -235,8 +323,21 @@ class PidstatStream:
                 col.append(rec[slot])
         for (pid, tid), rec in records.items():
             if tid is None:
-                self.process_rows.append(self._process_row(t, pid, rec, by_pid.get(pid)))
+                row = self._process_row(t, pid, rec, by_pid.get(pid))
+                self.process_rows.append(row)
+                if self.root is not None:
+                    self.tree_rows.append(self._tree_row(row, rec[0]))
         self.open = {}
+
+    def _tree_row(self, row: list, name: str) -> list:
+        """A ``tree`` row from a process row (PROCESS_COLUMNS) and its command name."""
+        pid = row[1]
+        ppid, cmdline = self.members.get(pid, (NAN, None))
+        role = ("engine" if any(m in f"{name} {cmdline or ''}" for m in ENGINE_MARKS)
+                else None if pid == self.root else "worker")
+        shown = cmdline if pid not in self.shown else None
+        self.shown.add(pid)
+        return [row[0], pid, ppid, name, role, row[2], row[6], row[8], row[9], row[10], row[5], shown]
 
     def _process_row(self, t: float, pid: int, rec: list, ths: list[tuple[int, list]] | None) -> list:
         g = lambda r, k: r[SLOT[k]]  # noqa: E731
@@ -276,8 +377,9 @@ class PidstatStream:
             threads = frame(cols, THREAD_COLUMNS)
         else:
             threads = frame([], THREAD_COLUMNS)
+        tree = frame(self.tree_rows, TREE_COLUMNS, ints=("pid",))
         self._reset_columns()
-        return Parsed({"process": process, "threads": threads}, self.lines, self.skipped)
+        return Parsed({"process": process, "threads": threads, "tree": tree}, self.lines, self.skipped)
 
 
 def parse_pidstat(text: str, tz: tzinfo | None = None, interval: float = 1.0) -> Parsed:
@@ -356,7 +458,7 @@ class PidstatCollector(Collector):
     name = "pidstat"
     raw_file = "pidstat.txt"
     kind = "command"
-    tables = ("process", "threads")
+    tables = ("process", "threads", "tree")
     #: The agent's /proc sampler reads the process every interval and its threads less often;
     #: pidstat -t reads every thread each second (1.75 % of a core for 256 threads with SSH
     #: fetches).  It runs where the sampler cannot: hosts with the shell agent (no python3).
@@ -382,6 +484,15 @@ class PidstatCollector(Collector):
             argv.append("-H")
         argv += ["-h", "-u", "-r", "-w", "-d", "-t", "-p", str(int(pid)), str(max(1, round(interval)))]
         return argv, {**BASE_ENV, "S_TIME_FORMAT": "ISO"}
+
+    def host_command(self, ctx: HostContext, version: str | None) -> tuple[list[str], dict[str, str]] | None:
+        """``command``; for a service of several processes (``ctx.scope``), TREE_SCRIPT running it."""
+        cmd = self.command(ctx.pid, ctx.interval, version)
+        if cmd is None or ctx.scope == SCOPE_PROCESS:
+            return cmd
+        argv, env = cmd
+        cut = argv.index("-p")
+        return (["sh", "-c", TREE_SCRIPT, "kneeswarm-tree", argv[cut + 1], ctx.scope, argv[-1], *argv[1:cut]], env)
 
     def parse_text(self, text: str, tz: tzinfo | None, t0: float | None, interval: float) -> Parsed:
         return parse_pidstat(text, tz, max(1, round(interval)))

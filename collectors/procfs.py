@@ -1,18 +1,24 @@
-"""/proc sampler output (procfs.jsonl): the monitored process, read straight from /proc.
+"""/proc sampler output (procfs.jsonl): the monitored service, read straight from /proc.
 
-The default source of the ``process`` and ``threads`` tables where the host runs the python agent
-(pidstat stands in where only the shell agent runs).  The sampler runs in the remote agent (stdlib
-only) and writes ONE JSON OBJECT PER LINE, PER SAMPLE of the monitored process; all counters are
-CUMULATIVE (as the kernel gives them), the parser differences them::
+The default source of the ``process``, ``threads`` and ``tree`` tables where the host runs the
+python agent (pidstat stands in where only the shell agent runs).  The service is the process
+found and its descendants, its cgroup's processes, or it alone (``scope``: agents/remote/tree.py).
+The sampler runs in the remote agent (stdlib only) and writes ONE JSON OBJECT PER LINE, PER SAMPLE
+of the service; all counters are CUMULATIVE (as the kernel gives them), the parser differences
+them.  The top-level counters are the service's (the sums over its processes, kept by
+agents/remote/tree.py's Accounts so that they never fall when a process leaves; a file written
+before the service was a tree holds the one process's own)::
 
     {"t": 1796002084.01,   # epoch seconds (time.time()) when the sample was read
-     "pid": 4041,          # the process (thread-group id)
-     "utime": 1234,        # /proc/PID/stat field 14, clock ticks (all threads, live and dead)
-     "stime": 56,          # /proc/PID/stat field 15, clock ticks
+     "pid": 4041,          # the process found (thread-group id)
+     "scope": "tree",      # "tree", "cgroup" or "process" (absent in files before the tree)
+     "utime": 1234,        # /proc/PID/stat field 14, clock ticks (all threads, live and dead), over
+                           #   the service: each process's own and its reaped children's (field 16)
+     "stime": 56,          # /proc/PID/stat field 15 (and 17), clock ticks
      "clk_tck": 100,       # os.sysconf("SC_CLK_TCK")
-     "rss_kb": 11320,      # /proc/PID/status VmRSS
-     "vsz_kb": 235736,     # /proc/PID/status VmSize
-     "threads": 4,         # /proc/PID/status Threads
+     "rss_kb": 11320,      # VmRSS (/proc/PID/stat field 24 x the page size), summed over the processes
+     "vsz_kb": 235736,     # VmSize, summed likewise
+     "threads": 4,         # threads, summed likewise
      "minflt": 3088,       # /proc/PID/stat field 10
      "majflt": 0,          # /proc/PID/stat field 12
      "ncpu": 2,            # os.cpu_count()
@@ -32,6 +38,14 @@ CUMULATIVE (as the kernel gives them), the parser differences them::
                            #   a kernel without CONFIG_SCHED_DEBUG)]
                            # The switches come from the same ``sched`` file where it is there
                            #   (the same counters as ``status``'s), else from ``status``.
+     "procs": [[4041, 1, "python3", "listener", 1200, 50, 11320, 4, 5120, 877, 81234567], ...],
+                           # each process of the service: [pid, ppid, comm, role (or null), its
+                           #   own utime, stime (ticks), rss_kb, threads] and, in thread samples,
+                           #   [its threads' vol cs, invol cs, run-queue wait ns] summed
+     "joined": [[4042, 4041, 5811, "python3 -m worker"], ...],   # processes that joined since the
+                           #   last sample: [pid, ppid, start time (ticks since boot), command line]
+     "left": [4043],       # processes that left since the last sample
+     "note": "..."}        # once: why the processes watched are not what the scope asked
 
 Files written before the thread samples were thinned carry every key in every sample; both read the
 same.  Numbers may be ints or floats. A missing key gives NaN. Each counter's rate is taken over
@@ -52,6 +66,9 @@ Tables (one row per interval, stamped at its end, from the second sample of a pi
   which (kneeswarm.collectors.base.MIGRATIONS_KERNEL / MIGRATIONS_SAMPLED).  NaN on the rows between
   thread samples: the analysis averages what is there.
 * ``threads``: from ``tasks``, for threads present in two consecutive thread samples.
+* ``tree``: from ``procs``, one row per process per sample from its second on: its own cpu_pct
+  (its own utime + stime, not its children's), rss_mb, threads and, on thread samples, cswch_s,
+  nvcswch_s, wait_pct; ``cmdline`` (from ``joined``) on its first row.
 """
 from __future__ import annotations
 
@@ -62,7 +79,9 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from kneeswarm.collectors.base import (MIGRATIONS_KERNEL, MIGRATIONS_SAMPLED, NAN, PROCESS_COLUMNS, THREAD_COLUMNS, Collector, HostContext, Parsed, finite, frame, json_records, to_float, whole_line_pieces)
+from kneeswarm.collectors.base import (MIGRATIONS_KERNEL, MIGRATIONS_SAMPLED, NAN, PROCESS_COLUMNS, THREAD_COLUMNS, TREE_COLUMNS,
+                                       Collector, HostContext, Parsed, finite, frame, json_records, to_float,
+                                       whole_line_pieces)
 
 logger = logging.getLogger(__name__)
 
@@ -182,8 +201,11 @@ class ProcfsStream:
 
     def __init__(self) -> None:
         self.pids: dict[int, _Pid] = {}
+        self.members: dict[int, _Pid] = {}  # each process of the service, by pid (``procs``)
+        self.cmdlines: dict[int, str] = {}  # a joined process's command line, until its first tree row
         self.process_rows: list[list] = []
         self.thread_rows: list[list] = []
+        self.tree_rows: list[list] = []
         self.lines = self.skipped = 0
 
     def feed_text(self, text: str) -> None:
@@ -218,6 +240,7 @@ class ProcfsStream:
                 rows, migr, counted = _thread_rows(t, tasks, p.tasks, hz / 100.0)
                 self.thread_rows += rows
             p.tasks = (t, tasks)
+        self._members(t, rec, hz)
         if first:
             return True
         usr, sys_ = r["utime"] / (hz / 100.0), r["stime"] / (hz / 100.0)
@@ -228,11 +251,41 @@ class ProcfsStream:
                                   r["blkio_ticks"] / hz * 100.0, counted])
         return True
 
+    def _members(self, t: float, rec: dict, hz: float) -> None:
+        """The ``tree`` rows of one sample's ``procs`` (each process's own figures)."""
+        for j in rec.get("joined") or []:
+            if isinstance(j, list) and len(j) >= 4 and isinstance(j[3], str) and finite(to_float(j[0])):
+                self.cmdlines[int(to_float(j[0]))] = j[3]
+        for pid in rec.get("left") or []:
+            if finite(to_float(pid)):
+                self.members.pop(int(to_float(pid)), None)
+                self.cmdlines.pop(int(to_float(pid)), None)
+        procs = rec.get("procs")
+        for proc in procs if isinstance(procs, list) else []:
+            if not isinstance(proc, list) or len(proc) < 8 or not finite(pid_f := to_float(proc[0])):
+                continue
+            pid = int(pid_f)
+            m = self.members.setdefault(pid, _Pid())
+            if m.t is not None and not t > m.t:
+                continue
+            first, m.t = m.t is None, t
+            used = to_float(proc[4]) + to_float(proc[5])
+            cpu = m.rate("cpu", t, used) / (hz / 100.0)
+            sw = [m.rate(k, t, to_float(proc[i])) for k, i in (("vol", 8), ("invol", 9), ("wait", 10))] \
+                if len(proc) >= 11 else [NAN, NAN, NAN]
+            if first:
+                continue
+            name, role = proc[2], proc[3]
+            self.tree_rows.append([t, pid, to_float(proc[1]), name if isinstance(name, str) else str(name),
+                                   role if isinstance(role, str) else None, cpu, to_float(proc[6]) / KB_PER_MB,
+                                   to_float(proc[7]), sw[0], sw[1], sw[2] / 1e7, self.cmdlines.pop(pid, None)])
+
     def take(self, final: bool = True) -> Parsed:
         """The rows read since the last ``take`` as ``process`` and ``threads``, and their line counts."""
         out = Parsed({"process": frame(self.process_rows, PROCESS_COLUMNS),
-                      "threads": frame(self.thread_rows, THREAD_COLUMNS)}, self.lines, self.skipped)
-        self.process_rows, self.thread_rows = [], []
+                      "threads": frame(self.thread_rows, THREAD_COLUMNS),
+                      "tree": frame(self.tree_rows, TREE_COLUMNS, ints=("pid",))}, self.lines, self.skipped)
+        self.process_rows, self.thread_rows, self.tree_rows = [], [], []
         self.lines = self.skipped = 0
         return out
 
@@ -264,7 +317,7 @@ def parse_procfs_file(path: Path, piece: int = 1 << 22) -> Parsed:
     every sample's records are held (2 h of a 256-thread process: 48 MB of JSON lines, 1 GB as
     Python records and rows).  The same tables as the whole text's parse."""
     stream = ProcfsStream()
-    parts: dict[str, list[pd.DataFrame]] = {"process": [], "threads": []}
+    parts: dict[str, list[pd.DataFrame]] = {"process": [], "threads": [], "tree": []}
     lines = skipped = 0
     for text in whole_line_pieces(path, piece):
         stream.feed_text(text)
@@ -274,18 +327,20 @@ def parse_procfs_file(path: Path, piece: int = 1 << 22) -> Parsed:
             if len(df):
                 parts[name].append(df)
     return Parsed({name: pd.concat(dfs, ignore_index=True) if dfs else frame([], columns)
-                   for (name, dfs), columns in zip(parts.items(), (PROCESS_COLUMNS, THREAD_COLUMNS))}, lines, skipped)
+                   for (name, dfs), columns in zip(parts.items(), (PROCESS_COLUMNS, THREAD_COLUMNS, TREE_COLUMNS))},
+                  lines, skipped)
 
 
 class ProcfsCollector(Collector):
     name = "procfs"
     raw_file = "procfs.jsonl"
     kind = "sampler"
-    tables = ("process", "threads")
+    tables = ("process", "threads", "tree")
     output_tz = None
 
     def sampler_params(self, ctx: HostContext) -> dict[str, Any]:
-        return {**self.process_params(ctx), "thread_interval": max(ctx.interval, THREAD_INTERVAL)}
+        return {**self.process_params(ctx), "thread_interval": max(ctx.interval, THREAD_INTERVAL),
+                "scope": ctx.scope, "port": ctx.port}
 
     def parse_text(self, text: str, tz: tzinfo | None, t0: float | None, interval: float) -> Parsed:
         return parse_procfs(text)

@@ -87,11 +87,12 @@ def test_the_agent_zipapp_loads_on_every_python3_here(tmp_path):
 def test_agent_lifecycle_on_every_python3_here(tmp_path):
     if OLDEST not in PYTHONS:
         pytest.skip(f"no python {OLDEST[0]}.{OLDEST[1]} on this machine (pyenv install 3.6)")
-    busy = start_busy()
+    busy = start_forking_busy()
+    child = int(busy.stdout.readline())
     metrics = metrics_server()  # the prometheus sampler's urllib scrape, under each interpreter too
     url = f"http://127.0.0.1:{metrics.server_address[1]}/metrics"
     try:
-        results = each(list(PYTHONS.items()), lambda item: _lifecycle(tmp_path, busy.pid, url, *item))
+        results = each(list(PYTHONS.items()), lambda item: _lifecycle(tmp_path, busy.pid, child, url, *item))
     finally:
         stop_proc(busy)
         metrics.shutdown()
@@ -100,6 +101,16 @@ def test_agent_lifecycle_on_every_python3_here(tmp_path):
 
 
 METRICS_TEXT = b"# TYPE probe_total counter\nprobe_total 42\n"
+#: A process whose child keeps a core busy: the service is a tree of two (the agent's tree.py).
+FORKING_BUSY = ("import os, sys, time\npid = os.fork()\nif pid == 0:\n    while True:\n        pass\n"
+                "print(pid, flush=True)\ntry:\n    time.sleep(600)\nfinally:\n    os.kill(pid, 9)\n")
+
+
+def start_forking_busy() -> subprocess.Popen:
+    import sys
+
+    return subprocess.Popen([sys.executable, "-c", FORKING_BUSY], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
 
 
 def metrics_server() -> http.server.ThreadingHTTPServer:
@@ -118,7 +129,7 @@ def metrics_server() -> http.server.ThreadingHTTPServer:
     return server
 
 
-def _lifecycle(tmp: object, pid: int, url: str, version: tuple[int, int], python: str) -> None:
+def _lifecycle(tmp: object, pid: int, child: int, url: str, version: tuple[int, int], python: str) -> None:
     name = f"py{version[0]}{version[1]}"
     run = RunDir.create(tmp, name)  # type: ignore[arg-type]
     host = HostPlan(pid=pid, collectors=["pidstat", "vmstat", "procfs", "prometheus", "cgroup"])
@@ -143,12 +154,15 @@ def _lifecycle(tmp: object, pid: int, url: str, version: tuple[int, int], python
     assert meta["complete"] and meta["clock"]["before"] is not None and meta["clock"]["after"] is not None
     hd = run.host_dir("local")
     proc = pd.read_csv(hd / "process.csv")
-    assert len(proc) >= 3 and proc["pid"].eq(pid).all()
+    assert len(proc) >= 3 and set(proc["pid"]) == {pid, child}  # pidstat on the tree (TREE_SCRIPT)
     assert len(pd.read_csv(hd / "vmstat.csv")) >= 3
     procfs = pd.read_csv(hd / "process.procfs.csv")
-    assert len(procfs) >= 3 and procfs["cpu_pct"].mean() > 1  # the busy thread, seen by the /proc sampler (contended)
+    assert len(procfs) >= 3 and procfs["cpu_pct"].mean() > 1  # the busy child, seen by the /proc sampler (contended)
+    tree = pd.read_csv(hd / "tree.procfs.csv")  # the service's two processes, as this python's agent saw them
+    assert set(tree["pid"]) == {pid, child} and (tree.loc[tree["pid"] == child, "ppid"] == pid).all()
+    assert tree.loc[tree["pid"] == child, "cpu_pct"].mean() > 1 and (tree.loc[tree["pid"] == child, "role"] == "worker").all()
     scrapes = [json.loads(x) for x in (run.raw_dir("local") / "prometheus.jsonl").read_text().splitlines()]
-    assert len(scrapes) >= 3 and all(s.get("text") == METRICS_TEXT.decode() for s in scrapes), scrapes[:2]
+    assert len(scrapes) >= 3 and all(s.get("text") == METRICS_TEXT.decode() for s in scrapes), [s for s in scrapes if s.get("text") != METRICS_TEXT.decode()][:2]
     cgroup = pd.read_csv(hd / "cgroup.csv")  # the process's cgroup, read by the sampler on this python
     # full samples name the version (and the memory usage); where the process has a CPU quota the sampler
     # adds counter-only rows between them (CgroupSampler.full_every), which carry neither by design

@@ -107,6 +107,53 @@ def test_shell_agent_records_busy_process_verified_and_leaves_nothing(busy, run,
     assert not (run.host_dir("local") / "process.procfs.csv").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_TOOLS, reason="pidstat/vmstat (sysstat, procps) not installed")
+def test_shell_agent_follows_the_tree_a_worker_replaced_mid_run(run, tmp_path, monkeypatch):
+    """pidstat through collectors/pidstat.py's TREE_SCRIPT (on busybox's sh, awk and sed where the
+    machine has it): a worker killed and replaced is dropped and the new one picked up, each with
+    its parent; what the shell agent loses is the interval around each restart of pidstat."""
+    from tests.test_tree import ROOT_CODE, own_ticks, tree_ticks, wait_for_ticks
+
+    if minimal_userland(tmp_path / "bin"):
+        monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    root = subprocess.Popen([sys.executable, "-c", ROOT_CODE, "60"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        settings = AgentSettings(interval=1, max_duration=60, heartbeat_timeout=10)
+        with open_agent(HostPlan(pid=root.pid, collectors=["pidstat"]), run, settings, transport=no_python()) as agent:
+            facts = agent.preflight()
+            assert facts["process"]["scope"] == "tree"
+            agent.start()
+            time.sleep(1.5)
+            root.stdin.write("go\n"), root.stdin.flush()
+            first = [int(x) for x in root.stdout.readline().split()[1:]]
+            t0, before = time.time(), tree_ticks(root.pid) + sum(own_ticks(p) for p in first)
+            wait_for_ticks(first[0], 300)
+            root.stdin.write("kill\n"), root.stdin.flush()
+            new = int(root.stdout.readline().split()[1])
+            wait_for_ticks(new, 300)
+            kernel_s = (tree_ticks(root.pid) + own_ticks(first[1]) + own_ticks(new) - before) / 100.0
+            t1 = time.time()
+            agent.stop()
+            agent.fetch(final=True)
+            agent.write_parsed()
+    finally:
+        root.kill()
+        root.wait()
+    hd = run.host_dir("local")
+    proc, tree = pd.read_csv(hd / "process.csv"), pd.read_csv(hd / "tree.csv")
+    assert {root.pid, *first, new} <= set(proc["pid"])
+    workers = tree[tree["pid"] != root.pid]
+    assert set(workers["pid"]) == {*first, new} and (workers["ppid"] == root.pid).all()
+    assert (workers["role"] == "worker").all() and tree.loc[tree["pid"] == new, "cmdline"].notna().sum() == 1
+    # the service's CPU: pidstat's per-process %CPU summed at each sample, over the span; at most a
+    # restart's interval or two of it lost, never more than the kernel counted
+    per_t = proc[(proc["t"] > t0) & (proc["t"] <= t1)].groupby("t")["cpu_pct"].sum()
+    agent_s = float(per_t.sum()) / 100.0  # one-second samples
+    assert 0.6 * kernel_s < agent_s < 1.05 * kernel_s + 0.1, (agent_s, kernel_s)
+
+
 CONTROLLER = """
 import json, sys, time
 sys.path.insert(0, {repo!r})

@@ -418,6 +418,85 @@ def test_procfs_differences_counters_into_rates():
     assert math.isnan(proc.iloc[1]["io_write_kb_s"])  # /proc/PID/io not read (no permission): not recorded
 
 
+def test_procfs_tree_rows_are_each_processes_own_figures():
+    # the service's sums at the top (the process table), each process's own in procs (the tree
+    # table): its cpu from its own utime + stime, its command line (from joined) on its first row
+    lines = [
+        '{"t": 10.0, "pid": 7, "scope": "tree", "utime": 100, "stime": 0, "clk_tck": 100, "rss_kb": 3072,'
+        ' "threads": 3, "procs": [[7, 1, "main", "listener", 10, 0, 2048, 2, 5, 1, 0],'
+        ' [8, 7, "w", "worker", 90, 0, 1024, 1, 5, 1, 0]], "joined": [[7, 1, 50, "srv --x"], [8, 7, 60, "srv --worker"]],'
+        ' "vol_cs": 10, "invol_cs": 2, "wait_ns": 0, "tasks": []}',
+        '{"t": 11.0, "pid": 7, "scope": "tree", "utime": 230, "stime": 10, "clk_tck": 100, "rss_kb": 4096,'
+        ' "threads": 4, "procs": [[7, 1, "main", "listener", 12, 0, 2048, 2, 7, 1, 10000000],'
+        ' [8, 7, "w", "worker", 170, 10, 1024, 1, 15, 3, 0], [9, 7, "w", "worker", 20, 0, 1024, 1, 1, 0, 0]],'
+        ' "joined": [[9, 7, 1050, "srv --worker"]], "vol_cs": 23, "invol_cs": 4, "wait_ns": 10000000, "tasks": []}',
+        '{"t": 12.0, "pid": 7, "scope": "tree", "utime": 330, "stime": 10, "clk_tck": 100, "rss_kb": 3072,'
+        ' "threads": 3, "procs": [[7, 1, "main", "listener", 12, 0, 2048, 2], [9, 7, "w", "worker", 60, 0, 1024, 1]],'
+        ' "left": [8]}',
+    ]
+    p = get("procfs").parse("\n".join(lines))
+    proc = p.frames["process"].set_index("t")
+    assert proc.loc[11.0, "cpu_pct"] == 140.0 and proc.loc[12.0, "cpu_pct"] == 100.0  # the service's sums
+    tree = p.frames["tree"].set_index(["t", "pid"])
+    assert sorted(tree.index) == [(11.0, 7), (11.0, 8), (12.0, 7), (12.0, 9)]  # from each one's second sample
+    assert tree.loc[(11.0, 8), "cpu_pct"] == 90.0 and tree.loc[(11.0, 7), "cpu_pct"] == 2.0
+    assert tree.loc[(11.0, 8), "cswch_s"] == 10.0 and tree.loc[(11.0, 7), "wait_pct"] == 1.0
+    assert tree.loc[(12.0, 9), "cpu_pct"] == 40.0 and tree.loc[(12.0, 9), "ppid"] == 7
+    assert tree.loc[(11.0, 7), "role"] == "listener" and tree.loc[(11.0, 8), "role"] == "worker"
+    assert tree.loc[(11.0, 8), "cmdline"] == "srv --worker" and tree.loc[(12.0, 9), "cmdline"] == "srv --worker"
+    assert pd.isna(tree.loc[(12.0, 7), "cmdline"])  # once a process
+    assert tree.loc[(11.0, 7), "rss_mb"] == 2.0
+
+
+def test_procfs_a_file_from_before_the_tree_has_no_tree_rows():
+    p = get("procfs").parse(read(FIX / "procfs-psutil.jsonl"))
+    assert len(p.frames["process"]) > 0 and p.frames["tree"].empty
+
+
+def test_pidstat_on_the_tree_script_gives_each_process_its_parent_and_command_line():
+    text = (
+        "#kneeswarm-tree 1796467100 789 789 831\n"
+        "#kneeswarm-member 789 785 python3 srv.py\n"
+        "#kneeswarm-member 831 789 python3 srv.py --worker\n"
+        "Linux 6.18.44 (vm) \t12/05/26 \t_x86_64_\t(2 CPU)\n\n"
+        "# Time        UID      TGID       TID    %usr %system  %guest   %wait    %CPU   CPU  Command\n"
+        "1796467101      0       789         -    1.00    0.00    0.00    0.00    1.00     1  python3\n"
+        "1796467101      0       831         -   90.00    1.00    0.00    6.00   91.00     1  python3\n"
+        "#kneeswarm-tree 1796467103 789 789 895\n"
+        "#kneeswarm-member 789 785 python3 srv.py\n"
+        "#kneeswarm-member 895 789 python3 srv.py --worker\n"
+        "# Time        UID      TGID       TID    %usr %system  %guest   %wait    %CPU   CPU  Command\n"
+        "1796467104      0       789         -    0.00    0.00    0.00    0.00    0.00     0  python3\n"
+        "1796467104      0       895         -   98.00    2.00    0.00    0.00  100.00     0  python3\n"
+    )
+    p = get("pidstat").parse(text)
+    assert p.skipped == 0
+    tree = p.frames["tree"].set_index(["t", "pid"])
+    assert list(tree.index) == [(1796467101.0, 789), (1796467101.0, 831), (1796467104.0, 789), (1796467104.0, 895)]
+    assert tree.loc[(1796467101.0, 831), "ppid"] == 789 and tree.loc[(1796467104.0, 895), "cpu_pct"] == 100.0
+    assert tree.loc[(1796467101.0, 831), "role"] == "worker" and pd.isna(tree.loc[(1796467101.0, 789), "role"])
+    assert tree.loc[(1796467104.0, 895), "cmdline"] == "python3 srv.py --worker"
+    assert pd.isna(tree.loc[(1796467104.0, 789), "cmdline"])  # said on its first row only
+    proc = p.frames["process"]
+    assert proc.groupby("t")["cpu_pct"].sum().tolist() == [92.0, 100.0]  # the service: its processes' sum
+
+
+def test_pidstat_on_one_pid_has_no_tree_table():
+    p = get("pidstat").parse(read(FIX / "pidstat-12.6.1-t.txt"))
+    assert len(p.frames["process"]) > 0 and p.frames["tree"].empty
+
+
+def test_pidstat_runs_on_the_tree_unless_the_scope_is_the_process_alone():
+    from kneeswarm.collectors.base import HostContext
+    from kneeswarm.collectors.pidstat import TREE_SCRIPT
+
+    c = get("pidstat")
+    tree, _ = c.host_command(HostContext({}, 42, 1.0), "12.6.1")
+    assert tree[:3] == ["sh", "-c", TREE_SCRIPT] and tree[4:7] == ["42", "tree", "1"] and "-p" not in tree
+    alone, _ = c.host_command(HostContext({}, 42, 1.0, scope="process"), "12.6.1")
+    assert alone[0] == "pidstat" and alone[alone.index("-p") + 1] == "42"
+
+
 def test_procfs_thread_sums_and_threads_over_the_span_between_thread_samples():
     # threads read every 2nd sample (THREAD_INTERVAL): the process's own counters every second,
     # the sums and the thread rows over the 2 s between two thread samples (rates by hand below)
@@ -453,7 +532,7 @@ def test_procfs_read_in_pieces_gives_the_whole_files_tables():
     whole = get("procfs").parse(text)
     lines = text.splitlines(keepends=True)
     stream = ProcfsStream()
-    got = {"process": [], "threads": []}
+    got = {"process": [], "threads": [], "tree": []}
     edges = [0, 1, 2, len(lines) // 2, len(lines) - 1, len(lines)]
     for a, b in zip(edges, edges[1:]):
         stream.feed_text("".join(lines[a:b]))

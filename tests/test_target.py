@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import select
 import signal
 import subprocess
@@ -326,7 +327,8 @@ def test_signal_stops_cleanly_with_exit_0(tmp_path, sig):
 
 @pytest.mark.parametrize(
     "args", [["--slots", "0"], ["--mode", "gpu"], ["--service-ms", "-5"], ["--port", "x"],
-             ["--mode", "usl", "--sigma", "1.5"], ["--mode", "usl", "--kappa", "-0.1"], ["--warmup-s", "-1"]]
+             ["--mode", "usl", "--sigma", "1.5"], ["--mode", "usl", "--kappa", "-0.1"], ["--warmup-s", "-1"],
+             ["--mode", "prefork", "--workers", "0"], ["--mode", "prefork", "--cpu-ms", "0"]]
 )
 def test_bad_arguments_exit_2_with_one_line(args):
     proc = subprocess.run(
@@ -484,3 +486,53 @@ def test_faults_fail_reset_and_stall_are_counted(tmp_path):
 def test_bad_fault_and_llm_arguments_exit_2(args):
     proc = subprocess.run([sys.executable, "-m", "kneeswarm.target", *args], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+
+
+# -- pre-fork mode -------------------------------------------------------------------------------
+def _children(pid: int) -> list[int]:
+    import psutil
+
+    return sorted(c.pid for c in psutil.Process(pid).children())
+
+
+def _ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        text = f.read()
+    return sum(int(x) for x in text[text.rfind(")") + 2:].split()[11:13])
+
+
+def test_prefork_workers_are_processes_each_request_costing_its_cpu(tmp_path):
+    """N worker processes under the listener, one thread each; a request costs a worker at least
+    --cpu-ms of its own CPU (the kernel's utime + stime, not a sleep); --max-requests recycles."""
+    with running_target(tmp_path, "--mode", "prefork", "--workers", "3", "--cpu-ms", "40", "--max-requests", "5") as t:
+        assert t.first_line.endswith(f"mode=prefork pid={t.proc.pid}")
+        workers = _children(t.proc.pid)
+        assert len(workers) == 3 and all(len(os.listdir(f"/proc/{w}/task")) == 1 for w in workers)
+        before = {w: _ticks(w) for w in workers}
+        body = {"inputs": [{"name": "input", "shape": [1, 2], "datatype": "FP32", "data": [0.0, 1.0]}]}
+        for _ in range(4):
+            r = requests.post(f"{t.url}/v2/models/demo/infer", json=body, timeout=REQUEST_TIMEOUT_S)
+            assert r.status_code == 200 and r.headers["Connection"] == "close"
+            assert r.json()["outputs"][0]["shape"] == [1, 1]
+        used = sum(_ticks(w) - before[w] for w in workers)
+        assert used >= 4 * 4 - 2, used  # 40 ms each, in 10 ms ticks (a tick lost to rounding per worker)
+        assert requests.get(f"{t.url}/v2/health/ready", timeout=5).status_code == 200
+        assert requests.post(f"{t.url}/v2/models/other/infer", json=body, timeout=5).status_code == 404
+        for _ in range(15):  # 19 inference requests in all: at least one worker served its 5 and left
+            requests.post(f"{t.url}/predictions/demo", json={"data": [[1]]}, timeout=REQUEST_TIMEOUT_S)
+        deadline = time.monotonic() + 10
+        while set(_children(t.proc.pid)) & set(workers) == set(workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        now = _children(t.proc.pid)
+        assert len(now) == 3 and set(now) != set(workers)  # replaced, and still three
+        t.proc.send_signal(signal.SIGTERM)
+        assert t.proc.wait(STOP_TIMEOUT_S) == 0
+        assert not any(os.path.exists(f"/proc/{w}") and _state(w) != "Z" for w in now)
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"

@@ -13,7 +13,9 @@ The package, by concept (each module imports only the ones above it in this list
 * ``defaults``: every default and file name, spelled once, shared with the controller;
 * ``common`` (timed waits, the clock, the log), ``files`` (the agent directory's files and
   MANIFEST.json: what the controller fetches and checks), ``processes`` (pids by start time,
-  process groups signalled only while still ours);
+  process groups signalled only while still ours), ``cgroupfs`` (where a process's cgroups are);
+* ``tree``: the monitored service's processes (the process found and its descendants, its
+  cgroup's processes, or it alone), listed again at every sample, and their cumulative counters;
 * ``samplers`` (the in-process samplers' base; /proc, NVML, fds), ``prometheus`` (the /metrics
   scrape), ``cgroup`` (limits and throttling);
 * ``supervisor``: the daemon (``start``, ``stop``): collectors, watchdog, status.json;
@@ -58,3 +60,4 @@ from .defaults import *  # noqa: F401,F403 -- the names the controller reads (fi
 from .prometheus import PrometheusSampler
 from .samplers import FdSampler, NvmlSampler, ProcfsSampler, Sampler
 from .supervisor import SAMPLERS, Agent
+from .tree import Accounts, ServiceTree

@@ -12,6 +12,10 @@ import signal as _signal  # (private: ``from .defaults import *`` gives the cons
 INTERVAL = 1.0  # seconds between samples ([monitor] interval)
 HEARTBEAT_TIMEOUT = 30.0  # the agent stops everything when the controller is silent this long
 MAX_DURATION = 3600.0  # seconds the agent runs at most when agent.json says nothing
+#: Which processes are the monitored service (tree.py): the process found and its descendants,
+#: every process of its cgroup, or the process alone ([monitor] scope, [[hosts]] scope).
+SCOPE_TREE, SCOPE_CGROUP, SCOPE_PROCESS = SCOPES = ("tree", "cgroup", "process")
+DEFAULT_SCOPE = SCOPE_TREE
 
 
 AGENT_VERSION = 2
@@ -43,6 +47,8 @@ WATCH_EOF_MAX_SILENCE = 12.0  # an EOF this long after the last line is a dead l
 WATCH_POLL = 1.0  # seconds between the watch process's checks that the agent still runs
 MAX_DURATION_CAP = 7 * 24 * 3600.0
 MAX_TASKS = 4096  # threads of the monitored process read per procfs sample
+MAX_TREE_PROCESSES = 1024  # processes of the monitored service read per sample (tree or cgroup scope)
+MAX_FDS_SCANNED = 4096  # descriptors of a process joining the service looked at for its listening socket
 PROMETHEUS_MAX_BYTES = 8 << 20  # a bigger /metrics answer is a failed scrape (both scrapers)
 READ_CHUNK = 65536  # bytes per read() of a small file
 STOP_SIGNALS = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGKILL)  # pidstat prints its last lines on SIGINT

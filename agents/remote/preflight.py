@@ -1,5 +1,6 @@
 """``preflight``: facts about the host (python, tools and their versions, CPU topology, memory,
-GPUs) and the monitored process resolved from a pid, a command-line regex or a listening port."""
+GPUs) and the monitored process resolved from a pid, a command-line regex or a listening port,
+with the processes of the service it stands for (its tree or its cgroup: tree.py)."""
 
 import json
 import os
@@ -16,6 +17,9 @@ from .common import wall_time, pause
 from .defaults import AGENT_VERSION, CHECK_TIMEOUT, SCRIPT_FILE
 from .files import read_json
 from .processes import parent_pid
+from .tree import ServiceTree
+
+MEMBERS_SHOWN = 64  # pids of the service listed in the preflight's facts (member_count counts all)
 
 
 def _run_capture(argv: "list[str]", timeout: float) -> "tuple[int | None, str]":
@@ -283,6 +287,22 @@ def resolve_process(pid=None, process=None, port=None) -> dict:
     return {"pid": None, "by": None}
 
 
+def service(found: dict, scope: "str | None", port=None) -> dict:
+    """The process found, with the service it stands for (tree.py): ``scope`` (the one in effect),
+    ``members`` (the pids that are the service now), ``cgroup`` (the group read, cgroup scope)
+    and ``note`` (why the processes are not quite what the scope asked)."""
+    if found.get("pid") is None:
+        return found
+    tree = ServiceTree(found["pid"], scope, port if found.get("by") == "port" else None, identify=False)
+    members = sorted(tree.scan())
+    out = dict(found, scope=tree.watched_scope, members=members[:MEMBERS_SHOWN], member_count=len(members))
+    if tree.group is not None:
+        out["cgroup"] = tree.group
+    if tree.note:
+        out["note"] = tree.note
+    return out
+
+
 def cmd_preflight(arg: "str | None") -> int:
     cfg: dict = {}
     if arg:
@@ -302,7 +322,8 @@ def cmd_preflight(arg: "str | None") -> int:
         "gpus": gpus,
         "nvml": nvml,
         "procfs": os.path.isdir("/proc/self"),
-        "process": resolve_process(cfg.get("pid"), cfg.get("process"), cfg.get("port")),
+        "process": service(resolve_process(cfg.get("pid"), cfg.get("process"), cfg.get("port")), cfg.get("scope"),
+                           cfg.get("port")),
     }
     print(json.dumps(facts))
     return 0

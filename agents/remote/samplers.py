@@ -1,5 +1,6 @@
 """The in-process samplers' base (a thread writing one JSON line per interval) and the samplers of
-the monitored process: /proc (its threads read less often), NVML, its open file descriptors."""
+the monitored service (tree.py: a process tree, a cgroup's processes or one process): /proc (its
+threads read less often), NVML, its open file descriptors."""
 
 import json
 import os
@@ -7,9 +8,10 @@ import threading
 import time
 
 from .common import log_line, wall_time, pause
-from .defaults import LOOP_PERIOD, MAX_TASKS
+from .defaults import LOOP_PERIOD, MAX_TASKS, SCOPE_PROCESS
 from .files import read_text
 from .processes import read_stat
+from .tree import CPU_PAIRS, PLAIN_COUNTERS, TASK_COUNTERS, Accounts, ServiceTree, uptime_ticks
 
 
 class Sampler(threading.Thread):
@@ -106,16 +108,20 @@ def _sched_value(text: str, key: str) -> "int | None":
 
 
 class ProcfsSampler(Sampler):
-    """Cumulative counters of one process and its threads from /proc (collectors/procfs.py).
+    """Cumulative counters of the monitored service and its threads from /proc (collectors/procfs.py).
 
-    The process (stat, status, io: a few files) is read every ``interval``; its threads (three
-    files each: stat, sched -- or status where sched is missing -- and schedstat) every
-    ``thread_interval`` seconds only, since with
-    hundreds of threads they are nearly all the cost (left on through hours of soak, it must cost
-    < 1 % of a core).  The sums that need every thread (context switches, run delay, block-IO delay) come
-    with the thread samples; the parser takes their rates over the span between two of them."""
+    The service is the process found and its descendants, its cgroup's processes or the process
+    alone (``scope``, tree.py), listed again at every sample.  Every member's stat and io are read
+    every ``interval``; their threads (three files each: stat, sched -- or status where sched is
+    missing -- and schedstat) every ``thread_interval`` seconds only, since with hundreds of
+    threads they are nearly all the cost (left on through hours of soak, it must cost < 1 % of a core).  The
+    sums that need every thread (context switches, run delay, block-IO delay) come with the thread
+    samples; the parser takes their rates over the span between two of them.  A line holds the
+    tree's counters (tree.Accounts: they never fall when a member leaves) and, in ``procs``, each
+    member's own; ``joined`` and ``left`` say when the members changed."""
 
-    def __init__(self, name, path, interval, stopping, pid: int, thread_interval: float = None):
+    def __init__(self, name, path, interval, stopping, pid: int, thread_interval: float = None, scope: str = None,
+                 port: int = None):
         super().__init__(name, path, interval, stopping)
         self.pid = int(pid)
         self.clk_tck = os.sysconf("SC_CLK_TCK")
@@ -125,6 +131,12 @@ class ProcfsSampler(Sampler):
         self.k = 0
         self.read_sched = True  # /proc/PID/task/TID/sched readable (until a thread shows otherwise)
         self._gone_reported = False
+        self.tree = ServiceTree(self.pid, scope, port)
+        kids = self.tree.scope != SCOPE_PROCESS  # the process alone: not its children's time
+        self.accounts = Accounts(PLAIN_COUNTERS, CPU_PAIRS if kids else tuple((own, None) for own, _ in CPU_PAIRS))
+        self.task_accounts = Accounts(TASK_COUNTERS)
+        self.mark = self.task_mark = None  # uptime ticks at the last sample / thread sample (tree.Accounts)
+        self._noted = False
 
     def _switches(self, tb: str) -> "tuple[int, int, int | None]":
         """(voluntary cs, involuntary cs, migrations or None) of one thread: from its ``sched``
@@ -144,15 +156,15 @@ class ProcfsSampler(Sampler):
         self.read_sched = False  # status read where sched was not: sched is not there to read
         return _status_value(ts, "voluntary_ctxt_switches"), _status_value(ts, "nonvoluntary_ctxt_switches"), None
 
-    def _tasks(self, base: str) -> dict:
-        """Per-thread rows [tid, comm, utime, stime, processor, vol cs, invol cs, migrations]
-        (``tasks``; the last only where the kernel gives it) and the sums over the threads:
-        voluntary / involuntary switches, run-queue wait (ns) and block-IO delay (clock ticks,
-        stat field 42)."""
-        vol = invol = wait_ns = blkio = 0
+    def _tasks(self, base: str, limit: int, values: dict) -> "tuple[list, list]":
+        """One process's threads: (rows [tid, comm, utime, stime, processor, vol cs, invol cs,
+        migrations] -- the last only where the kernel gives it --, its sums [vol cs, invol cs,
+        run-queue wait ns]); each thread's counters (and block-IO delay, clock ticks, stat field
+        42) go to ``values`` {tid: (start, None, counters)} for the tree's sums."""
+        vol = invol = wait_ns = 0
         tasks = []
         try:
-            tids = sorted(int(x) for x in os.listdir(base + "/task") if x.isdigit())[:MAX_TASKS]
+            tids = sorted(int(x) for x in os.listdir(base + "/task") if x.isdigit())[:max(0, limit)]
         except OSError:
             tids = []
         for tid in tids:
@@ -162,20 +174,20 @@ class ProcfsSampler(Sampler):
                 v, nv, migrations = self._switches(tb)
             except OSError:
                 continue  # the thread exited between listdir and read
-            vol += v
-            invol += nv
             try:
-                wait_ns += int(read_text(tb + "/schedstat").split()[1])
+                wait = int(read_text(tb + "/schedstat").split()[1])
             except (OSError, IndexError, ValueError):
-                pass
+                wait = None
+            vol, invol, wait_ns = vol + v, invol + nv, wait_ns + (wait or 0)
             try:
                 if st is not None:
                     row = [tid, st.comm, st.int(14), st.int(15), st.int(39), v, nv]
                     tasks.append(row if migrations is None else row + [migrations])
-                    blkio += st.int(42)
+                    values[tid] = (st.int(22), None, {"vol_cs": v, "invol_cs": nv, "wait_ns": wait,
+                                                      "blkio_ticks": st.int(42)})
             except (IndexError, ValueError):
                 pass
-        return {"tasks": tasks, "vol_cs": vol, "invol_cs": invol, "wait_ns": wait_ns, "blkio_ticks": blkio}
+        return tasks, [vol, invol, wait_ns]
 
     @staticmethod
     def _io(base: str) -> dict:
@@ -187,34 +199,72 @@ class ProcfsSampler(Sampler):
             return {}
         return {k: nums[k] for k in ("read_bytes", "write_bytes") if k in nums}
 
+    def _gone(self, t: float) -> "list[dict]":
+        if self._gone_reported:
+            return []
+        self._gone_reported = True
+        return [{"t": round(t, 3), "pid": self.pid, "error": "process gone (No such process)"}]
+
     def sample(self, t: float) -> "list[dict]":
-        base = "/proc/%d" % self.pid
-        st = read_stat(base + "/stat")
-        try:
-            if st is None:
-                raise FileNotFoundError(2, "No such process")
-            status = _status_nums(read_text(base + "/status"))
-        except OSError as e:
-            if self._gone_reported:
-                return []
-            self._gone_reported = True
-            return [{"t": round(t, 3), "pid": self.pid, "error": "process gone (%s)" % e.strerror}]
+        mark, self.mark = self.mark, uptime_ticks(self.clk_tck)
+        stats = self.tree.scan()
+        if not stats:
+            return self._gone(t)
+        values, procs = {}, []
+        rss = vsz = threads = 0
+        io_whole = True
+        for pid, st in stats.items():
+            m = self.tree.members[pid]
+            v = {"utime": st.int(14), "stime": st.int(15), "cutime": st.int(16), "cstime": st.int(17),
+                 "minflt": st.int(10), "majflt": st.int(12)}
+            io = self._io("/proc/%d" % pid)
+            io_whole = io_whole and len(io) == 2
+            v.update(io)
+            values[pid] = (m.start, m.ppid, v)
+            rss_kb, n = st.int(24) * self.page_kb, st.int(20)
+            rss, vsz, threads = rss + rss_kb, vsz + st.int(23) // 1024, threads + n
+            procs.append([pid, m.ppid, m.comm, m.role, v["utime"], v["stime"], rss_kb, n])
+        self.accounts.advance(values, mark)
+        tot = self.accounts.totals
         row = {
-            "t": round(t, 3), "pid": self.pid, "utime": st.int(14), "stime": st.int(15),
-            "clk_tck": self.clk_tck,
-            "rss_kb": status.get("VmRSS", st.int(24) * self.page_kb),
-            "vsz_kb": status.get("VmSize", st.int(23) // 1024),
-            "threads": status.get("Threads", st.int(20)),
-            "minflt": st.int(10), "majflt": st.int(12), "ncpu": self.ncpu,
+            "t": round(t, 3), "pid": self.pid, "scope": self.tree.watched_scope, "utime": tot["utime"],
+            "stime": tot["stime"], "clk_tck": self.clk_tck, "rss_kb": rss, "vsz_kb": vsz, "threads": threads,
+            "minflt": tot["minflt"], "majflt": tot["majflt"], "ncpu": self.ncpu,
         }
-        row.update(self._io(base))
+        if io_whole:  # every member's disk bytes were readable: the tree's sums
+            row.update(read_bytes=tot["read_bytes"], write_bytes=tot["write_bytes"])
         if self.k % self.thread_every == 0:
-            row.update(self._tasks(base))
-            if not row["tasks"]:  # threads unreadable: the main thread's counters
-                row.update(vol_cs=status.get("voluntary_ctxt_switches"),
-                           invol_cs=status.get("nonvoluntary_ctxt_switches"))
+            self._thread_sample(row, procs, stats)
+        row["procs"] = procs
+        if self.tree.joined:
+            row["joined"] = [[m.pid, m.ppid, m.start, m.cmdline] for m in self.tree.joined]
+        if self.tree.left:
+            row["left"] = self.tree.left
+        if self.tree.note and not self._noted:
+            row["note"], self._noted = self.tree.note, True
         self.k += 1
         return [row]
+
+    def _thread_sample(self, row: dict, procs: list, stats: dict) -> None:
+        """Every member's threads: ``tasks``, each member's sums (appended to its ``procs`` row)
+        and the tree's sums (tree.Accounts over the threads)."""
+        mark, self.task_mark = self.task_mark, uptime_ticks(self.clk_tck)
+        values, tasks = {}, []  # type: dict, list
+        for proc in procs:
+            rows, sums = self._tasks("/proc/%d" % proc[0], MAX_TASKS - len(tasks), values)
+            tasks += rows
+            proc += sums
+        if not tasks:  # threads unreadable: the main thread's counters, as before
+            try:
+                status = _status_nums(read_text("/proc/%d/status" % self.pid))
+            except OSError:
+                status = {}
+            row.update(vol_cs=status.get("voluntary_ctxt_switches"),
+                       invol_cs=status.get("nonvoluntary_ctxt_switches"), tasks=tasks)
+            return
+        self.task_accounts.advance(values, mark)
+        row.update(self.task_accounts.totals)
+        row["tasks"] = tasks
 
 
 class NvmlSampler(Sampler):
@@ -265,19 +315,35 @@ class NvmlSampler(Sampler):
 
 
 class FdSampler(Sampler):
-    """The monitored process's open file descriptors: the entries of /proc/PID/fd (collectors/fds.py).
-    pidstat has no such count, and a soak's fd_growth reads it; one listdir per sample."""
+    """The monitored service's open file descriptors: the entries of /proc/PID/fd of each of its
+    processes (tree.py; collectors/fds.py), summed, and each one's in ``procs``.  pidstat has no
+    such count, and a soak's fd_growth reads it; one listdir per process per sample."""
 
-    def __init__(self, name, path, interval, stopping, pid):
+    def __init__(self, name, path, interval, stopping, pid, scope=None):
         super().__init__(name, path, interval, stopping)
         self.pid = int(pid)
+        self.tree = ServiceTree(self.pid, scope, identify=False)
         self._error_reported = False
 
+    def _error(self, t, text):
+        if self._error_reported:
+            return []
+        self._error_reported = True  # said once (process gone, or not ours to read)
+        return [{"t": round(t, 3), "pid": self.pid, "error": text}]
+
     def sample(self, t):
-        try:
-            return [{"t": round(t, 3), "pid": self.pid, "fds": len(os.listdir("/proc/%d/fd" % self.pid))}]
-        except OSError as e:
-            if self._error_reported:
-                return []
-            self._error_reported = True  # said once (process gone, or not ours to read)
-            return [{"t": round(t, 3), "pid": self.pid, "error": "/proc/%d/fd: %s" % (self.pid, e.strerror)}]
+        stats = self.tree.scan()
+        if not stats:
+            return self._error(t, "/proc/%d/fd: No such process" % self.pid)
+        procs, unreadable, why = [], 0, None
+        for pid in stats:
+            try:
+                procs.append([pid, len(os.listdir("/proc/%d/fd" % pid))])
+            except OSError as e:
+                unreadable, why = unreadable + 1, why or "/proc/%d/fd: %s" % (pid, e.strerror)
+        if not procs:
+            return self._error(t, why)
+        row = {"t": round(t, 3), "pid": self.pid, "fds": sum(n for _, n in procs), "procs": procs}
+        if unreadable:
+            row["unreadable"] = unreadable
+        return [row]

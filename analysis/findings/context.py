@@ -9,7 +9,12 @@ Keys read (anything missing or malformed reads as "not measured", so a rule does
   cswch_s nvcswch_s migrations_s sy_share io_read_kb_s io_write_kb_s io_delay_pct``; threads ``active_threads top_thread_cpu_pct``; GPU
   ``sm_pct mem_pct fb_used_mb fb_peak_mb power_w``; and ``target`` {``queue_length rejected_s ...``};
 * ``knee.users``; ``analysis.generator_cpu_max``; ``load.loop``;
+* ``server[host]`` also ``processes`` (how many processes the service had at once) and ``procs``
+  {pid: {``cpu_pct rss_mb threads``}} (each process's own, kneeswarm.analysis.measure.serverstats
+  ``tree_metrics``): the figures above are the sums over the service's processes -- the process
+  found and its descendants, or its cgroup's --, so every rule that reads "the service" reads them all;
 * ``hosts[host].cpu`` {``logical_cpus physical_cores``}, ``hosts[host].process.cmdline``,
+  ``hosts[host].tree`` {``processes`` [{pid, name, role, ...}]} (kneeswarm.analysis.measure.hostfacts),
   ``hosts[host].service`` {``cpus bound memory_limit_mb``} (kneeswarm.analysis.measure.hostfacts: the CPUs the
   service may use, from its cgroup's quota and cpuset), and the steps' cgroup metrics
   ``throttled_share cgroup_cpus``.
@@ -53,6 +58,48 @@ def known(step: dict[str, Any], key: str) -> float:
     if v is None:
         raise ValueError(f"a findings step without numeric {key!r}: {step!r}")
     return v
+
+
+def process_growth(steps: list[dict[str, Any]], host: str, key: str,
+                   hosts: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The service's process whose own ``key`` (``server[host].procs[pid][key]``) rose most from
+    the first of ``steps`` it was in to the last: {pid, from, to, rise, name, role} (the last two
+    from ``hosts[host].tree`` where it names the pid); None where the steps hold fewer than two
+    processes (the service's figure is then that process's)."""
+    series: dict[str, list[float]] = {}
+    for s in steps:
+        procs = as_dict(as_dict(as_dict(s.get("server")).get(host)).get("procs"))
+        for pid, figs in procs.items():
+            if (v := num(as_dict(figs).get(key))) is not None:
+                series.setdefault(str(pid), []).append(v)
+    if len(series) < 2:
+        return None
+    pid, values = max(series.items(), key=lambda kv: (kv[1][-1] - kv[1][0], kv[0]))
+    try:
+        out: dict[str, Any] = {"pid": int(pid), "from": values[0], "to": values[-1], "rise": values[-1] - values[0]}
+    except ValueError:
+        return None
+    tree = as_dict(as_dict(as_dict(hosts).get(host)).get("tree"))
+    known = next((m for m in tree.get("processes") or [] if isinstance(m, dict) and m.get("pid") == out["pid"]), {})
+    out.update({k: known[k] for k in ("name", "role") if known.get(k)})
+    return out
+
+
+def process_evidence(grew: dict[str, Any] | None) -> dict[str, Any]:
+    """A finding's evidence keys for ``process_growth``'s answer: process_pid, process_role,
+    process_from, process_to ({} without one)."""
+    if not grew:
+        return {}
+    return {"process_pid": grew["pid"], "process_role": grew.get("role"), "process_from": grew["from"],
+            "process_to": grew["to"]}
+
+
+def process_text(grew: dict[str, Any] | None, unit: str = "") -> str:
+    """"; most in process 4505 (worker), 30 -> 1,230 MB" for ``process_growth``'s answer ("" without one)."""
+    if not grew:
+        return ""
+    who = f"process {grew['pid']}" + (f" ({grew['role']})" if grew.get("role") else "")
+    return f"; most in {who}, {grew['from']:,.0f} -> {grew['to']:,.0f}{unit}"
 
 
 @dataclass
@@ -149,8 +196,13 @@ class Context:
         bound = service.get("bound")
         return bound if bound in ("quota", "cpuset") and num(service.get("cpus")) is not None else "host"
 
+    def processes(self, step: dict[str, Any], host: str) -> float | None:
+        """How many processes the service had at once in ``step`` (None: a run from before the tree)."""
+        return self.metric(step, host, "processes")
+
     def process_share(self, step: dict[str, Any], host: str) -> float | None:
-        """The monitored process's part of the host's busy CPU (0..1), None when either is unknown.
+        """The monitored service's part of the host's busy CPU (0..1: the CPU of all its processes,
+        the work outside it is the rest), None when either is unknown.
 
         A service bounded by its cgroup (a quota or cpuset below the host's CPUs) has CPUs of its
         own: its share is then of those (``service_busy``), since others' work on the rest of the

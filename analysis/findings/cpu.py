@@ -232,13 +232,15 @@ def host_contended(ctx: Context) -> list[dict[str, Any]]:
         hits, worst, rest = _worst(c.late(), others, lambda v: True)
         if worst is None or rest is None:  # no step fired (_worst gives a value with every step)
             return None
-        busy, r = c.host_busy(worst, h), c.metric(worst, h, "r")
+        busy, r, n = c.host_busy(worst, h), c.metric(worst, h, "r"), c.processes(worst, h)
+        who = "the monitored process" if n is None else (
+            "the monitored service" + (f" (its {n:.0f} processes)" if n >= 1.5 else " (one process)"))
         return finding("host_contended", hits, {"host": h, "users": worst["users"], "busy_pct": busy, "r": r,
                                                 "logical_cpus": c.cpu_fact(h, "logical_cpus"),
                                                 "process_share": 1.0 - rest, "threshold": SATURATED_SHARE_MIN,
-                                                "cpu_wait_share": c.cpu_wait_share(worst, h)},
+                                                "cpu_wait_share": c.cpu_wait_share(worst, h), "processes": n},
                        f"{h}: the host was full (CPU {busy:.0f}%" + (f", run queue {r:.1f}" if r is not None else "") + f") at {users_text(worst['users'])}, but "
-                       f"the monitored process did only {1.0 - rest:.0%} of that work: other processes competed for "
+                       f"{who} did only {1.0 - rest:.0%} of that work: processes outside it competed for "
                        "the CPUs, so the service's numbers may be disturbed.",
                        "Run the load test on a quiet host (or the load generator elsewhere) and rerun.")
     return _per_host(ctx, check)

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from kneeswarm.analysis.findings.context import Context
+from kneeswarm.analysis.findings.context import Context, process_evidence, process_growth, process_text
 from kneeswarm.analysis.schema.summary import num
 from kneeswarm.analysis.findings.finding import finding
 
@@ -28,6 +28,9 @@ MODEL_COPY_MIN_STEPS = 3
 # published weight files; torchvision's and Hugging Face's model cards); a copy per user of a
 # model under 50 MB is not reported (it costs little memory either).
 MODEL_COPY_MIN_MB_PER_USER = 50.0
+# process RSS: the service's, summed over its processes (each one's own counts the pages it shares
+# with the others again: pre-forked workers' copy-on-write model weights); the finding names the
+# process whose own RSS rose most (Context.process_growth)
 MEMORY_METRICS = (("rss_mb", "process RSS"), ("fb_used_mb", "GPU memory"))
 GPU_LOW_PCT = 50.0  # specified, no published figure: GPU utilisation < 50 %
 GPU_FLAT_POINTS = 10.0  # "flat": utilisation varies by at most 10 points over the late steps
@@ -61,11 +64,14 @@ def _model_copy(ctx: Context, h: str, key: str, label: str) -> dict[str, Any] | 
     if slope < MODEL_COPY_MIN_MB_PER_USER or r2 < MODEL_COPY_R2 or growth < MODEL_COPY_MIN_GROWTH_MB \
             or growth < MODEL_COPY_MIN_GROWTH_RATIO * y[0]:
         return None
+    grew = process_growth([p[2] for p in pts], h, key, ctx.hosts) if key == "rss_mb" else None
     return finding("model_copies", [p[2] for p in pts],
                    {"host": h, "metric": key, "mb_per_user": slope, "r2": r2, "first_mb": float(y[0]),
-                    "last_mb": float(y[-1]), "from_users": pts[0][2]["users"], "to_users": pts[-1][2]["users"]},
+                    "last_mb": float(y[-1]), "from_users": pts[0][2]["users"], "to_users": pts[-1][2]["users"],
+                    **process_evidence(grew)},
                    f"{h}: {label} grew about linearly with users, {slope:,.1f} MB per user (R² {r2:.2f}, "
-                   f"{y[0]:,.0f} -> {y[-1]:,.0f} MB): the model is probably copied per thread or request.",
+                   f"{y[0]:,.0f} -> {y[-1]:,.0f} MB{process_text(grew, ' MB')}): the model is probably copied per "
+                   "thread or request.",
                    "Load the model once and share it: ONNX Runtime sessions are thread-safe (one "
                    "InferenceSession for all threads); on a GPU, one model instance per device.")
 

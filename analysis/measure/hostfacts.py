@@ -8,6 +8,12 @@ From meta.json (any key may be absent; nothing here raises on a partial meta):
 * ``hosts[label]["clock"]``: the clock offsets measured before and after the run, their error
   bounds and the drift between them;
 * ``hosts[label]["parse"]``: per collector, lines read and lines skipped as malformed;
+* the host's ``tree`` table (collectors/base.py: each process of the monitored service per
+  sample): ``tree`` {``scope``, ``count`` (processes seen), ``at_once`` (the most at one sample),
+  ``t_first``, ``t_last``, ``processes`` [{pid, ppid, name, role, cmdline, cpu_pct (the mean of
+  its samples), cpu_pct_max, rss_mb and threads (their largest), t_first, t_last}], the busiest
+  first}; with the preflight's ``process`` {``scope``, ``member_count``, ``cgroup``, ``note``}
+  it says which processes were watched and how they were found;
 * the host's ``cgroup`` table (collectors/cgroup.py), when its agent sampled the monitored
   process's cgroup: ``service`` {``cpus`` (the CPUs the service may use: the smallest of the
   cgroup's CPU quota / period, its cpuset and the host's logical CPUs), ``bound`` ("quota",
@@ -28,13 +34,17 @@ import logging
 import math
 from typing import Any, Iterable, Mapping
 
+from kneeswarm.analysis.schema.summary import ServiceTree, TreeProcess
 from kneeswarm.contracts.rundir import TARGET_HOST, Meta, safe_name
 
 logger = logging.getLogger(__name__)
 
 CPU_KEYS = ("model", "sockets", "physical_cores", "threads_per_core", "logical_cpus")
 GPU_KEYS = ("index", "name", "memory_total_mb", "driver")
-PROCESS_KEYS = ("pid", "cmdline", "by", "candidates", "error")
+PROCESS_KEYS = ("pid", "cmdline", "by", "candidates", "error", "scope", "member_count", "cgroup", "note")
+TREE_LISTED = 200  # processes of the service kept in hosts[host]["tree"] (the busiest; ``count`` counts all)
+TREE_SHOWN = 12  # of them, one line each in the report; the others in one line
+TREE_CMDLINE_SHOWN = 80  # characters of a process's command line on its report line
 CLOCK_SIDE_KEYS = ("offset", "error", "rtt_min", "t")
 SCRAPER_KEYS = ("url", "scrapes", "ok", "failed", "last_error")
 KB_PER_GIB = 1024 * 1024
@@ -198,14 +208,80 @@ def host_facts_one(preflight: dict[str, Any], host_meta: dict[str, Any]) -> dict
     return out
 
 
+def _column(df: Any, name: str) -> list[Any]:
+    try:
+        return list(df[name])
+    except (KeyError, TypeError):
+        return []
+
+
+def _first_text(values: Iterable[Any]) -> str | None:
+    return next((v for v in values if isinstance(v, str) and v.strip()), None)
+
+
+def service_tree(tree: Any, scope: str | None = None) -> ServiceTree:
+    """``tree`` facts (the module's text) from a tree table; {} without rows."""
+    try:
+        pids = [_num(x) for x in tree["pid"]]
+        ts = [_num(x) for x in tree["t"]]
+    except (KeyError, TypeError):
+        return {}
+    cols = {c: _column(tree, c) for c in ("ppid", "name", "role", "cmdline", "cpu_pct", "rss_mb", "threads")}
+    per: dict[int, dict[str, list[Any]]] = {}
+    at: dict[float, set[int]] = {}
+    for i, (pid, t) in enumerate(zip(pids, ts)):
+        if pid is None or t is None:
+            continue
+        rec = per.setdefault(int(pid), {"t": []})
+        rec["t"].append(t)
+        at.setdefault(t, set()).add(int(pid))
+        for c, values in cols.items():
+            rec.setdefault(c, []).append(values[i] if i < len(values) else None)
+    if not per:
+        return {}
+    procs = [_tree_process(pid, rec) for pid, rec in per.items()]
+    procs.sort(key=lambda p: (-(p.get("cpu_pct") or 0.0), p["pid"]))
+    out: ServiceTree = {"count": len(procs), "at_once": max(len(v) for v in at.values()),
+                           "t_first": min(at), "t_last": max(at), "processes": procs[:TREE_LISTED]}
+    if scope:
+        out["scope"] = scope
+    return out
+
+
+def _tree_process(pid: int, rec: dict[str, list[Any]]) -> TreeProcess:
+    """One process of the service over the run (``service_tree``)."""
+    def numbers(c: str) -> list[float]:
+        return [v for x in rec.get(c, []) if (v := _num(x)) is not None]
+
+    out: TreeProcess = {"pid": pid, "t_first": min(rec["t"]), "t_last": max(rec["t"])}
+    ppid = numbers("ppid")
+    if ppid:
+        out["ppid"] = int(ppid[-1])
+    if name := _first_text(reversed(rec.get("name", []))):
+        out["name"] = name
+    if role := _first_text(reversed(rec.get("role", []))):
+        out["role"] = role
+    if cmd := _first_text(rec.get("cmdline", [])):
+        out["cmdline"] = cmd
+    if cpu := numbers("cpu_pct"):
+        out["cpu_pct"], out["cpu_pct_max"] = sum(cpu) / len(cpu), max(cpu)
+    if rss := numbers("rss_mb"):
+        out["rss_mb"] = max(rss)
+    if threads := numbers("threads"):
+        out["threads"] = max(threads)
+    return out
+
+
 def host_facts(meta: Meta, data_hosts: Iterable[str] = (),
                rebuilt: dict[str, dict[str, Any]] | None = None,
                cgroups: Mapping[str, Any] | None = None,
-               processes: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+               processes: Mapping[str, Any] | None = None,
+               trees: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """{host dir name: facts} over the hosts in meta.json and those with data under hosts/;
     ``rebuilt``: {host: parse stats} of hosts whose raw files analysis parsed again; ``cgroups``:
     {host: its cgroup table} (the ``service`` facts); ``processes``: {host: its process table}
-    (``migrations_counted``: how the migrations/s column was counted)."""
+    (``migrations_counted``: how the migrations/s column was counted); ``trees``: {host: its tree
+    table} (the ``tree`` facts: which processes were the service)."""
     pre, hosts = _dict(meta.get("hosts_preflight")), _dict(meta.get("hosts"))
     out: dict[str, dict[str, Any]] = {}
     for label in sorted(set(pre) | set(hosts), key=str):
@@ -237,6 +313,9 @@ def host_facts(meta: Meta, data_hosts: Iterable[str] = (),
         counted = migrations_counted((processes or {}).get(h))
         if counted:
             facts["migrations_counted"] = counted
+        tree = service_tree((trees or {}).get(h), _dict(facts.get("process")).get("scope"))
+        if tree:
+            facts["tree"] = tree
     return dict(sorted(out.items()))
 
 
@@ -309,6 +388,16 @@ def service_line(f: dict[str, Any]) -> str | None:
     return line
 
 
+def _cut(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+#: How the report names what was watched, by scope (the preflight's ``process.scope``).
+SCOPE_TEXT = {"tree": "the process tree of pid {pid} (it and every descendant, found again at every sample)",
+              "cgroup": "every process of the cgroup of pid {pid}{group}",
+              "process": "pid {pid} alone"}
+
+
 def process_line(f: dict[str, Any]) -> str | None:
     p = f.get("process")
     if not p:
@@ -317,11 +406,50 @@ def process_line(f: dict[str, Any]) -> str | None:
         return f"monitored process: none ({p['error']})"
     if p.get("pid") is None:
         return "monitored process: none chosen"
-    cmd = str(p.get("cmdline") or "")
-    if len(cmd) > CMDLINE_MAX:
-        cmd = cmd[: CMDLINE_MAX - 1] + "…"
+    cmd = _cut(str(p.get("cmdline") or ""), CMDLINE_MAX)
     by = f" (chosen by {p['by']})" if p.get("by") else ""
-    return f"monitored process: pid {p['pid']}{by}" + (f": `{cmd}`" if cmd else "")
+    scope = p.get("scope") or _dict(f.get("tree")).get("scope")
+    if scope not in SCOPE_TEXT:  # a run from before the service was a tree
+        return f"monitored process: pid {p['pid']}{by}" + (f": `{cmd}`" if cmd else "")
+    what = SCOPE_TEXT[scope].format(pid=p["pid"], group=f" ({p['cgroup']})" if p.get("cgroup") else "")
+    line = f"monitored service: {what}; pid {p['pid']}{by}" + (f": `{cmd}`" if cmd else "")
+    return line + (f"; note: {p['note']}" if p.get("note") else "")
+
+
+def _tree_member_line(m: dict[str, Any], tree: dict[str, Any]) -> str:
+    """One process of the service: "pid 124 (parent 123, worker): 95 % CPU (peak 101 %), ..."."""
+    who = ", ".join(x for x in (f"parent {m['ppid']}" if m.get("ppid") is not None else "", m.get("role") or "") if x)
+    figs = []
+    if m.get("cpu_pct") is not None:
+        figs.append(f"{m['cpu_pct']:.1f} % CPU (peak {m.get('cpu_pct_max', m['cpu_pct']):.0f} %)")
+    if m.get("rss_mb") is not None:
+        figs.append(f"RSS {m['rss_mb']:,.0f} MB")
+    if m.get("threads") is not None:
+        figs.append(_plural(int(m["threads"]), "thread"))
+    t0, t1 = _num(tree.get("t_first")), _num(tree.get("t_last"))
+    if t0 is not None and t1 is not None and (m["t_first"] > t0 or m["t_last"] < t1):
+        figs.append(f"seen from +{m['t_first'] - t0:.0f} s to +{m['t_last'] - t0:.0f} s of {t1 - t0:.0f} s")
+    cmd = m.get("cmdline") or m.get("name")
+    return (f"process {m['pid']}" + (f" ({who})" if who else "") + (": " + ", ".join(figs) if figs else "")
+            + (f": `{_cut(str(cmd), TREE_CMDLINE_SHOWN)}`" if cmd else ""))
+
+
+def tree_lines(f: dict[str, Any]) -> list[str]:
+    """The service's processes, one line each (the busiest TREE_SHOWN; the others summed in one)."""
+    tree = _dict(f.get("tree"))
+    procs = [m for m in tree.get("processes") or [] if isinstance(m, dict) and "pid" in m]
+    if not procs:
+        return []
+    count = int(tree.get("count") or len(procs))
+    lines = [f"watched: {count} process" + ("" if count == 1 else "es") + (f", {tree['at_once']} at most at once" if
+                                                        tree.get("at_once") and tree["at_once"] != count else "")
+             + "; the service's figures are their sums"]
+    lines += [_tree_member_line(m, tree) for m in procs[:TREE_SHOWN]]
+    rest = procs[TREE_SHOWN:]
+    if rest or count > len(procs):
+        cpu = sum(m.get("cpu_pct") or 0.0 for m in rest)
+        lines.append(f"and {count - TREE_SHOWN} other process" + ("" if count - TREE_SHOWN == 1 else "es") + (f": {cpu:.1f} % CPU together" if rest else ""))
+    return lines
 
 
 def collectors_line(f: dict[str, Any]) -> str | None:
@@ -391,8 +519,8 @@ def host_lines(host: str, f: dict[str, Any]) -> list[str]:
     head = f"**{host}**" + (f" ({where})" if where else "")
     cpu = cpu_line(f)
     lines = [head + (f": {cpu}" if cpu else "")]
-    for line in (service_line(f), process_line(f), migrations_line(f), collectors_line(f), scraper_line(f),
-                 clock_line(f), parse_line(f)):
+    for line in (service_line(f), process_line(f), *tree_lines(f), migrations_line(f), collectors_line(f),
+                 scraper_line(f), clock_line(f), parse_line(f)):
         if line:
             lines.append(line)
     not_run = {n for n, c in (f.get("collectors") or {}).items() if not c.get("enabled")}

@@ -31,7 +31,7 @@ from kneeswarm.contracts.rundir import CLOCKS_FILE, STEP_COLUMNS, Meta, RunDir, 
 
 logger = logging.getLogger(__name__)
 
-HOST_STREAMS = ("vmstat", "process", "threads", "gpu", "cgroup", "fds")  # tables read from hosts/<host>/<table>[.<collector>].csv
+HOST_STREAMS = ("vmstat", "process", "threads", "gpu", "cgroup", "fds", "tree")  # tables read from hosts/<host>/<table>[.<collector>].csv
 THREAD_CHUNK_ROWS = 262_144  # threads.csv rows read at a time (read_thread_samples): ~30 MB of a 9-column table
 GENERATOR_NEEDS = ("t", "cpu_pct")  # a generator CSV without these cannot feed the CPU guard
 

@@ -1,8 +1,11 @@
 """Per-step server metrics: what each monitored host was doing during each step's steady window.
 
 From the parsed host tables (collectors/): vmstat (host CPU, context switches, run queue),
-process (the monitored process, summed over its pids), fds (its open file descriptors), threads (active threads, the busiest
-thread), gpu (SM and memory %, averaged over GPUs; framebuffer and power, summed), cgroup (the
+process (the monitored service: its processes' sums -- the process found and its descendants, or its
+cgroup's processes, agents/remote/tree.py -- summed again over the pids of a sample where a table
+has one row per process, as pidstat's), tree (each of the service's processes: ``processes``, how
+many at once, and ``procs`` {pid: its own cpu_pct, rss_mb, threads}), fds (its open file
+descriptors), threads (active threads, the busiest thread of any of its processes), gpu (SM and memory %, averaged over GPUs; framebuffer and power, summed), cgroup (the
 throttled share of CFS periods, the cgroup's CPU use) and the target's own /metrics
 (kneeswarm.analysis.measure.target).  Each value is the mean of the samples whose ``t`` lies in the window
 (kneeswarm.analysis.measure.windows); ``fb_peak_mb`` is their largest.
@@ -158,6 +161,34 @@ def sy_share(process: dict[str, float]) -> float | None:
     return sys / (usr + sys)
 
 
+TREE_MEANS = ("cpu_pct", "rss_mb", "threads")  # each process's own figures kept per step (``procs``)
+
+
+def tree_metrics(tree: pd.DataFrame | None, t_lo: np.ndarray, t_hi: np.ndarray) -> list[dict[str, Any]]:
+    """Per window, from the tree table (each process of the service per sample): ``processes``,
+    the mean number of them per sample, and ``procs`` {pid: {cpu_pct, rss_mb, threads}}, the
+    means of each one's own samples in the window (a worker that lived through part of it: over
+    that part).  {} without a tree table (a run from before it)."""
+    if tree is None or tree.empty or not {"t", "pid"} <= set(tree.columns):
+        return [{} for _ in range(len(t_lo))]
+    t = pd.to_numeric(tree["t"], errors="coerce").to_numpy(dtype=float)
+    pid = pd.to_numeric(tree["pid"], errors="coerce").to_numpy(dtype=float)
+    cols = [c for c in TREE_MEANS if c in tree.columns]
+    values = {c: pd.to_numeric(tree[c], errors="coerce").to_numpy(dtype=float) for c in cols}
+    out: list[dict[str, Any]] = []
+    for lo, hi in zip(t_lo, t_hi):
+        inside = (t >= lo) & (t < hi) & np.isfinite(pid)
+        if not inside.any():
+            out.append({})
+            continue
+        part = pd.DataFrame({"t": t[inside], "pid": pid[inside].astype(np.int64),
+                             **{c: v[inside] for c, v in values.items()}})
+        means = part.groupby("pid", sort=True)[cols].mean()
+        procs = {str(p): {c: float(v) for c, v in row.items() if np.isfinite(v)} for p, row in means.iterrows()}
+        out.append({"processes": float(part.groupby("t")["pid"].nunique().mean()), "procs": procs})
+    return out
+
+
 def server_metrics(hosts: dict[str, dict[str, pd.DataFrame]], t_lo: np.ndarray, t_hi: np.ndarray) -> list[dict[str, Any]]:
     """Per window: {host: {metric: mean, ..., "target": {key: value}}} from vmstat, process,
     threads, gpu and prometheus (kneeswarm.analysis.measure.target) samples."""
@@ -176,6 +207,7 @@ def server_metrics(hosts: dict[str, dict[str, pd.DataFrame]], t_lo: np.ndarray, 
             window_means(streams.get("gpu"), GPU_PEAK_METRICS, t_lo, t_hi, by="gpu", sum_cols=tuple(GPU_PEAK_METRICS),
                          peak=True),
             cgroup_metrics(streams.get("cgroup"), t_lo, t_hi),
+            tree_metrics(streams.get("tree"), t_lo, t_hi),
         ]
         target = target_windows(streams.get(PROMETHEUS_STREAM), t_lo, t_hi)
         for i in range(len(t_lo)):

@@ -121,6 +121,46 @@ class SummaryStep(TypedDict, total=False):
     resent: int  # requests sent again after the server closed a kept-alive connection cleanly (only when > 0)
 
 
+class StepProcess(TypedDict, total=False):
+    """``steps[].server[host].procs[pid]``: one process of the monitored service over the step's
+    window, its own figures (kneeswarm.analysis.measure.serverstats.tree_metrics); beside it
+    ``steps[].server[host].processes``, how many processes the service had at once."""
+
+    cpu_pct: float
+    rss_mb: float
+    threads: float
+
+
+class TreeProcess(TypedDict, total=False):
+    """``hosts[host].tree.processes[]``: one process of the monitored service over the run
+    (kneeswarm.analysis.measure.hostfacts.service_tree)."""
+
+    pid: int
+    ppid: int
+    name: str  # its command name (comm)
+    role: str  # "listener", "worker" or "engine", where it could be told
+    cmdline: str
+    cpu_pct: float  # the mean of its samples (its own CPU, not its children's)
+    cpu_pct_max: float
+    rss_mb: float  # its largest
+    threads: float  # its largest
+    t_first: float  # its first and last sample (master's clock)
+    t_last: float
+
+
+class ServiceTree(TypedDict, total=False):
+    """``hosts[host].tree``: which processes were the monitored service (the process found and its
+    descendants, or its cgroup's: agents/remote/tree.py); how they were found is
+    ``hosts[host].process`` {pid, by, scope, member_count, cgroup, note}."""
+
+    scope: str  # "tree", "cgroup" or "process"
+    count: int  # processes seen over the run
+    at_once: int  # the most at one sample
+    t_first: float
+    t_last: float
+    processes: list[TreeProcess]  # the busiest first, at most hostfacts.TREE_LISTED
+
+
 class SearchSummary(TypedDict, total=False):
     """``search`` ([load] mode = "search": the probes and why; kneeswarm.analysis.summary.search.search_section)."""
 
@@ -210,6 +250,15 @@ def undeclared_keys(summary: dict[str, Any]) -> list[str]:
         out += [f"{name}.{k}" for k in summary.get(name) or {} if k not in Knee.__optional_keys__]
     out += [f"totals.{k}" for k in summary.get("totals") or {} if k not in Totals.__required_keys__]
     out += [f"meta.{k}" for k in summary.get("meta") or {} if k not in SummaryMeta.__optional_keys__]
+    for host, facts in (summary.get("hosts") or {}).items():
+        tree = (facts or {}).get("tree") or {}
+        out += [f"hosts.{host}.tree.{k}" for k in tree if k not in ServiceTree.__optional_keys__]
+        out += [f"hosts.{host}.tree.processes[].{k}" for m in tree.get("processes") or [] for k in m
+                if k not in TreeProcess.__optional_keys__]
+    for i, step in enumerate(summary.get("steps") or []):
+        for host, m in (step.get("server") or {}).items():
+            out += [f"steps[{i}].server.{host}.procs.{pid}.{k}" for pid, figs in ((m or {}).get("procs") or {}).items()
+                    for k in figs if k not in StepProcess.__optional_keys__]
     return out
 
 

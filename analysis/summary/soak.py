@@ -4,7 +4,7 @@ A soak records one step per window of one unchanged load (kneeswarm.contracts.pl
 the windows, ``hold`` = the window), so every per-step figure the analysis already computes is a
 point of the soak's time series: QPS, P50/P95/P99/P999, errors by category (kneeswarm.analysis.measure.requestscan,
 one window in memory at a time) and, per monitored host, the service's RSS, threads and open file
-descriptors, the GPUs' memory and the target's own series (kneeswarm.analysis.measure.serverstats, means of the
+descriptors (sums over its processes: a growth rule names the process whose own series grew most), the GPUs' memory and the target's own series (kneeswarm.analysis.measure.serverstats, means of the
 window's samples; ``fb_peak_mb`` its largest).  ``soak_section`` lays them out over time (seconds
 from the first window's start to each window's middle) and runs the trend test of kneeswarm.analysis.models.trend
 on each series: Mann–Kendall with the Theil–Sen slope, per second.
@@ -32,6 +32,7 @@ import logging
 import math
 from typing import Any
 
+from kneeswarm.analysis.findings.context import process_evidence, process_growth, process_text, rounded
 from kneeswarm.analysis.findings.finding import finding
 from kneeswarm.analysis.findings.memory_gpu import GPU_CREEP_MIN_MB
 from kneeswarm.analysis.models.trend import MIN_RELATIVE_DRIFT, drift
@@ -149,8 +150,9 @@ def gpu_memory_mb(facts: dict[str, Any]) -> float | None:
 
 
 def memory_findings(ser: dict[str, Any], tr: dict[str, Any], hosts: dict[str, Any],
-                    first: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """memory_growth and gpu_memory_creep, per host, with the projected time to the limit."""
+                    first: list[dict[str, Any]], steps: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """memory_growth and gpu_memory_creep, per host, with the projected time to the limit; where the
+    service is several processes, the one whose own RSS rose most (``steps``: the windows)."""
     out = []
     for h, m in tr["hosts"].items():
         facts = hosts.get(h) or {}
@@ -163,13 +165,16 @@ def memory_findings(ser: dict[str, Any], tr: dict[str, Any], hosts: dict[str, An
             now = _last_fit(t, ser["hosts"][h][name], ser["t"])
             hours = _hours_to(limit, now, t["slope"])
             what = "RSS" if name == "rss_mb" else "peak GPU memory"
+            grew = process_growth(steps or [], h, name, hosts)
             ev = {"host": h, **_evidence(t, "slope_mb_per_hour", 3600.0), "slope_mb_per_s": t["slope"], "now_mb": now,
-                  "limit_mb": limit, "limit": kind if limit is not None else None, "hours_to_limit": hours}
+                  "limit_mb": limit, "limit": kind if limit is not None else None, "hours_to_limit": hours,
+                  **process_evidence(grew)}
             reach = (f"; at this rate it reaches the {kind} ({limit:,.0f} MB) in {hours:,.1f} h" if hours is not None
                      else "; no memory limit is known to project against")
             out.append(finding(fid, first, ev,
                                f"{h}: {what} grew {t['slope'] * 3600.0:,.1f} MB/hour over the soak "
-                               f"(Mann–Kendall p = {t['p']:.2g}, {t['n']} windows; {t['change']:+,.0f} MB in all){reach}.",
+                               f"(Mann–Kendall p = {t['p']:.2g}, {t['n']} windows; {t['change']:+,.0f} MB in all"
+                               f"{process_text(grew, ' MB')}){reach}.",
                                "Something is kept per request: caches without a bound, a growing list or queue, "
                                "tensors or responses held by a reference; take heap snapshots some minutes apart "
                                "(tracemalloc, memray, jemalloc profiling) and compare."))
@@ -186,8 +191,10 @@ def _series_finding(fid: str, tr: dict[str, Any], first: list[dict[str, Any]], h
                                    f"median {tr['median']:,.4g}).", advice)
 
 
-def series_findings(tr: dict[str, Any], first: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """latency_drift, throughput_decay, fd_growth, thread_growth."""
+def series_findings(tr: dict[str, Any], first: list[dict[str, Any]], steps: list[dict[str, Any]] | None = None,
+                    hosts: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """latency_drift, throughput_decay, fd_growth, thread_growth (naming, where the service is
+    several processes, the one whose own threads rose most)."""
     out = []
     client = tr["client"]
     for k in ("p50_ms", "p99_ms"):
@@ -204,12 +211,22 @@ def series_findings(tr: dict[str, Any], first: list[dict[str, Any]]) -> list[dic
         for name, fid, floor, what in (("fds", "fd_growth", FD_MIN_GROWTH, "open file descriptors"),
                                        ("threads", "thread_growth", THREAD_MIN_GROWTH, "threads")):
             if _worse(m.get(name), floor):
-                out.append(_series_finding(fid, m[name], first, h, f"the service's {what}", "", (
+                grew = process_growth(steps or [], h, name, hosts) if name == "threads" else None
+                out.append(_with_process(grew, _series_finding(fid, m[name], first, h, f"the service's {what}", "", (
                     "Descriptors that only grow are connections or files never closed: list them "
                     "(ls -l /proc/PID/fd, lsof -p PID) some minutes apart." if name == "fds" else
                     "Threads that only grow are started per request or per connection and never joined: "
-                    "bound the pool, and dump the threads' stacks (py-spy dump) some minutes apart.")))
+                    "bound the pool, and dump the threads' stacks (py-spy dump) some minutes apart."))))
     return out
+
+
+def _with_process(grew: dict[str, Any] | None, f: dict[str, Any]) -> dict[str, Any]:
+    """``f`` naming the process whose own series rose most (process_growth), where there is one."""
+    if grew:
+        f["evidence"].update({k: rounded(v) if isinstance(v, float) else v
+                              for k, v in process_evidence(grew).items() if v is not None})
+        f["text"] = f["text"][:-2] + process_text(grew) + ")."
+    return f
 
 
 def soak_section(summary: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
@@ -229,7 +246,8 @@ def soak_findings(summary: dict[str, Any]) -> list[dict[str, Any]]:
     soak = summary.get("soak") or {}
     first = (summary.get("steps") or [])[:1]
     tr = soak.get("trends") or {"client": {}, "hosts": {}}
-    return memory_findings(soak.get("series") or {}, tr, summary.get("hosts") or {}, first) + series_findings(tr, first)
+    steps, hosts = summary.get("steps") or [], summary.get("hosts") or {}
+    return memory_findings(soak.get("series") or {}, tr, hosts, first, steps) + series_findings(tr, first, steps, hosts)
 
 
 # -- text -----------------------------------------------------------------------------------

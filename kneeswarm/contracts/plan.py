@@ -20,7 +20,7 @@ import tomli_w
 
 #: Seconds of controller silence after which a host agent stops everything: the plan's default
 #: is the agent's own fallback (one number, in the agent's defaults, which the agent ships with).
-from kneeswarm.agents.remote.defaults import HEARTBEAT_TIMEOUT
+from kneeswarm.agents.remote.defaults import DEFAULT_SCOPE, HEARTBEAT_TIMEOUT, SCOPES
 
 logger = logging.getLogger(__name__)
 
@@ -235,6 +235,11 @@ class EndpointPlan:
 class MonitorPlan:
     interval: float = 1.0  # collector sampling interval, seconds (whole seconds for pidstat/vmstat)
     heartbeat_timeout: float = HEARTBEAT_TIMEOUT  # agents stop everything when the controller is silent this long
+    #: which processes are the service, on every host whose [[hosts]] entry does not say (the
+    #: local one monitored by default too): "tree", the process found and its descendants, found
+    #: again at every sample; "cgroup", every process of its cgroup (a container's, a pod's);
+    #: "process", the process found alone (agents/remote/tree.py)
+    scope: str = DEFAULT_SCOPE
 
 
 #: The keys of ``[[hosts]] kubernetes = {...}`` (kneeswarm.agents.kubernetes builds kubectl's argv from them).
@@ -254,6 +259,7 @@ class HostPlan:
     pid: int | None = None
     process: str | None = None  # regex on the command line
     port: int | None = None  # the process listening on this TCP port
+    scope: str | None = None  # "tree", "cgroup" or "process" ([monitor] scope's words); default: [monitor] scope
     collectors: list[str] | None = None  # default: every one the preflight finds
     keep_remote: bool = False  # keep the remote run directory after the verified fetch
     python: str | None = None  # the host's python3 (default "python3" on its PATH; RHEL 8: /usr/libexec/platform-python)

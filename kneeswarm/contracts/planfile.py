@@ -15,8 +15,9 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from kneeswarm.contracts.plan import (LOOPS, MODES, OPENAI_ENDPOINTS, PROTOCOLS, SOAK_KEYS, SOAK_MIN_WINDOWS, SOAK_WINDOW,
-                                      TENSOR_DATATYPES, KUBERNETES_KEYS, AnalysisPlan, CapacityPlan, EndpointPlan, HostPlan, LoadPlan,
+from kneeswarm.contracts.plan import (KUBERNETES_KEYS, LOOPS, MODES, OPENAI_ENDPOINTS, PROTOCOLS, SCOPES, SOAK_KEYS,
+                                      SOAK_MIN_WINDOWS, SOAK_WINDOW, TENSOR_DATATYPES, AnalysisPlan, CapacityPlan,
+                                      EndpointPlan, HostPlan, LoadPlan,
                                       MonitorPlan, Plan, PlanError, RequestPlan, SlaPlan)
 
 logger = logging.getLogger(__name__)
@@ -307,9 +308,13 @@ def _validate(plan: Plan, source: str) -> None:
     labels = [h.label for h in plan.hosts]
     if len(set(labels)) != len(labels):
         raise PlanError(f"{source}: two [[hosts]] share a name ({labels}); give each a distinct name")
+    if plan.monitor.scope not in SCOPES:
+        raise PlanError(f"{source}: monitor.scope must be one of {', '.join(SCOPES)}, got {plan.monitor.scope!r}")
     for i, h in enumerate(plan.hosts):
         if sum(x is not None for x in (h.pid, h.process, h.port)) > 1:
             raise PlanError(f"{source}: hosts[{i}] ({h.label}): give one of pid, process or port, not several")
+        if h.scope is not None and h.scope not in SCOPES:
+            raise PlanError(f"{source}: hosts[{i}] ({h.label}): scope must be one of {', '.join(SCOPES)}, got {h.scope!r}")
         _validate_reach(h, f"{source}: hosts[{i}] ({h.label})")
 
 

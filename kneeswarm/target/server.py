@@ -26,6 +26,10 @@ Modes
     ``--jitter J`` (knee and usl; jitter.py): each service time times seeded lognormal noise of
     mean 1 and spread J, per request and per ``--jitter-period`` seconds: a noisy server, on which
     the same plan run twice gets other figures (``kneeswarm run --repeat``).
+    ``--mode prefork``: a server of several processes (prefork.py): the listener forks
+    ``--workers`` single-threaded worker processes that accept on its socket, each request costing
+    ``--cpu-ms`` of the worker's CPU; ``--max-requests`` recycles a worker (it exits, the listener
+    forks another).  KServe v2 and TorchServe inference endpoints only, no /metrics.
 
 Endpoints (KServe v2 / Open Inference Protocol over HTTP, JSON tensors)
     GET  /v2                                  server metadata
@@ -91,7 +95,9 @@ from kneeswarm.target.engine import KneeEngine, OnnxEngine, Rejected, UslEngine,
 from kneeswarm.target.gate import FaultPlan, Gate
 from kneeswarm.target.jitter import DEFAULT_PERIOD_S, Jitter
 from kneeswarm.target.llm import DEFAULT_DECODE_MS, DEFAULT_MAX_BATCH, LLMConfig, TokenChain, llm_routes
+from kneeswarm.target import prefork
 from kneeswarm.target.metrics import PROMETHEUS_CONTENT_TYPE, TargetMetrics
+from kneeswarm.target.prefork import DEFAULT_CPU_MS, DEFAULT_WORKERS
 from kneeswarm.target.requestlog import RequestLog
 from kneeswarm.target.soak import Soak
 from kneeswarm.target.serving import serving_routes
@@ -411,10 +417,11 @@ def build_parser(prog: str = "kneeswarm target") -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--mode", choices=["onnx", "knee", "usl"], default=DEFAULT_MODE,
+    p.add_argument("--mode", choices=["onnx", "knee", "usl", "prefork"], default=DEFAULT_MODE,
                    help="onnx: real ONNX Runtime inference of a generated MLP; knee: ground truth, "
                         "--slots requests at once, each for --service-ms, no CPU work; usl: ground truth, "
-                        "every request at once for --service-ms x (1 + sigma(N-1) + kappa N(N-1)), N in service")
+                        "every request at once for --service-ms x (1 + sigma(N-1) + kappa N(N-1)), N in service; "
+                        "prefork: --workers single-threaded processes behind one port, --cpu-ms of CPU per request")
     p.add_argument("--host", default=DEFAULT_HOST, help="address to bind")
     p.add_argument("--port", type=_int_at_least(0), default=DEFAULT_PORT,
                    help="port to bind; 0 picks a free one (see the first stdout line)")
@@ -542,6 +549,14 @@ def build_parser(prog: str = "kneeswarm target") -> argparse.ArgumentParser:
                       help="open /dev/null and never close it, once every N inference requests (fds grow)")
     soak.add_argument("--leak-thread-every", type=_int_at_least(0), default=0, metavar="N",
                       help="start a thread that never ends, once every N inference requests (threads grow)")
+    prefork = p.add_argument_group("prefork mode (kneeswarm.target.prefork)")
+    prefork.add_argument("--workers", type=_int_at_least(1), default=DEFAULT_WORKERS,
+                         help="worker processes forked by the listener, one request at a time each")
+    prefork.add_argument("--cpu-ms", type=_positive_float, default=DEFAULT_CPU_MS,
+                         help="CPU time each inference request costs its worker (real hashing, not a sleep)")
+    prefork.add_argument("--max-requests", type=_int_at_least(0), default=0,
+                         help="a worker exits after this many inference requests and the listener forks "
+                              "another (gunicorn's max_requests); 0 = never")
     drift = p.add_argument_group("latency drift (knee and usl modes)")
     drift.add_argument("--warmup-s", type=_non_negative_float, default=0.0,
                        help="seconds, from the first inference request, over which the extra time falls to 0")
@@ -671,6 +686,16 @@ def _wrapped_app(args: argparse.Namespace, info: ModelInfo, engine: OnnxEngine |
     return RequestLog(app, args.request_log) if args.request_log else app
 
 
+def _serve_prefork(args: argparse.Namespace, sock: socket.socket) -> int:
+    """``--mode prefork``: the listener and its workers on ``sock`` (prefork.py) until stopped."""
+    url = _url(sock)
+
+    def forked() -> None:
+        print(LISTENING_LINE.format(url=url, mode=args.mode, pid=os.getpid()), flush=True)
+
+    return prefork.serve(sock, args.workers, args.model_name, args.cpu_ms, args.max_requests, forked)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the demo target until SIGTERM/SIGINT; 0 on a clean stop, 2 on bad arguments."""
     parser = build_parser()
@@ -688,6 +713,9 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{args.host}:{args.port}"
         print(f"kneeswarm target: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
         return 1
+
+    if args.mode == "prefork":  # no engine, no uvicorn: processes of its own (prefork.py)
+        return _serve_prefork(args, sock)
 
     import uvicorn  # imported late: --help and bad arguments stay fast
 
