@@ -77,7 +77,7 @@ start_time() {
 	sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | awk '$1 != "Z" { print $20 }'
 }
 
-is_ours() { [ -n "$1" ] && [ -n "$2" ] && [ "$(start_time "$1")" = "$2" ]; }
+is_ours() { [ -n "${1:-}" ] && [ -n "${2:-}" ] && [ "$(start_time "$1")" = "$2" ]; }  # args may be absent: an empty pid file
 
 write_atomic() { cat > "$1.tmp$$" && mv -f "$1.tmp$$" "$1"; }
 
