@@ -136,6 +136,22 @@ def test_status_codes_become_the_recorders_categories(code, details, category, s
     assert (e.status, categorize(e.status, e)) == (status, category)
 
 
+def test_the_host_header_is_the_channels_authority_and_server_name_its_tls_name(monkeypatch):
+    import grpc
+
+    from kneeswarm.contracts.plan import EndpointPlan
+    from kneeswarm.locustfiles.protocols.grpcbase import channel
+
+    made = []
+    monkeypatch.setattr(grpc, "insecure_channel", lambda address, options: made.append((address, dict(options))))
+    monkeypatch.setattr(grpc, "secure_channel", lambda address, creds, options: made.append((address, dict(options))))
+    channel(Target("grpc://127.0.0.1:9"), EndpointPlan(), {"Host": "models.example"})
+    channel(Target("grpcs://127.0.0.1:9"), EndpointPlan(server_name="a.test"), {})
+    assert made[0][0] == "127.0.0.1:9" and made[0][1]["grpc.default_authority"] == "models.example"
+    assert made[1][1]["grpc.ssl_target_name_override"] == "a.test" and "grpc.default_authority" not in made[1][1]
+    assert made[0][1]["grpc.use_local_subchannel_pool"] == 1 and made[0][1]["grpc.enable_retries"] == 0
+
+
 def test_headers_become_metadata_and_the_target_its_address():
     assert metadata_of({"Content-Type": "application/json", "Host": "a.b", "X-Team": "t",
                         "Authorization": "Bearer k"}) == (("x-team", "t"), ("authorization", "Bearer k"))

@@ -19,6 +19,7 @@ failure (``conn_refused`` when the connection was refused, else ``conn_reset``; 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import socket
 import ssl
@@ -30,6 +31,10 @@ from kneeswarm.contracts.plan import EndpointPlan
 from kneeswarm.locustfiles.protocols.base import MAX_DETAIL, PreflightError, connection_problem
 
 logger = logging.getLogger(__name__)
+
+# grpc's C core writes its own log lines (a failed TLS handshake, a refused connection) on stderr;
+# kneeswarm says what failed in its one line instead.  Read when grpc is first imported (after this).
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
 SCHEMES = ("grpc", "grpcs")
 #: google/rpc/code.proto's "HTTP Mapping" of every status code (tests check it against that file)
@@ -172,14 +177,25 @@ def _probe_tls(target: Target, timeout: float) -> str:
 
 
 def _probe_plain(target: Target, timeout: float) -> str:
+    """grpc:// failed: does the port speak TLS (a handshake succeeds, or fails on a certificate),
+    or answer HTTP/1 (a request line gets a status line)?"""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    with socket.create_connection((target.host, target.port), timeout=timeout) as raw:
+        try:
+            with ctx.wrap_socket(raw, server_hostname=target.host):
+                return "the server speaks TLS on that port (the target should be grpcs://)"
+        except ssl.SSLError as e:
+            if "certificate" in str(e).lower() or "alert" in str(e).lower():
+                return "the server speaks TLS on that port (the target should be grpcs://)"
+        except (OSError, socket.timeout):
+            pass
     with socket.create_connection((target.host, target.port), timeout=timeout) as s:
-        s.sendall(b"\x16\x03\x01\x00\x2e\x01\x00\x00\x2a\x03\x03" + bytes(32) + b"\x00\x00\x02\x00\x2f\x01\x00")
+        s.sendall(f"GET / HTTP/1.1\r\nHost: {target.host}\r\nConnection: close\r\n\r\n".encode())
         try:
             head = s.recv(16)
-        except (ConnectionResetError, socket.timeout):
+        except (OSError, socket.timeout):
             head = b""
-    if head[:1] == b"\x16" or head[:3] == b"\x15\x03\x03":  # a TLS record: a handshake or an alert
-        return "the server speaks TLS on that port (the target should be grpcs://)"
     if head.startswith(b"HTTP/1."):
         return "the server on that port answers HTTP/1.1, not gRPC (is it the HTTP port?)"
     return ""
@@ -190,6 +206,9 @@ def explain(target: Target, e: GrpcFailure) -> str:
     said = " ".join(e.details.split())[:MAX_DETAIL]
     if "http1.x server" in said or "http/1" in said.lower():
         return f"the server on that port answers HTTP/1.1, not gRPC (is it the HTTP port?) ({said})"
+    if "failed parsing http/2" in said.lower():
+        probe = what_answers(target)
+        return probe or f"the server on that port does not speak HTTP/2, so not gRPC ({said})"
     tls = next((meaning for needle, meaning in _TLS_WORDS if needle in said.lower()), "")
     probe = what_answers(target) if e.code == "UNAVAILABLE" else ""
     return "; ".join(p for p in (tls, probe, f"{e.code}: {said}" if said else e.code) if p)
