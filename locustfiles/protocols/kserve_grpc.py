@@ -111,7 +111,7 @@ class KServeGrpc(GrpcProtocol):
         meta = unary("ModelMetadata", pb.ModelMetadataRequest(name=self.model, version=self.version),
                      pb.ModelMetadataResponse)
         declared = {t.name: t for t in meta.inputs}
-        for spec in self.input_specs():
+        for spec in self.input_specs() if declared else ():  # a model that declares no inputs: nothing to check
             t = declared.get(spec["name"])
             if t is None:
                 raise PreflightError(f"{what} has no input {spec['name']!r} (it declares: "
