@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from conftest import (FIGURES, assert_every_step_valid, kneeswarm_run, per_step_counts, plan_text, record_counts,
-                      rows_and_steps, scrape, Run)
+from conftest import (FIGURES, assert_every_step_valid, kneeswarm_run, per_step_counts, plan_text, read_summary,
+                      record_counts, rows_and_steps, scrape, target_of, Run)
 from servers import Installed, Server, free_port, kserve
 from test_kserve import BUSY_MS, KNEE, SLOTS, WAIT_MS, predict_count
 
@@ -85,3 +85,14 @@ def test_requests_equal_the_server_counter_and_log(grpc_run):
     # the preflight's one request; those in flight when the load stopped (at most one per user)
     assert 0 <= grpc_run.served - 1 - len(rows) <= max(STEPS), (grpc_run.served, len(rows))
     record_counts("kserve grpc", per_step_counts(rows, steps, calls, by="start"))
+
+
+def test_target_metrics_matched_on_the_live_scrape(grpc_run):
+    """The server's metrics port, scraped as for any run: its request rate is the client's QPS."""
+    s = read_summary(grpc_run.run.run_dir)
+    used = {k: v for host in s["target_series"].values() for k, v in host.items()}
+    assert {k for k, v in used.items() if v["server"] == "kserve"} >= {"requests_s"}, used
+    for st in s["steps"]:
+        t = target_of(st)
+        rel = 0.05 + st["p50_ms"] / 1000.0 / st["window_s"]  # ends vs starts at the window's edges
+        assert t["requests_s"] == pytest.approx(st["qps"], rel=rel), (st["users"], t, st["qps"])

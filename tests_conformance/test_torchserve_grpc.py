@@ -25,7 +25,7 @@ import pytest
 import requests
 
 from conftest import (FIGURES, assert_every_step_valid, kneeswarm_run, per_step_counts, plan_text, read_summary,
-                      record_counts, rows_and_steps, scrape, Run)
+                      record_counts, rows_and_steps, scrape, target_of, Run)
 from servers import Installed, Server, free_port, torchserve
 from test_torchserve import KNEE, SERVICE_MS, WORKERS
 
@@ -187,3 +187,14 @@ def test_stream_predictions_timed_against_the_handlers_own(stream, server, ts):
         "P50 ms client/server": " ".join(f"{u}u TTFT {a:.1f}/{b:.1f} ITL {c:.1f}/{d:.1f}" for u, a, b, c, d in figs),
         "cold install s": str(ts.cold_s), "run s": f"{stream.run.seconds:.0f}"})
     record_counts("torchserve grpc stream", per_step_counts(rows, steps, logged))
+
+
+def test_target_metrics_matched_on_the_live_scrape(unary):
+    """The server's metrics port, scraped as for any run: its request rate is the client's QPS."""
+    s = read_summary(unary.run.run_dir)
+    used = {k: v for host in s["target_series"].values() for k, v in host.items()}
+    assert {k for k, v in used.items() if v["server"] == "torchserve"} >= {"requests_s"}, used
+    for st in s["steps"]:
+        t = target_of(st)
+        rel = 0.05 + st["p50_ms"] / 1000.0 / st["window_s"]  # ends vs starts at the window's edges
+        assert t["requests_s"] == pytest.approx(st["qps"], rel=rel), (st["users"], t, st["qps"])

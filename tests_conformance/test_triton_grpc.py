@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import (FIGURES, assert_every_step_valid, kneeswarm_run, per_step_counts, plan_text, read_summary,
-                      record_counts, rows_and_steps, scrape, Run)
+                      record_counts, rows_and_steps, scrape, target_of, Run)
 from servers import Installed, Server, free_port, pytriton
 
 SERVER_INSTALL = pytriton  # installed with the others before the first test (conftest.py)
@@ -156,3 +156,16 @@ def test_stream_ttft_and_itl_are_the_models_own(stream, tr):
     rows, steps = rows_and_steps(stream.run.run_dir)
     ends = [m[-1] for m in model]
     record_counts("triton stream", per_step_counts(rows, steps, ends))
+
+
+def test_target_metrics_matched_on_the_live_scrape(unary):
+    """Triton's metrics port, scraped as for any run: its request rate is the client's QPS, its
+    server latency at least the model's."""
+    s = read_summary(unary.run.run_dir)
+    used = {k: v for host in s["target_series"].values() for k, v in host.items()}
+    assert {k for k, v in used.items() if v["server"] == "triton"} >= {"requests_s", "server_latency_ms"}, used
+    for st in s["steps"]:
+        t = target_of(st)
+        rel = 0.05 + st["p50_ms"] / 1000.0 / st["window_s"]  # ends vs starts at the window's edges
+        assert t["requests_s"] == pytest.approx(st["qps"], rel=rel), (st["users"], t, st["qps"])
+        assert t["server_latency_ms"] >= SERVICE_MS, (st["users"], t)
