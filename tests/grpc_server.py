@@ -7,7 +7,8 @@ Serves, on 127.0.0.1:PORT, Triton's ``inference.GRPCInferenceService`` (ServerRe
 ModelMetadata, ModelInfer, ModelStreamInfer) and TorchServe's ``InferenceAPIsService`` (Ping,
 Predictions, StreamPredictions), with kneeswarm's generated stubs:
 - model "double": input "x" FP32 [-1, -1], output "y" = 2x; at most SLOTS requests are served at
-  once (a semaphore), each SERVICE_MS: a closed loop saturates at SLOTS users.
+  once (a semaphore), each SERVICE_MS: a closed loop saturates at SLOTS users.  With --max-inflight
+  a request beyond that many in the server is refused with RESOURCE_EXHAUSTED ("refused <t>").
 - model "tokens": a decoupled model: RESPONSES responses of text "tok " PACE_MS apart, then an empty
   final response (when the request asked for one, as Triton does), the first after PACE_MS.
 - TorchServe model "echo": Predictions answers the JSON it got back; StreamPredictions sends
@@ -54,6 +55,7 @@ class Inference(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, a):
         self.a = a
         self.slots = threading.Semaphore(a.slots)
+        self.lock, self.inflight = threading.Lock(), 0
 
     def ServerReady(self, request, context):
         return pb.ServerReadyResponse(ready=True)
@@ -77,6 +79,19 @@ class Inference(pb_grpc.GRPCInferenceServiceServicer):
         t0 = time.perf_counter()
         if request.model_name != "double":
             context.abort(grpc.StatusCode.NOT_FOUND, f"Request for unknown model: '{request.model_name}' is not found")
+        with self.lock:
+            self.inflight += 1
+            refused = self.a.max_inflight is not None and self.inflight > self.a.max_inflight
+        try:
+            if refused:
+                say(f"refused ModelInfer {time.time():.6f}")
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full")
+            return self._infer(request, context, t0)
+        finally:
+            with self.lock:
+                self.inflight -= 1
+
+    def _infer(self, request, context, t0):
         with self.slots:
             time.sleep(self.a.service_ms / 1000.0)
             x = np.frombuffer(request.raw_input_contents[0], dtype="<f4")
@@ -144,6 +159,7 @@ def main() -> None:
     ap.add_argument("--service-ms", type=float, default=20.0)
     ap.add_argument("--responses", type=int, default=8)
     ap.add_argument("--pace-ms", type=float, default=15.0)
+    ap.add_argument("--max-inflight", type=int, help="ModelInfer: refuse (RESOURCE_EXHAUSTED) beyond this many at once")
     ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
     ap.add_argument("--client-ca")
     a = ap.parse_args()

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.slow
 SERVER = Path(__file__).with_name("grpc_server.py")
 RESPONSES, PACE_MS = 6, 20.0
 USERS = 2  # every run's one step
+INFLIGHT_AT_STOP = 6  # open loop at 60/s, calls of 30 ms: a few in flight when the load stops
 
 
 def free_port() -> int:
@@ -120,6 +121,32 @@ def test_torchserve_grpc_rows_are_the_servers_predictions(tmp_path):
         lines = server.lines()
     served = [line for line in lines if line.startswith("served Predictions")]
     assert rows["ok"].all() and 0 <= len(served) - 1 - len(rows) <= USERS and rows["ttft_ms"].isna().all()
+
+
+def test_open_loop_rows_from_their_intended_times_and_pushback_as_429(tmp_path):
+    """Open loop over gRPC: every arrival is a row starting at its intended time; a server that
+    refuses beyond 2 calls in flight (RESOURCE_EXHAUSTED) gives rows of status 429, category
+    http_429, as many as it refused."""
+    server = GrpcServer("--max-inflight", "2", "--service-ms", "30")
+    load = ('arrivals = "open"\nrates = [20.0, 60.0]\nsource_rate = 10.0\narrival = "constant"\n')
+    p = plan(tmp_path, f"grpc://127.0.0.1:{server.port}", "kserve-grpc",
+             'model = "double"\ninput_name = "x"\nshape = [1, 8]\n')
+    p.write_text(p.read_text().replace("steps = [2]\n", load))
+    try:
+        rows = run(tmp_path, p)
+    finally:
+        lines = server.lines()
+    served = [line for line in lines if line.startswith("served ModelInfer")]
+    refused = [line for line in lines if line.startswith("refused ModelInfer")]
+    pushed = rows[rows["error"] == "http_429"]
+    assert len(pushed) > 10 and (pushed["status"] == 429).all() and set(rows["error"].dropna()) == {"http_429"}
+    # the preflight's one request; calls in flight when the load stopped were answered after the
+    # worker's last report (the server's lines count them, no row does)
+    assert 0 <= len(refused) - len(pushed) <= INFLIGHT_AT_STOP, (len(refused), len(pushed))
+    assert 0 <= len(served) - 1 - rows["ok"].sum() <= INFLIGHT_AT_STOP, (len(served), rows["ok"].sum())
+    # constant arrivals: each source's rows start 1 / source_rate apart, whatever the latency
+    gaps = np.diff(np.sort(rows["t_start"].to_numpy()))
+    assert np.median(gaps) < 0.1 and len(rows) >= 0.8 * (20.0 + 60.0) * 3.0
 
 
 @pytest.fixture(scope="module")
