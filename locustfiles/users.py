@@ -111,6 +111,7 @@ class InferenceUser(FastHttpUser):
     # FastHttpUser's defaults; the plan's request.timeout replaces these at init.
     network_timeout = 10.0
     connection_timeout = 10.0
+    _grpc: Any = None  # a gRPC protocol's sender (grpcuser.GrpcSender), made at on_start
 
     def __init__(self, environment: Any) -> None:
         """The plan's [endpoint] on this user's client: the base path after the host Locust
@@ -146,7 +147,6 @@ class InferenceUser(FastHttpUser):
         # every run, so a short step read 7.0 req/s offered 10, again and again.
         self._rng = random.Random()
         self._in_flight = Group()  # not `_group`: that is Locust's own (User.stop kills through it)
-        self._grpc: Any = None
         if getattr(self.protocol, "grpc", False):  # a gRPC protocol: its calls go through grpcuser.py
             from kneeswarm.locustfiles.grpcuser import GrpcSender
 
@@ -165,7 +165,7 @@ class InferenceUser(FastHttpUser):
         downwards) would otherwise lose the rows of its predecessor's requests in flight -- at a
         saturated probe, its whole queue -- and the server would serve them to closed sockets.
         A closed-loop gRPC user's channel is closed (open loop: left to its requests in flight)."""
-        if getattr(self, "_grpc", None) is not None and not self._open:
+        if self._grpc is not None and not self._open:
             self._grpc.close()
 
     @task
