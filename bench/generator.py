@@ -278,7 +278,7 @@ def bench_case(case: str, url: str, tmp: Path, a: argparse.Namespace) -> dict[st
             out[f"{side}_cpu"].append(w["cpu_s"] / w["requests"])
         if a.verbose:
             print(f"  {case} round {r + 1}: " + "   ".join(
-                f"{SIDE_NAMES[side]} {out[side][-1]:7.0f} req/s ({1e6 * out[f'{side}_cpu'][-1]:5.0f} us CPU/req)"
+                f"{(GRPC_SIDE_NAMES if case in GRPC_PLANS else SIDE_NAMES)[side]} {out[side][-1]:7.0f} req/s ({1e6 * out[f'{side}_cpu'][-1]:5.0f} us CPU/req)"
                 for side in sides), flush=True)
     return out
 
