@@ -94,7 +94,12 @@ class Inference(pb_grpc.GRPCInferenceServiceServicer):
     def _infer(self, request, context, t0):
         with self.slots:
             time.sleep(self.a.service_ms / 1000.0)
-            x = np.frombuffer(request.raw_input_contents[0], dtype="<f4")
+            if request.raw_input_contents:
+                x = np.frombuffer(request.raw_input_contents[0], dtype="<f4")
+            else:  # typed contents
+                x = np.asarray(request.inputs[0].contents.fp32_contents, dtype="<f4")
+            if x.size != int(np.prod(list(request.inputs[0].shape))):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{x.size} values for shape {list(request.inputs[0].shape)}")
             shape = list(request.inputs[0].shape)
             out = pb.ModelInferResponse(model_name="double", outputs=[pb.ModelInferResponse.InferOutputTensor(
                 name="y", datatype="FP32", shape=shape)], raw_output_contents=[(2.0 * x).astype("<f4").tobytes()])
@@ -159,11 +164,13 @@ def main() -> None:
     ap.add_argument("--service-ms", type=float, default=20.0)
     ap.add_argument("--responses", type=int, default=8)
     ap.add_argument("--pace-ms", type=float, default=15.0)
+    ap.add_argument("--max-streams", type=int, help="HTTP/2 streams one connection may have open at once")
     ap.add_argument("--max-inflight", type=int, help="ModelInfer: refuse (RESOURCE_EXHAUSTED) beyond this many at once")
     ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
     ap.add_argument("--client-ca")
     a = ap.parse_args()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), maximum_concurrent_rpcs=None)
+    options = [("grpc.max_concurrent_streams", a.max_streams)] if a.max_streams else []
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=128), maximum_concurrent_rpcs=None, options=options)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(Inference(a), server)
     ts_grpc.add_InferenceAPIsServiceServicer_to_server(TorchServe(a), server)
     address = f"127.0.0.1:{a.port}"

@@ -78,6 +78,17 @@ def test_a_kserve_grpc_request_carries_the_plans_tensors():
     assert proto.next_request().tokens_in == 2  # the prompt's words
 
 
+def test_typed_contents_carry_the_same_values():
+    raw = pb.ModelInferRequest.FromString(for_plan(plan_from_dict(grpc_plan(shape=[2, 3], seed=7))).next_request().body)
+    typed = pb.ModelInferRequest.FromString(for_plan(plan_from_dict(grpc_plan(shape=[2, 3], seed=7, contents="typed")))
+                                            .next_request().body)
+    assert not typed.raw_input_contents and list(typed.inputs[0].shape) == [2, 3]
+    assert np.asarray(typed.inputs[0].contents.fp32_contents, "<f4").tolist() == \
+        np.frombuffer(raw.raw_input_contents[0], "<f4").tolist()
+    with pytest.raises(PlanError, match="request.contents"):
+        plan_from_dict(grpc_plan("torchserve-grpc", contents="typed"))
+
+
 def answer(shape, raw: bytes, dtype="FP32"):
     return pb.ModelInferResponse(outputs=[pb.ModelInferResponse.InferOutputTensor(name="y", datatype=dtype, shape=shape)],
                                  raw_output_contents=[raw])

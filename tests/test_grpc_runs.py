@@ -126,11 +126,12 @@ def test_torchserve_grpc_rows_are_the_servers_predictions(tmp_path):
 def test_open_loop_rows_from_their_intended_times_and_pushback_as_429(tmp_path):
     """Open loop over gRPC: every arrival is a row starting at its intended time; a server that
     refuses beyond 2 calls in flight (RESOURCE_EXHAUSTED) gives rows of status 429, category
-    http_429, as many as it refused."""
+    http_429, as many as it refused.  The tensors go typed (contents = "typed"): the server reads
+    them from fp32_contents and checks their count against the shape."""
     server = GrpcServer("--max-inflight", "2", "--service-ms", "30")
     load = ('arrivals = "open"\nrates = [20.0, 60.0]\nsource_rate = 10.0\narrival = "constant"\n')
     p = plan(tmp_path, f"grpc://127.0.0.1:{server.port}", "kserve-grpc",
-             'model = "double"\ninput_name = "x"\nshape = [1, 8]\n')
+             'model = "double"\ninput_name = "x"\nshape = [1, 8]\ncontents = "typed"\n')
     p.write_text(p.read_text().replace("steps = [2]\n", load))
     try:
         rows = run(tmp_path, p)

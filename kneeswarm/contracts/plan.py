@@ -117,6 +117,7 @@ class RequestPlan:
     # -- gRPC (kserve-grpc, triton-stream, torchserve-grpc) --------------------------------------
     output_name: str | None = None  # triton-stream: the output tensor holding the text or token ids ("text_output")
     rpc: str | None = None  # torchserve-grpc: "Predictions" (default) or "StreamPredictions"
+    contents: str | None = None  # kserve-grpc, triton-stream: tensors "raw" (raw_input_contents, default) or "typed"
     # -- openai ------------------------------------------------------------------------
     endpoint: str = "chat"  # "chat" (/v1/chat/completions) or "completions" (/v1/completions)
     stream: bool = True  # SSE streaming (TTFT, ITL measured)

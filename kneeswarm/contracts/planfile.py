@@ -377,6 +377,10 @@ def _validate_grpc_request(plan: Plan, source: str) -> None:
     for key, protocol in GRPC_ONLY.items():
         if getattr(r, key) is not None and plan.protocol != protocol:
             raise PlanError(f"{source}: request.{key} is for protocol '{protocol}'")
+    if r.contents is not None and (plan.protocol not in ("kserve-grpc", "triton-stream")
+                                   or r.contents not in ("raw", "typed")):
+        raise PlanError(f"{source}: request.contents is \"raw\" or \"typed\", for protocols kserve-grpc and "
+                        f"triton-stream (got {r.contents!r}, protocol {plan.protocol!r})")
     if r.rpc is not None and r.rpc not in TORCHSERVE_RPCS:
         raise PlanError(f"{source}: request.rpc must be one of {', '.join(TORCHSERVE_RPCS)}, got {r.rpc!r}")
     if plan.protocol in GRPC_PROTOCOLS and (r.replay or r.dataset or r.lengths):

@@ -3,7 +3,9 @@
 A request's tensors go in ``raw_input_contents``, one bytes entry per input in the inputs' order,
 each the tensor's values flat, row-major, little-endian (BYTES: each element a 4-byte little-endian
 length and its bytes; BOOL: one byte each) -- the layout the protocol specifies for raw contents and
-Triton, KServe and TorchServe read.  An input's values are the plan's (``[[request.inputs]] data``,
+Triton, KServe and TorchServe read.  ``[request] contents = "typed"`` sends them in each input's
+typed ``contents`` instead (``fp32_contents``, ``int_contents``, ...), for a server that reads only
+those; FP16 has no typed field.  An input's values are the plan's (``[[request.inputs]] data``,
 strings with ``{{prompt}}``, ``{{max_tokens}}`` or ``{{user}}`` filled) or synthetic ones as over HTTP
 (tensors.values).  A request is serialized once, when the user starts (BODY_VARIANTS of them, as
 the HTTP protocols pre-build their bodies): the user sends its bytes as they are.
@@ -48,6 +50,23 @@ def raw_tensor(datatype: str, flat: list[Any]) -> bytes:
     if sys.byteorder == "big":
         a.byteswap()
     return a.tobytes()
+
+
+#: the InferTensorContents field of each datatype (``[request] contents = "typed"``); FP16 has none
+TYPED_FIELDS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+                "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
+                "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
+                "FP64": "fp64_contents", "BYTES": "bytes_contents"}
+
+
+def typed_contents(datatype: str, flat: list[Any]) -> dict[str, list[Any]]:
+    """``flat`` as the keyword of an InferTensorContents: {field: values} (BYTES: as bytes)."""
+    dt = datatype.upper()
+    if dt not in TYPED_FIELDS:
+        raise ProtocolError(f"request.contents = \"typed\": {dt} has no typed field in the protocol (send it raw)")
+    if dt == "BYTES":
+        flat = [v if isinstance(v, bytes) else str(v).encode() for v in flat]
+    return {TYPED_FIELDS[dt]: flat}
 
 
 def bytes_elements(raw: bytes) -> list[bytes]:
@@ -111,13 +130,13 @@ class GrpcProtocol(Protocol):
         return [{**s, "shape": batched(list(s["shape"]), batch), "datatype": str(s.get("datatype", "FP32")).upper()}
                 for s in given]
 
-    def tensors(self, fixed: bool) -> tuple[list[dict], list[bytes], int | None]:
-        """One request's inputs (name, datatype, shape), their raw contents, and the prompt's
-        tokens when an input carries ``{{prompt}}``."""
+    def tensors(self, fixed: bool) -> tuple[list[dict], list[list[Any]], int | None]:
+        """One request's inputs (name, datatype, shape), their values (flat, row-major), and the
+        prompt's tokens when an input carries ``{{prompt}}``."""
         prompt = self.prompt_text()
         fills = {"{{prompt}}": prompt, "{{max_tokens}}": str(int(self.cfg.get("max_tokens", 64) or 64)),
                  "{{user}}": str(self.seed)}
-        specs, raws, tokens_in = [], [], None
+        specs, flats, tokens_in = [], [], None
         batch = int(self.cfg.get("batch", 1) or 1)
         for spec in self.input_specs():
             n = math.prod(spec["shape"])
@@ -132,8 +151,8 @@ class GrpcProtocol(Protocol):
             else:
                 flat = values(self._rng, spec["datatype"], n, fixed)
             specs.append({"name": spec["name"], "datatype": spec["datatype"], "shape": spec["shape"]})
-            raws.append(raw_tensor(spec["datatype"], flat))
-        return specs, raws, tokens_in
+            flats.append(flat)
+        return specs, flats, tokens_in
 
 
 def _fill(value: Any, fills: dict[str, str]) -> Any:

@@ -1,7 +1,7 @@
 """KServe v2 / Open Inference Protocol over gRPC: ``inference.GRPCInferenceService/ModelInfer``.
 
 The same ``[request]`` keys as ``kserve`` (model, version, shape, datatype, data, batch, inputs,
-input_name); tensors go as ``raw_input_contents`` (grpctensors.py).  An answer is judged as
+input_name); tensors go as ``raw_input_contents``, or typed with ``contents = "typed"`` (grpctensors.py).  An answer is judged as
 ``kserve`` judges one: outputs present, each with a shape, and its data there -- a raw content per
 output, whose size is what the shape holds for a fixed-size datatype.
 
@@ -22,7 +22,7 @@ from kneeswarm.contracts.grpcapi.triton import grpc_service_pb2 as pb
 from kneeswarm.contracts.plan import EndpointPlan
 from kneeswarm.locustfiles.protocols.base import BODY_VARIANTS, BadPayload, PreflightError, PreparedRequest, Tokens
 from kneeswarm.locustfiles.protocols.grpcbase import GrpcFailure, Target, channel, failure, retrying
-from kneeswarm.locustfiles.protocols.grpctensors import ITEM_SIZE, GrpcProtocol
+from kneeswarm.locustfiles.protocols.grpctensors import ITEM_SIZE, GrpcProtocol, raw_tensor, typed_contents
 
 logger = logging.getLogger(__name__)
 
@@ -47,11 +47,15 @@ class KServeGrpc(GrpcProtocol):
 
     def message(self, fixed: bool) -> tuple[Any, int | None]:
         """One ModelInferRequest of the plan's tensors, and its prompt's tokens (when it has one)."""
-        specs, raws, tokens_in = self.tensors(fixed)
-        msg = pb.ModelInferRequest(model_name=self.model, model_version=self.version,
-                                   inputs=[pb.ModelInferRequest.InferInputTensor(**s) for s in specs],
-                                   raw_input_contents=raws)
-        return msg, tokens_in
+        specs, flats, tokens_in = self.tensors(fixed)
+        tensor = pb.ModelInferRequest.InferInputTensor
+        if self.cfg.get("contents") == "typed":
+            inputs = [tensor(**s, contents=pb.InferTensorContents(**typed_contents(s["datatype"], f)))
+                      for s, f in zip(specs, flats)]
+            return pb.ModelInferRequest(model_name=self.model, model_version=self.version, inputs=inputs), tokens_in
+        return pb.ModelInferRequest(model_name=self.model, model_version=self.version,
+                                    inputs=[tensor(**s) for s in specs],
+                                    raw_input_contents=[raw_tensor(s["datatype"], f) for s, f in zip(specs, flats)]), tokens_in
 
     def _prepared(self, fixed: bool) -> PreparedRequest:
         msg, tokens_in = self.message(fixed)
