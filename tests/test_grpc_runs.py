@@ -108,6 +108,9 @@ def test_kserve_grpc_over_mutual_tls_with_metadata(tmp_path, pki, monkeypatch):
     served = [line.split() for line in lines if line.startswith("served ModelInfer")]
     assert rows["ok"].all() and (rows["status"] == 200).all() and 0 <= len(served) - 1 - len(rows) <= USERS
     assert {s[5] for s in served} == {"s3cret-not-for-logs"}  # the secret header, as call metadata
+    # a connection per user (grpcuser.CHANNEL_SCOPE "user": grpc would share one among a process's
+    # channels without a local subchannel pool), and the preflight's own
+    assert len({s[4] for s in served}) == USERS + 1, {s[4] for s in served}
     run_dir = only_run_dir(tmp_path / "out")
     assert "s3cret" not in (run_dir / "plan.toml").read_text()
 
