@@ -32,12 +32,13 @@ logger = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-#: case -> the plan's protocol line and [request] lines
+#: case -> the plan's protocol line and [request] lines; a deadline far beyond any answer (under
+#: valgrind a first call, its connection made, takes seconds; the baselines set none)
 PLANS = {
-    "kserve-grpc": 'protocol = "kserve-grpc"',
-    "triton-stream": 'protocol = "triton-stream"\n[request]\nmodel = "demo"\n[[request.inputs]]\nname = "text_input"\n'
-                     'datatype = "BYTES"\nshape = [1]\ndata = ["{{prompt}}"]',
-    "torchserve-grpc": 'protocol = "torchserve-grpc"',
+    "kserve-grpc": 'protocol = "kserve-grpc"\n[request]\ntimeout = 300.0',
+    "triton-stream": 'protocol = "triton-stream"\n[request]\nmodel = "demo"\ntimeout = 300.0\n[[request.inputs]]\n'
+                     'name = "text_input"\ndatatype = "BYTES"\nshape = [1]\ndata = ["{{prompt}}"]',
+    "torchserve-grpc": 'protocol = "torchserve-grpc"\n[request]\ntimeout = 300.0',
 }
 
 COMMON = '''

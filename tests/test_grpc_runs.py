@@ -22,7 +22,7 @@ from tls_proxy import DEMO_HOST, make_pki
 pytestmark = pytest.mark.slow
 
 SERVER = Path(__file__).with_name("grpc_server.py")
-RESPONSES, PACE_MS = 6, 20.0
+RESPONSES, PACE_MS = 6, 50.0
 USERS = 2  # every run's one step
 INFLIGHT_AT_STOP = 6  # open loop at 60/s, calls of 30 ms: a few in flight when the load stops
 
@@ -89,7 +89,9 @@ def test_triton_stream_times_each_response_against_the_servers_own(tmp_path):
     server_itl = np.median(np.concatenate([np.diff(s[1:]) * 1000.0 for s in stamps]))
     client_ttft = rows["ttft_ms"].median()
     client_itl = np.median(np.concatenate(rows["itl_ms"].to_numpy()))
-    assert server_ttft <= client_ttft <= server_ttft * 1.10 + 2.0, (client_ttft, server_ttft)
+    # the first response, not the request's end (that is RESPONSES x PACE_MS later); the client's own
+    # scheduling on a busy machine (this server shares its cores) may add a few ms, never a response's gap
+    assert server_ttft <= client_ttft <= server_ttft + PACE_MS / 2, (client_ttft, server_ttft)
     assert client_itl == pytest.approx(server_itl, rel=0.10), (client_itl, server_itl)
     assert (rows["latency_ms"] >= RESPONSES * PACE_MS).all()  # the server's pace alone takes that long
 
@@ -146,8 +148,10 @@ def test_open_loop_rows_from_their_intended_times_and_pushback_as_429(tmp_path):
     assert len(pushed) > 10 and (pushed["status"] == 429).all() and set(rows["error"].dropna()) == {"http_429"}
     # the preflight's one request; calls in flight when the load stopped were answered after the
     # worker's last report (the server's lines count them, no row does)
-    assert 0 <= len(refused) - len(pushed) <= INFLIGHT_AT_STOP, (len(refused), len(pushed))
-    assert 0 <= len(served) - 1 - rows["ok"].sum() <= INFLIGHT_AT_STOP, (len(served), rows["ok"].sum())
+    # at most the arrival rate times the longest call can be in flight at the stop
+    in_flight = max(INFLIGHT_AT_STOP, 60.0 * rows["latency_ms"].max() / 1000.0 + 2)
+    assert 0 <= len(refused) - len(pushed) <= in_flight, (len(refused), len(pushed), in_flight)
+    assert 0 <= len(served) - 1 - rows["ok"].sum() <= in_flight, (len(served), rows["ok"].sum(), in_flight)
     # constant arrivals: each source's rows start 1 / source_rate apart, whatever the latency
     gaps = np.diff(np.sort(rows["t_start"].to_numpy()))
     assert np.median(gaps) < 0.1 and len(rows) >= 0.8 * (20.0 + 60.0) * 3.0

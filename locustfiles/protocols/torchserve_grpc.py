@@ -75,7 +75,7 @@ class TorchServeGrpc(GrpcProtocol):
         stream.responses += 1
         if msg.HasField("status") and msg.status.code:
             raise BadPayload(f"stream answer {stream.responses} is an error: {msg.status.message[:120]}")
-        stream.text(msg.prediction.decode("utf-8", "replace"), now)
+        stream.text(msg.prediction, now)
 
     def server_stream_ended(self, stream: ResponseStream) -> None:
         """A server stream's end is its last answer: TorchServe closes it after the handler's last."""

@@ -57,10 +57,11 @@ class ResponseStream:
         self.texts: list[str] | None = [] if count is not None else None
         self.nbytes = 0
 
-    def text(self, text: str, now: float) -> None:
+    def text(self, text: bytes, now: float) -> None:
+        """A response's text (UTF-8 bytes), decoded only where it is kept (a tokenizer counts it)."""
         if text:
             if self.texts is not None:
-                self.texts.append(text)
+                self.texts.append(text.decode("utf-8", "replace"))
             self._token(now)
 
     def ids(self, n: int, now: float) -> None:
@@ -126,14 +127,17 @@ class TritonStream(KServeGrpc):
         if msg.error_message:
             raise BadPayload(f"stream response {stream.responses} is an error: {msg.error_message[:120]}")
         resp = msg.infer_response
-        outputs = list(resp.outputs)
+        outputs = resp.outputs
         for i, out in enumerate(outputs):
             if out.name != self.output_name:
                 continue
             raw = resp.raw_output_contents[i] if i < len(resp.raw_output_contents) else None
             if out.datatype == "BYTES":
-                items = bytes_elements(raw) if raw is not None else list(out.contents.bytes_contents)
-                stream.text(b"".join(items).decode("utf-8", "replace"), now)
+                if raw is not None and len(raw) >= 4 and int.from_bytes(raw[:4], "little") == len(raw) - 4:
+                    stream.text(raw[4:], now)  # one element, the usual case: no list made
+                else:
+                    items = bytes_elements(raw) if raw is not None else list(out.contents.bytes_contents)
+                    stream.text(b"".join(items), now)
             elif raw is not None and out.datatype in ITEM_SIZE:
                 stream.ids(len(raw) // ITEM_SIZE[out.datatype], now)
             else:
