@@ -45,6 +45,8 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+from grpc_cases import PLANS as GRPC_PLANS, bare_source  # noqa: E402 - bench/ is not a package
 WINDOW = REPO / "bench" / "window.py"
 CHILD_PIN_PERIOD = 0.2  # seconds between looks for new children of the Locust process to move off its core
 CHUNK = ('{"id":"c","object":"chat.completion.chunk","created":1,"model":"demo","choices":[{"index":0,'
@@ -246,11 +248,16 @@ def locust_window(args: list[str], seconds: float, warm: float, out: Path) -> di
 def bench_case(case: str, url: str, tmp: Path, a: argparse.Namespace) -> dict[str, list[float]]:
     """Per round: requests/s of the floor ("bare"), the same job by hand ("same") and kneeswarm
 ("ks"), and CPU-seconds per request of each."""
-    plan_lines, make, key = PLANS[case]
     bare_file = tmp / f"bare-{case}.py"
-    bare_file.write_text(BARE.format(make=make))
     same_job = tmp / f"same-job-{case}.py"
-    same_job.write_text(BARE_CHECKED.format(make=make, key=key) if key else BARE_SSE)
+    if case in GRPC_PLANS:  # Locust's own gRPC example's way (bench/grpc_cases.py)
+        plan_lines = GRPC_PLANS[case]
+        bare_file.write_text(bare_source(case, "bare", url))
+        same_job.write_text(bare_source(case, "same", url))
+    else:
+        plan_lines, make, key = PLANS[case]
+        bare_file.write_text(BARE.format(make=make))
+        same_job.write_text(BARE_CHECKED.format(make=make, key=key) if key else BARE_SSE)
     plan = tmp / f"plan-{case}.toml"
     head, _, request = plan_lines.partition("\n[request]")
     plan.write_text(f'name = "bench"\ntarget = "{url}"\n{head}\n[load]\nsteps = [{a.users}]\nramp = 0.0\n'
@@ -271,19 +278,21 @@ def bench_case(case: str, url: str, tmp: Path, a: argparse.Namespace) -> dict[st
             out[f"{side}_cpu"].append(w["cpu_s"] / w["requests"])
         if a.verbose:
             print(f"  {case} round {r + 1}: " + "   ".join(
-                f"{SIDE_NAMES[side]} {out[side][-1]:7.0f} req/s ({1e6 * out[f'{side}_cpu'][-1]:5.0f} us CPU/req)"
+                f"{(GRPC_SIDE_NAMES if case in GRPC_PLANS else SIDE_NAMES)[side]} {out[side][-1]:7.0f} req/s ({1e6 * out[f'{side}_cpu'][-1]:5.0f} us CPU/req)"
                 for side in sides), flush=True)
     return out
 
 
 SIDE_NAMES = {"bare": "bare FastHttpUser", "same": "bare FastHttpUser doing the same job", "ks": "kneeswarm"}
+GRPC_SIDE_NAMES = {"bare": "Locust's gRPC example", "same": "Locust's gRPC example doing the same job",
+                   "ks": "kneeswarm"}
 
 
-def compare(runs: dict[str, list[float]], base: str) -> str:
+def compare(runs: dict[str, list[float]], base: str, names: dict[str, str] | None = None) -> str:
     """One line: medians of requests/s and CPU per request, kneeswarm against the ``base`` side."""
     m = {k: statistics.median(v) for k, v in runs.items()}
     paired = statistics.median(k / b for k, b in zip(runs["ks"], runs[base]))
-    return (f"{SIDE_NAMES[base]} {m[base]:6.0f} req/s  kneeswarm {m['ks']:6.0f} req/s  ratio "
+    return (f"{(names or SIDE_NAMES)[base]} {m[base]:6.0f} req/s  kneeswarm {m['ks']:6.0f} req/s  ratio "
             f"{m['ks'] / m[base]:.3f} (per round {paired:.3f}; target >= 0.95);  CPU per request: bare "
             f"{1e6 * m[base + '_cpu']:.0f} us, kneeswarm {1e6 * m['ks_cpu']:.0f} us, ratio "
             f"{m[base + '_cpu'] / m['ks_cpu']:.3f}")
@@ -296,7 +305,9 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=16, help="chunks per streamed answer")
-    ap.add_argument("--only", default=",".join(PLANS), help="comma-separated cases")
+    ap.add_argument("--only", default=",".join([*PLANS, *GRPC_PLANS]), help="comma-separated cases")
+    ap.add_argument("--channel", default="user", choices=("user", "worker"),
+                    help="gRPC: a channel per user (kneeswarm's) or one per worker process (KNEESWARM_BENCH_CHANNEL)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every round")
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -304,23 +315,28 @@ def main() -> None:
         serve(a.serve, a.tokens)
         return
     os.environ["PYTHONPATH"] = f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
-    port = free_port()
+    port, gport = free_port(), free_port()
+    os.environ["KNEESWARM_BENCH_CHANNEL"] = a.channel
     target = subprocess.Popen([sys.executable, __file__, "--serve", str(port), "--tokens", str(a.tokens)],
                               preexec_fn=pin(0))
+    grpc_target = subprocess.Popen([sys.executable, str(REPO / "bench" / "grpc_cases.py"), "--serve", str(gport),
+                                    "--tokens", str(a.tokens)], preexec_fn=pin(0))
     tmp = Path(tempfile.mkdtemp(prefix="kneeswarm-bench-"))
     try:
         time.sleep(1.0)
-        url = f"http://127.0.0.1:{port}"
         for case in a.only.split(","):
+            url = f"grpc://127.0.0.1:{gport}" if case in GRPC_PLANS else f"http://127.0.0.1:{port}"
             runs = bench_case(case, url, tmp, a)
             for base in ("bare", "same"):
-                print(f"{case:14s} " + compare(runs, base), flush=True)
+                names = GRPC_SIDE_NAMES if case in GRPC_PLANS else SIDE_NAMES
+                print(f"{case:14s} " + compare(runs, base, names), flush=True)
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         print(f"medians of {a.rounds} rounds; {os.cpu_count()} cores (load average {load:.1f}), {a.users} users, "
               f"{a.seconds:g}s runs, window {max(1.0, a.seconds - a.warm - 2.0):g}s after {a.warm:g}s, "
               f"{a.tokens} chunks per streamed answer")
     finally:
         target.kill()
+        grpc_target.kill()
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)

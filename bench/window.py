@@ -21,6 +21,11 @@ from locust import events
 
 logger = logging.getLogger(__name__)
 
+if os.environ.get("KNEESWARM_BENCH_CHANNEL", "user") != "user":  # bench/generator.py --channel worker
+    from kneeswarm.locustfiles import grpcuser
+
+    grpcuser.CHANNEL_SCOPE = os.environ["KNEESWARM_BENCH_CHANNEL"]
+
 _count = 0
 _window: dict[str, float] = {}
 _started: list[bool] = []

@@ -111,6 +111,7 @@ class InferenceUser(FastHttpUser):
     # FastHttpUser's defaults; the plan's request.timeout replaces these at init.
     network_timeout = 10.0
     connection_timeout = 10.0
+    _grpc: Any = None  # a gRPC protocol's sender (grpcuser.GrpcSender), made at on_start
 
     def __init__(self, environment: Any) -> None:
         """The plan's [endpoint] on this user's client: the base path after the host Locust
@@ -146,6 +147,10 @@ class InferenceUser(FastHttpUser):
         # every run, so a short step read 7.0 req/s offered 10, again and again.
         self._rng = random.Random()
         self._in_flight = Group()  # not `_group`: that is Locust's own (User.stop kills through it)
+        if getattr(self.protocol, "grpc", False):  # a gRPC protocol: its calls go through grpcuser.py
+            from kneeswarm.locustfiles.grpcuser import GrpcSender
+
+            self._grpc = GrpcSender(self, self.protocol, self.host or plan.target, plan.endpoint)
 
     def stop(self, force: bool = False) -> bool:
         """Locust's stop.  Open loop: always at once -- the user's task is its arrival process, which
@@ -158,7 +163,10 @@ class InferenceUser(FastHttpUser):
         """Open loop: the user's arrivals end with it, but the requests it has already sent are
         left to complete and be recorded: a step that takes sources away (a search refining
         downwards) would otherwise lose the rows of its predecessor's requests in flight -- at a
-        saturated probe, its whole queue -- and the server would serve them to closed sockets."""
+        saturated probe, its whole queue -- and the server would serve them to closed sockets.
+        A closed-loop gRPC user's channel is closed (open loop: left to its requests in flight)."""
+        if self._grpc is not None and not self._open:
+            self._grpc.close()
 
     @task
     def infer(self) -> None:
@@ -240,6 +248,9 @@ class InferenceUser(FastHttpUser):
         """One request; with ``intended`` (open loop, epoch seconds) timed from that instant.  A
         conversation's turn hands its outcome back to the protocol (its answer joins the history)."""
         self._answer: tuple[bool, Any] = (False, None)
+        if self._grpc is not None:  # gRPC: one call, one row (grpcuser.py); no conversations there
+            self._grpc.send(req, intended)
+            return
         for attempt in range(1 + STALE_CONNECTION_RETRIES):
             late = max(0.0, time.time() - intended) if intended is not None else 0.0
             sent = (self._streamed(req, late, intended, attempt) if req.stream

@@ -30,13 +30,16 @@ from typing import Any, Callable, NotRequired, TypedDict
 
 from flask import Response, jsonify, request, send_from_directory
 
+from kneeswarm.contracts.plan import PROTOCOLS
+
 logger = logging.getLogger(__name__)
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 USER_ENV, PASSWORD_ENV = "KNEESWARM_WEB_USER", "KNEESWARM_WEB_PASSWORD"
 #: (option, plan key, help) of the plan fields in the start form
 PLAN_FIELDS = (  # in the order a user thinks: what, then how the steps are chosen, then how each is held
-    ("kneeswarm_protocol", "protocol", "request protocol (kserve)"),
+    ("kneeswarm_protocol", "protocol", "request protocol: kserve, openai, torchserve, tfserving, http, or over gRPC "
+                                       "kserve-grpc, triton-stream, torchserve-grpc"),
     ("kneeswarm_model", "request.model", "model name in the request path"),
     ("kneeswarm_mode", "load.mode", "grid (the steps below) or search (probes chosen from start to max)"),
     ("kneeswarm_steps", "load.steps", "grid: users per step, e.g. 1,2,4,8"),
@@ -51,6 +54,8 @@ PLAN_FIELDS = (  # in the order a user thinks: what, then how the steps are chos
     ("kneeswarm_repeat", "load.repeat", "runs of the plan one Start makes, each its own report, then merged"),
     ("kneeswarm_cooldown", "load.cooldown", "repeat: seconds between two runs"),
 )
+#: plan keys of the start form whose values are a list to choose from (the web UI shows a menu)
+CHOICES = {"protocol": PROTOCOLS}
 #: plan keys of the start form that are numbers (the others are words, or the steps' list)
 NUMBER_KEYS = ("load.ramp", "load.hold", "load.settle", "load.start", "load.max", "load.growth", "load.precision",
                "load.max_duration", "load.cooldown")
@@ -271,8 +276,9 @@ def add_plan_arguments(parser: Any, current: Callable[[str], str]) -> None:
     """The plan's fields as custom arguments shown in the start form; ``current(key)`` gives the
     value the form shows (the loaded plan's; "" before it is loaded)."""
     for option, key, text in PLAN_FIELDS:
+        choices = CHOICES.get(key)  # a list the form shows as one (the plan's value, or none yet: "")
         parser.add_argument("--" + option.replace("_", "-"), default=current(key), include_in_web_ui=True,
-                            help=f"{text} (default: the plan's)")
+                            help=f"{text} (default: the plan's)", choices=["", *choices] if choices else None)
 
 
 def form_overrides(opts: Any) -> dict[str, Any]:

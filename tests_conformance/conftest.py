@@ -146,12 +146,14 @@ def row_ends(rows):
     return rows["t_start"].to_numpy() + rows["latency_ms"].to_numpy() / 1000.0
 
 
-def per_step_counts(rows, steps, server_t) -> list[tuple[int, int, int]]:
-    """[(users, client rows, server count)] per step, both counted by when the request ended,
-    over the whole step [t_ramp, t_end); asserts each within COUNT_REL (or COUNT_EDGE)."""
+def per_step_counts(rows, steps, server_t, by: str = "end") -> list[tuple[int, int, int]]:
+    """[(users, client rows, server count)] per step, both counted by when the request ended
+    (``by="start"``: when it began, for a server that stamps its line as a request arrives), over the
+    whole step [t_ramp, t_end); asserts each within COUNT_REL (or COUNT_EDGE)."""
     import numpy as np
 
-    ends, srv = row_ends(rows[rows["ok"]]), np.asarray(server_t)
+    ok = rows[rows["ok"]]
+    ends, srv = (row_ends(ok) if by == "end" else ok["t_start"].to_numpy()), np.asarray(server_t)
     out = []
     for _, st in steps.iterrows():
         client = int(((ends >= st.t_ramp) & (ends < st.t_end)).sum())

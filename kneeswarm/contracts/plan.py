@@ -25,7 +25,9 @@ from kneeswarm.agents.remote.defaults import DEFAULT_SCOPE, HEARTBEAT_TIMEOUT, S
 logger = logging.getLogger(__name__)
 
 #: Protocol names; the registry in locustfiles/protocols must list the same (a test checks it).
-PROTOCOLS = ("kserve", "openai", "torchserve", "tfserving", "http")
+PROTOCOLS = ("kserve", "openai", "torchserve", "tfserving", "http", "kserve-grpc", "triton-stream", "torchserve-grpc")
+#: the protocols spoken over gRPC: their target is grpc://host:port or grpcs://host:port
+GRPC_PROTOCOLS = ("kserve-grpc", "triton-stream", "torchserve-grpc")
 OPENAI_ENDPOINTS = ("chat", "completions")
 TENSOR_DATATYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
                     "FP16", "FP32", "FP64", "BYTES")
@@ -121,7 +123,11 @@ class RequestPlan:
     version: str | None = None  # model version in the path (kserve, tfserving, torchserve)
     batch: int = 1  # items per request: replaces the first dimension of every input's shape
     input_name: str = "input"  # name of the single input (kserve) when `inputs` is not given
-    inputs: list[dict] | None = None  # kserve, several inputs: [[request.inputs]] name, shape, datatype
+    inputs: list[dict] | None = None  # kserve, several inputs: [[request.inputs]] name, shape, datatype (gRPC: data)
+    # -- gRPC (kserve-grpc, triton-stream, torchserve-grpc) --------------------------------------
+    output_name: str | None = None  # triton-stream: the output tensor holding the text or token ids ("text_output")
+    rpc: str | None = None  # torchserve-grpc: "Predictions" (default) or "StreamPredictions"
+    contents: str | None = None  # kserve-grpc, triton-stream: tensors "raw" (raw_input_contents, default) or "typed"
     # -- openai ------------------------------------------------------------------------
     endpoint: str = "chat"  # "chat" (/v1/chat/completions) or "completions" (/v1/completions)
     stream: bool = True  # SSE streaming (TTFT, ITL measured)

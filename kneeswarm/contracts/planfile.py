@@ -15,9 +15,9 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from kneeswarm.contracts.plan import (KUBERNETES_KEYS, LOOPS, MODES, OPENAI_ENDPOINTS, PROTOCOLS, SCOPES, SOAK_KEYS,
-                                      SOAK_MIN_WINDOWS, SOAK_WINDOW, TENSOR_DATATYPES, AnalysisPlan, CapacityPlan,
-                                      EndpointPlan, HostPlan, LoadPlan,
+from kneeswarm.contracts.plan import (GRPC_PROTOCOLS, KUBERNETES_KEYS, LOOPS, MODES, OPENAI_ENDPOINTS, PROTOCOLS, SCOPES,
+                                      SOAK_KEYS, SOAK_MIN_WINDOWS, SOAK_WINDOW, TENSOR_DATATYPES, AnalysisPlan,
+                                      CapacityPlan, EndpointPlan, HostPlan, LoadPlan,
                                       MonitorPlan, Plan, PlanError, RequestPlan, SlaPlan)
 
 logger = logging.getLogger(__name__)
@@ -293,8 +293,7 @@ def _validate(plan: Plan, source: str) -> None:
         raise PlanError(f"{source}: load.workers must be >= 0, got {plan.load.workers}")
     if plan.protocol not in PROTOCOLS:
         raise PlanError(f"{source}: protocol '{plan.protocol}' is not supported (supported: {', '.join(PROTOCOLS)})")
-    if not plan.target.startswith(("http://", "https://")):
-        raise PlanError(f"{source}: target must be an http:// or https:// URL, got {plan.target!r}")
+    _validate_target(plan, source)
     if plan.request.data not in ("random", "fixed"):
         raise PlanError(f"{source}: request.data must be 'random' or 'fixed', got {plan.request.data!r}")
     if not plan.request.shape or any(d < 1 for d in plan.request.shape):
@@ -378,9 +377,12 @@ def _validate_request(plan: Plan, source: str) -> None:
         raise PlanError(f"{source}: protocol 'http' needs request.path (and usually request.body)")
     for i, spec in enumerate(r.inputs or []):
         where = f"{source}: request.inputs[{i}]"
-        unknown = set(spec) - {"name", "shape", "datatype"}
+        unknown = set(spec) - {"name", "shape", "datatype", "data"}
         if unknown:
-            raise PlanError(f"{where}: unknown key {sorted(unknown)[0]!r} (known: datatype, name, shape)")
+            raise PlanError(f"{where}: unknown key {sorted(unknown)[0]!r} (known: data, datatype, name, shape)")
+        if "data" in spec and (plan.protocol not in GRPC_PROTOCOLS or not isinstance(spec["data"], list)):
+            raise PlanError(f"{where}: data (the input's values, a list) is for the gRPC protocols "
+                            f"({', '.join(GRPC_PROTOCOLS)})")
         if not isinstance(spec.get("name"), str) or not spec["name"]:
             raise PlanError(f"{where}: needs a name")
         shape = spec.get("shape")
@@ -396,8 +398,58 @@ def _validate_request(plan: Plan, source: str) -> None:
     if r.lengths is not None and (set(r.lengths) - {"input", "output"} or not r.lengths):
         raise PlanError(f"{source}: request.lengths takes an input and/or an output table")
     _validate_llm_workload(plan, source)
+    _validate_grpc_request(plan, source)
     if str(r.datatype).upper() not in TENSOR_DATATYPES:
         raise PlanError(f"{source}: request.datatype {r.datatype!r} is not a KServe v2 datatype")
+
+
+#: the [request] keys that belong to one gRPC protocol
+GRPC_ONLY = {"output_name": "triton-stream", "rpc": "torchserve-grpc"}
+TORCHSERVE_RPCS = ("Predictions", "StreamPredictions")
+
+
+def _validate_target(plan: Plan, source: str) -> None:
+    """target: http(s):// for the HTTP protocols; grpc://host:port or grpcs://host:port for the gRPC
+    ones, where endpoint.base_path (an HTTP route) and verify = false (grpc's TLS always checks the
+    certificate) have no meaning."""
+    import urllib.parse
+
+    if plan.protocol not in GRPC_PROTOCOLS:
+        if not plan.target.startswith(("http://", "https://")):
+            hint = " (grpc:// is for the gRPC protocols: kserve-grpc, triton-stream, torchserve-grpc)" \
+                if plan.target.startswith(("grpc://", "grpcs://")) else ""
+            raise PlanError(f"{source}: target must be an http:// or https:// URL, got {plan.target!r}{hint}")
+        return
+    u = urllib.parse.urlsplit(plan.target)
+    try:
+        port = u.port
+    except ValueError:
+        port = None
+    if u.scheme not in ("grpc", "grpcs") or not u.hostname or port is None or u.path not in ("", "/"):
+        raise PlanError(f"{source}: protocol {plan.protocol!r} needs target = \"grpc://host:port\" (or grpcs:// for "
+                        f"TLS), got {plan.target!r}")
+    if plan.endpoint.base_path:
+        raise PlanError(f"{source}: endpoint.base_path is an HTTP route; gRPC has none (protocol {plan.protocol!r})")
+    if not plan.endpoint.verify:
+        raise PlanError(f"{source}: endpoint.verify = false: gRPC's TLS always checks the server's certificate; "
+                        "give its CA in endpoint.ca_bundle")
+
+
+def _validate_grpc_request(plan: Plan, source: str) -> None:
+    r = plan.request
+    for key, protocol in GRPC_ONLY.items():
+        if getattr(r, key) is not None and plan.protocol != protocol:
+            raise PlanError(f"{source}: request.{key} is for protocol '{protocol}'")
+    if r.contents is not None and (plan.protocol not in ("kserve-grpc", "triton-stream")
+                                   or r.contents not in ("raw", "typed")):
+        raise PlanError(f"{source}: request.contents is \"raw\" or \"typed\", for protocols kserve-grpc and "
+                        f"triton-stream (got {r.contents!r}, protocol {plan.protocol!r})")
+    if r.rpc is not None and r.rpc not in TORCHSERVE_RPCS:
+        raise PlanError(f"{source}: request.rpc must be one of {', '.join(TORCHSERVE_RPCS)}, got {r.rpc!r}")
+    if plan.protocol in GRPC_PROTOCOLS and (r.replay or r.dataset or r.lengths):
+        given = next(k for k in ("replay", "dataset", "lengths") if getattr(r, k))
+        raise PlanError(f"{source}: request.{given} is not for protocol {plan.protocol!r} (its requests are tensors: "
+                        "request.inputs)")
 
 
 PREFIX_KEYS = ("tokens", "count", "share")
@@ -461,8 +513,9 @@ def _validate_endpoint(plan: Plan, source: str) -> None:
     if e.client_key and not e.client_cert:
         raise PlanError(f"{source}: endpoint.client_key needs endpoint.client_cert (the certificate it belongs to)")
     urls = [u for u in (plan.target, plan.metrics_url) if u]
-    if e.tls_keys() and not any(u.startswith("https://") for u in urls):
-        raise PlanError(f"{source}: endpoint.{e.tls_keys()[0]} is for TLS, but the target is not https:// ({plan.target})")
+    if e.tls_keys() and not any(u.startswith(("https://", "grpcs://")) for u in urls):
+        raise PlanError(f"{source}: endpoint.{e.tls_keys()[0]} is for TLS, but the target is not https:// or "
+                        f"grpcs:// ({plan.target})")
     seen: dict[str, str] = {}
     for key in ("headers", "headers_env"):
         for name, value in (getattr(e, key) or {}).items():

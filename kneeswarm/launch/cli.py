@@ -66,7 +66,8 @@ def _hold(text: str) -> float | str:
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", nargs="?", help="plan TOML file; flags below override it")
     p.add_argument("--target", help="base URL of the inference server, e.g. http://127.0.0.1:8000")
-    p.add_argument("--protocol", help="request protocol: kserve, openai, torchserve, tfserving or http")
+    p.add_argument("--protocol", help="request protocol: kserve, openai, torchserve, tfserving or http; over gRPC "
+                   "(target grpc://host:port): kserve-grpc, triton-stream, torchserve-grpc")
     p.add_argument("--model", help="model name in the request path")
     p.add_argument("--steps", type=_steps, help="user counts, e.g. 1,2,4,8,16,32")
     p.add_argument("--hold", type=_hold, help='seconds each step is held after its ramp, or "auto": until steady and '

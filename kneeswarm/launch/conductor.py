@@ -120,6 +120,11 @@ def check_target(plan: Plan, timeout: float | None = None) -> None:
         protocol = for_plan(plan)
     except ProtocolError as e:
         raise ConductorError(str(e)) from None
+    if getattr(protocol, "grpc", False):  # the server's own gRPC API: readiness, the model, one request
+        try:
+            return protocol.preflight(plan.target, timeout=timeout)
+        except PreflightError as e:
+            raise ConductorError(str(e)) from None
     url = plan.base_url + protocol.health_path
     deadline = time.monotonic() + timeout
     problem = "no answer"

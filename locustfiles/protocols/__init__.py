@@ -13,9 +13,12 @@ from typing import TYPE_CHECKING
 from kneeswarm.locustfiles.protocols.base import (BadPayload, PreflightError, PreparedRequest, Protocol, ProtocolError, StreamTruncated, Tokens, connection_problem, detail, refusal_hint)
 from kneeswarm.locustfiles.protocols.http import GenericHTTP
 from kneeswarm.locustfiles.protocols.kserve import KServeV2
+from kneeswarm.locustfiles.protocols.kserve_grpc import KServeGrpc
 from kneeswarm.locustfiles.protocols.openai import OpenAI
 from kneeswarm.locustfiles.protocols.tfserving import TFServing
 from kneeswarm.locustfiles.protocols.torchserve import TorchServe
+from kneeswarm.locustfiles.protocols.torchserve_grpc import TorchServeGrpc
+from kneeswarm.locustfiles.protocols.triton_stream import TritonStream
 from kneeswarm.locustfiles.protocols.workload import Replayed, Traced, token_counter
 
 if TYPE_CHECKING:
@@ -27,6 +30,9 @@ PROTOCOLS: dict[str, type[Protocol]] = {
     "torchserve": TorchServe,
     "tfserving": TFServing,
     "http": GenericHTTP,
+    "kserve-grpc": KServeGrpc,
+    "triton-stream": TritonStream,
+    "torchserve-grpc": TorchServeGrpc,
 }
 
 
@@ -45,4 +51,5 @@ def for_plan(plan: Plan, seed: int = 0) -> Protocol:
 
 
 __all__ = ["BadPayload", "PreflightError", "PreparedRequest", "Protocol", "ProtocolError", "StreamTruncated",
-           "Tokens", "PROTOCOLS", "for_plan", "connection_problem", "detail", "refusal_hint", "GenericHTTP", "KServeV2", "OpenAI", "TFServing", "TorchServe"]
+           "Tokens", "PROTOCOLS", "for_plan", "connection_problem", "detail", "refusal_hint", "GenericHTTP", "KServeV2", "OpenAI", "TFServing", "TorchServe",
+           "KServeGrpc", "TritonStream", "TorchServeGrpc"]

@@ -1,0 +1,1 @@
+"""TorchServe's gRPC APIs: inference.proto and management.proto, their generated stubs (floor 1 contract)."""
