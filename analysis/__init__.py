@@ -100,7 +100,7 @@ def per_step(inputs: RunInputs) -> tuple[pd.DataFrame, list[dict[str, float]], l
     return stats, gen, server_metrics(inputs.hosts, t_lo, t_hi)
 
 
-def summarize(inputs: RunInputs) -> dict[str, Any]:
+def summarize(inputs: RunInputs) -> Summary:
     """The summary dict of a loaded run (no files written)."""
     s = inputs.settings
     stats, gen, server = per_step(inputs)
@@ -164,7 +164,7 @@ def llm_extras(good: pd.DataFrame, plan: dict[str, Any], streaming: bool = False
     return out
 
 
-def add_explanations(summary: dict[str, Any], plan: dict[str, Any], reps: Replicates | None = None) -> dict[str, Any]:
+def add_explanations(summary: Summary, plan: dict[str, Any], reps: Replicates | None = None) -> Summary:
     """``findings`` and ``usl`` (kneeswarm.analysis.findings.explain, over the valid steps only); a rule that
     failed becomes a warning.  Little's law is already in each step's reasons (kneeswarm.analysis.measure.trust).
 
@@ -193,7 +193,7 @@ def add_explanations(summary: dict[str, Any], plan: dict[str, Any], reps: Replic
     return add_gates(summary, plan)
 
 
-def analyze(run_dir: str | Path) -> dict[str, Any]:
+def analyze(run_dir: str | Path) -> Summary:
     """Analyse a run directory; write report/summary.json, summary.md, index.html; return the summary."""
     inputs = load_inputs(run_dir)
     summary = summarize(inputs)
@@ -201,9 +201,10 @@ def analyze(run_dir: str | Path) -> dict[str, Any]:
     report = run.report_dir
     write_junit(summary, report)
     write_text(run.summary_path, to_json(summary))
-    write_text(run.summary_md_path, to_markdown(summary))
+    read_back = cast(dict[str, Any], summary)  # the reports read a summary as they read summary.json from disk
+    write_text(run.summary_md_path, to_markdown(read_back))
     scan = inputs.scan
-    write_text(run.report_path, render_html(summary, scan.timeline, inputs.generator, inputs.hosts, scan.t0,
+    write_text(run.report_path, render_html(read_back, scan.timeline, inputs.generator, inputs.hosts, scan.t0,
                                                   scan.bin_s))
     logger.info("%s: knee %s, peak %s; report in %s", inputs.run_id, summary["knee"], summary["peak"], report)
     return summary

@@ -20,7 +20,7 @@ import shlex
 from typing import Any
 
 from kneeswarm.analysis.findings.context import Context, as_dict
-from kneeswarm.analysis.schema.summary import num
+from kneeswarm.analysis.schema.summary import Finding, num
 from kneeswarm.analysis.findings.cpu import fills_cores
 from kneeswarm.analysis.findings.finding import finding
 
@@ -76,7 +76,7 @@ def _competed(ctx: Context, host: str, cpus: float) -> bool:
     return not measured or any(fills_cores(ctx, s, host, cpus) for s in measured)
 
 
-def engine_oversubscribed(ctx: Context) -> list[dict[str, Any]]:
+def engine_oversubscribed(ctx: Context) -> list[Finding]:
     out = []
     for host, knobs, source in _sources(ctx):
         cpus = ctx.service_cpus(host) if host else None  # a plan's knobs name no host: its CPUs unknown

@@ -34,7 +34,7 @@ import logging
 import math
 from typing import Any, Iterable, Mapping
 
-from kneeswarm.analysis.schema.summary import ServiceTree, TreeProcess
+from kneeswarm.analysis.schema.summary import HostFacts, ParseCount, RawFacts, ServiceLimits, ServiceTree, TreeProcess
 from kneeswarm.contracts.rundir import TARGET_HOST, Meta, safe_name
 
 logger = logging.getLogger(__name__)
@@ -98,15 +98,15 @@ def _clock(clock: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def parse_counts(parse: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def parse_counts(parse: dict[str, Any]) -> dict[str, ParseCount]:
     out = {}
     for name, p in sorted(_dict(parse).items()):
         p = _dict(p)
-        rec: dict[str, Any] = {}
-        for k in ("lines", "skipped"):
-            v = _num(p.get(k))
-            if v is not None:
-                rec[k] = int(v)
+        rec: ParseCount = {}
+        if (v := _num(p.get("lines"))) is not None:
+            rec["lines"] = int(v)
+        if (v := _num(p.get("skipped"))) is not None:
+            rec["skipped"] = int(v)
         if p.get("error"):
             rec["error"] = str(p["error"])
         if rec:
@@ -131,18 +131,21 @@ def _tightest(cgroup: Any, column: str) -> float | None:
     return min(finite) if finite else None
 
 
-def service_limits(cgroup: Any, host_cpus: float | None) -> dict[str, Any]:
+def service_limits(cgroup: Any, host_cpus: float | None) -> ServiceLimits:
     """``service`` facts from a cgroup table (None: none sampled) and the host's logical CPUs."""
     limits = {"quota": _tightest(cgroup, "quota_cpus"), "cpuset": _tightest(cgroup, "cpuset_cpus"),
               "host": host_cpus if host_cpus is not None and host_cpus > 0 else None}
     known = [(v, b) for b in SERVICE_BOUNDS if (v := limits[b]) is not None]
-    out: dict[str, Any] = {}
+    out: ServiceLimits = {}
     if known:
         cpus, bound = min(known, key=lambda vb: vb[0])  # min keeps the first of equals
-        out.update(cpus=cpus, bound=bound)
-    for key, bound in (("quota_cpus", "quota"), ("cpuset_cpus", "cpuset"), ("host_cpus", "host")):
-        if limits[bound] is not None:
-            out[key] = limits[bound]
+        out.update({"cpus": cpus, "bound": bound})
+    if (v := limits["quota"]) is not None:
+        out["quota_cpus"] = v
+    if (v := limits["cpuset"]) is not None:
+        out["cpuset_cpus"] = v
+    if (v := limits["host"]) is not None:
+        out["host_cpus"] = v
     mem, version = _tightest(cgroup, "memory_limit_mb"), _tightest(cgroup, "version")
     if mem is not None:
         out["memory_limit_mb"] = mem
@@ -170,10 +173,10 @@ def migrations_counted(process: Any) -> str | None:
     return ", ".join(named) or None
 
 
-def host_facts_one(preflight: dict[str, Any], host_meta: dict[str, Any]) -> dict[str, Any]:
+def host_facts_one(preflight: dict[str, Any], host_meta: dict[str, Any]) -> HostFacts:
     """The facts of one host from its preflight dict and its meta.json["hosts"] entry."""
     facts = {**_dict(host_meta.get("facts")), **_dict(preflight)}  # the preflight wins where both say
-    out: dict[str, Any] = {}
+    out: HostFacts = {}
     for k in ("hostname", "kernel", "machine", "python"):
         if facts.get(k):
             out[k] = facts[k]
@@ -200,9 +203,10 @@ def host_facts_one(preflight: dict[str, Any], host_meta: dict[str, Any]) -> dict
     parse = parse_counts(_dict(host_meta.get("parse")))
     if parse:
         out["parse"] = parse
-    for k in ("transport", "label"):
-        if host_meta.get(k):
-            out[k] = host_meta[k]
+    if host_meta.get("transport"):
+        out["transport"] = host_meta["transport"]
+    if host_meta.get("label"):
+        out["label"] = host_meta["label"]
     if host_meta.get("warnings"):
         out["warnings"] = [str(w) for w in host_meta["warnings"]]
     return out
@@ -276,14 +280,14 @@ def host_facts(meta: Meta, data_hosts: Iterable[str] = (),
                rebuilt: dict[str, dict[str, Any]] | None = None,
                cgroups: Mapping[str, Any] | None = None,
                processes: Mapping[str, Any] | None = None,
-               trees: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+               trees: Mapping[str, Any] | None = None) -> dict[str, HostFacts]:
     """{host dir name: facts} over the hosts in meta.json and those with data under hosts/;
     ``rebuilt``: {host: parse stats} of hosts whose raw files analysis parsed again; ``cgroups``:
     {host: its cgroup table} (the ``service`` facts); ``processes``: {host: its process table}
     (``migrations_counted``: how the migrations/s column was counted); ``trees``: {host: its tree
     table} (the ``tree`` facts: which processes were the service)."""
     pre, hosts = _dict(meta.get("hosts_preflight")), _dict(meta.get("hosts"))
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, HostFacts] = {}
     for label in sorted(set(pre) | set(hosts), key=str):
         facts = host_facts_one(_dict(pre.get(label)), _dict(hosts.get(label)))
         name = safe_name(str(label))

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import Any, Mapping, cast
+
+from kneeswarm.analysis.schema.summary import CapacityResult, CapacitySettings, Figure, JsonValue, SlaResult, Summary
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +135,7 @@ def _min_qps_check(best: dict[str, Any] | None, min_qps: float) -> dict[str, Any
             "users": best["users"] if best else None, "highest_users_alone": None, "bound": "lower"}
 
 
-def sla_check(summary: dict[str, Any], sla: dict[str, Any]) -> dict[str, Any]:
+def sla_check(summary: Summary, sla: dict[str, Any]) -> SlaResult:
     """Check the valid steps of ``summary`` against the ``[sla]`` limits; never raises.
 
     ``sla``: ``{p99_ms, error_rate, ttft_ms, itl_ms, min_qps}`` (any subset).  A step meets the SLA
@@ -166,10 +168,11 @@ def sla_check(summary: dict[str, Any], sla: dict[str, Any]) -> dict[str, Any]:
         checks.append(_min_qps_check(best, min_qps))
     passed = best is not None and all(c["passed"] for c in checks)
     below = [r["users"] for r in rows if best and r["users"] < best["users"] and not r["meets"]]
-    return {"passed": passed, "best": {"users": best["users"], "qps": best["qps"]} if best else None,
+    result = {"passed": passed, "best": {"users": best["users"], "qps": best["qps"]} if best else None,
             "limits": given,
             "checks": checks, "steps": rows, "skipped": skipped, "problems": problems,
             "below_best_failed": below, "text": _sla_text(passed, best, checks, rows)}
+    return cast(SlaResult, result)  # rows and checks: SlaStep and SlaCheck, built above
 
 
 def _fmt(v: Any) -> str:
@@ -189,12 +192,12 @@ def _sla_text(passed: bool, best: dict[str, Any] | None, checks: list[dict[str, 
 
 
 # -- the capacity plan ----------------------------------------------------------------------------
-def figure(value: Any, formula: str, computed: str, **inputs: Any) -> dict[str, Any]:
+def figure(value: Any, formula: str, computed: str, **inputs: JsonValue) -> Figure:
     """One figure of the plan: the value, its formula in words, the formula with the numbers, the inputs."""
     return {"value": value, "formula": formula, "computed": computed, "inputs": inputs}
 
 
-def _meeting_steps(summary: dict[str, Any], sla_result: dict[str, Any] | None) -> tuple[list[dict[str, Any]], bool]:
+def _meeting_steps(summary: Summary, sla_result: SlaResult | None) -> tuple[list[dict[str, Any]], bool]:
     """(steps meeting the SLA as {users, qps, mean_ms}, whether an SLA was applied)."""
     by_users = {_users(s["users"]): s for s in valid_steps(summary)}
     rows = sla_result.get("steps") if isinstance(sla_result, dict) else None
@@ -204,7 +207,7 @@ def _meeting_steps(summary: dict[str, Any], sla_result: dict[str, Any] | None) -
     return list(by_users.values()), False
 
 
-def max_stable(steps: list[dict[str, Any]], sla_applied: bool) -> dict[str, Any]:
+def max_stable(steps: list[dict[str, Any]], sla_applied: bool) -> Figure:
     if not steps:
         return figure(None, "max QPS of the valid steps meeting the SLA", "no such step")
     top = max(steps, key=lambda s: s["qps"])
@@ -213,7 +216,7 @@ def max_stable(steps: list[dict[str, Any]], sla_applied: bool) -> dict[str, Any]
                   users=_users(top["users"]), steps=[_users(s["users"]) for s in steps])
 
 
-def recommended_users(steps: list[dict[str, Any]], stable_qps: float | None, headroom_min: float) -> dict[str, Any]:
+def recommended_users(steps: list[dict[str, Any]], stable_qps: float | None, headroom_min: float) -> Figure:
     """The highest SLA-meeting step whose QPS leaves ≥ ``headroom_min`` of the max stable QPS unused.
 
     Reading of the digest's "QPS still has ≥ 30 % headroom": headroom = 1 − QPS(step) / max stable
@@ -240,7 +243,7 @@ def _round(x: float) -> int:
     return math.floor(x + 0.5)
 
 
-def pool_sizes(n: int | float | None) -> tuple[dict[str, Any], dict[str, Any]]:
+def pool_sizes(n: int | float | None) -> tuple[Figure, Figure]:
     """(core threads, max threads) from the recommended concurrency ``n``.
 
     Core: round(75 % × n) (the middle of the digest's 70–80 %), at least 1; range [round(0.7n), round(0.8n)].
@@ -261,7 +264,7 @@ def pool_sizes(n: int | float | None) -> tuple[dict[str, Any], dict[str, Any]]:
     return core_fig, max_fig
 
 
-def single_inference(summary: dict[str, Any]) -> dict[str, Any]:
+def single_inference(summary: Summary) -> Figure:
     """The single-inference time: the mean latency of the valid 1-user step (else the lowest valid step)."""
     steps = [s for s in valid_steps(summary) if _num(s.get("mean_ms")) is not None]
     if not steps:
@@ -272,7 +275,7 @@ def single_inference(summary: dict[str, Any]) -> dict[str, Any]:
     return figure(ms, "mean latency of the 1-user step" + note, f"{_fmt(ms)} ms", users=_users(s["users"]))
 
 
-def queue_length(tolerance_ms: float, inference_ms: float | None, threads: int | None) -> dict[str, Any]:
+def queue_length(tolerance_ms: float, inference_ms: float | None, threads: int | None) -> Figure:
     """⌊tolerated queueing time / single-inference time × threads⌋: with ``threads`` serving, a
     request at the back of a queue this long waits about ``tolerance_ms``.  ``threads`` is the
     core size: a thread pool fills its queue before it grows past the core (Java's ThreadPoolExecutor)."""
@@ -285,7 +288,7 @@ def queue_length(tolerance_ms: float, inference_ms: float | None, threads: int |
                   tolerance_ms=tolerance_ms, inference_ms=inference_ms, threads=threads, per_thread=per_thread)
 
 
-def replicas(peak_qps: float | None, safe_qps: float | None, spare: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def replicas(peak_qps: float | None, safe_qps: float | None, spare: int) -> tuple[Figure, Figure]:
     """(instances = ⌈peak / safe⌉, replicas = instances + spare)."""
     if peak_qps is None or not safe_qps:
         why = "no [capacity] peak_qps given" if peak_qps is None else "no safe QPS per instance"
@@ -313,7 +316,7 @@ def _settings(capacity: Any) -> tuple[dict[str, Any], list[str]]:
     return out, problems
 
 
-def capacity_plan(summary: dict[str, Any], sla_result: dict[str, Any] | None, capacity: dict[str, Any] | None) -> dict[str, Any]:
+def capacity_plan(summary: Summary, sla_result: SlaResult | None, capacity: dict[str, Any] | None) -> CapacityResult:
     """The capacity plan of a run; never raises.  Every figure is ``{value, formula, computed, inputs}``.
 
     ``capacity``: ``{peak_qps, spare, queue_tolerance_ms, headroom, safe_fraction}`` (any subset;
@@ -329,15 +332,15 @@ def capacity_plan(summary: dict[str, Any], sla_result: dict[str, Any] | None, ca
     rec = recommended_users(steps, stable["value"], cfg["headroom"])
     core, mx = pool_sizes(rec["value"])
     inference = single_inference(summary)
-    queue = queue_length(cfg["queue_tolerance_ms"], inference["value"], core["value"])
+    queue = queue_length(cfg["queue_tolerance_ms"], inference["value"], cast(int | None, core["value"]))  # pool_sizes: an int
     sv = stable["value"]
     safe = figure(None if sv is None else cfg["safe_fraction"] * sv, f"{cfg['safe_fraction']:g} × max stable QPS",
                   "no max stable QPS" if sv is None else f"{cfg['safe_fraction']:g} × {_fmt(sv)} = {_fmt(cfg['safe_fraction'] * sv)}",
                   max_stable_qps=sv, safe_fraction=cfg["safe_fraction"])
     inst, reps = replicas(cfg["peak_qps"], safe["value"], cfg["spare"])
-    plan = {"max_stable_qps": stable, "recommended_users": rec, "core_threads": core, "max_threads": mx,
-            "single_inference_ms": inference, "queue_length": queue, "safe_qps": safe, "instances": inst,
-            "replicas": reps, "settings": cfg, "problems": problems}
+    plan: CapacityResult = {"max_stable_qps": stable, "recommended_users": rec, "core_threads": core, "max_threads": mx,
+                            "single_inference_ms": inference, "queue_length": queue, "safe_qps": safe, "instances": inst,
+                            "replicas": reps, "settings": cast(CapacitySettings, cfg), "problems": problems}
     plan["text"] = capacity_lines(plan)
     return plan
 
@@ -355,11 +358,11 @@ CAPACITY_LABELS = (
 )
 
 
-def capacity_lines(plan: dict[str, Any]) -> list[str]:
+def capacity_lines(plan: CapacityResult) -> list[str]:
     """One line per figure: "label: value — formula: computed" (for the markdown and the report)."""
     lines = []
     for key, label in CAPACITY_LABELS:
-        f = plan.get(key) or {}
+        f = cast(Mapping[str, object], plan.get(key) or {})  # key: one of the figures
         v = f.get("value")
         shown = "–" if v is None else (f"{v:,.1f}" if isinstance(v, float) else str(v))
         lines.append(f"{label}: {shown} — {f.get('formula', '')}: {f.get('computed', '')}")

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import html
 import logging
-from typing import Any
+from typing import Any, cast
+
+from kneeswarm.analysis.schema.summary import Summary
 
 import numpy as np
 import pandas as pd
@@ -156,7 +158,7 @@ def _probe_traces(fig: go.Figure, summary: dict[str, Any]) -> None:
 
 def _search_html(summary: dict[str, Any]) -> str:
     """[load] mode = "search": why it stopped, its brackets and its probes in order (kneeswarm.analysis.summary.search)."""
-    lines = search_lines(summary)
+    lines = search_lines(cast(Summary, summary))
     if not lines:
         return ""
     text = [line for line in lines[1:] if line and not line.startswith("|")]

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import Any, cast
+
+from kneeswarm.analysis.schema.summary import Summary
 
 from kneeswarm.analysis.measure.hostfacts import host_lines, skipped_lines
 from kneeswarm.analysis.measure.loop import loop_line
@@ -76,7 +78,7 @@ def warning_lines(summary: dict[str, Any]) -> list[str]:
 def knee_lines(summary: dict[str, Any]) -> list[str]:
     if summary.get("soak"):  # one load held: what it held, not a knee (kneeswarm.analysis.summary.soak)
         load = [loop_line(summary["load"])] if isinstance(summary.get("load"), dict) else []
-        return [held_line(summary), *load]
+        return [held_line(cast(Summary, summary)), *load]
     knee, lk, peak = summary.get("knee") or {}, summary.get("latency_knee") or {}, summary.get("peak") or {}
     lines = []
     if knee.get("users") is not None:
@@ -283,9 +285,9 @@ def _md_explained(summary: dict[str, Any]) -> list[str]:
 def _md_soak(summary: dict[str, Any]) -> list[str]:
     """A soak's trend table and windows table (kneeswarm.analysis.summary.soak), in place of the steps tables."""
     lines = ["### Soak: the trend of each series over the windows", ""]
-    lines += _md_table(*trend_rows(summary), numeric=5)
+    lines += _md_table(*trend_rows(cast(Summary, summary)), numeric=5)
     lines += ["", "### Soak windows (t: the window's middle, seconds from the first window's start)", ""]
-    header, rows = window_rows(summary)
+    header, rows = window_rows(cast(Summary, summary))
     return [*lines, *_md_table(header, rows, numeric=len(header)), ""]
 
 
@@ -327,7 +329,7 @@ def to_markdown(summary: dict[str, Any]) -> str:
     lines += [f"- {line}" for line in workload_lines(summary)]
     lines.append("")
     lines += _md_explained(summary)
-    lines += search_lines(summary)  # [load] mode = "search": the probes in order, with why
+    lines += search_lines(cast(Summary, summary))  # [load] mode = "search": the probes in order, with why
     lines += _md_tables(summary)
     for title, header, rows in worker_tables(summary):  # kneeswarm.analysis.measure.workers
         lines += [f"### {title}", "", *_md_table(header, rows, numeric=0), ""]

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import Any, cast
+
+from kneeswarm.analysis.schema.summary import Summary
 
 from kneeswarm.analysis.summary.gates import CAPACITY_TITLE, gate_sections
 from kneeswarm.analysis.summary.soak import soak_verdict
@@ -77,7 +79,7 @@ def verdict(summary: dict[str, Any]) -> str:
     """The result in one sentence (Markdown): where the service stopped scaling and what P99 did
     (a soak: what crept, kneeswarm.analysis.summary.soak)."""
     if summary.get("soak"):
-        return soak_verdict(summary)
+        return soak_verdict(cast(Summary, summary))
     valid = _valid_steps(summary)
     if not valid:
         return "**Verdict:** no valid step, so nothing can be concluded about scaling (see the warnings and each step's reasons)."
@@ -177,4 +179,4 @@ def usl_lines(summary: dict[str, Any]) -> list[str]:
 def plan_lines(summary: dict[str, Any]) -> list[tuple[str, list[str]]]:
     """(title, lines) of the SLA and the capacity plan when the summary has them (kneeswarm.analysis.summary.gates);
     a soak's SLA only (a capacity plan reads a step sweep; a soak held one load)."""
-    return [(t, lines) for t, lines in gate_sections(summary) if not (summary.get("soak") and t == CAPACITY_TITLE)]
+    return [(t, lines) for t, lines in gate_sections(cast(Summary, summary)) if not (summary.get("soak") and t == CAPACITY_TITLE)]

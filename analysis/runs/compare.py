@@ -25,13 +25,14 @@ import logging
 import math
 import tomllib
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 import numpy as np
 
 from kneeswarm.analysis.measure import bootstrap
 from kneeswarm.analysis.reports.compare_report import compare_html, compare_markdown
-from kneeswarm.analysis.findings import explain
+from kneeswarm.analysis.findings import Explanation, explain
+from kneeswarm.analysis.schema.summary import UslFit
 from kneeswarm.analysis.models.usl import fit_usl
 from kneeswarm.analysis.schema.comparison import (COMPARE_VERSION, INTERVAL_BOOTSTRAP, Change, Comparison, RunInfo, Shift,
                                                   Side, StepComparison, SummariesComparison)
@@ -72,7 +73,7 @@ def load_summary(run: RunDir) -> dict[str, Any]:
     from kneeswarm.analysis import summarize  # the analysis' own entry point (lazy: heavy, and restructured often)
     from kneeswarm.analysis.measure.inputs import load_inputs
 
-    return summarize(load_inputs(run.path))
+    return cast(dict[str, Any], summarize(load_inputs(run.path)))  # read as summary.json is read
 
 
 def load_plan(run: RunDir) -> dict[str, Any] | None:
@@ -187,19 +188,19 @@ def shift_of(base: Any, new: Any) -> Shift:
             "qps_rel": (nq - bq) / bq if bq and nq is not None else None}
 
 
-def usl_of(summary: dict[str, Any]) -> dict[str, Any]:
+def usl_of(summary: dict[str, Any]) -> UslFit:
     valid = [(u, x) for u, s in steps_by_users(summary).items()
              if s.get("valid") is True and (x := _num(s.get("qps"))) is not None]
     return fit_usl([u for u, _ in valid], [x for _, x in valid])
 
 
-def usl_change(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    change = {k: (new[k] - base[k] if _num(base.get(k)) is not None and _num(new.get(k)) is not None else None)
+def usl_change(base: UslFit, new: UslFit) -> dict[str, Any]:
+    change = {k: (b1 - b0 if (b0 := _num(base.get(k))) is not None and (b1 := _num(new.get(k))) is not None else None)
               for k in USL_KEYS}
     return {"base": base, "new": new, "change": change}
 
 
-def findings_change(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+def findings_change(base: Explanation, new: Explanation) -> dict[str, Any]:
     """Findings (by id) that appeared in the new run, vanished from the base, or stayed."""
     b = {f["id"]: f for f in base.get("findings", [])}
     n = {f["id"]: f for f in new.get("findings", [])}

@@ -426,8 +426,8 @@ def series(rows: list[dict[str, Any]], figures: tuple[str, ...] = FIGURES) -> li
         cp = trend.change_point(tested)
         if cp is not None:
             before = max(i for i in range(cp["index"]) if tested[i] is not None)
-            cp.update(run=rows[cp["index"]]["run_id"], previous_run=rows[before]["run_id"],
-                      changes=changes(rows[before], rows[cp["index"]]))
+            cp.update({"run": rows[cp["index"]]["run_id"], "previous_run": rows[before]["run_id"],
+                       "changes": changes(rows[before], rows[cp["index"]])})
         d = trend.drift(tested, worse)
         if sum(v is not None for v in tested) < sum(v is not None for v in values):
             d["unmeasured"] = sum(v is not None for v in values) - sum(v is not None for v in tested)

@@ -23,15 +23,16 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from kneeswarm.analysis.findings import explain
+from kneeswarm.analysis.findings import Explanation, explain
 from kneeswarm.analysis.measure import bootstrap
 from kneeswarm.analysis.runs.compare import (MIN_RELATIVE_CHANGE, NOT_COMPARED, findings_change, is_repeat, load_plan,
                                              load_summary, metric_change, run_verdict, step_verdict, steps_by_users,
                                              shift_of, usl_change, usl_of)
 from kneeswarm.analysis.runs.repeat import read_repeat
 from kneeswarm.analysis.schema.repetition import RepeatStep
+from kneeswarm.analysis.schema.summary import Finding
 from kneeswarm.analysis.schema.comparison import (COMPARE_VERSION, INTERVAL_BETWEEN_RUNS, Change, Comparison, RunInfo,
                                                   Side, StepComparison)
 from kneeswarm.contracts.rundir import RunDir
@@ -47,13 +48,18 @@ class View:
     info: RunInfo
     summary: dict[str, Any]  # summary-shaped: steps (users, valid, requests, qps, p99_ms), knee, peak
     spread: dict[float, dict[str, tuple[float | None, int]]] = field(default_factory=dict)  # users -> metric -> (sd, n)
-    findings: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
     knee_spread: dict[str, Any] = field(default_factory=dict)  # a repeated side's knee over its runs
     warnings: list[str] = field(default_factory=list)
 
     @property
     def repeated(self) -> bool:
         return "runs" in self.info
+
+
+def _explained(found: list[Finding]) -> Explanation:
+    """A side's findings as findings_change reads them (a merged side has no rule errors of its own)."""
+    return {"findings": found, "usl": {}, "littles_law": [], "unchecked": [], "rule_errors": []}
 
 
 def single_view(path: str | Path) -> View:
@@ -85,7 +91,8 @@ def repeat_view(path: str | Path) -> View:
                "knee": {"users": knee["median"], "qps": sum(qps) / len(qps) if qps else None},
                "peak": {"users": _median([u for u in rep["peak"]["users"] if u is not None]),
                         "qps": rep["peak"]["qps"]["mean"]}}
-    found = [{"id": c["id"], "severity": c["severity"], "text": f"{c['text']} (confirmed in {c['label']} runs)"}
+    found = [cast(Finding, {"id": c["id"], "severity": c["severity"],  # as merged: its severity may be unknown
+                            "text": f"{c['text']} (confirmed in {c['label']} runs)"})
              for c in rep["findings"] if 2 * c["confirmed"] > c["runs"]]
     info: RunInfo = {"run_id": Path(path).name, "path": str(Path(path)), "complete": rep["complete"], "runs": n}
     spread_of_knee = {"lo": knee["lo"], "hi": knee["hi"], "runs": n, "found": knee["found"], "text": knee["text"]}
@@ -165,5 +172,5 @@ def compare_repeated(base_dir: str | Path, new_dir: str | Path) -> Comparison:
             "steps": steps, "unmatched": {"base_only": [by[0][u].get("users") for u in sorted(set(by[0]) - set(by[1]))],
                                           "new_only": [by[1][u].get("users") for u in sorted(set(by[1]) - set(by[0]))]},
             "knee": knee, "peak": peak, "usl": usl_change(usl_of(views[0].summary), usl_of(views[1].summary)),
-            "findings": findings_change({"findings": views[0].findings}, {"findings": views[1].findings}),
+            "findings": findings_change(_explained(views[0].findings), _explained(views[1].findings)),
             "verdict": verdict, "reasons": reasons, "warnings": warnings}

@@ -196,7 +196,7 @@ def step_intervals(step: SummaryStep, client: dict[str, np.ndarray], server: dic
             continue
         for key, dev in devs.items():
             base = num(metrics.get(key)) if not key.startswith("target.") else \
-                num((metrics.get("target") or {}).get(key[len("target."):]))
+                num(tg.get(key[len("target."):]) if isinstance(tg := metrics.get("target"), dict) else None)
             if base is not None and (got := _interval(base + dev)) is not None:
                 out.setdefault(host, {})[key] = got
     if out:
