@@ -23,7 +23,7 @@ import logging
 import math
 from typing import Any, Mapping, cast
 
-from kneeswarm.analysis.schema.summary import CapacityResult, CapacitySettings, Figure, JsonValue, SlaResult, Summary
+from kneeswarm.analysis.schema.summary import CapacityResult, CapacitySettings, Figure, JsonValue, SlaResult, Summary, num
 
 logger = logging.getLogger(__name__)
 
@@ -51,16 +51,8 @@ QUEUE_TOLERANCE_MS = 1000.0  # digest's example "1 s tolerance"; [capacity] queu
 DEFAULT_SPARE = 2  # digest: 10 instances -> "deploy 12-13": at least two failover spares
 
 
-def _num(x: Any) -> float | None:
-    """A finite float, or None (bools and strings are not numbers here)."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    f = float(x)
-    return f if math.isfinite(f) else None
-
-
 def _users(x: Any) -> int | float | None:
-    f = _num(x)
+    f = num(x)
     return None if f is None else (int(f) if f.is_integer() else f)
 
 
@@ -76,7 +68,7 @@ def _get(step: dict[str, Any], path: str) -> Any:
 def step_value(step: dict[str, Any], key: str) -> float | None:
     """The value a step carries for the SLA key ``key`` (see SLA_STEP_KEYS), or None."""
     for path in SLA_STEP_KEYS.get(key, (key,)):
-        v = _num(_get(step, path))
+        v = num(_get(step, path))
         if v is not None:
             return v
     return None
@@ -88,7 +80,7 @@ def valid_steps(summary: Any) -> list[dict[str, Any]]:
     steps = summary.get("steps") if isinstance(summary, dict) else None
     out = [{**s, "users": u, "qps": x} for s in (steps if isinstance(steps, list) else [])
            if isinstance(s, dict) and s.get("valid") is True
-           and (u := _num(s.get("users"))) is not None and (x := _num(s.get("qps"))) is not None]
+           and (u := num(s.get("users"))) is not None and (x := num(s.get("qps"))) is not None]
     return sorted(out, key=lambda s: s["users"])
 
 
@@ -97,7 +89,7 @@ def _limits(sla: Any) -> tuple[dict[str, float], list[str]]:
     limits: dict[str, float] = {}
     problems: list[str] = []
     for key, raw in (sla.items() if isinstance(sla, dict) else []):
-        v = _num(raw)
+        v = num(raw)
         if key not in SLA_STEP_KEYS and key != MIN_QPS_KEY:
             problems.append(f"[sla] {key}: unknown key (known: {', '.join([*SLA_STEP_KEYS, MIN_QPS_KEY])})")
         elif v is None or v < 0:
@@ -266,12 +258,12 @@ def pool_sizes(n: int | float | None) -> tuple[Figure, Figure]:
 
 def single_inference(summary: Summary) -> Figure:
     """The single-inference time: the mean latency of the valid 1-user step (else the lowest valid step)."""
-    steps = [s for s in valid_steps(summary) if _num(s.get("mean_ms")) is not None]
+    steps = [s for s in valid_steps(summary) if num(s.get("mean_ms")) is not None]
     if not steps:
         return figure(None, "mean latency of the 1-user step", "no valid step with a mean latency")
     s = steps[0]
     note = "" if s["users"] == 1 else f" (no valid 1-user step: the lowest valid step, {_users(s['users'])} users)"
-    ms = _num(s["mean_ms"])
+    ms = num(s["mean_ms"])
     return figure(ms, "mean latency of the 1-user step" + note, f"{_fmt(ms)} ms", users=_users(s["users"]))
 
 
@@ -306,7 +298,7 @@ def _settings(capacity: Any) -> tuple[dict[str, Any], list[str]]:
            "headroom": HEADROOM_MIN, "safe_fraction": SAFE_FRACTION}
     problems = []
     for key, raw in cap.items():
-        v = _num(raw)
+        v = num(raw)
         if key not in out:
             problems.append(f"[capacity] {key}: unknown key (known: {', '.join(out)})")
         elif v is None or v < 0 or (key in ("headroom", "safe_fraction") and v > 1) or (key == "spare" and not v.is_integer()):

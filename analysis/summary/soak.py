@@ -37,7 +37,7 @@ from kneeswarm.analysis.findings.finding import finding
 from kneeswarm.analysis.findings.memory_gpu import GPU_CREEP_MIN_MB
 from kneeswarm.analysis.models.trend import MIN_RELATIVE_DRIFT, drift
 from kneeswarm.analysis.schema.summary import (Evidence, Finding, HostFacts, Knee, ProcessGrowth, Series, SoakSection, SoakSeries,
-                                               SoakTrends, Summary, SummaryStep, Trend)
+                                               SoakTrends, Summary, SummaryStep, Trend, num)
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +65,6 @@ THRESHOLDS = {"alpha": SOAK_ALPHA, "min_relative_drift": MIN_RELATIVE_DRIFT, "me
               "gpu_min_growth_mb": GPU_MIN_GROWTH_MB}
 
 
-def _num(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    return float(x) if math.isfinite(float(x)) else None
-
-
 def soak_knees() -> dict[str, Knee]:
     """``knee`` and ``latency_knee`` of a soak: none (one load held, not a step sweep)."""
     return {"knee": {"users": None, "qps": None, "method": "none"},
@@ -81,23 +75,23 @@ def series(steps: list[SummaryStep]) -> SoakSeries:
     """{t, t_lo, t_hi, window_s, client {name: [...]}, errors [{category: n}], hosts {host: {name: [...],
     target {key: [...]}}}}: each window's figures, in time order; ``t``: the window's middle in
     seconds from the first window's start."""
-    starts = [_num(s.get("t_lo")) for s in steps]
+    starts = [num(s.get("t_lo")) for s in steps]
     t0 = next((t for t in starts if t is not None), None)
-    mids = [None if t0 is None or _num(s.get("t_lo")) is None or _num(s.get("t_hi")) is None
+    mids = [None if t0 is None or num(s.get("t_lo")) is None or num(s.get("t_hi")) is None
             else (s["t_lo"] + s["t_hi"]) / 2.0 - t0 for s in steps]  # type: ignore[operator]  # both numbers: _num
     hosts = sorted({h for s in steps for h in (s.get("server") or {})})
-    out: SoakSeries = {"t": mids, "t_lo": starts, "t_hi": [_num(s.get("t_hi")) for s in steps],
-                           "window_s": [_num(s.get("window_s")) for s in steps],
-                           "client": {k: [_num(s.get(k)) for s in steps] for k in CLIENT_SERIES},
+    out: SoakSeries = {"t": mids, "t_lo": starts, "t_hi": [num(s.get("t_hi")) for s in steps],
+                           "window_s": [num(s.get("window_s")) for s in steps],
+                           "client": {k: [num(s.get(k)) for s in steps] for k in CLIENT_SERIES},
                            "errors": [dict(s.get("errors") or {}) for s in steps], "hosts": {}}
     for h in hosts:
         per = [(s.get("server") or {}).get(h) or {} for s in steps]
-        got: dict[str, Series | dict[str, Series]] = {name: [_num(m.get(key)) for m in per] for key, name in HOST_SERIES.items()
+        got: dict[str, Series | dict[str, Series]] = {name: [num(m.get(key)) for m in per] for key, name in HOST_SERIES.items()
                if any(m.get(key) is not None for m in per)}
         targets = [tg if isinstance(tg := m.get("target"), dict) else {} for m in per]
         keys = sorted({k for tg in targets for k in tg})
         if keys:
-            got["target"] = {k: [_num(tg.get(k)) for tg in targets] for k in keys}
+            got["target"] = {k: [num(tg.get(k)) for tg in targets] for k in keys}
         out["hosts"][h] = got
     return out
 
@@ -139,16 +133,16 @@ def _hours_to(limit: float | None, now: float | None, slope_per_s: float) -> flo
 
 def memory_limit_mb(facts: HostFacts) -> tuple[float | None, str | None]:
     """(limit MB, what it is) of a host: its service's cgroup memory limit, else the host's memory."""
-    cg = _num((facts.get("service") or {}).get("memory_limit_mb"))
+    cg = num((facts.get("service") or {}).get("memory_limit_mb"))
     if cg is not None:
         return cg, "cgroup memory limit"
-    kb = _num(facts.get("memory_total_kb"))
+    kb = num(facts.get("memory_total_kb"))
     return (kb / 1024.0, "host memory") if kb is not None else (None, None)
 
 
 def gpu_memory_mb(facts: HostFacts) -> float | None:
     """The host's GPUs' memory, summed (MB), or None when not known."""
-    totals = [_num(g.get("memory_total_mb")) for g in facts.get("gpus") or [] if isinstance(g, dict)]
+    totals = [num(g.get("memory_total_mb")) for g in facts.get("gpus") or [] if isinstance(g, dict)]
     known = [t for t in totals if t is not None]
     return sum(known) if known and len(known) == len(totals) else None
 
@@ -241,8 +235,8 @@ def soak_section(summary: Summary, plan: dict[str, Any]) -> SoakSection:
     steps = summary.get("steps") or []
     ser = series(steps)
     tr = trends(ser)
-    return {"users": _num(load.get("users")), "rate": _num(load.get("rate")), "duration_s": _num(load.get("duration")),
-            "window_s": _num(load.get("window")), "windows": len(steps), "series": ser, "trends": tr,
+    return {"users": num(load.get("users")), "rate": num(load.get("rate")), "duration_s": num(load.get("duration")),
+            "window_s": num(load.get("window")), "windows": len(steps), "series": ser, "trends": tr,
             "thresholds": dict(THRESHOLDS)}
 
 
@@ -265,7 +259,7 @@ HOST_COLUMNS = (("RSS MB", "rss_mb", "{:,.1f}"), ("threads", "threads", "{:,.0f}
 
 
 def _fmt(v: Any, fmt: str) -> str:
-    return "–" if _num(v) is None else fmt.format(v)
+    return "–" if num(v) is None else fmt.format(v)
 
 
 def held_line(summary: Summary) -> str:
