@@ -201,10 +201,9 @@ def analyze(run_dir: str | Path) -> Summary:
     report = run.report_dir
     write_junit(summary, report)
     write_text(run.summary_path, to_json(summary))
-    read_back = cast(dict[str, Any], summary)  # the reports read a summary as they read summary.json from disk
-    write_text(run.summary_md_path, to_markdown(read_back))
+    write_text(run.summary_md_path, to_markdown(summary))
     scan = inputs.scan
-    write_text(run.report_path, render_html(read_back, scan.timeline, inputs.generator, inputs.hosts, scan.t0,
+    write_text(run.report_path, render_html(summary, scan.timeline, inputs.generator, inputs.hosts, scan.t0,
                                                   scan.bin_s))
     logger.info("%s: knee %s, peak %s; report in %s", inputs.run_id, summary["knee"], summary["peak"], report)
     return summary

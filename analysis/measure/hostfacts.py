@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, cast
 
-from kneeswarm.analysis.schema.summary import HostFacts, ParseCount, RawFacts, ServiceLimits, ServiceTree, TreeProcess
+from kneeswarm.analysis.schema.summary import ClockFacts, HostFacts, ParseCount, RawFacts, ServiceLimits, ServiceTree, TreeProcess
 from kneeswarm.contracts.rundir import TARGET_HOST, Meta, safe_name
 
 logger = logging.getLogger(__name__)
@@ -76,21 +76,26 @@ def _collectors(info: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _clock(clock: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _clock(clock: dict[str, Any]) -> ClockFacts:
+    out: ClockFacts = {}
+    sides: dict[str, dict[str, float]] = {}
     for side in ("before", "after"):
         s = _dict(clock.get(side))
-        picked = {k: _num(s.get(k)) for k in CLOCK_SIDE_KEYS if _num(s.get(k)) is not None}
+        picked = {k: v for k in CLOCK_SIDE_KEYS if (v := _num(s.get(k))) is not None}
         if picked:
-            out[side] = picked
-    first = out.get("before") or out.get("after")
+            sides[side] = picked
+    if "before" in sides:
+        out["before"] = sides["before"]
+    if "after" in sides:
+        out["after"] = sides["after"]
+    first = sides.get("before") or sides.get("after")
     if first and "offset" in first:
         out["offset_s"] = first["offset"]
-    errs = [out[s]["error"] for s in ("before", "after") if "error" in out.get(s, {})]
+    errs = [sides[s]["error"] for s in ("before", "after") if "error" in sides.get(s, {})]
     if errs:
         out["error_s"] = max(errs)
-    if _num(clock.get("drift_ppm")) is not None:
-        out["drift_ppm"] = _num(clock.get("drift_ppm"))
+    if (drift := _num(clock.get("drift_ppm"))) is not None:
+        out["drift_ppm"] = drift
     if clock.get("applied"):
         out["applied"] = clock["applied"]
     if clock.get("errors"):
@@ -323,7 +328,7 @@ def host_facts(meta: Meta, data_hosts: Iterable[str] = (),
     return dict(sorted(out.items()))
 
 
-def skipped_lines(facts: dict[str, dict[str, Any]]) -> list[tuple[str, str, int, int]]:
+def skipped_lines(facts: dict[str, HostFacts]) -> list[tuple[str, str, int, int]]:
     """(host, collector, skipped, lines) for every collector that skipped malformed lines."""
     return [(h, c, p["skipped"], p.get("lines", 0)) for h, f in facts.items()
             for c, p in (f.get("parse") or {}).items() if p.get("skipped")]
@@ -343,7 +348,7 @@ def _plural(n: Any, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def cpu_line(f: dict[str, Any]) -> str | None:
+def cpu_line(f: HostFacts) -> str | None:
     cpu = f.get("cpu") or {}
     parts = []
     if cpu:
@@ -374,14 +379,14 @@ def cpu_line(f: dict[str, Any]) -> str | None:
 BOUND_TEXT = {"quota": "the cgroup's CPU quota", "cpuset": "the cgroup's cpuset", "host": "the host's logical CPUs"}
 
 
-def service_line(f: dict[str, Any]) -> str | None:
+def service_line(f: HostFacts) -> str | None:
     """"CPUs the service may use: 0.5 (bound by the cgroup's CPU quota; ...)"; None when the host
     bounds it and no cgroup limit was read (the CPU line already says so)."""
     sv = f.get("service") or {}
     if sv.get("cpus") is None or (sv.get("bound") == "host" and "cgroup_version" not in sv):
         return None
-    others = [f"{what} {sv[key]:g}" for key, what in (("quota_cpus", "quota"), ("cpuset_cpus", "cpuset"),
-                                                        ("host_cpus", "host")) if sv.get(key) is not None]
+    others = [f"{what} {v:g}" for v, what in ((sv.get("quota_cpus"), "quota"), (sv.get("cpuset_cpus"), "cpuset"),
+                                               (sv.get("host_cpus"), "host")) if v is not None]
     bound = sv.get("bound")
     line = (f"CPUs the service may use: {sv['cpus']:g} (bound by {BOUND_TEXT.get(bound or '', bound)}"
             + (f"; {', '.join(others)}" if others else "") + ")")
@@ -402,7 +407,7 @@ SCOPE_TEXT = {"tree": "the process tree of pid {pid} (it and every descendant, f
               "process": "pid {pid} alone"}
 
 
-def process_line(f: dict[str, Any]) -> str | None:
+def process_line(f: HostFacts) -> str | None:
     p = f.get("process")
     if not p:
         return None
@@ -420,7 +425,7 @@ def process_line(f: dict[str, Any]) -> str | None:
     return line + (f"; note: {p['note']}" if p.get("note") else "")
 
 
-def _tree_member_line(m: dict[str, Any], tree: dict[str, Any]) -> str:
+def _tree_member_line(m: TreeProcess, tree: ServiceTree) -> str:
     """One process of the service: "pid 124 (parent 123, worker): 95 % CPU (peak 101 %), ..."."""
     who = ", ".join(x for x in (f"parent {m['ppid']}" if m.get("ppid") is not None else "", m.get("role") or "") if x)
     figs = []
@@ -438,7 +443,7 @@ def _tree_member_line(m: dict[str, Any], tree: dict[str, Any]) -> str:
             + (f": `{_cut(str(cmd), TREE_CMDLINE_SHOWN)}`" if cmd else ""))
 
 
-def tree_lines(f: dict[str, Any]) -> list[str]:
+def tree_lines(f: HostFacts) -> list[str]:
     """The service's processes, one line each (the busiest TREE_SHOWN; the others summed in one)."""
     tree = _dict(f.get("tree"))
     procs = [m for m in tree.get("processes") or [] if isinstance(m, dict) and "pid" in m]
@@ -448,7 +453,7 @@ def tree_lines(f: dict[str, Any]) -> list[str]:
     lines = [f"watched: {count} process" + ("" if count == 1 else "es") + (f", {tree['at_once']} at most at once" if
                                                         tree.get("at_once") and tree["at_once"] != count else "")
              + "; the service's figures are their sums"]
-    lines += [_tree_member_line(m, tree) for m in procs[:TREE_SHOWN]]
+    lines += [_tree_member_line(cast(TreeProcess, m), cast(ServiceTree, tree)) for m in procs[:TREE_SHOWN]]
     rest = procs[TREE_SHOWN:]
     if rest or count > len(procs):
         cpu = sum(m.get("cpu_pct") or 0.0 for m in rest)
@@ -456,7 +461,7 @@ def tree_lines(f: dict[str, Any]) -> list[str]:
     return lines
 
 
-def collectors_line(f: dict[str, Any]) -> str | None:
+def collectors_line(f: HostFacts) -> str | None:
     cs = f.get("collectors") or {}
     if not cs:
         return None
@@ -468,11 +473,10 @@ def collectors_line(f: dict[str, Any]) -> str | None:
     return line
 
 
-def clock_line(f: dict[str, Any]) -> str | None:
+def clock_line(f: HostFacts) -> str | None:
     c = f.get("clock") or {}
     sides = []
-    for side in ("before", "after"):
-        s = c.get(side) or {}
+    for side, s in (("before", c.get("before") or {}), ("after", c.get("after") or {})):
         if "offset" in s:
             sides.append(f"{side} {_fmt_s(s['offset'])}" + (f" ± {_fmt_s(s['error'])}" if "error" in s else ""))
     if not sides and not c.get("errors"):
@@ -485,7 +489,7 @@ def clock_line(f: dict[str, Any]) -> str | None:
     return line
 
 
-def scraper_line(f: dict[str, Any]) -> str | None:
+def scraper_line(f: HostFacts) -> str | None:
     sc = f.get("scraper") or {}
     if not sc:
         return None
@@ -497,7 +501,7 @@ def scraper_line(f: dict[str, Any]) -> str | None:
     return line
 
 
-def parse_line(f: dict[str, Any]) -> str | None:
+def parse_line(f: HostFacts) -> str | None:
     p = f.get("parse") or {}
     if not p:
         return None
@@ -511,13 +515,13 @@ def parse_line(f: dict[str, Any]) -> str | None:
     return "parsed: " + "; ".join(items)
 
 
-def migrations_line(f: dict[str, Any]) -> str | None:
+def migrations_line(f: HostFacts) -> str | None:
     """"migrations/s: the kernel's count (...)"; None where the process table did not say."""
     counted = [MIGRATIONS_TEXT.get(c.strip(), c) for c in str(f.get("migrations_counted") or "").split(",") if c]
     return "migrations/s: " + "; in part ".join(counted) if counted else None
 
 
-def host_lines(host: str, f: dict[str, Any]) -> list[str]:
+def host_lines(host: str, f: HostFacts) -> list[str]:
     """Markdown lines (one header, then sub-bullets) describing one host."""
     where = ", ".join(x for x in (f.get("hostname"), f.get("kernel") and f"Linux {f['kernel']}") if x)
     head = f"**{host}**" + (f" ({where})" if where else "")

@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Iterable
 
+from kneeswarm.analysis.schema.summary import Summary
+
 import numpy as np
 import pandas as pd
 
@@ -568,7 +570,7 @@ def source_lines(used: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
-def target_source_note(summary: dict[str, Any], cols: Iterable[tuple[str, str, str, str]] | None) -> list[str]:
+def target_source_note(summary: Summary, cols: Iterable[tuple[str, str, str, str]] | None) -> list[str]:
     """:func:`source_lines` for one step-table group (summary.table_groups) when its columns are
     one host's target metrics; [] for any other group."""
     hosts = {c[0] for c in cols or () if str(c[2]).startswith("target.")}

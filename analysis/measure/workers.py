@@ -27,6 +27,8 @@ import time
 from collections import Counter
 from typing import Any
 
+from kneeswarm.analysis.schema.summary import Summary
+
 import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
@@ -208,7 +210,7 @@ def _lost_cell(lost: dict[str, Any] | None) -> str:
     return f"lost at {clock(heard if isinstance(heard, (int, float)) else lost['t'])}{step}"
 
 
-def worker_tables(summary: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
+def worker_tables(summary: Summary) -> list[tuple[str, list[str], list[list[str]]]]:
     """(title, header, rows) of the per-worker tables: totals, then each step's workers; [] when
     there is only one worker and it was not lost (the timeline shows its CPU already)."""
     workers = summary.get("workers")

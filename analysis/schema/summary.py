@@ -297,6 +297,34 @@ class SummaryStep(TypedDict, total=False):
     ci: dict[str, list[float]]  # 95 % intervals of qps, mean_ms, p50/p95/p99_ms over resamples of the step's window
     server_ci: dict[str, dict[str, list[float]]]  # {host: {metric: [lo, hi]}}, the same for the server's figures
     resent: int  # requests sent again after the server closed a kept-alive connection cleanly (only when > 0)
+    # -- STREAMING_STEP_KEYS: a streaming or token-counting run (kneeswarm.analysis.measure.streaming)
+    streaming_requests: int
+    no_text_requests: int
+    ttft_p50_ms: float | None
+    ttft_p95_ms: float | None
+    ttft_p99_ms: float | None
+    itl_p50_ms: float | None
+    itl_p95_ms: float | None
+    itl_p99_ms: float | None
+    itl_token_p50_ms: float | None
+    itl_token_p95_ms: float | None
+    itl_token_p99_ms: float | None
+    tpot_p50_ms: float | None
+    tpot_p95_ms: float | None
+    tpot_p99_ms: float | None
+    itl_gaps: int
+    itl_sampled: bool
+    tokens_per_chunk: float | None
+    tokens_s: float | None
+    tokens_counted_share: float | None
+    tokens_compared: int
+    tokens_mismatch_share: float | None
+    usage_out_median: float | None
+    pinned_out_median: float | None
+    tokenizer_out_median: float | None
+    chunks_out_median: float | None
+    goodput_rps: float | None
+    goodput_share: float | None
 
 
 class StepProcess(TypedDict, total=False):
@@ -339,9 +367,21 @@ class ServiceTree(TypedDict, total=False):
     processes: list[TreeProcess]  # the busiest first, at most hostfacts.TREE_LISTED
 
 
-#: a table of facts copied from meta.json as the host's agent reported them (JSON: each value's
-#: type tested where it is read)
-RawFacts = dict[str, JsonValue]
+#: a table of facts copied from meta.json as the host's agent reported them: untyped JSON from the
+#: host (only the keys hostfacts picks), read with each value's type tested
+RawFacts = dict[str, Any]
+
+
+class ClockFacts(TypedDict, total=False):
+    """``hosts[host].clock``: the clock offsets measured before and after the run (agents/clock.py)."""
+
+    before: dict[str, float]  # offset, error, rtt_min, t
+    after: dict[str, float]
+    offset_s: float
+    error_s: float
+    drift_ppm: float
+    applied: JsonValue
+    errors: list[str]
 
 
 class ServiceLimits(TypedDict, total=False):
@@ -376,7 +416,7 @@ class HostFacts(TypedDict, total=False):
     gpus: list[RawFacts]
     process: RawFacts  # pid, cmdline, by, candidates, error, scope, member_count, cgroup, note
     collectors: dict[str, RawFacts]
-    clock: dict[str, JsonValue]  # before/after {offset, error, rtt_min, t}, offset_s, error_s, drift_ppm
+    clock: ClockFacts
     parse: dict[str, ParseCount]
     transport: str
     label: str
