@@ -22,7 +22,7 @@ Keys read (anything missing or malformed reads as "not measured", so a rule does
 
 from __future__ import annotations
 
-from kneeswarm.analysis.schema.summary import Evidence, HostFacts, LlmWorkload, ProcessGrowth, SummaryStep, num
+from kneeswarm.analysis.schema.summary import Evidence, as_dict, HostFacts, LlmWorkload, ProcessGrowth, SummaryStep, num
 
 import logging
 from dataclasses import dataclass, field
@@ -38,12 +38,6 @@ def users_text(n: Any) -> str:
     return f"{n} user" if num(n) == 1 else f"{n} users"
 
 
-
-
-def as_dict(x: Any) -> dict[str, Any]:
-    """``x`` where it is a dict, else {}: the one reader of untyped input here (a summary read back
-    from summary.json or built by a caller, a table of it that may be missing or malformed)."""
-    return x if isinstance(x, dict) else {}
 
 
 def rounded(x: float | None, digits: int = 4) -> float | None:

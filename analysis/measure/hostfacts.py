@@ -34,7 +34,8 @@ import logging
 import math
 from typing import Any, Iterable, Mapping, cast
 
-from kneeswarm.analysis.schema.summary import ClockFacts, HostFacts, ParseCount, RawFacts, ServiceLimits, ServiceTree, TreeProcess
+from kneeswarm.analysis.schema.summary import (ClockFacts, HostFacts, ParseCount, RawFacts, ServiceLimits, ServiceTree,
+                                               TreeProcess, as_dict)
 from kneeswarm.contracts.rundir import TARGET_HOST, Meta, safe_name
 
 logger = logging.getLogger(__name__)
@@ -49,10 +50,6 @@ CLOCK_SIDE_KEYS = ("offset", "error", "rtt_min", "t")
 SCRAPER_KEYS = ("url", "scrapes", "ok", "failed", "last_error")
 KB_PER_GIB = 1024 * 1024
 CMDLINE_MAX = 200  # characters of a command line shown in the report
-
-
-def _dict(x: Any) -> dict[str, Any]:
-    return x if isinstance(x, dict) else {}
 
 
 def _num(x: Any) -> float | None:
@@ -70,8 +67,8 @@ def _pick(d: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:
 def _collectors(info: Any) -> dict[str, dict[str, Any]]:
     """{collector: its enabled/kind/version/reason} of a host's meta; {} when it says none."""
     out = {}
-    for name, c in sorted(_dict(info).items()):
-        c = _dict(c)
+    for name, c in sorted(as_dict(info).items()):
+        c = as_dict(c)
         out[name] = _pick(c, ("enabled", "kind", "version", "reason"))
     return out
 
@@ -80,7 +77,7 @@ def _clock(clock: dict[str, Any]) -> ClockFacts:
     out: ClockFacts = {}
     sides: dict[str, dict[str, float]] = {}
     for side in ("before", "after"):
-        s = _dict(clock.get(side))
+        s = as_dict(clock.get(side))
         picked = {k: v for k in CLOCK_SIDE_KEYS if (v := _num(s.get(k))) is not None}
         if picked:
             sides[side] = picked
@@ -105,8 +102,8 @@ def _clock(clock: dict[str, Any]) -> ClockFacts:
 
 def parse_counts(parse: dict[str, Any]) -> dict[str, ParseCount]:
     out = {}
-    for name, p in sorted(_dict(parse).items()):
-        p = _dict(p)
+    for name, p in sorted(as_dict(parse).items()):
+        p = as_dict(p)
         rec: ParseCount = {}
         if (v := _num(p.get("lines"))) is not None:
             rec["lines"] = int(v)
@@ -180,12 +177,12 @@ def migrations_counted(process: Any) -> str | None:
 
 def host_facts_one(preflight: dict[str, Any], host_meta: dict[str, Any]) -> HostFacts:
     """The facts of one host from its preflight dict and its meta.json["hosts"] entry."""
-    facts = {**_dict(host_meta.get("facts")), **_dict(preflight)}  # the preflight wins where both say
+    facts = {**as_dict(host_meta.get("facts")), **as_dict(preflight)}  # the preflight wins where both say
     out: HostFacts = {}
     for k in ("hostname", "kernel", "machine", "python"):
         if facts.get(k):
             out[k] = facts[k]
-    cpu = _pick(_dict(facts.get("cpu")), CPU_KEYS)
+    cpu = _pick(as_dict(facts.get("cpu")), CPU_KEYS)
     if cpu:
         out["cpu"] = cpu
     mem_kb = _num(facts.get("memory_total_kb"))
@@ -193,8 +190,8 @@ def host_facts_one(preflight: dict[str, Any], host_meta: dict[str, Any]) -> Host
         out["memory_total_kb"] = int(mem_kb)
         out["memory_gib"] = round(mem_kb / KB_PER_GIB, 1)
     if isinstance(facts.get("gpus"), list):
-        out["gpus"] = [_pick(_dict(g), GPU_KEYS) for g in facts["gpus"]]
-    proc = _pick(_dict(facts.get("process")), PROCESS_KEYS)
+        out["gpus"] = [_pick(as_dict(g), GPU_KEYS) for g in facts["gpus"]]
+    proc = _pick(as_dict(facts.get("process")), PROCESS_KEYS)
     if "pid" not in proc and host_meta.get("pid") is not None:
         proc["pid"] = host_meta["pid"]
     if proc:
@@ -202,10 +199,10 @@ def host_facts_one(preflight: dict[str, Any], host_meta: dict[str, Any]) -> Host
     collectors = _collectors(host_meta.get("collectors") or facts.get("collectors"))
     if collectors:
         out["collectors"] = collectors
-    clock = _clock(_dict(host_meta.get("clock")))
+    clock = _clock(as_dict(host_meta.get("clock")))
     if clock:
         out["clock"] = clock
-    parse = parse_counts(_dict(host_meta.get("parse")))
+    parse = parse_counts(as_dict(host_meta.get("parse")))
     if parse:
         out["parse"] = parse
     if host_meta.get("transport"):
@@ -291,15 +288,15 @@ def host_facts(meta: Meta, data_hosts: Iterable[str] = (),
     {host: its cgroup table} (the ``service`` facts); ``processes``: {host: its process table}
     (``migrations_counted``: how the migrations/s column was counted); ``trees``: {host: its tree
     table} (the ``tree`` facts: which processes were the service)."""
-    pre, hosts = _dict(meta.get("hosts_preflight")), _dict(meta.get("hosts"))
+    pre, hosts = as_dict(meta.get("hosts_preflight")), as_dict(meta.get("hosts"))
     out: dict[str, HostFacts] = {}
     for label in sorted(set(pre) | set(hosts), key=str):
-        facts = host_facts_one(_dict(pre.get(label)), _dict(hosts.get(label)))
+        facts = host_facts_one(as_dict(pre.get(label)), as_dict(hosts.get(label)))
         name = safe_name(str(label))
         if name != label:
             facts.setdefault("label", label)
         out[name] = facts
-    scraper = _dict(meta.get("target_metrics"))
+    scraper = as_dict(meta.get("target_metrics"))
     if scraper:
         facts = out.setdefault(safe_name(str(scraper.get("host") or TARGET_HOST)), {})
         picked = _pick(scraper, SCRAPER_KEYS)
@@ -316,13 +313,13 @@ def host_facts(meta: Meta, data_hosts: Iterable[str] = (),
             out[h]["parse"] = parse
     cgroups = cgroups or {}
     for h, facts in out.items():
-        service = service_limits(cgroups.get(h), _num(_dict(facts.get("cpu")).get("logical_cpus")))
+        service = service_limits(cgroups.get(h), _num(as_dict(facts.get("cpu")).get("logical_cpus")))
         if service:
             facts["service"] = service
         counted = migrations_counted((processes or {}).get(h))
         if counted:
             facts["migrations_counted"] = counted
-        tree = service_tree((trees or {}).get(h), _dict(facts.get("process")).get("scope"))
+        tree = service_tree((trees or {}).get(h), as_dict(facts.get("process")).get("scope"))
         if tree:
             facts["tree"] = tree
     return dict(sorted(out.items()))
@@ -417,7 +414,7 @@ def process_line(f: HostFacts) -> str | None:
         return "monitored process: none chosen"
     cmd = _cut(str(p.get("cmdline") or ""), CMDLINE_MAX)
     by = f" (chosen by {p['by']})" if p.get("by") else ""
-    scope = p.get("scope") or _dict(f.get("tree")).get("scope")
+    scope = p.get("scope") or as_dict(f.get("tree")).get("scope")
     if scope not in SCOPE_TEXT:  # a run from before the service was a tree
         return f"monitored process: pid {p['pid']}{by}" + (f": `{cmd}`" if cmd else "")
     what = SCOPE_TEXT[scope].format(pid=p["pid"], group=f" ({p['cgroup']})" if p.get("cgroup") else "")
@@ -445,7 +442,7 @@ def _tree_member_line(m: TreeProcess, tree: ServiceTree) -> str:
 
 def tree_lines(f: HostFacts) -> list[str]:
     """The service's processes, one line each (the busiest TREE_SHOWN; the others summed in one)."""
-    tree = _dict(f.get("tree"))
+    tree = as_dict(f.get("tree"))
     procs = [m for m in tree.get("processes") or [] if isinstance(m, dict) and "pid" in m]
     if not procs:
         return []

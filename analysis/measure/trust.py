@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kneeswarm.analysis.schema.summary import as_dict
 from kneeswarm.analysis.measure.validity import step_littles_law
 from kneeswarm.contracts.plan import arrivals_of
 from kneeswarm.contracts.rundir import Meta
@@ -41,10 +42,6 @@ def _num(x: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def _dict(x: Any) -> dict[str, Any]:
-    return x if isinstance(x, dict) else {}
-
-
 def clock_error_bounds(meta: Meta, worker_clocks: dict[str, Any] | None = None) -> dict[str, float]:
     """{"host <label>" | "worker <name>": error bound in seconds} of every measured clock offset.
 
@@ -53,13 +50,13 @@ def clock_error_bounds(meta: Meta, worker_clocks: dict[str, Any] | None = None) 
     """
     out: dict[str, float] = {}
     for label, host in sorted(meta.get("hosts", {}).items()):
-        clock = _dict(_dict(host).get("clock"))
-        errs = [e for side in ("before", "after") if (e := _num(_dict(clock.get(side)).get("error"))) is not None]
+        clock = as_dict(as_dict(host).get("clock"))
+        errs = [e for side in ("before", "after") if (e := _num(as_dict(clock.get(side)).get("error"))) is not None]
         if errs:
             out[f"host {label}"] = max(errs)
     for source in (meta.get("worker_clocks", {}), worker_clocks or {}):
         for worker, clock in source.items():
-            e = _num(_dict(clock).get("error_s"))
+            e = _num(as_dict(clock).get("error_s"))
             if e is not None:
                 key = f"worker {worker}"
                 out[key] = max(e, out.get(key, e))
@@ -82,12 +79,12 @@ def clock_reason(p50_ms: Any, bounds: dict[str, float]) -> str | None:
 def is_closed_loop(plan: dict[str, Any]) -> bool:
     """True unless the plan's ``[load] arrivals`` (or the older ``mode = "open"``) says the load
     was open loop (arrival rates)."""
-    return arrivals_of(_dict(plan.get("load"))) == "closed"
+    return arrivals_of(as_dict(plan.get("load"))) == "closed"
 
 
 def sla_error_rate(plan: dict[str, Any]) -> float | None:
     """The plan's ``[sla] error_rate`` (a share, 0..1), or None when it sets none."""
-    return _num(_dict(plan.get("sla")).get("error_rate"))
+    return _num(as_dict(plan.get("sla")).get("error_rate"))
 
 
 def error_reason(error_rate: Any, limit: float | None) -> str | None:

@@ -37,6 +37,7 @@ import numpy as np
 from kneeswarm.analysis.measure import bootstrap
 from kneeswarm.analysis.reports.repeat_report import repeat_html, repeat_markdown
 from kneeswarm.analysis.runs.compare import is_repeat, load_summary, settle_of, steps_by_users, window
+from kneeswarm.analysis.schema.summary import as_dict
 from kneeswarm.analysis.schema.repetition import (FIGURES, REPEAT_VERSION, WITHIN_FIGURES, CauseCount, Figure,
                                                   FindingCount, KneeSpread, PeakSpread, RepeatRun, RepeatSla,
                                                   RepeatStep, Repetition)
@@ -65,10 +66,6 @@ def _num(x: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def _dict(x: Any) -> dict[str, Any]:
-    return x if isinstance(x, dict) else {}
-
-
 def _interval(x: Any) -> list[float] | None:
     """A [lo, hi] pair of numbers, else None (the lead's knee.interval is null when not computed)."""
     if isinstance(x, (list, tuple)) and len(x) == 2 and all(_num(v) is not None for v in x):
@@ -83,7 +80,7 @@ def _ids(findings: Any) -> list[str]:
 def run_facts(index: int, run_dir: Path, summary: dict[str, Any] | None, why_not: str | None) -> RepeatRun:
     """One repetition's line: its knee, peak, findings and SLA from its summary (``None``: unreadable)."""
     s = summary or {}
-    knee, peak, sla = _dict(s.get("knee")), _dict(s.get("peak")), _dict(s.get("sla"))
+    knee, peak, sla = as_dict(s.get("knee")), as_dict(s.get("peak")), as_dict(s.get("sla"))
     complete = s.get("complete") is True
     left_out = why_not or (None if complete else f"incomplete (ended: {s.get('ended') or 'unknown'})")
     return {"index": index, "run_id": str(s.get("run_id") or run_dir.name), "run_dir": str(run_dir),
@@ -94,7 +91,7 @@ def run_facts(index: int, run_dir: Path, summary: dict[str, Any] | None, why_not
             "knee_interval": _interval(knee.get("interval")), "knee_stability": _num(knee.get("stability")),
             "peak_users": _num(peak.get("users")), "peak_qps": _num(peak.get("qps")),
             "findings": _ids(s.get("findings")), "findings_marginal": _ids(s.get("findings_marginal")),
-            "causes": [str(c) for c in _dict(s.get("verdict")).get("causes") or [] if isinstance(c, str)],
+            "causes": [str(c) for c in as_dict(s.get("verdict")).get("causes") or [] if isinstance(c, str)],
             "sla_passed": sla.get("passed") if sla.get("set") and isinstance(sla.get("passed"), bool) else None}
 
 
@@ -278,7 +275,7 @@ def sla_over(runs: list[RepeatRun], summaries: list[dict[str, Any]]) -> RepeatSl
     """Met in every merged run, or not: each run is a whole measurement of the same plan, and a
     service that misses its SLA in one of N identical runs misses it that often (a gate errs on the
     side of stopping, as compare's does)."""
-    is_set = any(_dict(s.get("sla")).get("set") for s in summaries)
+    is_set = any(as_dict(s.get("sla")).get("set") for s in summaries)
     if not is_set or not runs:
         return {"set": is_set, "passed": None, "passed_runs": 0, "runs": len(runs),
                 "text": "no SLA set" if not is_set else "no run merged"}

@@ -600,6 +600,12 @@ STEP_KEYS = ("index", "users", "requests", "qps", "rps", "p50_ms", "p95_ms", "p9
 STEP_EXTRA_KEYS = ("t_ramp", "t_steady", "t_lo", "t_hi", "window_s", "generator_cpu_max", "in_flight")
 
 
+def as_dict(x: Any) -> dict[str, Any]:
+    """``x`` where it is a dict, else {}: the reader of untyped JSON (meta.json, a summary read back
+    from disk or built by a caller, a plan.toml table) whose tables may be missing or malformed."""
+    return x if isinstance(x, dict) else {}
+
+
 def num(x: Any) -> float | None:
     """A finite float, or None (bools, strings, NaN and None are not numbers here)."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
