@@ -30,14 +30,14 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, cast
 
 import numpy as np
 
 from kneeswarm.analysis.measure import bootstrap
 from kneeswarm.analysis.reports.repeat_report import repeat_html, repeat_markdown
 from kneeswarm.analysis.runs.compare import is_repeat, load_summary, settle_of, steps_by_users, window
-from kneeswarm.analysis.schema.summary import as_dict
+from kneeswarm.analysis.schema.summary import Finding, Summary, as_dict
 from kneeswarm.analysis.schema.repetition import (FIGURES, REPEAT_VERSION, WITHIN_FIGURES, CauseCount, Figure,
                                                   FindingCount, KneeSpread, PeakSpread, RepeatRun, RepeatSla,
                                                   RepeatStep, Repetition)
@@ -77,7 +77,7 @@ def _ids(findings: Any) -> list[str]:
     return [str(f["id"]) for f in findings if isinstance(f, dict) and f.get("id")] if isinstance(findings, list) else []
 
 
-def run_facts(index: int, run_dir: Path, summary: dict[str, Any] | None, why_not: str | None) -> RepeatRun:
+def run_facts(index: int, run_dir: Path, summary: Summary | None, why_not: str | None) -> RepeatRun:
     """One repetition's line: its knee, peak, findings and SLA from its summary (``None``: unreadable)."""
     s = summary or {}
     knee, peak, sla = as_dict(s.get("knee")), as_dict(s.get("peak")), as_dict(s.get("sla"))
@@ -95,7 +95,7 @@ def run_facts(index: int, run_dir: Path, summary: dict[str, Any] | None, why_not
             "sla_passed": sla.get("passed") if sla.get("set") and isinstance(sla.get("passed"), bool) else None}
 
 
-def _read(run_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
+def _read(run_dir: Path) -> tuple[Summary | None, str | None]:
     """(summary, None), or (None, why it could not be read)."""
     try:
         return load_summary(RunDir.open(run_dir)), None
@@ -151,7 +151,7 @@ def _within(value: float | None, dev: np.ndarray | None, confidence: float = CON
     return [float(value + lo), float(value + hi)]
 
 
-def within_intervals(run: RunDir, summary: dict[str, Any], users: list[float], k: int, seed: int, resamples: int,
+def within_intervals(run: RunDir, summary: Summary, users: list[float], k: int, seed: int, resamples: int,
                      max_rows: int) -> tuple[dict[float, dict[str, list[float] | None]], list[str]]:
     """{users: {figure: [lo, hi]}} of one run's valid steps at ``users`` (its own rows resampled),
     and a warning per unreadable request part."""
@@ -174,7 +174,7 @@ def within_intervals(run: RunDir, summary: dict[str, Any], users: list[float], k
     return out, [f"{run.path.name}: {w}" for w in warnings]
 
 
-def merge_steps(summaries: list[dict[str, Any]], within: list[dict[float, dict[str, list[float] | None]]]) -> list[RepeatStep]:
+def merge_steps(summaries: list[Summary], within: list[dict[float, dict[str, list[float] | None]]]) -> list[RepeatStep]:
     """Each users value any merged run has, its figures over the runs (valid steps only)."""
     by = [steps_by_users(s) for s in summaries]
     out: list[RepeatStep] = []
@@ -232,13 +232,13 @@ def _severity(a: str | None, b: Any) -> str | None:
     return b if a is None or SEVERITY_ORDER.index(b) > SEVERITY_ORDER.index(a) else a
 
 
-def count_findings(runs: list[RepeatRun], summaries: list[dict[str, Any]]) -> list[FindingCount]:
+def count_findings(runs: list[RepeatRun], summaries: list[Summary]) -> list[FindingCount]:
     """Each finding id over the merged runs (confirmed and marginal apart), most often confirmed first."""
     n = len(runs)
     acc: dict[str, FindingCount] = {}
     for run, s in zip(runs, summaries):
         for kind in ("findings", "findings_marginal"):
-            for f in s.get(kind) or []:
+            for f in cast(list[Finding], s.get(kind) or []):  # kind: one of the two lists
                 if not isinstance(f, dict) or not f.get("id"):
                     continue
                 c = acc.setdefault(str(f["id"]), {
@@ -271,7 +271,7 @@ def count_causes(runs: list[RepeatRun]) -> list[CauseCount]:
     return [{"id": c, "runs": k, "label": f"{k} of {n}"} for c, k in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
 
 
-def sla_over(runs: list[RepeatRun], summaries: list[dict[str, Any]]) -> RepeatSla:
+def sla_over(runs: list[RepeatRun], summaries: list[Summary]) -> RepeatSla:
     """Met in every merged run, or not: each run is a whole measurement of the same plan, and a
     service that misses its SLA in one of N identical runs misses it that often (a gate errs on the
     side of stopping, as compare's does)."""

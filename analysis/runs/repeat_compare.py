@@ -32,7 +32,7 @@ from kneeswarm.analysis.runs.compare import (MIN_RELATIVE_CHANGE, NOT_COMPARED, 
                                              shift_of, usl_change, usl_of)
 from kneeswarm.analysis.runs.repeat import read_repeat
 from kneeswarm.analysis.schema.repetition import RepeatStep
-from kneeswarm.analysis.schema.summary import Finding
+from kneeswarm.analysis.schema.summary import Finding, Summary, SummaryStep, num
 from kneeswarm.analysis.schema.comparison import (COMPARE_VERSION, INTERVAL_BETWEEN_RUNS, Change, Comparison, RunInfo,
                                                   Side, StepComparison)
 from kneeswarm.contracts.rundir import RunDir
@@ -46,7 +46,7 @@ METRICS = ("qps", "p99_ms")
 class View:
     """One side as the comparison reads it: per step the point, its spread over runs, how many."""
     info: RunInfo
-    summary: dict[str, Any]  # summary-shaped: steps (users, valid, requests, qps, p99_ms), knee, peak
+    summary: Summary  # summary-shaped: steps (users, valid, requests, qps, p99_ms), knee, peak
     spread: dict[float, dict[str, tuple[float | None, int]]] = field(default_factory=dict)  # users -> metric -> (sd, n)
     findings: list[Finding] = field(default_factory=list)
     knee_spread: dict[str, Any] = field(default_factory=dict)  # a repeated side's knee over its runs
@@ -79,15 +79,17 @@ def _compared(step: RepeatStep) -> bool:
 
 def repeat_view(path: str | Path) -> View:
     rep = read_repeat(path)
-    steps, spread = [], {}
+    steps: list[SummaryStep] = []
+    spread = {}
     for s in rep["steps"]:
         u = float(s["users"])
-        steps.append({"users": s["users"], "valid": _compared(s), "requests": s["requests"],
-                      **{m: s[m]["mean"] for m in METRICS}})  # type: ignore[literal-required]
+        steps.append(cast(SummaryStep, {"users": s["users"], "valid": _compared(s), "requests": s["requests"],
+                                         "qps": s["qps"]["mean"], "p99_ms": s["p99_ms"]["mean"]}))  # requests: None
+        #                                                     where no run had the step; qps, p99_ms: METRICS' means
         spread[u] = {m: (s[m]["sd"], s[m]["n"]) for m in METRICS}  # type: ignore[literal-required]
     knee, n = rep["knee"], rep["merged"]
     qps = [r["knee_qps"] for r in rep["runs"] if r["merged"] and r["knee_qps"] is not None]
-    summary = {"steps": steps, "complete": rep["complete"],
+    summary: Summary = {"steps": steps, "complete": rep["complete"],
                "knee": {"users": knee["median"], "qps": sum(qps) / len(qps) if qps else None},
                "peak": {"users": _median([u for u in rep["peak"]["users"] if u is not None]),
                         "qps": rep["peak"]["qps"]["mean"]}}
@@ -124,10 +126,10 @@ def change_interval(delta: float, base: tuple[float | None, int] | None, new: tu
     return [delta - half, delta + half]
 
 
-def _side(view: View, step: dict[str, Any]) -> Side:
+def _side(view: View, step: SummaryStep) -> Side:
     side: Side = {"valid": step.get("valid") is True, "requests": step.get("requests"), "qps": step.get("qps"),
                   "p99_ms": step.get("p99_ms"), "error_rate": step.get("error_rate"), "rows_resampled": 0, "rows": 0}
-    got = view.spread.get(float(step["users"]))
+    got = view.spread.get(float(step.get("users") or 0))  # steps_by_users: each with numeric users
     if view.repeated and got is not None:
         side["runs"] = min(n for _, n in got.values())
         side["sd"] = {m: got[m][0] for m in METRICS}
@@ -142,7 +144,7 @@ def compare_step(base: View, new: View, users: float) -> StepComparison:
                 "note": "not valid in both (a repeated run: valid in fewer than 2, or half, of its runs)"}
     out: dict[str, Change] = {}
     for m in METRICS:
-        bv, nv = b.get(m), n.get(m)
+        bv, nv = num(b.get(m)), num(n.get(m))  # m: one of METRICS
         ci = None
         if bv is not None and nv is not None:
             ci = change_interval(nv - bv, base.spread.get(users, {}).get(m), new.spread.get(users, {}).get(m))
