@@ -75,6 +75,15 @@ class Trend(TypedDict, total=False):
     unmeasured: int  # history: runs with too few requests beyond the percentile (kneeswarm.analysis.runs.history)
 
 
+class RunChange(TypedDict):
+    """What differs between two runs (kneeswarm.analysis.runs.history.changes)."""
+
+    what: str  # "input length", "versions", "host facts" or "plan keys"
+    key: str
+    before: JsonValue
+    after: JsonValue
+
+
 class ChangePoint(TypedDict):
     """kneeswarm.analysis.models.trend.change_point: the single least-squares change point."""
 
@@ -86,7 +95,7 @@ class ChangePoint(TypedDict):
     method: str
     run: NotRequired[str]  # history: the run where the series changed and the one before it, what differs
     previous_run: NotRequired[str]
-    changes: NotRequired[list[dict[str, JsonValue]]]
+    changes: NotRequired[list[RunChange]]
 
 
 class SlaStepCheck(TypedDict):
