@@ -23,7 +23,8 @@ import logging
 import math
 from typing import Any, Mapping, cast
 
-from kneeswarm.analysis.schema.summary import CapacityResult, CapacitySettings, Figure, JsonValue, SlaResult, Summary, num
+from kneeswarm.analysis.schema.summary import (CapacityResult, CapacitySettings, Figure, JsonValue, SlaCheck, SlaResult, SlaStep,
+                                               SlaStepCheck, Summary, SummaryStep, num)
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +57,18 @@ def _users(x: Any) -> int | float | None:
     return None if f is None else (int(f) if f.is_integer() else f)
 
 
-def _get(step: dict[str, Any], path: str) -> Any:
-    cur: Any = step
+def _u(s: SummaryStep | SlaStep) -> int | float:
+    """The users of a valid step (valid_steps: a number)."""
+    return s.get("users") or 0
+
+
+def _q(s: SummaryStep) -> float:
+    """The QPS of a valid step (valid_steps: a number)."""
+    return s.get("qps") or 0.0
+
+
+def _get(step: Mapping[str, object], path: str) -> object:
+    cur: object = step
     for part in path.split("."):
         if not isinstance(cur, dict):
             return None
@@ -65,7 +76,7 @@ def _get(step: dict[str, Any], path: str) -> Any:
     return cur
 
 
-def step_value(step: dict[str, Any], key: str) -> float | None:
+def step_value(step: SummaryStep, key: str) -> float | None:
     """The value a step carries for the SLA key ``key`` (see SLA_STEP_KEYS), or None."""
     for path in SLA_STEP_KEYS.get(key, (key,)):
         v = num(_get(step, path))
@@ -74,14 +85,14 @@ def step_value(step: dict[str, Any], key: str) -> float | None:
     return None
 
 
-def valid_steps(summary: Any) -> list[dict[str, Any]]:
+def valid_steps(summary: Summary) -> list[SummaryStep]:
     """The summary's valid steps with numeric users and QPS (as floats), sorted by users; the rest
     left out."""
     steps = summary.get("steps") if isinstance(summary, dict) else None
-    out = [{**s, "users": u, "qps": x} for s in (steps if isinstance(steps, list) else [])
+    out = [cast(SummaryStep, {**s, "users": u, "qps": x}) for s in (steps if isinstance(steps, list) else [])
            if isinstance(s, dict) and s.get("valid") is True
            and (u := num(s.get("users"))) is not None and (x := num(s.get("qps"))) is not None]
-    return sorted(out, key=lambda s: s["users"])
+    return sorted(out, key=_u)
 
 
 def _limits(sla: Any) -> tuple[dict[str, float], list[str]]:
@@ -99,35 +110,35 @@ def _limits(sla: Any) -> tuple[dict[str, float], list[str]]:
     return limits, problems
 
 
-def _step_checks(step: dict[str, Any], limits: dict[str, float]) -> dict[str, dict[str, Any]]:
-    out = {}
+def _step_checks(step: SummaryStep, limits: dict[str, float]) -> dict[str, SlaStepCheck]:
+    out: dict[str, SlaStepCheck] = {}
     for key, limit in limits.items():
         value = step_value(step, key)
         out[key] = {"value": value, "limit": limit, "passed": value is not None and value <= limit}
     return out
 
 
-def _decisive_checks(best: dict[str, Any] | None, first: dict[str, Any] | None, rows: list[dict[str, Any]],
-                     limits: dict[str, float]) -> list[dict[str, Any]]:
+def _decisive_checks(best: SlaStep | None, first: SlaStep | None, rows: list[SlaStep],
+                     limits: dict[str, float]) -> list[SlaCheck]:
     """One check per limit, read at the best step (or, when none met the SLA, at the lowest
     valid step, where a limit is easiest to meet), plus the highest step meeting that limit alone."""
     at = best or first
-    checks = []
+    checks: list[SlaCheck] = []
     for key, limit in limits.items():
-        alone = [r["users"] for r in rows if r["checks"][key]["passed"]]
-        c = at["checks"][key] if at else {"value": None, "limit": limit, "passed": False}
+        alone = [_u(r) for r in rows if r["checks"][key]["passed"]]
+        c: SlaStepCheck = at["checks"][key] if at else {"value": None, "limit": limit, "passed": False}
         checks.append({"name": key, "limit": limit, "value": c["value"], "passed": c["passed"],
                        "users": at["users"] if at else None, "highest_users_alone": max(alone) if alone else None})
     return checks
 
 
-def _min_qps_check(best: dict[str, Any] | None, min_qps: float) -> dict[str, Any]:
+def _min_qps_check(best: SlaStep | None, min_qps: float) -> SlaCheck:
     value = best["qps"] if best else None
     return {"name": MIN_QPS_KEY, "limit": min_qps, "value": value, "passed": value is not None and value >= min_qps,
             "users": best["users"] if best else None, "highest_users_alone": None, "bound": "lower"}
 
 
-def sla_check(summary: Summary, sla: dict[str, Any]) -> SlaResult:
+def sla_check(summary: Summary, sla: dict[str, Any]) -> SlaResult:  # sla: the plan's [sla] table as read
     """Check the valid steps of ``summary`` against the ``[sla]`` limits; never raises.
 
     ``sla``: ``{p99_ms, error_rate, ttft_ms, itl_ms, min_qps}`` (any subset).  A step meets the SLA
@@ -149,8 +160,7 @@ def sla_check(summary: Summary, sla: dict[str, Any]) -> SlaResult:
     skipped = [k for k in OPTIONAL_SLA_KEYS if k in limits and all(step_value(s, k) is None for s in steps)]
     for k in skipped:
         limits.pop(k)
-    rows: list[dict[str, Any]] = [{"users": _users(s["users"]), "qps": s["qps"], "checks": _step_checks(s, limits)}
-                                  for s in steps]
+    rows: list[SlaStep] = [{"users": _users(_u(s)), "qps": _q(s), "checks": _step_checks(s, limits)} for s in steps]
     for r in rows:
         r["meets"] = all(c["passed"] for c in r["checks"].values())
     meeting = [r for r in rows if r["meets"]]
@@ -159,19 +169,18 @@ def sla_check(summary: Summary, sla: dict[str, Any]) -> SlaResult:
     if min_qps is not None:
         checks.append(_min_qps_check(best, min_qps))
     passed = best is not None and all(c["passed"] for c in checks)
-    below = [r["users"] for r in rows if best and r["users"] < best["users"] and not r["meets"]]
-    result = {"passed": passed, "best": {"users": best["users"], "qps": best["qps"]} if best else None,
+    below = [r["users"] for r in rows if best and _u(r) < _u(best) and not r["meets"]]
+    return {"passed": passed, "best": {"users": best["users"], "qps": best["qps"]} if best else None,
             "limits": given,
             "checks": checks, "steps": rows, "skipped": skipped, "problems": problems,
             "below_best_failed": below, "text": _sla_text(passed, best, checks, rows)}
-    return cast(SlaResult, result)  # rows and checks: SlaStep and SlaCheck, built above
 
 
 def _fmt(v: Any) -> str:
     return "–" if v is None else f"{v:.4g}"
 
 
-def _sla_text(passed: bool, best: dict[str, Any] | None, checks: list[dict[str, Any]], rows: list) -> str:
+def _sla_text(passed: bool, best: SlaStep | None, checks: list[SlaCheck], rows: list[SlaStep]) -> str:
     if not rows:
         return "SLA not checked: no valid step"
     if not checks:
@@ -189,9 +198,9 @@ def figure(value: Any, formula: str, computed: str, **inputs: JsonValue) -> Figu
     return {"value": value, "formula": formula, "computed": computed, "inputs": inputs}
 
 
-def _meeting_steps(summary: Summary, sla_result: SlaResult | None) -> tuple[list[dict[str, Any]], bool]:
+def _meeting_steps(summary: Summary, sla_result: SlaResult | None) -> tuple[list[SummaryStep], bool]:
     """(steps meeting the SLA as {users, qps, mean_ms}, whether an SLA was applied)."""
-    by_users = {_users(s["users"]): s for s in valid_steps(summary)}
+    by_users = {_users(_u(s)): s for s in valid_steps(summary)}
     rows = sla_result.get("steps") if isinstance(sla_result, dict) else None
     if isinstance(sla_result, dict) and isinstance(rows, list) and sla_result.get("checks"):
         keep = [by_users[r["users"]] for r in rows if r.get("meets") and r.get("users") in by_users]
@@ -199,16 +208,16 @@ def _meeting_steps(summary: Summary, sla_result: SlaResult | None) -> tuple[list
     return list(by_users.values()), False
 
 
-def max_stable(steps: list[dict[str, Any]], sla_applied: bool) -> Figure:
+def max_stable(steps: list[SummaryStep], sla_applied: bool) -> Figure:
     if not steps:
         return figure(None, "max QPS of the valid steps meeting the SLA", "no such step")
-    top = max(steps, key=lambda s: s["qps"])
+    top = max(steps, key=_q)
     which = "valid steps meeting the SLA" if sla_applied else "valid steps (no SLA given)"
-    return figure(top["qps"], f"max QPS of the {which}", f"{_fmt(top['qps'])} QPS at {_users(top['users'])} users",
-                  users=_users(top["users"]), steps=[_users(s["users"]) for s in steps])
+    return figure(_q(top), f"max QPS of the {which}", f"{_fmt(_q(top))} QPS at {_users(_u(top))} users",
+                  users=_users(_u(top)), steps=[_users(_u(s)) for s in steps])
 
 
-def recommended_users(steps: list[dict[str, Any]], stable_qps: float | None, headroom_min: float) -> Figure:
+def recommended_users(steps: list[SummaryStep], stable_qps: float | None, headroom_min: float) -> Figure:
     """The highest SLA-meeting step whose QPS leaves ≥ ``headroom_min`` of the max stable QPS unused.
 
     Reading of the digest's "QPS still has ≥ 30 % headroom": headroom = 1 − QPS(step) / max stable
@@ -219,14 +228,14 @@ def recommended_users(steps: list[dict[str, Any]], stable_qps: float | None, hea
     formula = f"highest users meeting the SLA with 1 − QPS/max stable QPS ≥ {headroom_min:.0%}"
     if not steps or not stable_qps:
         return figure(None, formula, "no step meets the SLA", headroom_min=headroom_min)
-    ok = [s for s in steps if 1.0 - s["qps"] / stable_qps >= headroom_min - 1e-12]
+    ok = [s for s in steps if 1.0 - _q(s) / stable_qps >= headroom_min - 1e-12]
     if not ok:
         return figure(None, formula, f"every SLA-meeting step is within {headroom_min:.0%} of {_fmt(stable_qps)} QPS",
                       headroom_min=headroom_min, max_stable_qps=stable_qps)
     s = ok[-1]
-    qps = s["qps"]
-    return figure(_users(s["users"]), formula,
-                  f"{_users(s['users'])} users: 1 − {_fmt(qps)}/{_fmt(stable_qps)} = {1 - qps / stable_qps:.0%} ≥ {headroom_min:.0%}",
+    qps = _q(s)
+    return figure(_users(_u(s)), formula,
+                  f"{_users(_u(s))} users: 1 − {_fmt(qps)}/{_fmt(stable_qps)} = {1 - qps / stable_qps:.0%} ≥ {headroom_min:.0%}",
                   headroom_min=headroom_min, max_stable_qps=stable_qps, qps=qps, headroom=1 - qps / stable_qps)
 
 
@@ -292,7 +301,8 @@ def replicas(peak_qps: float | None, safe_qps: float | None, spare: int) -> tupl
 
 
 def _settings(capacity: Any) -> tuple[dict[str, Any], list[str]]:
-    """[capacity] values with defaults, and one line per unusable key."""
+    """[capacity] values with defaults, and one line per unusable key (``capacity``: the plan's
+    [capacity] table as read; the answer: CapacitySettings)."""
     cap = capacity if isinstance(capacity, dict) else {}
     out = {"peak_qps": None, "spare": DEFAULT_SPARE, "queue_tolerance_ms": QUEUE_TOLERANCE_MS,
            "headroom": HEADROOM_MIN, "safe_fraction": SAFE_FRACTION}
