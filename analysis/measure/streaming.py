@@ -300,9 +300,9 @@ class StreamAcc:
                 good &= ~(s.itl_max > self.limits["itl_ms"])  # NaN (no gap): not judged
         return good
 
-    def finish(self, window_s: float) -> dict[str, Any]:
-        """The step's streaming keys (NaN where not measured); frees what was kept."""
-        out: dict[str, Any] = {k: np.nan for k in STEP_KEYS}
+    def finish(self, window_s: float) -> dict[str, float]:
+        """The step's streaming keys (NaN where not measured; counts and flags as numbers); frees what was kept."""
+        out: dict[str, float] = {k: np.nan for k in STEP_KEYS}
         if self.limits and self.n and window_s > 0:
             out.update(goodput_rps=self.good / window_s, goodput_share=self.good / self.n)
         ttft = np.concatenate(self.ttft) if self.ttft else np.empty(0)
@@ -324,10 +324,10 @@ class StreamAcc:
         self.gaps, self.token_gaps = GapSample(), GapSample()
         return out
 
-    def _agreement(self) -> dict[str, Any]:
+    def _agreement(self) -> dict[str, float]:
         usage, pinned, tok, off = np.concatenate(self.checks, axis=1) if self.checks else np.empty((4, 0))
         chunks = np.concatenate(self.chunks) if self.chunks else np.empty(0)
-        out: dict[str, Any] = {"tokens_compared": len(usage)}
+        out: dict[str, float] = {"tokens_compared": len(usage)}
         if self.known_source:
             out["tokens_counted_share"] = self.counted / self.known_source
         if len(chunks):
@@ -341,7 +341,7 @@ class StreamAcc:
 
 
 # -- validity, summary and report ---------------------------------------------------------------
-def count_reason(step: dict[str, Any]) -> str | None:
+def count_reason(step: dict[str, Any]) -> str | None:  # step: a row of the stats frame
     """A reason when the server's usage disagrees with an independent count (the requests' pinned
     length, the plan's tokenizer) on too many requests.  Chunks against usage is never one."""
     share = step.get("tokens_mismatch_share")
@@ -372,7 +372,7 @@ def has_streaming(stats: pd.DataFrame) -> bool:
                for key in ("streaming_requests", "no_text_requests"))
 
 
-def step_keys(row: dict[str, Any], streaming: bool) -> dict[str, Any]:
+def step_keys(row: dict[str, Any], streaming: bool) -> dict[str, Any]:  # row: a row of the stats frame
     """The summary keys of a step's stats row: output tokens/s when tokens were recorded, goodput
     when the plan has a limit a request can be judged by, the streaming keys in a streaming run."""
     out = {}

@@ -25,9 +25,9 @@ import logging
 import math
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, cast
 
-from kneeswarm.analysis.schema.summary import Summary
+from kneeswarm.analysis.schema.summary import Summary, WorkerStep, WorkerTotals
 
 import numpy as np
 import pandas as pd
@@ -118,7 +118,7 @@ def sample_stats(df: pd.DataFrame | None, lo: float, hi: float) -> dict[str, flo
 
 
 def lost_workers(meta: Meta) -> list[dict[str, Any]]:
-    """meta.json's ``workers_lost`` entries that carry a worker and a time."""
+    """meta.json's ``workers_lost`` entries that carry a worker and a time (untyped JSON: Meta's)."""
     out = []
     for e in meta.get("workers_lost") or []:
         if isinstance(e, dict) and e.get("worker") and isinstance(e.get("t"), (int, float)):
@@ -127,26 +127,26 @@ def lost_workers(meta: Meta) -> list[dict[str, Any]]:
 
 
 def worker_table(rd: RunDir, stats: pd.DataFrame, generator: dict[str, pd.DataFrame],
-                 meta: Meta) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+                 meta: Meta) -> tuple[dict[str, WorkerTotals], list[dict[str, WorkerStep]]]:
     """(per worker totals, per step {worker: {requests, rps, cpu_pct, rss_mb, users}})."""
     total, per_step = count_rows(rd, stats)
     gen = {safe_name(w): df for w, df in generator.items()}
     names = sorted(set(total) | {w for w in generator if w not in {safe_name(n) for n in total}})
     _, t_lo, t_hi = _window_edges(stats)
     window = t_hi - t_lo
-    steps: list[dict[str, Any]] = []
+    steps: list[dict[str, WorkerStep]] = []
     for i, counts in enumerate(per_step):
-        row = {}
+        row: dict[str, WorkerStep] = {}
         for w in names:
-            cell: dict[str, Any] = {"requests": int(counts.get(w, 0))}
+            cell: WorkerStep = {"requests": int(counts.get(w, 0))}
             ok_window = math.isfinite(window[i]) and window[i] > 0
             cell["rps"] = cell["requests"] / window[i] if ok_window else None
-            cell.update(sample_stats(gen.get(safe_name(w)), t_lo[i], t_hi[i]) if ok_window else {})
+            cell.update(cast(WorkerStep, sample_stats(gen.get(safe_name(w)), t_lo[i], t_hi[i]) if ok_window else {}))
             row[w] = cell
         steps.append(row)
     lost = {e["worker"]: e for e in lost_workers(meta)}
     n = sum(total.values())
-    totals = {}
+    totals: dict[str, WorkerTotals] = {}
     for w in names:
         overall = sample_stats(gen.get(safe_name(w)), -math.inf, math.inf)
         totals[w] = {"requests": int(total.get(w, 0)), "share": total.get(w, 0) / n if n else None,

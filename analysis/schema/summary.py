@@ -515,12 +515,42 @@ class SearchSummary(TypedDict, total=False):
     bracket_holds: bool | None  # whether knee_bracket holds that interval (None: nothing to compare)
 
 
+class PrefixFacts(TypedDict):
+    """``llm_workload.prefix``: the plan's [request.prefix] and the hit rate its rows imply."""
+
+    tokens: int
+    count: int
+    share: float
+    rows_share: float | None
+    expected_hit_pct: float | None
+    per_step: dict[str, float]  # {step index: pct}
+
+
+class TurnFacts(TypedDict):
+    """``llm_workload.turns[]``: one turn number of the conversations."""
+
+    turn: int
+    requests: int
+    tokens_in_mean: float | None
+    ttft_p50_ms: float | None
+    ttft_mean_ms: float | None
+
+
+class TraceFacts(TypedDict):
+    """``llm_workload.trace``: a Mooncake trace and the hit rate its hash ids imply over one pass."""
+
+    path: str
+    block_tokens: int
+    requests: int
+    expected_hit_pct: float | None
+
+
 class LlmWorkload(TypedDict, total=False):
     """kneeswarm.analysis.measure.llmworkload: what the LLM workload was, from the rows (it moves the knee)."""
 
-    prefix: dict[str, object]  # tokens, count, share, rows_share, expected_hit_pct, per_step {step index: pct}
-    turns: list[dict[str, float | int | None]]  # per turn number: turn, requests, tokens_in_mean, ttft_p50_ms, ttft_mean_ms
-    trace: dict[str, object]  # a Mooncake trace: path, block_tokens, requests, expected_hit_pct (one pass)
+    prefix: PrefixFacts  # tokens, count, share, rows_share, expected_hit_pct, per_step {step index: pct}
+    turns: list[TurnFacts]  # per turn number: turn, requests, tokens_in_mean, ttft_p50_ms, ttft_mean_ms
+    trace: TraceFacts  # a Mooncake trace: path, block_tokens, requests, expected_hit_pct (one pass)
 
 
 class SummaryMeta(TypedDict, total=False):
