@@ -25,7 +25,7 @@ from typing import Any, Callable, TypedDict
 
 from kneeswarm.analysis.findings import cgroup, cpu, engine, llm_engine, load, memory_gpu, scaling
 from kneeswarm.analysis.findings.context import Context, as_dict
-from kneeswarm.analysis.schema.summary import Finding, Summary, UslFit, num
+from kneeswarm.analysis.schema.summary import Finding, PlanTable, Summary, UslFit, num
 from kneeswarm.analysis.findings.finding import FINDING_IDS, SEVERITY
 from kneeswarm.analysis.measure.validity import littles_law_reason, step_littles_law
 from kneeswarm.analysis.models.usl import describe, fit_usl, usl_curve
@@ -121,7 +121,7 @@ def littles_law(ctx: Context) -> list[LittleCheck]:
     return [{"users": s.get("users"), "reason": r} for s in ctx.steps if (r := step_littles_law(s, think)) is not None]
 
 
-def explain(summary: Summary | dict[str, Any], plan: dict[str, Any] | None = None) -> Explanation:
+def explain(summary: Summary | dict[str, Any], plan: PlanTable | None = None) -> Explanation:
     """Findings, the USL fit and Little's-law checks of a summary dict; never raises.
 
     ``plan``: ``Plan.to_dict()`` (or the Plan itself); read: ``load.wait_ms`` (think time) and the

@@ -22,7 +22,8 @@ Keys read (anything missing or malformed reads as "not measured", so a rule does
 
 from __future__ import annotations
 
-from kneeswarm.analysis.schema.summary import Evidence, as_dict, HostFacts, LlmWorkload, ProcessGrowth, SummaryStep, num
+from kneeswarm.analysis.schema.summary import (Evidence, HostFacts, LlmWorkload, PlanTable, ProcessGrowth,
+                                               SummaryStep, as_dict, num)
 
 import logging
 from dataclasses import dataclass, field
@@ -107,7 +108,7 @@ class Context:
     steps: list[SummaryStep]
     knee_users: float | None
     hosts: dict[str, HostFacts]
-    plan: dict[str, Any]
+    plan: PlanTable
     generator_cpu_max: float
     loop: str = "closed"  # summary["load"]["loop"] (analysis/measure/loop.py): "closed" unless it says "open"
     llm_workload: LlmWorkload = field(default_factory=lambda: LlmWorkload())  # summary["llm_workload"] (analysis/measure/llmworkload.py)

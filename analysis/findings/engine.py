@@ -20,7 +20,7 @@ import shlex
 from typing import Any
 
 from kneeswarm.analysis.findings.context import Context, as_dict
-from kneeswarm.analysis.schema.summary import Finding, num
+from kneeswarm.analysis.schema.summary import Finding, PlanTable, num
 from kneeswarm.analysis.findings.cpu import fills_cores
 from kneeswarm.analysis.findings.finding import finding
 
@@ -51,7 +51,7 @@ def demo_knobs(cmdline: str) -> dict[str, Any] | None:
     return out
 
 
-def plan_knobs(plan: dict[str, Any]) -> dict[str, Any] | None:
+def plan_knobs(plan: PlanTable) -> dict[str, Any] | None:
     for section in (*(as_dict(plan.get(k)) for k in KNOB_SECTIONS), plan):
         if num(section.get("request_threads")) is not None:
             return {"request_threads": section.get("request_threads"), "intra_op_threads": section.get("intra_op_threads")}

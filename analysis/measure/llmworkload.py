@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from kneeswarm.analysis.schema.summary import LlmWorkload, PrefixFacts, TraceFacts, TurnFacts
+from kneeswarm.analysis.schema.summary import LlmWorkload, PlanTable, PrefixFacts, TraceFacts, TurnFacts
 from kneeswarm.contracts.rundir import REQUEST_SCHEMA, RunDir
 
 logger = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def _expected(rows: pd.DataFrame, tokens: int) -> float | None:
     return round(100.0 * tokens * float(rows["prefix"].notna().sum()) / total, 2)
 
 
-def prefix_facts(rows: pd.DataFrame, table: dict[str, Any]) -> PrefixFacts:  # table: [request.prefix] as read
+def prefix_facts(rows: pd.DataFrame, table: PlanTable) -> PrefixFacts:  # table: [request.prefix]
     tokens = int(table.get("tokens", 1))
     per_step = {str(int(k)): v for k, g in rows.groupby("step") if (v := _expected(g, tokens)) is not None}
     return {"tokens": tokens, "count": int(table.get("count", 1)), "share": float(table.get("share", 1.0)),
@@ -108,7 +108,7 @@ def trace_facts(path: str, block_tokens: int) -> TraceFacts | None:
             "expected_hit_pct": round(100.0 * hits / queries, 2) if queries else None}
 
 
-def llm_workload(run: RunDir, plan: dict[str, Any], stats: pd.DataFrame) -> LlmWorkload:
+def llm_workload(run: RunDir, plan: PlanTable, stats: pd.DataFrame) -> LlmWorkload:
     """``summary["llm_workload"]`` (module docstring); {} when the plan has none of the tables."""
     request = got if isinstance(got := plan.get("request"), dict) else {}
     prefix, conversation, trace = request.get("prefix"), request.get("conversation"), request.get("trace")

@@ -13,7 +13,7 @@ import logging
 import math
 from typing import Any
 
-from kneeswarm.analysis.schema.summary import LoadFacts, SummaryStep
+from kneeswarm.analysis.schema.summary import LoadFacts, PlanTable, SummaryStep
 from kneeswarm.contracts.plan import LoadPlan, RequestPlan, arrivals_of
 
 logger = logging.getLogger(__name__)
@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 OPEN = "open"
 
 
-def _table(plan: Any, name: str) -> dict[str, Any]:
+def _table(plan: Any, name: str) -> PlanTable:
     t = plan.get(name) if isinstance(plan, dict) else None
     return t if isinstance(t, dict) else {}
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kneeswarm.analysis.schema.summary import as_dict
+from kneeswarm.analysis.schema.summary import PlanTable, as_dict
 from kneeswarm.analysis.measure.validity import step_littles_law
 from kneeswarm.contracts.plan import arrivals_of
 from kneeswarm.contracts.rundir import Meta
@@ -76,13 +76,13 @@ def clock_reason(p50_ms: Any, bounds: dict[str, float]) -> str | None:
             f"P50 {p50:,.2f} ms: samples and requests cannot be aligned that finely")
 
 
-def is_closed_loop(plan: dict[str, Any]) -> bool:
+def is_closed_loop(plan: PlanTable) -> bool:
     """True unless the plan's ``[load] arrivals`` (or the older ``mode = "open"``) says the load
     was open loop (arrival rates)."""
     return arrivals_of(as_dict(plan.get("load"))) == "closed"
 
 
-def sla_error_rate(plan: dict[str, Any]) -> float | None:
+def sla_error_rate(plan: PlanTable) -> float | None:
     """The plan's ``[sla] error_rate`` (a share, 0..1), or None when it sets none."""
     return _num(as_dict(plan.get("sla")).get("error_rate"))
 

@@ -23,8 +23,8 @@ import logging
 import math
 from typing import Any, Mapping, cast
 
-from kneeswarm.analysis.schema.summary import (CapacityResult, CapacitySettings, Figure, JsonValue, SlaCheck, SlaResult, SlaStep,
-                                               SlaStepCheck, Summary, SummaryStep, num)
+from kneeswarm.analysis.schema.summary import (CapacityResult, CapacitySettings, Figure, JsonValue, PlanTable,
+                                               SlaCheck, SlaResult, SlaStep, SlaStepCheck, Summary, SummaryStep, num)
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def _min_qps_check(best: SlaStep | None, min_qps: float) -> SlaCheck:
             "users": best["users"] if best else None, "highest_users_alone": None, "bound": "lower"}
 
 
-def sla_check(summary: Summary, sla: dict[str, Any]) -> SlaResult:  # sla: the plan's [sla] table as read
+def sla_check(summary: Summary, sla: PlanTable) -> SlaResult:  # sla: the plan's [sla] table
     """Check the valid steps of ``summary`` against the ``[sla]`` limits; never raises.
 
     ``sla``: ``{p99_ms, error_rate, ttft_ms, itl_ms, min_qps}`` (any subset).  A step meets the SLA
@@ -318,7 +318,7 @@ def _settings(capacity: Any) -> tuple[dict[str, Any], list[str]]:
     return out, problems
 
 
-def capacity_plan(summary: Summary, sla_result: SlaResult | None, capacity: dict[str, Any] | None) -> CapacityResult:
+def capacity_plan(summary: Summary, sla_result: SlaResult | None, capacity: PlanTable | None) -> CapacityResult:
     """The capacity plan of a run; never raises.  Every figure is ``{value, formula, computed, inputs}``.
 
     ``capacity``: ``{peak_qps, spare, queue_tolerance_ms, headroom, safe_fraction}`` (any subset;

@@ -8,7 +8,7 @@ import logging
 import math
 from typing import Any, Mapping, cast
 
-from kneeswarm.analysis.schema.summary import Summary, SummaryStep, num
+from kneeswarm.analysis.schema.summary import ServerMetrics, Summary, SummaryStep, num
 
 from kneeswarm.analysis.measure.hostfacts import host_lines, skipped_lines
 from kneeswarm.analysis.measure.loop import loop_line
@@ -164,10 +164,11 @@ def resent_lines(summary: Summary) -> list[str]:
             "closed their kept-alive connection cleanly before answering (each row is the second attempt)"]
 
 
-def server_value(metrics: dict[str, Any], key: str) -> Any:
+def server_value(metrics: ServerMetrics, key: str) -> object:
     """metrics[key], or metrics["target"][x] for key "target.x"."""
     if key.startswith("target."):
-        return (metrics.get("target") or {}).get(key[len("target."):])
+        target = metrics.get("target")
+        return target.get(key[len("target."):]) if isinstance(target, dict) else None
     return metrics.get(key)
 
 

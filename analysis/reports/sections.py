@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, cast
+from typing import Any, Mapping, cast
 
 from kneeswarm.analysis.schema.summary import Finding, Knee, Summary, SummaryStep
 
@@ -99,7 +99,7 @@ def verdict(summary: Summary) -> str:
     return text + _main_cause(summary)
 
 
-def _evidence(ev: dict[str, Any]) -> str:
+def _evidence(ev: Mapping[str, object]) -> str:
     def fmt(v: Any) -> str:
         if isinstance(v, float):
             return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"

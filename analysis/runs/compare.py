@@ -32,10 +32,10 @@ import numpy as np
 from kneeswarm.analysis.measure import bootstrap
 from kneeswarm.analysis.reports.compare_report import compare_html, compare_markdown
 from kneeswarm.analysis.findings import Explanation, explain
-from kneeswarm.analysis.schema.summary import Summary, SummaryStep, UslFit
+from kneeswarm.analysis.schema.summary import PlanTable, Summary, SummaryStep, UslFit
 from kneeswarm.analysis.models.usl import fit_usl
 from kneeswarm.analysis.schema.comparison import (COMPARE_VERSION, INTERVAL_BOOTSTRAP, Change, Comparison, RunInfo, Shift,
-                                                  Side, StepComparison, SummariesComparison)
+                                                  FindingsChange, ShiftSide, Side, StepComparison, SummariesComparison, UslChange)
 from kneeswarm.contracts.rundir import COMPARE_HTML, COMPARE_JSON, COMPARE_MD, JUNIT_FILE, REPEAT_JSON, RunDir, RunDirError
 
 logger = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def load_summary(run: RunDir) -> Summary:
     return summarize(load_inputs(run.path))
 
 
-def load_plan(run: RunDir) -> dict[str, Any] | None:
+def load_plan(run: RunDir) -> PlanTable | None:
     """The run's plan.toml; None when the run has none (its findings use the default settings).
     One that is there but cannot be read is bad input (RunDirError, one line): comparing with
     the defaults in its place would judge the run by limits it did not set."""
@@ -183,8 +183,8 @@ def shift_of(base: Any, new: Any) -> Shift:
     b = base if isinstance(base, dict) else {}
     n = new if isinstance(new, dict) else {}
     bu, nu, bq, nq = (_num(b.get("users")), _num(n.get("users")), _num(b.get("qps")), _num(n.get("qps")))
-    side = lambda k, q: {"users": k.get("users"), "qps": q,  # noqa: E731
-                         **({"interval": k["interval"]} if isinstance(k.get("interval"), list) else {})}
+    side = lambda k, q: cast(ShiftSide, {"users": k.get("users"), "qps": q,  # noqa: E731
+                                         **({"interval": k["interval"]} if isinstance(k.get("interval"), list) else {})})
     return {"base": side(b, bq), "new": side(n, nq),
             "users_ratio": nu / bu if bu and nu is not None else None,
             "qps_rel": (nq - bq) / bq if bq and nq is not None else None}
@@ -196,13 +196,13 @@ def usl_of(summary: Summary) -> UslFit:
     return fit_usl([u for u, _ in valid], [x for _, x in valid])
 
 
-def usl_change(base: UslFit, new: UslFit) -> dict[str, Any]:
+def usl_change(base: UslFit, new: UslFit) -> UslChange:
     change = {k: (b1 - b0 if (b0 := _num(base.get(k))) is not None and (b1 := _num(new.get(k))) is not None else None)
               for k in USL_KEYS}
     return {"base": base, "new": new, "change": change}
 
 
-def findings_change(base: Explanation, new: Explanation) -> dict[str, Any]:
+def findings_change(base: Explanation, new: Explanation) -> FindingsChange:
     """Findings (by id) that appeared in the new run, vanished from the base, or stayed."""
     b = {f["id"]: f for f in base.get("findings", [])}
     n = {f["id"]: f for f in new.get("findings", [])}

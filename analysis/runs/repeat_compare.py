@@ -34,7 +34,7 @@ from kneeswarm.analysis.runs.repeat import read_repeat
 from kneeswarm.analysis.schema.repetition import RepeatStep
 from kneeswarm.analysis.schema.summary import Finding, Summary, SummaryStep, num
 from kneeswarm.analysis.schema.comparison import (COMPARE_VERSION, INTERVAL_BETWEEN_RUNS, Change, Comparison, RunInfo,
-                                                  Side, StepComparison)
+                                                  ShiftSide, Side, StepComparison)
 from kneeswarm.contracts.rundir import RunDir
 
 logger = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class View:
     summary: Summary  # summary-shaped: steps (users, valid, requests, qps, p99_ms), knee, peak
     spread: dict[float, dict[str, tuple[float | None, int]]] = field(default_factory=dict)  # users -> metric -> (sd, n)
     findings: list[Finding] = field(default_factory=list)
-    knee_spread: dict[str, Any] = field(default_factory=dict)  # a repeated side's knee over its runs
+    knee_spread: ShiftSide = field(default_factory=lambda: ShiftSide())  # a repeated side's knee over its runs
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -97,7 +97,7 @@ def repeat_view(path: str | Path) -> View:
                             "text": f"{c['text']} (confirmed in {c['label']} runs)"})
              for c in rep["findings"] if 2 * c["confirmed"] > c["runs"]]
     info: RunInfo = {"run_id": Path(path).name, "path": str(Path(path)), "complete": rep["complete"], "runs": n}
-    spread_of_knee = {"lo": knee["lo"], "hi": knee["hi"], "runs": n, "found": knee["found"], "text": knee["text"]}
+    spread_of_knee: ShiftSide = {"lo": knee["lo"], "hi": knee["hi"], "runs": n, "found": knee["found"], "text": knee["text"]}
     return View(info, summary, spread, found, spread_of_knee, list(rep["warnings"]))
 
 
@@ -164,7 +164,7 @@ def compare_repeated(base_dir: str | Path, new_dir: str | Path) -> Comparison:
     knee, peak = shift_of(views[0].summary.get("knee"), views[1].summary.get("knee")), \
         shift_of(views[0].summary.get("peak"), views[1].summary.get("peak"))
     for which, v in (("base", views[0]), ("new", views[1])):
-        knee[which].update(v.knee_spread)  # type: ignore[literal-required]
+        knee[which].update(v.knee_spread)  # type: ignore[literal-required]  # which: "base" or "new"
     warnings = [f"{which}: {w}" for which, v in (("base", views[0]), ("new", views[1])) for w in v.warnings]
     warnings += [f"the {which} run is incomplete" for which, v in (("base", views[0]), ("new", views[1]))
                  if v.info.get("complete") is False]

@@ -376,6 +376,10 @@ class ServiceTree(TypedDict, total=False):
     processes: list[TreeProcess]  # the busiest first, at most hostfacts.TREE_LISTED
 
 
+#: plan.toml as the analysis reads it: untyped TOML (a run may be older than this version's Plan, or
+#: its plan hand-edited); every reader takes a value with a default, and a bad one is said in the
+#: summary's warnings or a gate's problems rather than failing the analysis
+PlanTable = dict[str, Any]
 #: a table of facts copied from meta.json as the host's agent reported them: untyped JSON from the
 #: host (only the keys hostfacts picks), read with each value's type tested
 RawFacts = dict[str, Any]

@@ -26,9 +26,10 @@ LLM run.  A chunk is not a token: ``itl_columns`` {itl, itl_token} in a streamin
 
 from __future__ import annotations
 
-from kneeswarm.analysis.schema.summary import (STEP_EXTRA_KEYS, STEP_KEYS, SUMMARY_VERSION, AnalysisFacts, EndpointFacts,
-                                               HostFacts, Knee, LoadFacts, ServerMetrics, TargetSeries, Summary, SummaryStep, Totals,
-                                               WorkerTotals, WorkloadFacts, summary_meta)
+from kneeswarm.analysis.schema.summary import (STEP_EXTRA_KEYS, STEP_KEYS, SUMMARY_VERSION, AnalysisFacts,
+                                               EndpointFacts, HostFacts, Knee, LoadFacts, PlanTable, ServerMetrics,
+                                               Summary, SummaryStep, TargetSeries, Totals, WorkerTotals,
+                                               WorkloadFacts, summary_meta)
 
 import json
 import logging
@@ -173,7 +174,7 @@ def to_json(summary: Summary) -> str:
 
 
 
-def workload_facts(plan: dict[str, Any]) -> WorkloadFacts:
+def workload_facts(plan: PlanTable) -> WorkloadFacts:
     """``workload`` {inputs, token_counts} of an OpenAI run's plan: where prompts came from and how
     their tokens were counted (a tokenizer file, or the word approximation); {} for other protocols."""
     request = got if isinstance(got := plan.get("request"), dict) else {}
@@ -185,7 +186,7 @@ def workload_facts(plan: dict[str, Any]) -> WorkloadFacts:
     return {"inputs": inputs, "token_counts": f"tokenizer {tok}" if tok else "words (approximation)"}
 
 
-def endpoint_facts(plan: dict[str, Any]) -> EndpointFacts:
+def endpoint_facts(plan: PlanTable) -> EndpointFacts:
     """``endpoint``: how the target was reached (the plan's [endpoint]).  ``tls`` is "verified"
     (the server's certificate checked, against ``ca_bundle`` or the system's CAs), "unverified"
     (``verify = false``: nothing checked) or None (http://); ``headers`` names the headers sent

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kneeswarm.analysis.schema.summary import CapacityResult, SlaCheck, SlaResult, Summary
+from kneeswarm.analysis.schema.summary import CapacityResult, PlanTable, SlaCheck, SlaResult, Summary
 
 from kneeswarm.analysis.models.capacity import (MIN_QPS_KEY, SLA_STEP_KEYS, capacity_lines, capacity_plan, sla_check)
 
@@ -29,7 +29,7 @@ SLA_KEYS = (*SLA_STEP_KEYS, MIN_QPS_KEY)
 NO_SLA_TEXT = f"no SLA set: add an [sla] table to the plan ({', '.join(SLA_KEYS)})"
 
 
-def _table(plan: Any, name: str) -> dict[str, Any] | None:
+def _table(plan: Any, name: str) -> PlanTable | None:
     """The plan's ``[name]`` table, or None when absent or not a table."""
     value = plan.get(name) if isinstance(plan, dict) else None
     return value if isinstance(value, dict) else None

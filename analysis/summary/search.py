@@ -13,7 +13,7 @@ import json
 import math
 from typing import Any
 
-from kneeswarm.analysis.schema.summary import JsonValue, Knee, SearchSummary, Summary, SummaryStep
+from kneeswarm.analysis.schema.summary import JsonValue, Knee, PlanTable, SearchSummary, Summary, SummaryStep
 from kneeswarm.contracts.plan import LoadPlan
 from kneeswarm.contracts.rundir import SEARCH_FILE, RunDir
 
@@ -34,7 +34,7 @@ def doubling_steps(start: float, top: float) -> int:
     return int(math.floor(math.log2(top / start) + 1e-9)) + 1
 
 
-def search_section(plan: dict[str, Any], steps: list[SummaryStep], decided: dict[str, Any] | None,
+def search_section(plan: PlanTable, steps: list[SummaryStep], decided: dict[str, Any] | None,
                    loop: str) -> SearchSummary | None:
     """The ``search`` section, or None for a run that did not search."""
     raw = plan.get("load")

@@ -36,8 +36,8 @@ from kneeswarm.analysis.findings.context import process_evidence, process_growth
 from kneeswarm.analysis.findings.finding import finding
 from kneeswarm.analysis.findings.memory_gpu import GPU_CREEP_MIN_MB
 from kneeswarm.analysis.models.trend import MIN_RELATIVE_DRIFT, drift
-from kneeswarm.analysis.schema.summary import (Evidence, Finding, HostFacts, Knee, ProcessGrowth, Series, SoakSection, SoakSeries,
-                                               SoakTrends, Summary, SummaryStep, Trend, num)
+from kneeswarm.analysis.schema.summary import (Evidence, Finding, HostFacts, Knee, PlanTable, ProcessGrowth, Series,
+                                               SoakSection, SoakSeries, SoakTrends, Summary, SummaryStep, Trend, num)
 
 logger = logging.getLogger(__name__)
 
@@ -228,7 +228,7 @@ def _with_process(grew: ProcessGrowth | None, f: Finding) -> Finding:
     return f
 
 
-def soak_section(summary: Summary, plan: dict[str, Any]) -> SoakSection:
+def soak_section(summary: Summary, plan: PlanTable) -> SoakSection:
     """summary.json ``soak``: the held load, the windows' series, the trend of each and the findings' ids
     (the findings themselves go to ``findings``: ``soak_findings``)."""
     load = got if isinstance(got := plan.get("load"), dict) else {}
