@@ -53,6 +53,7 @@ CMDLINE_MAX = 200  # characters of a command line shown in the report
 
 
 def _num(x: Any) -> float | None:
+    """A finite float of a value the host's agent reported (untyped JSON: a number may come as text), or None."""
     try:
         f = float(x)
     except (TypeError, ValueError):

@@ -33,6 +33,8 @@ CLOCK_ERROR_SHARE_OF_P50 = 0.10  # chosen, no published figure: an error bound a
 
 
 def _num(x: Any) -> float | None:
+    """A finite float of an untyped JSON value (meta.json's clock bounds, plan.toml's values may be
+    numbers written as text), or None; bools are not numbers."""
     if isinstance(x, bool):
         return None
     try:

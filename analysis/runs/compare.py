@@ -32,7 +32,7 @@ import numpy as np
 from kneeswarm.analysis.measure import bootstrap
 from kneeswarm.analysis.reports.compare_report import compare_html, compare_markdown
 from kneeswarm.analysis.findings import Explanation, explain
-from kneeswarm.analysis.schema.summary import PlanTable, Summary, SummaryStep, UslFit
+from kneeswarm.analysis.schema.summary import PlanTable, Summary, SummaryStep, UslFit, num
 from kneeswarm.analysis.models.usl import fit_usl
 from kneeswarm.analysis.schema.comparison import (COMPARE_VERSION, INTERVAL_BOOTSTRAP, Change, Comparison, RunInfo, Shift,
                                                   FindingsChange, ShiftSide, Side, StepComparison, SummariesComparison, UslChange)
@@ -91,15 +91,8 @@ def load_plan(run: RunDir) -> PlanTable | None:
         raise RunDirError(f"{run.plan_path}: unreadable ({why})") from None
 
 
-def _num(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    f = float(x)
-    return f if math.isfinite(f) else None
-
-
 def _key(users: Any) -> float | None:
-    return _num(users)
+    return num(users)
 
 
 def steps_by_users(summary: Summary) -> dict[float, SummaryStep]:
@@ -110,16 +103,16 @@ def steps_by_users(summary: Summary) -> dict[float, SummaryStep]:
 
 def window(step: SummaryStep, settle: float) -> tuple[float | None, float | None]:
     """The steady window the summary used: t_lo/t_hi, else t_steady + settle to t_end."""
-    lo, hi, steady = _num(step.get("t_lo")), _num(step.get("t_hi")), _num(step.get("t_steady"))
+    lo, hi, steady = num(step.get("t_lo")), num(step.get("t_hi")), num(step.get("t_steady"))
     if lo is None and steady is not None:
         lo = steady + settle
-    return lo, (hi if hi is not None else _num(step.get("t_end")))
+    return lo, (hi if hi is not None else num(step.get("t_end")))
 
 
 def settle_of(summary: Summary) -> float:
     """The settle the summary's windows used (its ``analysis.settle``; 0 when it does not say)."""
     ana = summary.get("analysis")
-    return (_num(ana.get("settle")) if isinstance(ana, dict) else None) or 0.0
+    return (num(ana.get("settle")) if isinstance(ana, dict) else None) or 0.0
 
 
 # -- per step ------------------------------------------------------------------------------------
@@ -146,15 +139,15 @@ def step_verdict(changes: list[Change]) -> str:
 
 def _point(step: SummaryStep, key: str, sample: bootstrap.StepSample | None) -> float | None:
     """The summary's value (computed from every row), else the sample's."""
-    v = _num(step.get(key))
+    v = num(step.get(key))
     if v is None and sample is not None:
         v = sample.qps() if key == "qps" else sample.p99()
     return v
 
 
 def _side(step: SummaryStep, sample: bootstrap.StepSample | None) -> Side:
-    return {"valid": step.get("valid") is True, "requests": step.get("requests"), "qps": _num(step.get("qps")),
-            "p99_ms": _num(step.get("p99_ms")), "error_rate": _num(step.get("error_rate")),
+    return {"valid": step.get("valid") is True, "requests": step.get("requests"), "qps": num(step.get("qps")),
+            "p99_ms": num(step.get("p99_ms")), "error_rate": num(step.get("error_rate")),
             "rows_resampled": int(sample.latencies.size) if sample else 0,
             "rows": int(sample.n_latencies) if sample else 0}
 
@@ -182,7 +175,7 @@ def shift_of(base: Any, new: Any) -> Shift:
     """{base {users, qps}, new {users, qps}, users_ratio, qps_rel} of a knee or peak."""
     b = base if isinstance(base, dict) else {}
     n = new if isinstance(new, dict) else {}
-    bu, nu, bq, nq = (_num(b.get("users")), _num(n.get("users")), _num(b.get("qps")), _num(n.get("qps")))
+    bu, nu, bq, nq = (num(b.get("users")), num(n.get("users")), num(b.get("qps")), num(n.get("qps")))
     side = lambda k, q: cast(ShiftSide, {"users": k.get("users"), "qps": q,  # noqa: E731
                                          **({"interval": k["interval"]} if isinstance(k.get("interval"), list) else {})})
     return {"base": side(b, bq), "new": side(n, nq),
@@ -192,12 +185,12 @@ def shift_of(base: Any, new: Any) -> Shift:
 
 def usl_of(summary: Summary) -> UslFit:
     valid = [(u, x) for u, s in steps_by_users(summary).items()
-             if s.get("valid") is True and (x := _num(s.get("qps"))) is not None]
+             if s.get("valid") is True and (x := num(s.get("qps"))) is not None]
     return fit_usl([u for u, _ in valid], [x for _, x in valid])
 
 
 def usl_change(base: UslFit, new: UslFit) -> UslChange:
-    change = {k: (b1 - b0 if (b0 := _num(base.get(k))) is not None and (b1 := _num(new.get(k))) is not None else None)
+    change = {k: (b1 - b0 if (b0 := num(base.get(k))) is not None and (b1 := num(new.get(k))) is not None else None)
               for k in USL_KEYS}
     return {"base": base, "new": new, "change": change}
 

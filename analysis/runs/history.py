@@ -43,7 +43,7 @@ from typing import Any, Iterable, Mapping, cast
 
 from kneeswarm.analysis.schema.history import (HistoryGroup, HistoryResult, HistoryRow, HistorySeries, HistoryStep,
                                                IndexUpdate, InputTokens, LeftOut, Skipped)
-from kneeswarm.analysis.schema.summary import JsonValue, RunChange, Summary, Trend
+from kneeswarm.analysis.schema.summary import JsonValue, RunChange, Summary, Trend, num
 from kneeswarm.contracts.rundir import META_FILE, PLAN_FILE, REPEAT_JSON, SUMMARY_JSON, Meta, RunDir
 
 logger = logging.getLogger(__name__)
@@ -178,16 +178,10 @@ def _read_json(path: Path) -> Summary | None:
     return cast(Summary, obj) if isinstance(obj, dict) else None  # summary.json as written, its keys read with .get
 
 
-def _num(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
-        return None
-    return float(x)
-
-
 def _steps(summary: Summary) -> list[HistoryStep]:
     keys = ("users", "requests", "qps", *PERCENTILES)
-    return [cast(HistoryStep, {**{k: _num(s.get(k)) for k in keys}, "valid": bool(s.get("valid"))})
-            for s in summary.get("steps") or [] if isinstance(s, dict) and _num(s.get("users")) is not None]
+    return [cast(HistoryStep, {**{k: num(s.get(k)) for k in keys}, "valid": bool(s.get("valid"))})
+            for s in summary.get("steps") or [] if isinstance(s, dict) and num(s.get("users")) is not None]
 
 
 def read_run(run: Path) -> HistoryRow:
@@ -200,7 +194,7 @@ def read_run(run: Path) -> HistoryRow:
         plan = tomllib.loads((run / PLAN_FILE).read_text())
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
         plan = {}
-    row.update({"run_id": meta.get("run_id") or run.name, "started": _num(meta.get("started")),
+    row.update({"run_id": meta.get("run_id") or run.name, "started": num(meta.get("started")),
                 "plan": plan.get("name"), "target": plan.get("target") or meta.get("target"),
                 "versions": meta.get("versions", {}), "hosts": host_facts(meta),
                 "plan_keys": {k: v for k, v in flatten(plan).items() if not _volatile(k, VOLATILE_PLAN_LEAVES)}})
@@ -221,10 +215,10 @@ def _figures(summary: Summary) -> HistoryRow:
     sla = summary.get("sla")
     best: Mapping[str, object] = (sla.get("best") if sla else None) or {}
     interval = knee.get("interval")  # the knee over resamples of the run's steps (summary.confidence)
-    return {"knee_users": _num(knee.get("users")), "knee_qps": _num(knee.get("qps")),
+    return {"knee_users": num(knee.get("users")), "knee_qps": num(knee.get("qps")),
             "knee_interval": interval if isinstance(interval, list) else None,
-            "peak_users": _num(peak.get("users")), "peak_qps": _num(peak.get("qps")),
-            "sla_users": _num(best.get("users")), "sla_qps": _num(best.get("qps")), "steps": _steps(summary)}
+            "peak_users": num(peak.get("users")), "peak_qps": num(peak.get("qps")),
+            "sla_users": num(best.get("users")), "sla_qps": num(best.get("qps")), "steps": _steps(summary)}
 
 
 def read_repeated(folder: Path) -> HistoryRow:
@@ -243,7 +237,7 @@ def read_repeated(folder: Path) -> HistoryRow:
     if not members:
         return {**base, "status": "skipped", "reason": "none of its runs could be read"}
     first = members[0]
-    steps = [cast(HistoryStep, {"users": float(s["users"]), "requests": _num(s["requests"]),
+    steps = [cast(HistoryStep, {"users": float(s["users"]), "requests": num(s["requests"]),
               **{k: s[k]["mean"] for k in ("qps", *PERCENTILES)},  # type: ignore[literal-required]
               "valid": s["valid"] >= 2 and 2 * s["valid"] >= s["ran"],
               "ci": {k: s[k]["between"] for k in ("qps", *PERCENTILES)}}) for s in rep["steps"]]  # type: ignore[literal-required]
@@ -285,9 +279,9 @@ def _soak_figures(summary: Summary) -> HistoryRow:
              for f in summary.get("findings") or [] if isinstance(f, dict) and f.get("id") in SOAK_IDS]
     return {"knee_users": None, "knee_qps": None, "peak_users": None, "peak_qps": step.get("qps") if step else None,
             "sla_users": None, "sla_qps": None, "steps": [step] if step else [],
-            "soak": {"windows": len(windows), "valid_windows": len(valid), "window_s": _num(soak.get("window_s")),
-                     "duration_s": _num(soak.get("duration_s")), "users": _num(soak.get("users")),
-                     "rate": _num(soak.get("rate")), "trends": trends, "findings": found}}
+            "soak": {"windows": len(windows), "valid_windows": len(valid), "window_s": num(soak.get("window_s")),
+                     "duration_s": num(soak.get("duration_s")), "users": num(soak.get("users")),
+                     "rate": num(soak.get("rate")), "trends": trends, "findings": found}}
 
 
 # -- the index --------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ import numpy as np
 from kneeswarm.analysis.measure import bootstrap
 from kneeswarm.analysis.reports.repeat_report import repeat_html, repeat_markdown
 from kneeswarm.analysis.runs.compare import is_repeat, load_summary, settle_of, steps_by_users, window
-from kneeswarm.analysis.schema.summary import Finding, Summary, as_dict
+from kneeswarm.analysis.schema.summary import Finding, Summary, as_dict, num
 from kneeswarm.analysis.schema.repetition import (FIGURES, REPEAT_VERSION, WITHIN_FIGURES, CauseCount, Figure,
                                                   FindingCount, KneeSpread, PeakSpread, RepeatRun, RepeatSla,
                                                   RepeatStep, Repetition)
@@ -59,16 +59,9 @@ SEVERITY_ORDER = ("info", "warning", "critical")
 
 
 # -- one run -----------------------------------------------------------------------------------------
-def _num(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    f = float(x)
-    return f if math.isfinite(f) else None
-
-
 def _interval(x: Any) -> list[float] | None:
     """A [lo, hi] pair of numbers, else None (the lead's knee.interval is null when not computed)."""
-    if isinstance(x, (list, tuple)) and len(x) == 2 and all(_num(v) is not None for v in x):
+    if isinstance(x, (list, tuple)) and len(x) == 2 and all(num(v) is not None for v in x):
         return [float(x[0]), float(x[1])]
     return None
 
@@ -86,10 +79,10 @@ def run_facts(index: int, run_dir: Path, summary: Summary | None, why_not: str |
     return {"index": index, "run_id": str(s.get("run_id") or run_dir.name), "run_dir": str(run_dir),
             "complete": complete, "ended": s.get("ended") if isinstance(s.get("ended"), str) else None,
             "merged": left_out is None, "left_out": left_out,
-            "knee_users": _num(knee.get("users")), "knee_qps": _num(knee.get("qps")),
+            "knee_users": num(knee.get("users")), "knee_qps": num(knee.get("qps")),
             "knee_method": knee.get("method") if isinstance(knee.get("method"), str) else None,
-            "knee_interval": _interval(knee.get("interval")), "knee_stability": _num(knee.get("stability")),
-            "peak_users": _num(peak.get("users")), "peak_qps": _num(peak.get("qps")),
+            "knee_interval": _interval(knee.get("interval")), "knee_stability": num(knee.get("stability")),
+            "peak_users": num(peak.get("users")), "peak_qps": num(peak.get("qps")),
             "findings": _ids(s.get("findings")), "findings_marginal": _ids(s.get("findings_marginal")),
             "causes": [str(c) for c in as_dict(s.get("verdict")).get("causes") or [] if isinstance(c, str)],
             "sla_passed": sla.get("passed") if sla.get("set") and isinstance(sla.get("passed"), bool) else None}
@@ -169,7 +162,7 @@ def within_intervals(run: RunDir, summary: Summary, users: list[float], k: int, 
                 dev = (bootstrap.qps_deviations(sample, rng, resamples) if name == "qps"
                        else bootstrap.p99_deviations(sample, rng, resamples) if name == "p99_ms"
                        else quantile_deviations(sample, rng, 50.0, resamples))
-            got[name] = _within(_num(step.get(name)), dev)
+            got[name] = _within(num(step.get(name)), dev)
         out[u] = got
     return out, [f"{run.path.name}: {w}" for w in warnings]
 
@@ -182,11 +175,11 @@ def merge_steps(summaries: list[Summary], within: list[dict[float, dict[str, lis
         valid = [b.get(u) if (b.get(u) or {}).get("valid") is True else None for b in by]
         figs: dict[str, Figure] = {}
         for name in FIGURES:
-            values = [None if s is None else _num(s.get(name)) for s in valid]
+            values = [None if s is None else num(s.get(name)) for s in valid]
             inner = [(w.get(u) or {}).get(name) if s is not None else None for w, s in zip(within, valid)] \
                 if name in WITHIN_FIGURES else None
             figs[name] = figure(values, inner)
-        requests = [int(r) for s in valid if s is not None and (r := _num(s.get("requests"))) is not None]
+        requests = [int(r) for s in valid if s is not None and (r := num(s.get("requests"))) is not None]
         out.append({"users": int(u) if float(u).is_integer() else u, "ran": sum(u in b for b in by), "valid": sum(s is not None for s in valid),
                     "requests": min(requests) if requests else None, "qps": figs["qps"], "p50_ms": figs["p50_ms"],
                     "p95_ms": figs["p95_ms"], "p99_ms": figs["p99_ms"], "p999_ms": figs["p999_ms"]})
@@ -251,7 +244,7 @@ def count_findings(runs: list[RepeatRun], summaries: list[Summary]) -> list[Find
                 where.append(run["index"])
                 if kind == "findings":
                     c["severity"] = _severity(c["severity"], f.get("severity"))
-                if (sup := _num(f.get("support"))) is not None:
+                if (sup := num(f.get("support"))) is not None:
                     c["support"].append(sup)
                 if isinstance(f.get("explained_by"), str) and f["explained_by"] not in c["explained_by"]:
                     c["explained_by"].append(f["explained_by"])
