@@ -121,7 +121,7 @@ def littles_law(ctx: Context) -> list[LittleCheck]:
     return [{"users": s.get("users"), "reason": r} for s in ctx.steps if (r := step_littles_law(s, think)) is not None]
 
 
-def explain(summary: Summary | dict[str, Any], plan: PlanTable | None = None) -> Explanation:
+def explain(summary: Summary | dict[str, Any], plan: PlanTable | None = None) -> Explanation:  # a summary read back too
     """Findings, the USL fit and Little's-law checks of a summary dict; never raises.
 
     ``plan``: ``Plan.to_dict()`` (or the Plan itself); read: ``load.wait_ms`` (think time) and the

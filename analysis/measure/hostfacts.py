@@ -61,6 +61,7 @@ def _num(x: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
+# -- meta.json's host entries and the agent's preflight: untyped JSON, picked and coerced here --------
 def _pick(d: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:
     return {k: d[k] for k in keys if k in d and d[k] is not None}
 

@@ -65,7 +65,7 @@ class RunInputs:
     lost: dict[str, int] = field(default_factory=dict)  # what analysis could not read: {what: count}
     unreadable_parts: list[UnreadablePart] = field(default_factory=list)
     generator_unreadable: dict[str, str] = field(default_factory=dict)  # worker (CSV stem) -> why
-    parse: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> parse stats of a rebuild
+    parse: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> parse stats of a rebuild (collectors')
     think_ms: float = 0.0  # the plan's [load] wait_ms: each user's think time between requests
     closed_loop: bool = True  # false for [load] arrivals = "open" (no Little's-law check)
     clock_bounds: dict[str, float] = field(default_factory=dict)  # kneeswarm.analysis.measure.trust.clock_error_bounds
@@ -296,7 +296,7 @@ def think_time_ms(plan: PlanTable, warnings: WarningLog | None = None) -> float:
     return 0.0
 
 
-def read_worker_clocks(rd: RunDir, warnings: WarningLog | None = None) -> dict[str, Any]:
+def read_worker_clocks(rd: RunDir, warnings: WarningLog | None = None) -> dict[str, Any]:  # JSON from disk
     """generator/clocks.json ({worker: {offset_s, error_s, ...}}), {} when missing or unreadable."""
     path = rd.generator_dir / CLOCKS_FILE
     try:

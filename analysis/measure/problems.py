@@ -84,7 +84,7 @@ class _Log(WarningLog):
             super().add(text)
 
 
-def _host_problems(label: str, host: dict[str, Any], log: WarningLog, lost: dict[str, int]) -> bool:
+def _host_problems(label: str, host: dict[str, Any], log: WarningLog, lost: dict[str, int]) -> bool:  # meta's entry
     """Add one host's warnings and losses; False when the host says its data is incomplete."""
     for w in _lines(host.get("warnings")):
         log.add(f"{label}: {w}")

@@ -44,7 +44,7 @@ def _num(x: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def clock_error_bounds(meta: Meta, worker_clocks: dict[str, Any] | None = None) -> dict[str, float]:
+def clock_error_bounds(meta: Meta, worker_clocks: dict[str, Any] | None = None) -> dict[str, float]:  # JSON read
     """{"host <label>" | "worker <name>": error bound in seconds} of every measured clock offset.
 
     A host's bound is the larger of its before/after measurements; workers from meta.json

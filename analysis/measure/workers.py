@@ -155,7 +155,7 @@ def worker_table(rd: RunDir, stats: pd.DataFrame, generator: dict[str, pd.DataFr
     return totals, steps
 
 
-def _lost_record(e: dict[str, Any] | None) -> dict[str, Any] | None:
+def _lost_record(e: dict[str, Any] | None) -> dict[str, Any] | None:  # a workers_lost entry: untyped JSON
     if e is None:
         return None
     return {k: e.get(k) for k in ("t", "t_last_heard", "t_last_report", "step", "workers_before", "t_back") if k in e}
@@ -202,7 +202,7 @@ def _fmt(v: Any, fmt: str) -> str:
     return fmt.format(v)
 
 
-def _lost_cell(lost: dict[str, Any] | None) -> str:
+def _lost_cell(lost: dict[str, Any] | None) -> str:  # a workers_lost entry as copied: untyped JSON
     if not lost or not isinstance(lost.get("t"), (int, float)):
         return ""
     step = f" in step {lost['step']}" if lost.get("step") is not None else ""

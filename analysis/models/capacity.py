@@ -300,12 +300,12 @@ def replicas(peak_qps: float | None, safe_qps: float | None, spare: int) -> tupl
             figure(inst + spare, "instances + failover spare", f"{inst} + {spare} = {inst + spare}", instances=inst, spare=spare))
 
 
-def _settings(capacity: Any) -> tuple[dict[str, Any], list[str]]:
+def _settings(capacity: Any) -> tuple[CapacitySettings, list[str]]:
     """[capacity] values with defaults, and one line per unusable key (``capacity``: the plan's
-    [capacity] table as read; the answer: CapacitySettings)."""
+    [capacity] table as read)."""
     cap = capacity if isinstance(capacity, dict) else {}
-    out = {"peak_qps": None, "spare": DEFAULT_SPARE, "queue_tolerance_ms": QUEUE_TOLERANCE_MS,
-           "headroom": HEADROOM_MIN, "safe_fraction": SAFE_FRACTION}
+    out: dict[str, float | int | None] = {"peak_qps": None, "spare": DEFAULT_SPARE, "queue_tolerance_ms": QUEUE_TOLERANCE_MS,
+                                         "headroom": HEADROOM_MIN, "safe_fraction": SAFE_FRACTION}
     problems = []
     for key, raw in cap.items():
         v = num(raw)
@@ -315,7 +315,7 @@ def _settings(capacity: Any) -> tuple[dict[str, Any], list[str]]:
             problems.append(f"[capacity] {key} = {raw!r}: not a usable value; default {out[key]!r} used")
         else:
             out[key] = int(v) if key == "spare" else v
-    return out, problems
+    return cast(CapacitySettings, out), problems  # its keys: CapacitySettings' (unknown ones were said, not kept)
 
 
 def capacity_plan(summary: Summary, sla_result: SlaResult | None, capacity: PlanTable | None) -> CapacityResult:

@@ -123,7 +123,7 @@ def fingerprint(run: Path) -> str:
 
 
 # -- reading one run --------------------------------------------------------------------------------
-def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:  # obj: untyped JSON or TOML (meta.json, plan.toml)
     """{"a.b.c": leaf} of nested dicts; lists of tables as a.0.b; other lists as one JSON value."""
     if isinstance(obj, dict):
         out: dict[str, Any] = {}

@@ -18,7 +18,7 @@ from kneeswarm.contracts.plan import LoadPlan
 from kneeswarm.contracts.rundir import SEARCH_FILE, RunDir
 
 
-def read_search(run_dir: RunDir) -> dict[str, Any] | None:
+def read_search(run_dir: RunDir) -> dict[str, Any] | None:  # search.json: untyped JSON from disk
     """generator/search.json, or None when it is missing or unreadable."""
     try:
         data = json.loads((run_dir.generator_dir / SEARCH_FILE).read_text())
