@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 import pandas as pd
 
 from kneeswarm.analysis.findings import explain
 from kneeswarm.analysis.findings.causes import link, link_marginal, verdict
-from kneeswarm.analysis.schema.summary import Summary
+from kneeswarm.analysis.schema.summary import Goodput, Knee, PlanTable, ServerMetrics, Summary
 from kneeswarm.analysis.summary.confidence import judge
 from kneeswarm.analysis.summary.gates import add_gates
 from kneeswarm.analysis.reports.junit import write_junit
@@ -80,7 +80,7 @@ def with_hold_reasons(stats: pd.DataFrame) -> pd.DataFrame:
     return add_reasons(stats, hold_reasons(stats, notes=True), invalid=False)
 
 
-def per_step(inputs: RunInputs) -> tuple[pd.DataFrame, list[dict[str, float]], list[dict[str, Any]]]:
+def per_step(inputs: RunInputs) -> tuple[pd.DataFrame, list[dict[str, float]], list[dict[str, ServerMetrics]]]:
     """(step statistics with ``valid`` and ``reasons``, generator CPU per step, server metrics per step)."""
     s = inputs.settings
     stats = inputs.scan.stats
@@ -100,7 +100,7 @@ def per_step(inputs: RunInputs) -> tuple[pd.DataFrame, list[dict[str, float]], l
     return stats, gen, server_metrics(inputs.hosts, t_lo, t_hi)
 
 
-def summarize(inputs: RunInputs) -> dict[str, Any]:
+def summarize(inputs: RunInputs) -> Summary:
     """The summary dict of a loaded run (no files written)."""
     s = inputs.settings
     stats, gen, server = per_step(inputs)
@@ -152,10 +152,18 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
     return add_explanations(summary, inputs.plan, reps)
 
 
-def llm_extras(good: pd.DataFrame, plan: dict[str, Any], streaming: bool = False) -> dict[str, Any]:
+class LlmExtras(TypedDict, total=False):
+    """The summary keys an LLM run adds (each declared in Summary)."""
+
+    itl_columns: dict[str, str]
+    tokens_knee: Knee
+    goodput: Goodput
+
+
+def llm_extras(good: pd.DataFrame, plan: PlanTable, streaming: bool = False) -> LlmExtras:
     """``tokens_knee`` (runs that recorded output tokens; valid steps), ``goodput`` {limits}, and in a
     streaming run ``itl_columns`` (what each ITL column is: per chunk, per token)."""
-    out: dict[str, Any] = {"itl_columns": dict(ITL_COLUMNS)} if streaming else {}
+    out: LlmExtras = {"itl_columns": dict(ITL_COLUMNS)} if streaming else {}
     if good["tokens_s"].notna().any():
         out["tokens_knee"] = find_tokens_knee(good["users"].to_numpy(float), good["tokens_s"].to_numpy(float))
     limits = goodput_limits(plan.get("sla"))
@@ -164,7 +172,7 @@ def llm_extras(good: pd.DataFrame, plan: dict[str, Any], streaming: bool = False
     return out
 
 
-def add_explanations(summary: dict[str, Any], plan: dict[str, Any], reps: Replicates | None = None) -> dict[str, Any]:
+def add_explanations(summary: Summary, plan: PlanTable, reps: Replicates | None = None) -> Summary:
     """``findings`` and ``usl`` (kneeswarm.analysis.findings.explain, over the valid steps only); a rule that
     failed becomes a warning.  Little's law is already in each step's reasons (kneeswarm.analysis.measure.trust).
 
@@ -193,7 +201,7 @@ def add_explanations(summary: dict[str, Any], plan: dict[str, Any], reps: Replic
     return add_gates(summary, plan)
 
 
-def analyze(run_dir: str | Path) -> dict[str, Any]:
+def analyze(run_dir: str | Path) -> Summary:
     """Analyse a run directory; write report/summary.json, summary.md, index.html; return the summary."""
     inputs = load_inputs(run_dir)
     summary = summarize(inputs)

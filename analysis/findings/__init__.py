@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
 from kneeswarm.analysis.findings import cgroup, cpu, engine, llm_engine, load, memory_gpu, scaling
 from kneeswarm.analysis.findings.context import Context, as_dict
-from kneeswarm.analysis.schema.summary import num
+from kneeswarm.analysis.schema.summary import Finding, PlanTable, Summary, UslFit, num
 from kneeswarm.analysis.findings.finding import FINDING_IDS, SEVERITY
 from kneeswarm.analysis.measure.validity import littles_law_reason, step_littles_law
 from kneeswarm.analysis.models.usl import describe, fit_usl, usl_curve
@@ -34,7 +34,24 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["explain", "FINDING_IDS", "SEVERITY", "RULES", "littles_law_reason", "step_littles_law"]
 
-Rule = Callable[[Context], list[dict[str, Any]]]
+class LittleCheck(TypedDict):
+    """A step whose users, throughput and latency disagree with Little's law, and why."""
+
+    users: int | float | None
+    reason: str
+
+
+class Explanation(TypedDict):
+    """What :func:`explain` finds in a summary."""
+
+    findings: list[Finding]
+    usl: UslFit
+    littles_law: list[LittleCheck]
+    unchecked: list[str]
+    rule_errors: list[str]
+
+
+Rule = Callable[[Context], list[Finding]]
 RULES: tuple[Rule, ...] = (
     load.generator_bound,
     load.retrograde,
@@ -77,8 +94,8 @@ def _run(rule: Callable[..., list[Any]], errors: list[str], *args: Any) -> list[
         return []
 
 
-def findings(ctx: Context, errors: list[str]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def findings(ctx: Context, errors: list[str]) -> list[Finding]:
+    out: list[Finding] = []
     for rule in RULES:
         out += _run(rule, errors, ctx)
     found = {f["id"] for f in out}
@@ -87,7 +104,7 @@ def findings(ctx: Context, errors: list[str]) -> list[dict[str, Any]]:
     return out
 
 
-def usl_section(ctx: Context) -> dict[str, Any]:
+def usl_section(ctx: Context) -> UslFit:
     points = [(u, num(s.get("qps"))) for s in ctx.valid if (u := num(s.get("users"))) is not None]  # all (Context)
     fit = fit_usl([u for u, _ in points], [math.nan if x is None else x for _, x in points])  # NaN: left out
     fit["curve"] = usl_curve(fit, max((u for u, _ in points), default=0))
@@ -95,16 +112,16 @@ def usl_section(ctx: Context) -> dict[str, Any]:
     return fit
 
 
-def usl_rule(ctx: Context) -> list[dict[str, Any]]:
+def usl_rule(ctx: Context) -> list[UslFit]:
     return [usl_section(ctx)]
 
 
-def littles_law(ctx: Context) -> list[dict[str, Any]]:
+def littles_law(ctx: Context) -> list[LittleCheck]:
     think = num(as_dict(ctx.plan.get("load")).get("wait_ms")) or 0.0
-    return [{"users": s["users"], "reason": r} for s in ctx.steps if (r := step_littles_law(s, think)) is not None]
+    return [{"users": s.get("users"), "reason": r} for s in ctx.steps if (r := step_littles_law(s, think)) is not None]
 
 
-def explain(summary: dict[str, Any], plan: dict[str, Any] | None = None) -> dict[str, Any]:
+def explain(summary: Summary | dict[str, Any], plan: PlanTable | None = None) -> Explanation:  # a summary read back too
     """Findings, the USL fit and Little's-law checks of a summary dict; never raises.
 
     ``plan``: ``Plan.to_dict()`` (or the Plan itself); read: ``load.wait_ms`` (think time) and the

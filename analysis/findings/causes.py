@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+from kneeswarm.analysis.schema.summary import Finding, Verdict
 
 logger = logging.getLogger(__name__)
 
@@ -59,12 +60,12 @@ CAUSES: dict[str, tuple[str, ...]] = {
 LEVELS = ("info", "warning", "critical")  # low to high
 
 
-def _host(f: dict[str, Any]) -> Any:
+def _host(f: Finding) -> Any:
     ev = f.get("evidence")
     return ev.get("host") if isinstance(ev, dict) else None
 
 
-def explains(cause: dict[str, Any], effect: dict[str, Any]) -> bool:
+def explains(cause: Finding, effect: Finding) -> bool:
     """``cause`` explains ``effect``: the table says so and they are on the same host (or either is
     the load's own, tied to no host)."""
     if effect.get("id") not in CAUSES.get(str(cause.get("id")), ()):
@@ -73,7 +74,7 @@ def explains(cause: dict[str, Any], effect: dict[str, Any]) -> bool:
     return a is None or b is None or a == b
 
 
-def _nearest_cause(f: dict[str, Any], found: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _nearest_cause(f: Finding, found: list[Finding]) -> Finding | None:
     """The present finding that explains ``f`` most directly: one that itself is explained by no
     other candidate (the nearest link of the chain), else the first."""
     candidates = [c for c in found if c is not f and explains(c, f)]
@@ -81,7 +82,7 @@ def _nearest_cause(f: dict[str, Any], found: list[dict[str, Any]]) -> dict[str, 
     return nearest[0] if nearest else (candidates[0] if candidates else None)
 
 
-def root_of(f: dict[str, Any], found: list[dict[str, Any]]) -> dict[str, Any]:
+def root_of(f: Finding, found: list[Finding]) -> Finding:
     """Follow ``f``'s causes up to the finding nothing present explains (the table has no cycle)."""
     seen = {id(f)}
     while (up := _nearest_cause(f, found)) is not None and id(up) not in seen:
@@ -90,7 +91,7 @@ def root_of(f: dict[str, Any], found: list[dict[str, Any]]) -> dict[str, Any]:
     return f
 
 
-def link(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def link(found: list[Finding]) -> list[Finding]:
     """``found`` with ``explained_by`` on every consequence, ``consequences`` on every cause, and
     each consequence's severity capped at its root cause's; ordered root first, each followed by
     what it explains (in place; returned for convenience)."""
@@ -112,22 +113,22 @@ def link(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return ordered(found)
 
 
-def _level(f: dict[str, Any]) -> int:
+def _level(f: Finding) -> int:
     severity = f.get("severity")
     return LEVELS.index(severity) if severity in LEVELS else -1
 
 
-def roots(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def roots(found: list[Finding]) -> list[Finding]:
     """The root causes, most severe first (stable within a severity)."""
     top = [f for f in found if not f.get("explained_by")]
     return sorted(top, key=lambda f: -_level(f))
 
 
-def ordered(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def ordered(found: list[Finding]) -> list[Finding]:
     """Root causes most severe first, each followed by the findings under it (depth first)."""
-    out: list[dict[str, Any]] = []
+    out: list[Finding] = []
 
-    def visit(f: dict[str, Any]) -> None:
+    def visit(f: Finding) -> None:
         if any(f is g for g in out):
             return
         out.append(f)
@@ -147,7 +148,7 @@ def first_sentence(text: str) -> str:
     return head + "." if dot else text
 
 
-def verdict(found: list[dict[str, Any]]) -> dict[str, Any]:
+def verdict(found: list[Finding]) -> Verdict:
     """``verdict``: the root causes' ids and one sentence per cause naming it, its evidence (the
     finding's own text says the numbers) and the first change to make."""
     top = [f for f in roots(found) if f.get("severity") in ("critical", "warning")]
@@ -162,7 +163,7 @@ def verdict(found: list[dict[str, Any]]) -> dict[str, Any]:
     return {"causes": list(dict.fromkeys(f["id"] for f in top)), "text": f"{lead}: " + " ".join(parts)}
 
 
-def link_marginal(marginal: list[dict[str, Any]], confirmed: list[dict[str, Any]]) -> None:
+def link_marginal(marginal: list[Finding], confirmed: list[Finding]) -> None:
     """A marginal finding that a confirmed one explains says so (``explained_by``), in place."""
     for f in marginal:
         cause = next((c for c in confirmed if explains(c, f)), None)

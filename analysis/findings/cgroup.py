@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from kneeswarm.analysis.findings.context import Context, as_dict, users_text
-from kneeswarm.analysis.schema.summary import num
+from kneeswarm.analysis.schema.summary import Finding, num
 from kneeswarm.analysis.findings.finding import finding
 
 logger = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ def _hosts_with(ctx: Context, key: str) -> list[str]:
     return [h for h in ctx.server_hosts() if any(ctx.metric(s, h, key) is not None for s in ctx.steps)]
 
 
-def cpu_throttled(ctx: Context) -> list[dict[str, Any]]:
+def cpu_throttled(ctx: Context) -> list[Finding]:
     out = []
     for h in _hosts_with(ctx, "throttled_share"):
         hits = [(s, v) for s in ctx.late() if (v := ctx.metric(s, h, "throttled_share")) is not None
@@ -53,7 +53,7 @@ def cpu_throttled(ctx: Context) -> list[dict[str, Any]]:
     return out
 
 
-def memory_limit_near(ctx: Context) -> list[dict[str, Any]]:
+def memory_limit_near(ctx: Context) -> list[Finding]:
     out = []
     for h in ctx.server_hosts():
         limit = num(as_dict(as_dict(ctx.hosts.get(h)).get("service")).get("memory_limit_mb"))

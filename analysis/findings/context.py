@@ -22,11 +22,12 @@ Keys read (anything missing or malformed reads as "not measured", so a rule does
 
 from __future__ import annotations
 
-from kneeswarm.analysis.schema.summary import num
+from kneeswarm.analysis.schema.summary import (Evidence, HostFacts, LlmWorkload, PlanTable, ProcessGrowth,
+                                               SummaryStep, as_dict, num)
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 logger = logging.getLogger(__name__)
 
@@ -40,10 +41,6 @@ def users_text(n: Any) -> str:
 
 
 
-def as_dict(x: Any) -> dict[str, Any]:
-    return x if isinstance(x, dict) else {}
-
-
 def rounded(x: float | None, digits: int = 4) -> float | None:
     """``x`` to ``digits`` significant digits (evidence stays readable in JSON)."""
     if x is None or x == 0:
@@ -51,7 +48,7 @@ def rounded(x: float | None, digits: int = 4) -> float | None:
     return float(f"{x:.{digits}g}")
 
 
-def known(step: dict[str, Any], key: str) -> float:
+def known(step: SummaryStep, key: str) -> float:
     """A figure the Context promises: ``users`` of every step (from_summary keeps no other), and
     ``qps`` of a valid one.  ValueError where that promise was broken (a Context built by hand)."""
     v = num(step.get(key))
@@ -60,8 +57,8 @@ def known(step: dict[str, Any], key: str) -> float:
     return v
 
 
-def process_growth(steps: list[dict[str, Any]], host: str, key: str,
-                   hosts: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def process_growth(steps: list[SummaryStep], host: str, key: str,
+                   hosts: dict[str, HostFacts] | None = None) -> ProcessGrowth | None:
     """The service's process whose own ``key`` (``server[host].procs[pid][key]``) rose most from
     the first of ``steps`` it was in to the last: {pid, from, to, rise, name, role} (the last two
     from ``hosts[host].tree`` where it names the pid); None where the steps hold fewer than two
@@ -76,16 +73,18 @@ def process_growth(steps: list[dict[str, Any]], host: str, key: str,
         return None
     pid, values = max(series.items(), key=lambda kv: (kv[1][-1] - kv[1][0], kv[0]))
     try:
-        out: dict[str, Any] = {"pid": int(pid), "from": values[0], "to": values[-1], "rise": values[-1] - values[0]}
+        out: ProcessGrowth = {"pid": int(pid), "from": values[0], "to": values[-1], "rise": values[-1] - values[0]}
     except ValueError:
         return None
     tree = as_dict(as_dict(as_dict(hosts).get(host)).get("tree"))
     known = next((m for m in tree.get("processes") or [] if isinstance(m, dict) and m.get("pid") == out["pid"]), {})
-    out.update({k: known[k] for k in ("name", "role") if known.get(k)})
+    for k in ("name", "role"):
+        if isinstance(v := known.get(k), str) and v:
+            out[k] = v
     return out
 
 
-def process_evidence(grew: dict[str, Any] | None) -> dict[str, Any]:
+def process_evidence(grew: ProcessGrowth | None) -> Evidence:
     """A finding's evidence keys for ``process_growth``'s answer: process_pid, process_role,
     process_from, process_to ({} without one)."""
     if not grew:
@@ -94,7 +93,7 @@ def process_evidence(grew: dict[str, Any] | None) -> dict[str, Any]:
             "process_to": grew["to"]}
 
 
-def process_text(grew: dict[str, Any] | None, unit: str = "") -> str:
+def process_text(grew: ProcessGrowth | None, unit: str = "") -> str:
     """"; most in process 4505 (worker), 30 -> 1,230 MB" for ``process_growth``'s answer ("" without one)."""
     if not grew:
         return ""
@@ -106,14 +105,14 @@ def process_text(grew: dict[str, Any] | None, unit: str = "") -> str:
 class Context:
     """The steps sorted by users, the knee, the host facts and the plan, read once."""
 
-    steps: list[dict[str, Any]]
+    steps: list[SummaryStep]
     knee_users: float | None
-    hosts: dict[str, dict[str, Any]]
-    plan: dict[str, Any]
+    hosts: dict[str, HostFacts]
+    plan: PlanTable
     generator_cpu_max: float
     loop: str = "closed"  # summary["load"]["loop"] (analysis/measure/loop.py): "closed" unless it says "open"
-    llm_workload: dict[str, Any] = field(default_factory=dict)  # summary["llm_workload"] (analysis/measure/llmworkload.py)
-    valid: list[dict[str, Any]] = field(init=False)  # the steps marked valid with numeric users and QPS
+    llm_workload: LlmWorkload = field(default_factory=lambda: LlmWorkload())  # summary["llm_workload"] (analysis/measure/llmworkload.py)
+    valid: list[SummaryStep] = field(init=False)  # the steps marked valid with numeric users and QPS
 
     def __post_init__(self) -> None:
         self.valid = [s for s in self.steps if s.get("valid") is True and num(s.get("qps")) is not None
@@ -125,24 +124,24 @@ class Context:
         if hasattr(plan, "to_dict"):  # a kneeswarm.contracts.plan.Plan rather than its dict
             plan = plan.to_dict()
         raw = summary.get("steps") if isinstance(summary.get("steps"), list) else []
-        by_users = [(u, s) for s in raw if isinstance(s, dict) and (u := num(s.get("users"))) is not None]
+        by_users = [(u, cast(SummaryStep, s)) for s in raw if isinstance(s, dict) and (u := num(s.get("users"))) is not None]
         steps = [s for _, s in sorted(by_users, key=lambda us: us[0])]
         knee = num(as_dict(summary.get("knee")).get("users"))
         gmax = num(as_dict(summary.get("analysis")).get("generator_cpu_max"))
-        hosts = {str(h): as_dict(f) for h, f in as_dict(summary.get("hosts")).items()}
+        hosts = {str(h): cast(HostFacts, as_dict(f)) for h, f in as_dict(summary.get("hosts")).items()}
         loop = "open" if as_dict(summary.get("load")).get("loop") == "open" else "closed"
         return cls(steps=steps, knee_users=knee, hosts=hosts, plan=as_dict(plan),
                    generator_cpu_max=DEFAULT_GENERATOR_CPU_MAX if gmax is None else gmax, loop=loop,
-                   llm_workload=as_dict(summary.get("llm_workload")))
+                   llm_workload=cast(LlmWorkload, as_dict(summary.get("llm_workload"))))
 
     # -- steps ---------------------------------------------------------------------------------
-    def knee_step(self) -> dict[str, Any] | None:
+    def knee_step(self) -> SummaryStep | None:
         """The valid step at the knee (None when no knee was found)."""
         if self.knee_users is None:
             return None
         return next((s for s in self.valid if num(s.get("users")) == self.knee_users), None)
 
-    def late(self) -> list[dict[str, Any]]:
+    def late(self) -> list[SummaryStep]:
         """The valid steps at or after the knee; without a knee, the last valid step alone
         (the highest load tested: where a resource limit would show first)."""
         knee = self.knee_users
@@ -150,7 +149,7 @@ class Context:
             return self.valid[-1:]
         return [s for s in self.valid if known(s, "users") >= knee]
 
-    def before_knee(self) -> dict[str, Any] | None:
+    def before_knee(self) -> SummaryStep | None:
         """The valid step just before the knee (the knee step itself when it is the first)."""
         ks, knee = self.knee_step(), self.knee_users
         if ks is None or knee is None:
@@ -164,7 +163,7 @@ class Context:
         return sorted({str(h) for s in self.steps for h in as_dict(s.get("server"))})
 
     @staticmethod
-    def metric(step: dict[str, Any], host: str, key: str) -> float | None:
+    def metric(step: SummaryStep, host: str, key: str) -> float | None:
         """step["server"][host][key] ("target.x" reads the target's /metrics dict)."""
         m = as_dict(as_dict(step.get("server")).get(host))
         if key.startswith("target."):
@@ -172,7 +171,7 @@ class Context:
         return num(m.get(key))
 
     @classmethod
-    def metric_at_each(cls, steps: list[dict[str, Any]], host: str, key: str) -> list[float] | None:
+    def metric_at_each(cls, steps: list[SummaryStep], host: str, key: str) -> list[float] | None:
         """:meth:`metric` at each of ``steps``; None when any of them did not measure it."""
         values = [cls.metric(s, host, key) for s in steps]
         measured = [v for v in values if v is not None]
@@ -196,11 +195,11 @@ class Context:
         bound = service.get("bound")
         return bound if bound in ("quota", "cpuset") and num(service.get("cpus")) is not None else "host"
 
-    def processes(self, step: dict[str, Any], host: str) -> float | None:
+    def processes(self, step: SummaryStep, host: str) -> float | None:
         """How many processes the service had at once in ``step`` (None: a run from before the tree)."""
         return self.metric(step, host, "processes")
 
-    def process_share(self, step: dict[str, Any], host: str) -> float | None:
+    def process_share(self, step: SummaryStep, host: str) -> float | None:
         """The monitored service's part of the host's busy CPU (0..1: the CPU of all its processes,
         the work outside it is the rest), None when either is unknown.
 
@@ -215,14 +214,14 @@ class Context:
             return None
         return min(proc / cpus / busy, 1.0)
 
-    def cpu_wait_share(self, step: dict[str, Any], host: str) -> float | None:
+    def cpu_wait_share(self, step: SummaryStep, host: str) -> float | None:
         """The share of the requests' time in flight that the process's threads spent waiting for a
         CPU: its run delay (pidstat %wait summed over threads, CPU-seconds per second) over the
         request-seconds in flight per second (throughput x mean latency, = the users in a closed
         loop).  None when either is not measured."""
         return self.share_of_time_in_flight(step, host, "wait_pct")
 
-    def share_of_time_in_flight(self, step: dict[str, Any], host: str, column: str) -> float | None:
+    def share_of_time_in_flight(self, step: SummaryStep, host: str, column: str) -> float | None:
         """A per-thread delay ``column`` of the process (percent: CPU-seconds per second summed over
         threads) over the request-seconds in flight per second (throughput, the rps or else the
         qps, x mean latency).  None when either is not measured."""
@@ -233,7 +232,7 @@ class Context:
             return None
         return (delay / 100.0) / (x * r / 1000.0)
 
-    def io_share(self, step: dict[str, Any], host: str) -> float | None:
+    def io_share(self, step: SummaryStep, host: str) -> float | None:
         """The monitored process's part of the host's disk traffic (0..1): its kB read + written
         per second (pidstat -d) over vmstat's bi + bo (KiB/s); 1 when the host's counters show none
         but the process did IO, 0 when the process did none.  None when the process's IO was not
@@ -248,19 +247,19 @@ class Context:
         total = (bi or 0.0) + (bo or 0.0)
         return 1.0 if total <= 0 else min(own / total, 1.0)
 
-    def io_delay_share(self, step: dict[str, Any], host: str) -> float | None:
+    def io_delay_share(self, step: SummaryStep, host: str) -> float | None:
         """The share of the requests' time in flight that the process's threads spent blocked on
         disk IO (pidstat iodelay summed over threads, over throughput x mean latency, as
         ``cpu_wait_share``); None when not measured.  Reads 0 where the kernel's delay accounting
         is off (kernel.task_delayacct): never a reason to fire on its own there."""
         return self.share_of_time_in_flight(step, host, "io_delay_pct")
 
-    def host_busy(self, step: dict[str, Any], host: str) -> float | None:
+    def host_busy(self, step: SummaryStep, host: str) -> float | None:
         """Host CPU us + sy (vmstat), percent of all CPUs."""
         us, sy = self.metric(step, host, "us"), self.metric(step, host, "sy")
         return None if us is None or sy is None else us + sy
 
-    def service_busy(self, step: dict[str, Any], host: str) -> float | None:
+    def service_busy(self, step: SummaryStep, host: str) -> float | None:
         """How busy the CPUs the service may use were, percent: the host's us + sy where the host
         bounds the service; under a cgroup quota or cpuset, the cgroup's CPU use (else the
         process's) over ``service_cpus``; under a quota, at least the throttled share of its

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from kneeswarm.analysis.findings.context import Context, known, users_text
 from kneeswarm.analysis.findings.finding import finding
+from kneeswarm.analysis.schema.summary import Finding, SummaryStep
 
 logger = logging.getLogger(__name__)
 
@@ -93,12 +94,12 @@ SATURATED_SHARE_MIN = 0.5
 CPU_WAIT_DISTURBS = 0.10
 
 
-def _per_host(ctx: Context, check: Callable[[Context, str], dict[str, Any] | None]) -> list[dict[str, Any]]:
+def _per_host(ctx: Context, check: Callable[[Context, str], Finding | None]) -> list[Finding]:
     return [f for h in ctx.server_hosts() if (f := check(ctx, h)) is not None]
 
 
-def _worst(steps: list[dict[str, Any]], value: Callable[[dict[str, Any]], float | None],
-           fires: Callable[[float], bool]) -> tuple[list[dict[str, Any]], dict[str, Any] | None, float | None]:
+def _worst(steps: list[SummaryStep], value: Callable[[SummaryStep], float | None],
+           fires: Callable[[float], bool]) -> tuple[list[SummaryStep], SummaryStep | None, float | None]:
     """(steps where value fires, the step with the largest value among them, that value)."""
     hits = [(s, v) for s in steps if (v := value(s)) is not None and fires(v)]
     if not hits:
@@ -107,25 +108,25 @@ def _worst(steps: list[dict[str, Any]], value: Callable[[dict[str, Any]], float 
     return [s for s, _ in hits], step, v
 
 
-def by_service(c: Context, s: dict[str, Any], h: str) -> bool:
+def by_service(c: Context, s: SummaryStep, h: str) -> bool:
     """False when the monitored process is measured and did under PROCESS_SHARE_MIN of the host's work."""
     share = c.process_share(s, h)
     return share is None or share >= PROCESS_SHARE_MIN
 
 
-def service_demand(c: Context, s: dict[str, Any], h: str) -> float | None:
+def service_demand(c: Context, s: SummaryStep, h: str) -> float | None:
     """The process's threads running or waiting for a CPU, on average: (%CPU + %wait) / 100."""
     cpu, wait = c.metric(s, h, "cpu_pct"), c.metric(s, h, "wait_pct")
     return None if cpu is None or wait is None else (cpu + wait) / 100.0
 
 
-def fills_cpu(c: Context, s: dict[str, Any], h: str) -> bool:
+def fills_cpu(c: Context, s: SummaryStep, h: str) -> bool:
     """False when the monitored process is measured and did under SATURATED_SHARE_MIN of the busy CPU."""
     share = c.process_share(s, h)
     return share is None or share >= SATURATED_SHARE_MIN
 
 
-def cpu_full_by_service(c: Context, s: dict[str, Any], h: str) -> bool:
+def cpu_full_by_service(c: Context, s: SummaryStep, h: str) -> bool:
     """The CPUs the service may use were full (Context.service_busy >= CPU_SATURATED_PCT) and the
     service did most of that work (``fills_cpu``, SATURATED_SHARE_MIN): cpu_saturated's "full",
     read by every rule that needs "the CPU was full with the service's own work"
@@ -134,26 +135,26 @@ def cpu_full_by_service(c: Context, s: dict[str, Any], h: str) -> bool:
     return busy is not None and busy >= CPU_SATURATED_PCT and fills_cpu(c, s, h)
 
 
-def _may_fill_queue(c: Context, s: dict[str, Any], h: str) -> bool:
+def _may_fill_queue(c: Context, s: SummaryStep, h: str) -> bool:
     """The process did a fair part of the work, or its own threads wanted more than the CPUs."""
     demand, cpus = service_demand(c, s, h), c.service_cpus(h)
     return by_service(c, s, h) or (demand is not None and cpus is not None and demand > cpus * RUN_QUEUE_PER_CPU)
 
 
-def _host_full(c: Context, s: dict[str, Any], h: str) -> bool:
+def _host_full(c: Context, s: SummaryStep, h: str) -> bool:
     """The CPUs were full (a run queue above the CPUs counts only then: ``runnable``)."""
     busy = c.host_busy(s, h)
     return busy is not None and busy >= CPU_SATURATED_PCT
 
 
-def cpu_starved(c: Context, s: dict[str, Any], h: str) -> bool:
+def cpu_starved(c: Context, s: SummaryStep, h: str) -> bool:
     """The service's threads waited for a CPU CPU_WAIT_DISTURBS of their requests' time, or that
     wait was not measured."""
     share = c.cpu_wait_share(s, h)
     return share is None or share >= CPU_WAIT_DISTURBS
 
 
-def runnable(c: Context, s: dict[str, Any], h: str) -> float | None:
+def runnable(c: Context, s: SummaryStep, h: str) -> float | None:
     """Tasks that wanted a CPU besides the sampler (vmstat r - VMSTAT_SELF), read only in a step
     whose CPUs were full (RUN_QUEUE_BUSY_PCT); None otherwise or when not measured.
 
@@ -169,8 +170,8 @@ def runnable(c: Context, s: dict[str, Any], h: str) -> float | None:
     return max(r - VMSTAT_SELF, 0.0)
 
 
-def cpu_saturated(ctx: Context) -> list[dict[str, Any]]:
-    def check(c: Context, h: str) -> dict[str, Any] | None:
+def cpu_saturated(ctx: Context) -> list[Finding]:
+    def check(c: Context, h: str) -> Finding | None:
         hits, worst, busy = _worst(c.late(), lambda s: c.service_busy(s, h) if cpu_full_by_service(c, s, h) else None,
                                    lambda v: True)
         if worst is None:
@@ -190,8 +191,8 @@ def cpu_saturated(ctx: Context) -> list[dict[str, Any]]:
     return _per_host(ctx, check)
 
 
-def run_queue_over_cores(ctx: Context) -> list[dict[str, Any]]:
-    def check(c: Context, h: str) -> dict[str, Any] | None:
+def run_queue_over_cores(ctx: Context) -> list[Finding]:
+    def check(c: Context, h: str) -> Finding | None:
         cpus = c.service_cpus(h)
         if cpus is None:
             return None
@@ -218,12 +219,12 @@ def run_queue_over_cores(ctx: Context) -> list[dict[str, Any]]:
     return _per_host(ctx, check)
 
 
-def host_contended(ctx: Context) -> list[dict[str, Any]]:
+def host_contended(ctx: Context) -> list[Finding]:
     """The host was full (CPU >= 90 %) but mostly with other processes' work (the service did under
     SATURATED_SHARE_MIN of it), and the service's threads waited for a CPU (``cpu_starved``): its
     numbers may be disturbed.  Not a diagnosis of the service."""
-    def check(c: Context, h: str) -> dict[str, Any] | None:
-        def others(s: dict[str, Any]) -> float | None:  # the other processes' part of the busy CPU
+    def check(c: Context, h: str) -> Finding | None:
+        def others(s: SummaryStep) -> float | None:  # the other processes' part of the busy CPU
             share = c.process_share(s, h)  # not measured: fills_cpu holds, so the step is not one
             if share is None or fills_cpu(c, s, h) or not _host_full(c, s, h) or not cpu_starved(c, s, h):
                 return None
@@ -246,7 +247,7 @@ def host_contended(ctx: Context) -> list[dict[str, Any]]:
     return _per_host(ctx, check)
 
 
-def fills_cores(c: Context, s: dict[str, Any], h: str, cores: float) -> bool:
+def fills_cores(c: Context, s: SummaryStep, h: str, cores: float) -> bool:
     """The host's CPUs were full and the process did a fair part of it (PROCESS_SHARE_MIN: on a host
     others fill, its threads compete with theirs, not with each other), or the process alone used
     THREADS_FILL_PCT of the physical cores' time."""
@@ -254,12 +255,12 @@ def fills_cores(c: Context, s: dict[str, Any], h: str, cores: float) -> bool:
     return (_host_full(c, s, h) and by_service(c, s, h)) or (proc is not None and proc >= THREADS_FILL_PCT * cores)
 
 
-def threads_over_cores(ctx: Context) -> list[dict[str, Any]]:
-    def check(c: Context, h: str) -> dict[str, Any] | None:
+def threads_over_cores(ctx: Context) -> list[Finding]:
+    def check(c: Context, h: str) -> Finding | None:
         cores = c.cpu_fact(h, "physical_cores")
         if cores is None:
             return None
-        def value(s: dict[str, Any]) -> float | None:
+        def value(s: SummaryStep) -> float | None:
             return c.metric(s, h, "active_threads") if fills_cores(c, s, h, cores) else None
 
         hits, worst, n = _worst(c.late(), value, lambda v: v > cores)
@@ -273,7 +274,7 @@ def threads_over_cores(ctx: Context) -> list[dict[str, Any]]:
     return _per_host(ctx, check)
 
 
-def _idle_cpus(c: Context, s: dict[str, Any], h: str) -> float | None:
+def _idle_cpus(c: Context, s: SummaryStep, h: str) -> float | None:
     """CPUs' worth of idle time of the CPUs the service may use: from vmstat (from the cgroup's or
     process's CPU where a quota or cpuset bounds it: Context.service_busy), else from the process's."""
     cpus = c.service_cpus(h)
@@ -286,9 +287,9 @@ def _idle_cpus(c: Context, s: dict[str, Any], h: str) -> float | None:
     return None if proc is None else cpus - proc / 100.0
 
 
-def single_thread_bound(ctx: Context) -> list[dict[str, Any]]:
-    def check(c: Context, h: str) -> dict[str, Any] | None:
-        def value(s: dict[str, Any]) -> float | None:
+def single_thread_bound(ctx: Context) -> list[Finding]:
+    def check(c: Context, h: str) -> Finding | None:
+        def value(s: SummaryStep) -> float | None:
             top, idle = c.metric(s, h, "top_thread_cpu_pct"), _idle_cpus(c, s, h)
             return top if top is not None and idle is not None and idle >= SINGLE_THREAD_IDLE_CPUS else None
 
@@ -307,7 +308,7 @@ def single_thread_bound(ctx: Context) -> list[dict[str, Any]]:
     return _per_host(ctx, check)
 
 
-def _kernel_share(c: Context, s: dict[str, Any], h: str) -> tuple[str, float] | None:
+def _kernel_share(c: Context, s: SummaryStep, h: str) -> tuple[str, float] | None:
     """("process"|"host", sy share) where the CPU did real work, else None."""
     proc_cpu, share = c.metric(s, h, "cpu_pct"), c.metric(s, h, "sy_share")
     if proc_cpu is not None or share is not None:  # the process was measured: its share or none
@@ -320,9 +321,9 @@ def _kernel_share(c: Context, s: dict[str, Any], h: str) -> tuple[str, float] | 
     return "host", sy / busy
 
 
-def kernel_time_high(ctx: Context) -> list[dict[str, Any]]:
-    def check(c: Context, h: str) -> dict[str, Any] | None:
-        def value(s: dict[str, Any]) -> float | None:
+def kernel_time_high(ctx: Context) -> list[Finding]:
+    def check(c: Context, h: str) -> Finding | None:
+        def value(s: SummaryStep) -> float | None:
             ks = _kernel_share(c, s, h)
             return None if ks is None else ks[1]
 
@@ -342,7 +343,7 @@ def kernel_time_high(ctx: Context) -> list[dict[str, Any]]:
     return _per_host(ctx, check)
 
 
-def _switches(c: Context, s: dict[str, Any], h: str) -> float | None:
+def _switches(c: Context, s: SummaryStep, h: str) -> float | None:
     """Context switches/s: the process's own (voluntary + involuntary, summed over its threads)
     where measured, else the host's (vmstat cs).  On a host shared with the load generator and
     other work the host's count is theirs too (so the service's own signal is read first)."""
@@ -352,8 +353,8 @@ def _switches(c: Context, s: dict[str, Any], h: str) -> float | None:
     return c.metric(s, h, "cs")
 
 
-def switch_storm(ctx: Context) -> list[dict[str, Any]]:
-    def check(c: Context, h: str) -> dict[str, Any] | None:
+def switch_storm(ctx: Context) -> list[Finding]:
+    def check(c: Context, h: str) -> Finding | None:
         base, last = c.before_knee(), (c.valid[-1] if c.valid else None)
         # both are valid steps: their users and qps are numbers (Context.valid, ``known``)
         if base is None or last is None or known(last, "users") <= known(base, "users"):
@@ -377,9 +378,9 @@ def switch_storm(ctx: Context) -> list[dict[str, Any]]:
     return _per_host(ctx, check)
 
 
-def migrations_high(ctx: Context) -> list[dict[str, Any]]:
-    def check(c: Context, h: str) -> dict[str, Any] | None:
-        def value(s: dict[str, Any]) -> float | None:
+def migrations_high(ctx: Context) -> list[Finding]:
+    def check(c: Context, h: str) -> Finding | None:
+        def value(s: SummaryStep) -> float | None:
             """Migrations per second of CPU the process used, where it computed."""
             proc, m = c.metric(s, h, "cpu_pct"), c.metric(s, h, "migrations_s")
             if proc is None or m is None or proc < MIGRATIONS_MIN_PROCESS_CPU_PCT:
@@ -401,7 +402,7 @@ def migrations_high(ctx: Context) -> list[dict[str, Any]]:
     return _per_host(ctx, check)
 
 
-def _io_fires(c: Context, s: dict[str, Any], h: str) -> bool:
+def _io_fires(c: Context, s: SummaryStep, h: str) -> bool:
     """The host waited on IO (wa > IO_WAIT_PCT) and the service did its part of the disk traffic
     (IO_SHARE_MIN; not recorded: the host's wa alone), or the service's own threads were blocked
     on disk IO_DELAY_DISTURBS of its requests' time (measured where delay accounting is on)."""
@@ -410,9 +411,9 @@ def _io_fires(c: Context, s: dict[str, Any], h: str) -> bool:
     return by_host or (delay is not None and delay >= IO_DELAY_DISTURBS)
 
 
-def io_wait(ctx: Context) -> list[dict[str, Any]]:
-    def check(c: Context, h: str) -> dict[str, Any] | None:
-        def value(s: dict[str, Any]) -> float | None:
+def io_wait(ctx: Context) -> list[Finding]:
+    def check(c: Context, h: str) -> Finding | None:
+        def value(s: SummaryStep) -> float | None:
             return max(c.metric(s, h, "wa") or 0.0, 100.0 * (c.io_delay_share(s, h) or 0.0)) \
                 if _io_fires(c, s, h) else None
 

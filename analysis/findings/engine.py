@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import logging
 import shlex
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from kneeswarm.analysis.findings.context import Context, as_dict
-from kneeswarm.analysis.schema.summary import num
+from kneeswarm.analysis.schema.summary import Finding, PlanTable, num
 from kneeswarm.analysis.findings.cpu import fills_cores
 from kneeswarm.analysis.findings.finding import finding
 
@@ -34,7 +34,15 @@ DEMO_DEFAULTS = {"mode": "onnx", "request_threads": 4, "intra_op_threads": 1}
 DEMO_FLAGS = {"--mode": "mode", "--request-threads": "request_threads", "--intra-op-threads": "intra_op_threads"}
 
 
-def demo_knobs(cmdline: str) -> dict[str, Any] | None:
+class Knobs(TypedDict, total=False):
+    """An engine's thread settings: from the plan (as written there) or a demo target's command line."""
+
+    mode: str
+    request_threads: object
+    intra_op_threads: object
+
+
+def demo_knobs(cmdline: str) -> Knobs | None:
     """{mode, request_threads, intra_op_threads} from a demo target's command line, else None."""
     if DEMO_TARGET_MODULE not in cmdline:
         return None
@@ -42,23 +50,23 @@ def demo_knobs(cmdline: str) -> dict[str, Any] | None:
         argv = shlex.split(cmdline)
     except ValueError:
         argv = cmdline.split()
-    out: dict[str, Any] = dict(DEMO_DEFAULTS)
+    out = cast(Knobs, dict(DEMO_DEFAULTS))
     for i, arg in enumerate(argv):
         flag, _, inline = arg.partition("=")
         if flag in DEMO_FLAGS:
             value = inline or (argv[i + 1] if i + 1 < len(argv) else "")
-            out[DEMO_FLAGS[flag]] = value if flag == "--mode" else (int(value) if value.isdigit() else None)
+            out[DEMO_FLAGS[flag]] = value if flag == "--mode" else (int(value) if value.isdigit() else None)  # type: ignore[literal-required]
     return out
 
 
-def plan_knobs(plan: dict[str, Any]) -> dict[str, Any] | None:
+def plan_knobs(plan: PlanTable) -> Knobs | None:
     for section in (*(as_dict(plan.get(k)) for k in KNOB_SECTIONS), plan):
         if num(section.get("request_threads")) is not None:
             return {"request_threads": section.get("request_threads"), "intra_op_threads": section.get("intra_op_threads")}
     return None
 
 
-def _sources(ctx: Context) -> list[tuple[str | None, dict[str, Any], str]]:
+def _sources(ctx: Context) -> list[tuple[str | None, Knobs, str]]:
     """(host, knobs, where from): the plan's knobs first, else each demo target's command line."""
     demo = [(h, k, "the target's command line") for h, f in sorted(ctx.hosts.items())
             if (k := demo_knobs(str(as_dict(f.get("process")).get("cmdline") or ""))) is not None]
@@ -76,7 +84,7 @@ def _competed(ctx: Context, host: str, cpus: float) -> bool:
     return not measured or any(fills_cores(ctx, s, host, cpus) for s in measured)
 
 
-def engine_oversubscribed(ctx: Context) -> list[dict[str, Any]]:
+def engine_oversubscribed(ctx: Context) -> list[Finding]:
     out = []
     for host, knobs, source in _sources(ctx):
         cpus = ctx.service_cpus(host) if host else None  # a plan's knobs name no host: its CPUs unknown

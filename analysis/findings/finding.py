@@ -8,10 +8,10 @@ healthy but worth knowing, e.g. a bounded queue pushing back).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Mapping, Sequence
 
 from kneeswarm.analysis.findings.context import rounded
-from kneeswarm.analysis.schema.summary import num
+from kneeswarm.analysis.schema.summary import Finding, SummaryStep, num
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ SEVERITY = {
 FINDING_IDS = tuple(SEVERITY)
 
 
-def users_of(steps: list[dict[str, Any]]) -> list[int | float]:
+def users_of(steps: Sequence[SummaryStep]) -> list[int | float]:
     """The users of each step, as ints where whole."""
     out = []
     for s in steps:
@@ -63,7 +63,7 @@ def users_of(steps: list[dict[str, Any]]) -> list[int | float]:
     return out
 
 
-def finding(fid: str, steps: list[dict[str, Any]], evidence: dict[str, Any], text: str, advice: str) -> dict[str, Any]:
+def finding(fid: str, steps: Sequence[SummaryStep], evidence: Mapping[str, object], text: str, advice: str) -> Finding:
     """A finding dict; numbers in ``evidence`` rounded to 4 significant digits, None values left out."""
     ev = {k: (rounded(v) if isinstance(v, float) else v) for k, v in evidence.items() if v is not None}
     return {"id": fid, "severity": SEVERITY[fid], "steps": users_of(steps), "evidence": ev,

@@ -14,10 +14,10 @@ analysis/measure/llmworkload.py) against the server's prefix-cache hit rate (``p
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Mapping, NotRequired, TypedDict
 
 from kneeswarm.analysis.findings.context import Context, as_dict, users_text
-from kneeswarm.analysis.schema.summary import num
+from kneeswarm.analysis.schema.summary import Finding, SummaryStep, num
 from kneeswarm.analysis.findings.finding import finding
 from kneeswarm.analysis.findings.load import LATENCY_RISE
 
@@ -57,7 +57,7 @@ NEEDS = {
 }
 
 
-def _series(ctx: Context, host: str, key: str, steps: list[dict[str, Any]]) -> list[tuple[dict[str, Any], float]]:
+def _series(ctx: Context, host: str, key: str, steps: list[SummaryStep]) -> list[tuple[SummaryStep, float]]:
     return [(s, v) for s in steps if (v := ctx.metric(s, host, f"target.{key}")) is not None]
 
 
@@ -65,7 +65,7 @@ def _hosts_with(ctx: Context, key: str) -> list[str]:
     return [h for h in ctx.server_hosts() if any(ctx.metric(s, h, f"target.{key}") is not None for s in ctx.steps)]
 
 
-def _cache_limited(ctx: Context, step: dict[str, Any], host: str) -> bool:
+def _cache_limited(ctx: Context, step: SummaryStep, host: str) -> bool:
     """Sequences waited or were preempted at the step (True when the server exports neither)."""
     waiting, preempted = ctx.metric(step, host, "target.llm_waiting"), ctx.metric(step, host, "target.preempted_s")
     if waiting is None and preempted is None:
@@ -73,7 +73,7 @@ def _cache_limited(ctx: Context, step: dict[str, Any], host: str) -> bool:
     return (waiting or 0.0) > 0 or (preempted or 0.0) > 0
 
 
-def kv_cache_full(ctx: Context) -> list[dict[str, Any]]:
+def kv_cache_full(ctx: Context) -> list[Finding]:
     out = []
     for host in _hosts_with(ctx, "kv_cache_usage_pct"):
         full = [(s, v) for s, v in _series(ctx, host, "kv_cache_usage_pct", ctx.late())
@@ -93,7 +93,7 @@ def kv_cache_full(ctx: Context) -> list[dict[str, Any]]:
     return out
 
 
-def preemption(ctx: Context) -> list[dict[str, Any]]:
+def preemption(ctx: Context) -> list[Finding]:
     out = []
     before = ctx.before_knee()
     for host in _hosts_with(ctx, "preempted_s"):
@@ -115,7 +115,7 @@ def preemption(ctx: Context) -> list[dict[str, Any]]:
     return out
 
 
-def queue_growing(ctx: Context) -> list[dict[str, Any]]:
+def queue_growing(ctx: Context) -> list[Finding]:
     knee, late = ctx.knee_step(), ctx.late()
     if knee is None or len(late) < 2:
         return []
@@ -140,7 +140,7 @@ def queue_growing(ctx: Context) -> list[dict[str, Any]]:
     return out
 
 
-def _latency_split(step: dict[str, Any]) -> tuple[float, float] | None:
+def _latency_split(step: SummaryStep) -> tuple[float, float] | None:
     """(TTFT P50, decode time = (tokens - 1) x TPOT P50) of a step, ms; None when not streamed."""
     ttft, tpot = num(step.get("ttft_p50_ms")), num(step.get("tpot_p50_ms"))
     tokens_s, qps = num(step.get("tokens_s")), num(step.get("qps"))
@@ -149,7 +149,20 @@ def _latency_split(step: dict[str, Any]) -> tuple[float, float] | None:
     return ttft, max(tokens_s / qps - 1.0, 0.0) * tpot
 
 
-def _carrier(ctx: Context) -> tuple[str, dict[str, Any]] | None:
+class CarrierEvidence(TypedDict):
+    """The evidence of prefill_bound / decode_bound: the step before the knee and the last one."""
+
+    users: list[int | float | None]
+    p50_ms: list[float]
+    ttft_p50_ms: list[float]
+    decode_ms: list[float]
+    ttft_share: float
+    carry_share: float
+    engine_queue_ms: NotRequired[list[float]]  # prefill_bound, where a host exports its queue time
+    engine_queue_host: NotRequired[str]
+
+
+def _carrier(ctx: Context) -> tuple[str, CarrierEvidence] | None:
     """("prefill_bound" | "decode_bound", evidence) when one part carries the latency rise."""
     before, late = ctx.before_knee(), ctx.late()
     if before is None or not late or late[-1] is before:
@@ -163,7 +176,7 @@ def _carrier(ctx: Context) -> tuple[str, dict[str, Any]] | None:
     rise = d_ttft + d_decode
     if rise <= 0:
         return None
-    ev = {"users": [before["users"], last["users"]], "p50_ms": [p0, p1], "ttft_p50_ms": [a[0], b[0]],
+    ev: CarrierEvidence = {"users": [before.get("users"), last.get("users")], "p50_ms": [p0, p1], "ttft_p50_ms": [a[0], b[0]],
           "decode_ms": [a[1], b[1]], "ttft_share": d_ttft / rise, "carry_share": CARRY_SHARE}
     if d_ttft / rise >= CARRY_SHARE:
         return "prefill_bound", ev
@@ -172,7 +185,7 @@ def _carrier(ctx: Context) -> tuple[str, dict[str, Any]] | None:
     return None
 
 
-def _engine_queue(ctx: Context, steps: list[dict[str, Any]]) -> tuple[str, list[float]] | None:
+def _engine_queue(ctx: Context, steps: list[SummaryStep]) -> tuple[str, list[float]] | None:
     """(host, the server's mean wait to be scheduled at each step, ms) where a host exports it."""
     for host in _hosts_with(ctx, "llm_queue_ms"):
         values = ctx.metric_at_each(steps, host, "target.llm_queue_ms")
@@ -181,7 +194,7 @@ def _engine_queue(ctx: Context, steps: list[dict[str, Any]]) -> tuple[str, list[
     return None
 
 
-def _carried_by(ctx: Context, part: str) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+def _carried_by(ctx: Context, part: str) -> tuple[CarrierEvidence, list[SummaryStep]] | None:
     """(evidence, the two valid steps it compares) when ``part`` ("prefill_bound" | "decode_bound")
     carries the latency rise (:func:`_carrier`), else None."""
     got = _carrier(ctx)
@@ -192,13 +205,13 @@ def _carried_by(ctx: Context, part: str) -> tuple[dict[str, Any], list[dict[str,
     return ev, [s for s in ctx.valid if num(s.get("users")) in users]
 
 
-def _rise(ev: dict[str, Any]) -> str:
+def _rise(ev: CarrierEvidence) -> str:
     """The opening both carriers' findings share: "From N to M users P50 latency rose a -> b ms"."""
     (u0, u1), (p0, p1) = ev["users"], ev["p50_ms"]
     return f"From {users_text(u0)} to {users_text(u1)} P50 latency rose {p0:.0f} -> {p1:.0f} ms"
 
 
-def prefill_bound(ctx: Context) -> list[dict[str, Any]]:
+def prefill_bound(ctx: Context) -> list[Finding]:
     carried = _carried_by(ctx, "prefill_bound")
     if carried is None:
         return []
@@ -219,7 +232,7 @@ def prefill_bound(ctx: Context) -> list[dict[str, Any]]:
                     "caching, or split prefill from decode (disaggregated serving).")]
 
 
-def decode_bound(ctx: Context) -> list[dict[str, Any]]:
+def decode_bound(ctx: Context) -> list[Finding]:
     carried = _carried_by(ctx, "decode_bound")
     if carried is None:
         return []
@@ -262,10 +275,10 @@ COLD_SHARE = 0.5
 PREFIX_NEEDS = "prefix-cache hit and query counters (vLLM, SGLang, llama.cpp)"
 
 
-def _expected_hit(ctx: Context) -> dict[str, Any] | None:
+def _expected_hit(ctx: Context) -> Mapping[str, object] | None:
     """The workload's [request.prefix] facts (or a trace's) when it shares enough tokens to expect hits."""
     for key in ("prefix", "trace"):
-        p = as_dict(ctx.llm_workload.get(key))
+        p: Mapping[str, object] = as_dict(ctx.llm_workload.get(key))
         expected = num(p.get("expected_hit_pct"))
         if expected is not None and expected >= PREFIX_EXPECT_MIN_PCT:
             return p
@@ -278,11 +291,11 @@ def _hit_hosts(ctx: Context) -> list[str]:
                    for k in ("prefix_hit_pct", "prefix_hit_own_pct"))]
 
 
-def prefix_cache_cold(ctx: Context) -> list[dict[str, Any]]:
+def prefix_cache_cold(ctx: Context) -> list[Finding]:
     p = _expected_hit(ctx)
     if p is None:
         return []
-    expected = float(p["expected_hit_pct"])
+    expected = num(p.get("expected_hit_pct")) or 0.0  # _expected_hit: a number
     out = []
     for host in _hit_hosts(ctx):
         key = "prefix_hit_pct" if host in _hosts_with(ctx, "prefix_hit_pct") else "prefix_hit_own_pct"
@@ -293,7 +306,7 @@ def prefix_cache_cold(ctx: Context) -> list[dict[str, Any]]:
         if mean >= COLD_SHARE * expected:
             continue
         out.append(finding("prefix_cache_cold", [s for s, _ in series],
-                           {"host": host, "hit_pct": {str(s["users"]): round(v, 2) for s, v in series},
+                           {"host": host, "hit_pct": {str(s.get("users")): round(v, 2) for s, v in series},
                             "hit_pct_mean": round(mean, 2), "expected_hit_pct": expected,
                             "share": p.get("share"), "prefix_tokens": p.get("tokens"), "prefixes": p.get("count"),
                             "cold_share": COLD_SHARE},
@@ -305,10 +318,10 @@ def prefix_cache_cold(ctx: Context) -> list[dict[str, Any]]:
     return out
 
 
-def _sharing(p: dict[str, Any]) -> str:
+def _sharing(p: Mapping[str, object]) -> str:
     if "share" in p:
         return (f"prefixes ({p.get('count')} prefixes of {p.get('tokens')} tokens in "
-                f"{float(p.get('share') or 0):.0%} of requests)")
+                f"{num(p.get('share')) or 0.0:.0%} of requests)")
     return f"blocks (the trace's hash ids, {p.get('block_tokens')}-token blocks, over one pass)"
 
 

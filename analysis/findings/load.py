@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 from kneeswarm.analysis.findings.context import Context, as_dict, known, users_text
-from kneeswarm.analysis.schema.summary import num
+from kneeswarm.analysis.schema.summary import Finding, SummaryStep, num
 from kneeswarm.analysis.findings.cpu import CPU_SATURATED_PCT, CPU_WAIT_DISTURBS
 from kneeswarm.analysis.findings.finding import finding
 
@@ -52,13 +52,13 @@ EXPLAINED_BY = ("cpu_saturated", "run_queue_over_cores", "single_thread_bound", 
                 "cpu_throttled", "kv_cache_full", "preemption", "queue_growing", "prefill_bound", "decode_bound")
 
 
-def qps_resolution(step: dict[str, Any]) -> float:
+def qps_resolution(step: SummaryStep) -> float:
     """users / window_s of a step (0 when either is missing)."""
     u, w = num(step.get("users")), num(step.get("window_s"))
     return u / w if u is not None and w is not None and w > 0 else 0.0
 
 
-def retrograde(ctx: Context) -> list[dict[str, Any]]:
+def retrograde(ctx: Context) -> list[Finding]:
     if not ctx.valid:
         return []
     peak = max(ctx.valid, key=lambda s: known(s, "qps"))
@@ -79,14 +79,14 @@ def retrograde(ctx: Context) -> list[dict[str, Any]]:
                     "and scale out with replicas; read the CPU findings for the crosstalk behind the drop.")]
 
 
-def _generator_top(step: dict[str, Any]) -> tuple[str | None, float | None]:
+def _generator_top(step: SummaryStep) -> tuple[str | None, float | None]:
     cpu = {w: v for w, x in as_dict(as_dict(step.get("generator")).get("cpu_pct")).items() if (v := num(x)) is not None}
     if cpu:
         return max(cpu.items(), key=lambda kv: kv[1])
     return None, num(step.get("generator_cpu_max"))
 
 
-def generator_bound(ctx: Context) -> list[dict[str, Any]]:
+def generator_bound(ctx: Context) -> list[Finding]:
     tops = [(s, *_generator_top(s)) for s in ctx.steps]
     hits = [(s, w, v) for s, w, v in tops if v is not None and v > ctx.generator_cpu_max]
     if not hits:
@@ -101,7 +101,7 @@ def generator_bound(ctx: Context) -> list[dict[str, Any]]:
                     "at least the server's class of machine.")]
 
 
-def pushback_rate(ctx: Context, step: dict[str, Any]) -> float | None:
+def pushback_rate(ctx: Context, step: SummaryStep) -> float | None:
     """Refusals per second: the target's own rejected_s where exported, else 429/503/5xx errors."""
     rejected = [v for h in ctx.server_hosts() if (v := ctx.metric(step, h, "target.rejected_s")) is not None]
     if rejected:
@@ -114,7 +114,7 @@ def pushback_rate(ctx: Context, step: dict[str, Any]) -> float | None:
     return count / window if window and window > 0 else count
 
 
-def _span(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]] | None:
+def _span(ctx: Context) -> tuple[SummaryStep, SummaryStep] | None:
     """(the knee step, else the first valid step; the last valid step), when they differ."""
     if not ctx.valid:
         return None
@@ -122,7 +122,7 @@ def _span(ctx: Context) -> tuple[dict[str, Any], dict[str, Any]] | None:
     return (base, last) if known(last, "users") > known(base, "users") else None
 
 
-def queue_pushback(ctx: Context) -> list[dict[str, Any]]:
+def queue_pushback(ctx: Context) -> list[Finding]:
     span = _span(ctx)
     if span is None:
         return []
@@ -140,7 +140,7 @@ def queue_pushback(ctx: Context) -> list[dict[str, Any]]:
                     "and have clients retry with backoff or shed load upstream.")]
 
 
-def _little_growth(base: dict[str, Any], last: dict[str, Any]) -> float | None:
+def _little_growth(base: SummaryStep, last: SummaryStep) -> float | None:
     """How much users / throughput grew from ``base`` to ``last`` (closed loop: the latency growth
     the added users alone explain); None when a step lacks users or throughput."""
     u0, u1, x0, x1 = num(base.get("users")), num(last.get("users")), num(base.get("qps")), num(last.get("qps"))
@@ -149,7 +149,7 @@ def _little_growth(base: dict[str, Any], last: dict[str, Any]) -> float | None:
     return (u1 / x1) / (u0 / x0)
 
 
-def unbounded_queue(ctx: Context) -> list[dict[str, Any]]:
+def unbounded_queue(ctx: Context) -> list[Finding]:
     span = _span(ctx)
     if span is None:
         return []
@@ -174,7 +174,7 @@ def unbounded_queue(ctx: Context) -> list[dict[str, Any]]:
                     "answer 429/503 when it is full (or run the caller's task: CallerRuns).")]
 
 
-def _not_computing(ctx: Context, s: dict[str, Any], h: str) -> float | None:
+def _not_computing(ctx: Context, s: SummaryStep, h: str) -> float | None:
     """The step's busy % on host h (the process's share of the CPUs where measured, else the
     host's) when it shows no computing limit, else None; not measured reads as 0.
 
@@ -196,7 +196,7 @@ def _not_computing(ctx: Context, s: dict[str, Any], h: str) -> float | None:
     return 0.0
 
 
-def _cpu_idle_everywhere(ctx: Context, steps: list[dict[str, Any]]) -> dict[str, float] | None:
+def _cpu_idle_everywhere(ctx: Context, steps: list[SummaryStep]) -> dict[str, float] | None:
     """{host: the service's worst busy %} when no measured host showed a computing limit, else None."""
     worst: dict[str, float] = {}
     measured = False
@@ -210,7 +210,7 @@ def _cpu_idle_everywhere(ctx: Context, steps: list[dict[str, Any]]) -> dict[str,
     return worst if measured else None
 
 
-def waiting_not_computing(ctx: Context, found: set[str]) -> list[dict[str, Any]]:
+def waiting_not_computing(ctx: Context, found: set[str]) -> list[Finding]:
     ks, late = ctx.knee_step(), ctx.late()
     if ks is None or len(late) < 2 or found.intersection(EXPLAINED_BY):
         return []

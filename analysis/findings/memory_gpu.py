@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from kneeswarm.analysis.findings.context import Context, process_evidence, process_growth, process_text
-from kneeswarm.analysis.schema.summary import num
+from kneeswarm.analysis.schema.summary import Finding, SummaryStep, num
 from kneeswarm.analysis.findings.finding import finding
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def _linear(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return float(slope), r2
 
 
-def _model_copy(ctx: Context, h: str, key: str, label: str) -> dict[str, Any] | None:
+def _model_copy(ctx: Context, h: str, key: str, label: str) -> Finding | None:
     pts = [(num(s["users"]), v, s) for s in ctx.valid if (v := ctx.metric(s, h, key)) is not None]
     if len(pts) < MODEL_COPY_MIN_STEPS:
         return None
@@ -76,7 +76,7 @@ def _model_copy(ctx: Context, h: str, key: str, label: str) -> dict[str, Any] | 
                    "InferenceSession for all threads); on a GPU, one model instance per device.")
 
 
-def model_copies(ctx: Context) -> list[dict[str, Any]]:
+def model_copies(ctx: Context) -> list[Finding]:
     out = []
     for h in ctx.server_hosts():
         for key, label in MEMORY_METRICS:
@@ -85,7 +85,7 @@ def model_copies(ctx: Context) -> list[dict[str, Any]]:
     return out
 
 
-def gpu_serialized(ctx: Context) -> list[dict[str, Any]]:
+def gpu_serialized(ctx: Context) -> list[Finding]:
     late = ctx.late()
     if ctx.knee_users is None or len(late) < MIN_LATE_STEPS_FOR_FLAT:
         return []
@@ -109,12 +109,12 @@ def gpu_serialized(ctx: Context) -> list[dict[str, Any]]:
     return out
 
 
-def _work_held(late: list[dict[str, Any]]) -> bool:
+def _work_held(late: list[SummaryStep]) -> bool:
     qps = np.array([num(s["qps"]) for s in late])
     return len(late) >= GPU_CREEP_MIN_STEPS and qps.mean() > 0 and np.ptp(qps) <= QPS_FLAT * qps.mean()
 
 
-def gpu_memory_creep(ctx: Context) -> list[dict[str, Any]]:
+def gpu_memory_creep(ctx: Context) -> list[Finding]:
     late = ctx.late()
     if ctx.knee_users is None or not _work_held(late):
         return []

@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from kneeswarm.analysis.findings.context import Context, users_text
-from kneeswarm.analysis.schema.summary import num
+from kneeswarm.analysis.schema.summary import Finding, SummaryStep, num
 from kneeswarm.analysis.findings.cpu import cpu_full_by_service
 from kneeswarm.analysis.findings.finding import finding
 
@@ -38,7 +38,7 @@ SWING_GROWTH = 1.5  # the spread at least 1.5x the spread at the step before the
 SWING_MIN_SPREAD = 2.0  # ... and P99 at least twice P50
 
 
-def _efficiency(c: Context, s: dict[str, Any], h: str) -> tuple[float, float] | None:
+def _efficiency(c: Context, s: SummaryStep, h: str) -> tuple[float, float] | None:
     """(process CPUs' worth used, QPS per CPU-second) of a step, when both are measured and positive."""
     proc, qps = c.metric(s, h, "cpu_pct"), num(s.get("qps"))
     if proc is None or qps is None or proc <= 0 or qps <= 0:
@@ -47,10 +47,10 @@ def _efficiency(c: Context, s: dict[str, Any], h: str) -> tuple[float, float] | 
     return cpus, qps / cpus
 
 
-def _efficiency_drop(c: Context, h: str, cores: float) -> tuple[dict, dict, float, float, float, float] | None:
+def _efficiency_drop(c: Context, h: str, cores: float) -> tuple[SummaryStep, SummaryStep, float, float, float, float] | None:
     """(best earlier step, falling step, their CPUs and efficiencies: cpus0, eff0, cpus1, eff1) of
     the largest fall at a step whose CPU rose CPU_STILL_RISING over the step before it."""
-    seen: list[tuple[dict[str, Any], float, float]] = []  # (step, cpus, efficiency) in users order
+    seen: list[tuple[SummaryStep, float, float]] = []  # (step, cpus, efficiency) in users order
     falls = []
     for s in c.valid:
         e = _efficiency(c, s, h)
@@ -65,7 +65,7 @@ def _efficiency_drop(c: Context, h: str, cores: float) -> tuple[dict, dict, floa
     return min(falls, key=lambda f: f[5] / f[3]) if falls else None
 
 
-def efficiency_falling(ctx: Context) -> list[dict[str, Any]]:
+def efficiency_falling(ctx: Context) -> list[Finding]:
     out = []
     for h in ctx.server_hosts():
         cores = ctx.cpu_fact(h, "physical_cores") or ctx.cpu_fact(h, "logical_cpus")
@@ -87,12 +87,12 @@ def efficiency_falling(ctx: Context) -> list[dict[str, Any]]:
     return out
 
 
-def _spread(s: dict[str, Any]) -> float | None:
+def _spread(s: SummaryStep) -> float | None:
     p50, p99 = num(s.get("p50_ms")), num(s.get("p99_ms"))
     return p99 / p50 if p50 is not None and p99 is not None and p50 > 0 else None
 
 
-def latency_swinging(ctx: Context) -> list[dict[str, Any]]:
+def latency_swinging(ctx: Context) -> list[Finding]:
     base = ctx.before_knee() or (ctx.valid[0] if ctx.valid else None)
     b = None if base is None else _spread(base)
     u0 = None if base is None else num(base.get("users"))

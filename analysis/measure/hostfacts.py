@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, cast
 
-from kneeswarm.analysis.schema.summary import ServiceTree, TreeProcess
+from kneeswarm.analysis.schema.summary import (ClockFacts, HostFacts, ParseCount, RawFacts, ServiceLimits, ServiceTree,
+                                               TreeProcess, as_dict)
 from kneeswarm.contracts.rundir import TARGET_HOST, Meta, safe_name
 
 logger = logging.getLogger(__name__)
@@ -51,11 +52,8 @@ KB_PER_GIB = 1024 * 1024
 CMDLINE_MAX = 200  # characters of a command line shown in the report
 
 
-def _dict(x: Any) -> dict[str, Any]:
-    return x if isinstance(x, dict) else {}
-
-
 def _num(x: Any) -> float | None:
+    """A finite float of a value the host's agent reported (untyped JSON: a number may come as text), or None."""
     try:
         f = float(x)
     except (TypeError, ValueError):
@@ -63,6 +61,7 @@ def _num(x: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
+# -- meta.json's host entries and the agent's preflight: untyped JSON, picked and coerced here --------
 def _pick(d: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:
     return {k: d[k] for k in keys if k in d and d[k] is not None}
 
@@ -70,27 +69,32 @@ def _pick(d: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:
 def _collectors(info: Any) -> dict[str, dict[str, Any]]:
     """{collector: its enabled/kind/version/reason} of a host's meta; {} when it says none."""
     out = {}
-    for name, c in sorted(_dict(info).items()):
-        c = _dict(c)
+    for name, c in sorted(as_dict(info).items()):
+        c = as_dict(c)
         out[name] = _pick(c, ("enabled", "kind", "version", "reason"))
     return out
 
 
-def _clock(clock: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _clock(clock: dict[str, Any]) -> ClockFacts:
+    out: ClockFacts = {}
+    sides: dict[str, dict[str, float]] = {}
     for side in ("before", "after"):
-        s = _dict(clock.get(side))
-        picked = {k: _num(s.get(k)) for k in CLOCK_SIDE_KEYS if _num(s.get(k)) is not None}
+        s = as_dict(clock.get(side))
+        picked = {k: v for k in CLOCK_SIDE_KEYS if (v := _num(s.get(k))) is not None}
         if picked:
-            out[side] = picked
-    first = out.get("before") or out.get("after")
+            sides[side] = picked
+    if "before" in sides:
+        out["before"] = sides["before"]
+    if "after" in sides:
+        out["after"] = sides["after"]
+    first = sides.get("before") or sides.get("after")
     if first and "offset" in first:
         out["offset_s"] = first["offset"]
-    errs = [out[s]["error"] for s in ("before", "after") if "error" in out.get(s, {})]
+    errs = [sides[s]["error"] for s in ("before", "after") if "error" in sides.get(s, {})]
     if errs:
         out["error_s"] = max(errs)
-    if _num(clock.get("drift_ppm")) is not None:
-        out["drift_ppm"] = _num(clock.get("drift_ppm"))
+    if (drift := _num(clock.get("drift_ppm"))) is not None:
+        out["drift_ppm"] = drift
     if clock.get("applied"):
         out["applied"] = clock["applied"]
     if clock.get("errors"):
@@ -98,15 +102,15 @@ def _clock(clock: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def parse_counts(parse: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def parse_counts(parse: dict[str, Any]) -> dict[str, ParseCount]:
     out = {}
-    for name, p in sorted(_dict(parse).items()):
-        p = _dict(p)
-        rec: dict[str, Any] = {}
-        for k in ("lines", "skipped"):
-            v = _num(p.get(k))
-            if v is not None:
-                rec[k] = int(v)
+    for name, p in sorted(as_dict(parse).items()):
+        p = as_dict(p)
+        rec: ParseCount = {}
+        if (v := _num(p.get("lines"))) is not None:
+            rec["lines"] = int(v)
+        if (v := _num(p.get("skipped"))) is not None:
+            rec["skipped"] = int(v)
         if p.get("error"):
             rec["error"] = str(p["error"])
         if rec:
@@ -131,18 +135,21 @@ def _tightest(cgroup: Any, column: str) -> float | None:
     return min(finite) if finite else None
 
 
-def service_limits(cgroup: Any, host_cpus: float | None) -> dict[str, Any]:
+def service_limits(cgroup: Any, host_cpus: float | None) -> ServiceLimits:
     """``service`` facts from a cgroup table (None: none sampled) and the host's logical CPUs."""
     limits = {"quota": _tightest(cgroup, "quota_cpus"), "cpuset": _tightest(cgroup, "cpuset_cpus"),
               "host": host_cpus if host_cpus is not None and host_cpus > 0 else None}
     known = [(v, b) for b in SERVICE_BOUNDS if (v := limits[b]) is not None]
-    out: dict[str, Any] = {}
+    out: ServiceLimits = {}
     if known:
         cpus, bound = min(known, key=lambda vb: vb[0])  # min keeps the first of equals
-        out.update(cpus=cpus, bound=bound)
-    for key, bound in (("quota_cpus", "quota"), ("cpuset_cpus", "cpuset"), ("host_cpus", "host")):
-        if limits[bound] is not None:
-            out[key] = limits[bound]
+        out.update({"cpus": cpus, "bound": bound})
+    if (v := limits["quota"]) is not None:
+        out["quota_cpus"] = v
+    if (v := limits["cpuset"]) is not None:
+        out["cpuset_cpus"] = v
+    if (v := limits["host"]) is not None:
+        out["host_cpus"] = v
     mem, version = _tightest(cgroup, "memory_limit_mb"), _tightest(cgroup, "version")
     if mem is not None:
         out["memory_limit_mb"] = mem
@@ -170,14 +177,14 @@ def migrations_counted(process: Any) -> str | None:
     return ", ".join(named) or None
 
 
-def host_facts_one(preflight: dict[str, Any], host_meta: dict[str, Any]) -> dict[str, Any]:
+def host_facts_one(preflight: dict[str, Any], host_meta: dict[str, Any]) -> HostFacts:
     """The facts of one host from its preflight dict and its meta.json["hosts"] entry."""
-    facts = {**_dict(host_meta.get("facts")), **_dict(preflight)}  # the preflight wins where both say
-    out: dict[str, Any] = {}
+    facts = {**as_dict(host_meta.get("facts")), **as_dict(preflight)}  # the preflight wins where both say
+    out: HostFacts = {}
     for k in ("hostname", "kernel", "machine", "python"):
         if facts.get(k):
             out[k] = facts[k]
-    cpu = _pick(_dict(facts.get("cpu")), CPU_KEYS)
+    cpu = _pick(as_dict(facts.get("cpu")), CPU_KEYS)
     if cpu:
         out["cpu"] = cpu
     mem_kb = _num(facts.get("memory_total_kb"))
@@ -185,8 +192,8 @@ def host_facts_one(preflight: dict[str, Any], host_meta: dict[str, Any]) -> dict
         out["memory_total_kb"] = int(mem_kb)
         out["memory_gib"] = round(mem_kb / KB_PER_GIB, 1)
     if isinstance(facts.get("gpus"), list):
-        out["gpus"] = [_pick(_dict(g), GPU_KEYS) for g in facts["gpus"]]
-    proc = _pick(_dict(facts.get("process")), PROCESS_KEYS)
+        out["gpus"] = [_pick(as_dict(g), GPU_KEYS) for g in facts["gpus"]]
+    proc = _pick(as_dict(facts.get("process")), PROCESS_KEYS)
     if "pid" not in proc and host_meta.get("pid") is not None:
         proc["pid"] = host_meta["pid"]
     if proc:
@@ -194,15 +201,16 @@ def host_facts_one(preflight: dict[str, Any], host_meta: dict[str, Any]) -> dict
     collectors = _collectors(host_meta.get("collectors") or facts.get("collectors"))
     if collectors:
         out["collectors"] = collectors
-    clock = _clock(_dict(host_meta.get("clock")))
+    clock = _clock(as_dict(host_meta.get("clock")))
     if clock:
         out["clock"] = clock
-    parse = parse_counts(_dict(host_meta.get("parse")))
+    parse = parse_counts(as_dict(host_meta.get("parse")))
     if parse:
         out["parse"] = parse
-    for k in ("transport", "label"):
-        if host_meta.get(k):
-            out[k] = host_meta[k]
+    if host_meta.get("transport"):
+        out["transport"] = host_meta["transport"]
+    if host_meta.get("label"):
+        out["label"] = host_meta["label"]
     if host_meta.get("warnings"):
         out["warnings"] = [str(w) for w in host_meta["warnings"]]
     return out
@@ -276,21 +284,21 @@ def host_facts(meta: Meta, data_hosts: Iterable[str] = (),
                rebuilt: dict[str, dict[str, Any]] | None = None,
                cgroups: Mapping[str, Any] | None = None,
                processes: Mapping[str, Any] | None = None,
-               trees: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+               trees: Mapping[str, Any] | None = None) -> dict[str, HostFacts]:
     """{host dir name: facts} over the hosts in meta.json and those with data under hosts/;
     ``rebuilt``: {host: parse stats} of hosts whose raw files analysis parsed again; ``cgroups``:
     {host: its cgroup table} (the ``service`` facts); ``processes``: {host: its process table}
     (``migrations_counted``: how the migrations/s column was counted); ``trees``: {host: its tree
     table} (the ``tree`` facts: which processes were the service)."""
-    pre, hosts = _dict(meta.get("hosts_preflight")), _dict(meta.get("hosts"))
-    out: dict[str, dict[str, Any]] = {}
+    pre, hosts = as_dict(meta.get("hosts_preflight")), as_dict(meta.get("hosts"))
+    out: dict[str, HostFacts] = {}
     for label in sorted(set(pre) | set(hosts), key=str):
-        facts = host_facts_one(_dict(pre.get(label)), _dict(hosts.get(label)))
+        facts = host_facts_one(as_dict(pre.get(label)), as_dict(hosts.get(label)))
         name = safe_name(str(label))
         if name != label:
             facts.setdefault("label", label)
         out[name] = facts
-    scraper = _dict(meta.get("target_metrics"))
+    scraper = as_dict(meta.get("target_metrics"))
     if scraper:
         facts = out.setdefault(safe_name(str(scraper.get("host") or TARGET_HOST)), {})
         picked = _pick(scraper, SCRAPER_KEYS)
@@ -307,19 +315,19 @@ def host_facts(meta: Meta, data_hosts: Iterable[str] = (),
             out[h]["parse"] = parse
     cgroups = cgroups or {}
     for h, facts in out.items():
-        service = service_limits(cgroups.get(h), _num(_dict(facts.get("cpu")).get("logical_cpus")))
+        service = service_limits(cgroups.get(h), _num(as_dict(facts.get("cpu")).get("logical_cpus")))
         if service:
             facts["service"] = service
         counted = migrations_counted((processes or {}).get(h))
         if counted:
             facts["migrations_counted"] = counted
-        tree = service_tree((trees or {}).get(h), _dict(facts.get("process")).get("scope"))
+        tree = service_tree((trees or {}).get(h), as_dict(facts.get("process")).get("scope"))
         if tree:
             facts["tree"] = tree
     return dict(sorted(out.items()))
 
 
-def skipped_lines(facts: dict[str, dict[str, Any]]) -> list[tuple[str, str, int, int]]:
+def skipped_lines(facts: dict[str, HostFacts]) -> list[tuple[str, str, int, int]]:
     """(host, collector, skipped, lines) for every collector that skipped malformed lines."""
     return [(h, c, p["skipped"], p.get("lines", 0)) for h, f in facts.items()
             for c, p in (f.get("parse") or {}).items() if p.get("skipped")]
@@ -339,7 +347,7 @@ def _plural(n: Any, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def cpu_line(f: dict[str, Any]) -> str | None:
+def cpu_line(f: HostFacts) -> str | None:
     cpu = f.get("cpu") or {}
     parts = []
     if cpu:
@@ -370,14 +378,14 @@ def cpu_line(f: dict[str, Any]) -> str | None:
 BOUND_TEXT = {"quota": "the cgroup's CPU quota", "cpuset": "the cgroup's cpuset", "host": "the host's logical CPUs"}
 
 
-def service_line(f: dict[str, Any]) -> str | None:
+def service_line(f: HostFacts) -> str | None:
     """"CPUs the service may use: 0.5 (bound by the cgroup's CPU quota; ...)"; None when the host
     bounds it and no cgroup limit was read (the CPU line already says so)."""
     sv = f.get("service") or {}
     if sv.get("cpus") is None or (sv.get("bound") == "host" and "cgroup_version" not in sv):
         return None
-    others = [f"{what} {sv[key]:g}" for key, what in (("quota_cpus", "quota"), ("cpuset_cpus", "cpuset"),
-                                                        ("host_cpus", "host")) if sv.get(key) is not None]
+    others = [f"{what} {v:g}" for v, what in ((sv.get("quota_cpus"), "quota"), (sv.get("cpuset_cpus"), "cpuset"),
+                                               (sv.get("host_cpus"), "host")) if v is not None]
     bound = sv.get("bound")
     line = (f"CPUs the service may use: {sv['cpus']:g} (bound by {BOUND_TEXT.get(bound or '', bound)}"
             + (f"; {', '.join(others)}" if others else "") + ")")
@@ -398,7 +406,7 @@ SCOPE_TEXT = {"tree": "the process tree of pid {pid} (it and every descendant, f
               "process": "pid {pid} alone"}
 
 
-def process_line(f: dict[str, Any]) -> str | None:
+def process_line(f: HostFacts) -> str | None:
     p = f.get("process")
     if not p:
         return None
@@ -408,7 +416,7 @@ def process_line(f: dict[str, Any]) -> str | None:
         return "monitored process: none chosen"
     cmd = _cut(str(p.get("cmdline") or ""), CMDLINE_MAX)
     by = f" (chosen by {p['by']})" if p.get("by") else ""
-    scope = p.get("scope") or _dict(f.get("tree")).get("scope")
+    scope = p.get("scope") or as_dict(f.get("tree")).get("scope")
     if scope not in SCOPE_TEXT:  # a run from before the service was a tree
         return f"monitored process: pid {p['pid']}{by}" + (f": `{cmd}`" if cmd else "")
     what = SCOPE_TEXT[scope].format(pid=p["pid"], group=f" ({p['cgroup']})" if p.get("cgroup") else "")
@@ -416,7 +424,7 @@ def process_line(f: dict[str, Any]) -> str | None:
     return line + (f"; note: {p['note']}" if p.get("note") else "")
 
 
-def _tree_member_line(m: dict[str, Any], tree: dict[str, Any]) -> str:
+def _tree_member_line(m: TreeProcess, tree: ServiceTree) -> str:
     """One process of the service: "pid 124 (parent 123, worker): 95 % CPU (peak 101 %), ..."."""
     who = ", ".join(x for x in (f"parent {m['ppid']}" if m.get("ppid") is not None else "", m.get("role") or "") if x)
     figs = []
@@ -434,9 +442,9 @@ def _tree_member_line(m: dict[str, Any], tree: dict[str, Any]) -> str:
             + (f": `{_cut(str(cmd), TREE_CMDLINE_SHOWN)}`" if cmd else ""))
 
 
-def tree_lines(f: dict[str, Any]) -> list[str]:
+def tree_lines(f: HostFacts) -> list[str]:
     """The service's processes, one line each (the busiest TREE_SHOWN; the others summed in one)."""
-    tree = _dict(f.get("tree"))
+    tree = as_dict(f.get("tree"))
     procs = [m for m in tree.get("processes") or [] if isinstance(m, dict) and "pid" in m]
     if not procs:
         return []
@@ -444,7 +452,7 @@ def tree_lines(f: dict[str, Any]) -> list[str]:
     lines = [f"watched: {count} process" + ("" if count == 1 else "es") + (f", {tree['at_once']} at most at once" if
                                                         tree.get("at_once") and tree["at_once"] != count else "")
              + "; the service's figures are their sums"]
-    lines += [_tree_member_line(m, tree) for m in procs[:TREE_SHOWN]]
+    lines += [_tree_member_line(cast(TreeProcess, m), cast(ServiceTree, tree)) for m in procs[:TREE_SHOWN]]
     rest = procs[TREE_SHOWN:]
     if rest or count > len(procs):
         cpu = sum(m.get("cpu_pct") or 0.0 for m in rest)
@@ -452,7 +460,7 @@ def tree_lines(f: dict[str, Any]) -> list[str]:
     return lines
 
 
-def collectors_line(f: dict[str, Any]) -> str | None:
+def collectors_line(f: HostFacts) -> str | None:
     cs = f.get("collectors") or {}
     if not cs:
         return None
@@ -464,11 +472,10 @@ def collectors_line(f: dict[str, Any]) -> str | None:
     return line
 
 
-def clock_line(f: dict[str, Any]) -> str | None:
+def clock_line(f: HostFacts) -> str | None:
     c = f.get("clock") or {}
     sides = []
-    for side in ("before", "after"):
-        s = c.get(side) or {}
+    for side, s in (("before", c.get("before") or {}), ("after", c.get("after") or {})):
         if "offset" in s:
             sides.append(f"{side} {_fmt_s(s['offset'])}" + (f" ± {_fmt_s(s['error'])}" if "error" in s else ""))
     if not sides and not c.get("errors"):
@@ -481,7 +488,7 @@ def clock_line(f: dict[str, Any]) -> str | None:
     return line
 
 
-def scraper_line(f: dict[str, Any]) -> str | None:
+def scraper_line(f: HostFacts) -> str | None:
     sc = f.get("scraper") or {}
     if not sc:
         return None
@@ -493,7 +500,7 @@ def scraper_line(f: dict[str, Any]) -> str | None:
     return line
 
 
-def parse_line(f: dict[str, Any]) -> str | None:
+def parse_line(f: HostFacts) -> str | None:
     p = f.get("parse") or {}
     if not p:
         return None
@@ -507,13 +514,13 @@ def parse_line(f: dict[str, Any]) -> str | None:
     return "parsed: " + "; ".join(items)
 
 
-def migrations_line(f: dict[str, Any]) -> str | None:
+def migrations_line(f: HostFacts) -> str | None:
     """"migrations/s: the kernel's count (...)"; None where the process table did not say."""
     counted = [MIGRATIONS_TEXT.get(c.strip(), c) for c in str(f.get("migrations_counted") or "").split(",") if c]
     return "migrations/s: " + "; in part ".join(counted) if counted else None
 
 
-def host_lines(host: str, f: dict[str, Any]) -> list[str]:
+def host_lines(host: str, f: HostFacts) -> list[str]:
     """Markdown lines (one header, then sub-bullets) describing one host."""
     where = ", ".join(x for x in (f.get("hostname"), f.get("kernel") and f"Linux {f['kernel']}") if x)
     head = f"**{host}**" + (f" ({where})" if where else "")

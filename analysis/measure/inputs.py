@@ -23,6 +23,7 @@ import pandas as pd
 from kneeswarm.analysis.measure.rebuild import missing_lines, rebuild_parsed
 from kneeswarm.analysis.measure.requestscan import ScanResult, scan_parts
 from kneeswarm.analysis.measure.serverstats import combine_thread_samples, thread_samples
+from kneeswarm.analysis.schema.summary import PlanTable
 from kneeswarm.analysis.measure.target import PROMETHEUS_STREAM, wanted_columns
 from kneeswarm.contracts.plan import AnalysisPlan, LoadPlan
 from kneeswarm.analysis.measure.trust import clock_error_bounds, is_closed_loop
@@ -54,7 +55,7 @@ class RunInputs:
     run_dir: RunDir
     run_id: str
     meta: Meta
-    plan: dict[str, Any]
+    plan: PlanTable
     settings: Settings
     steps: pd.DataFrame
     scan: ScanResult  # the request rows, reduced in one pass: per-step statistics, totals, timeline
@@ -64,7 +65,7 @@ class RunInputs:
     lost: dict[str, int] = field(default_factory=dict)  # what analysis could not read: {what: count}
     unreadable_parts: list[UnreadablePart] = field(default_factory=list)
     generator_unreadable: dict[str, str] = field(default_factory=dict)  # worker (CSV stem) -> why
-    parse: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> parse stats of a rebuild
+    parse: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> parse stats of a rebuild (collectors')
     think_ms: float = 0.0  # the plan's [load] wait_ms: each user's think time between requests
     closed_loop: bool = True  # false for [load] arrivals = "open" (no Little's-law check)
     clock_bounds: dict[str, float] = field(default_factory=dict)  # kneeswarm.analysis.measure.trust.clock_error_bounds
@@ -74,7 +75,7 @@ def count_lost(lost: dict[str, int], what: str, n: int = 1) -> None:
     lost[what] = lost.get(what, 0) + n
 
 
-def read_plan(path: Path, warnings: WarningLog | None = None) -> dict[str, Any]:
+def read_plan(path: Path, warnings: WarningLog | None = None) -> PlanTable:
     """The resolved plan as a dict; {} when missing or unreadable (never raises; said in warnings)."""
     why = None
     try:
@@ -90,7 +91,7 @@ def read_plan(path: Path, warnings: WarningLog | None = None) -> dict[str, Any]:
     return {}
 
 
-def settings_from_plan(plan: dict[str, Any], warnings: WarningLog | None = None) -> Settings:
+def settings_from_plan(plan: PlanTable, warnings: WarningLog | None = None) -> Settings:
     """The analysis settings of a plan; a bad or missing value falls back to its default, said in
     ``warnings`` (a missing plan is said by :func:`read_plan`)."""
     s = Settings()
@@ -280,7 +281,7 @@ def read_steps(rd: RunDir, warnings: WarningLog | None = None) -> pd.DataFrame:
     return steps.reset_index(drop=True)
 
 
-def think_time_ms(plan: dict[str, Any], warnings: WarningLog | None = None) -> float:
+def think_time_ms(plan: PlanTable, warnings: WarningLog | None = None) -> float:
     """The plan's ``[load] wait_ms`` (0 when absent; a bad value is said and read as 0)."""
     load = got if isinstance(got := plan.get("load"), dict) else {}
     raw = load.get("wait_ms", 0.0)
@@ -295,7 +296,7 @@ def think_time_ms(plan: dict[str, Any], warnings: WarningLog | None = None) -> f
     return 0.0
 
 
-def read_worker_clocks(rd: RunDir, warnings: WarningLog | None = None) -> dict[str, Any]:
+def read_worker_clocks(rd: RunDir, warnings: WarningLog | None = None) -> dict[str, Any]:  # JSON from disk
     """generator/clocks.json ({worker: {offset_s, error_s, ...}}), {} when missing or unreadable."""
     path = rd.generator_dir / CLOCKS_FILE
     try:

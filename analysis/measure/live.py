@@ -30,13 +30,14 @@ import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
 from kneeswarm.analysis.measure.windows import resolve_windows, step_settles
+from kneeswarm.analysis.schema.summary import Finding, Knee
 from kneeswarm.contracts.plan import LoadPlan, arrivals_of, is_soak
 from kneeswarm.contracts.rundir import RunDir, split_table_name
 
@@ -85,8 +86,8 @@ class Figures:
     current: StepFigures | None
     steps: list[StepFigures]
     hosts: list[HostSample]
-    findings: list[dict[str, Any]] = field(default_factory=list)  # {id, severity, steps}
-    knee: dict[str, Any] = field(default_factory=dict)  # summary's knee, latency_knee, peak
+    findings: list[Finding] = field(default_factory=list)  # {id, severity, steps}
+    knee: dict[str, Knee] = field(default_factory=dict)  # summary's knee, latency_knee, peak
     done: bool = False  # summary.json is written
     late_rows: int = 0
     unreadable_parts: int = 0
@@ -193,8 +194,8 @@ class LiveRun:
         fig = Figures(run_id=self.run.path.name, current=current, steps=steps, hosts=self.host_samples(),
                       done=done, late_rows=self.late_rows, unreadable_parts=self.unreadable_parts)
         if done:
-            fig.findings = [{"id": f.get("id"), "severity": f.get("severity"), "steps": f.get("steps")}
-                            for f in summary.get("findings") or [] if isinstance(f, dict)]
+            fig.findings = [cast(Finding, {"id": f.get("id"), "severity": f.get("severity"), "steps": f.get("steps")})
+                            for f in summary.get("findings") or [] if isinstance(f, dict)]  # summary.json as read
             fig.knee = {k: summary.get(k) for k in ("knee", "latency_knee", "peak") if isinstance(summary.get(k), dict)}
         return fig
 

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from kneeswarm.analysis.schema.summary import LlmWorkload, PlanTable, PrefixFacts, TraceFacts, TurnFacts
 from kneeswarm.contracts.rundir import REQUEST_SCHEMA, RunDir
 
 logger = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def _expected(rows: pd.DataFrame, tokens: int) -> float | None:
     return round(100.0 * tokens * float(rows["prefix"].notna().sum()) / total, 2)
 
 
-def prefix_facts(rows: pd.DataFrame, table: dict[str, Any]) -> dict[str, Any]:
+def prefix_facts(rows: pd.DataFrame, table: PlanTable) -> PrefixFacts:  # table: [request.prefix]
     tokens = int(table.get("tokens", 1))
     per_step = {str(int(k)): v for k, g in rows.groupby("step") if (v := _expected(g, tokens)) is not None}
     return {"tokens": tokens, "count": int(table.get("count", 1)), "share": float(table.get("share", 1.0)),
@@ -76,8 +77,8 @@ def prefix_facts(rows: pd.DataFrame, table: dict[str, Any]) -> dict[str, Any]:
             "expected_hit_pct": _expected(rows, tokens), "per_step": per_step}
 
 
-def turn_facts(rows: pd.DataFrame) -> list[dict[str, Any]]:
-    out = []
+def turn_facts(rows: pd.DataFrame) -> list[TurnFacts]:
+    out: list[TurnFacts] = []
     for turn, g in rows[rows["turn"].notna()].groupby("turn"):
         ttft = pd.to_numeric(g["ttft_ms"], errors="coerce").dropna()
         tin = pd.to_numeric(g["tokens_in"], errors="coerce").dropna()
@@ -88,7 +89,7 @@ def turn_facts(rows: pd.DataFrame) -> list[dict[str, Any]]:
     return out
 
 
-def trace_facts(path: str, block_tokens: int) -> dict[str, Any] | None:
+def trace_facts(path: str, block_tokens: int) -> TraceFacts | None:
     """The hit rate a Mooncake trace's hash ids imply over one pass (module docstring); None when unreadable."""
     seen: set[tuple[int, ...]] = set()
     hits = queries = requests = 0
@@ -107,13 +108,13 @@ def trace_facts(path: str, block_tokens: int) -> dict[str, Any] | None:
             "expected_hit_pct": round(100.0 * hits / queries, 2) if queries else None}
 
 
-def llm_workload(run: RunDir, plan: dict[str, Any], stats: pd.DataFrame) -> dict[str, Any]:
+def llm_workload(run: RunDir, plan: PlanTable, stats: pd.DataFrame) -> LlmWorkload:
     """``summary["llm_workload"]`` (module docstring); {} when the plan has none of the tables."""
-    request: dict[str, Any] = plan["request"] if isinstance(plan.get("request"), dict) else {}
+    request = got if isinstance(got := plan.get("request"), dict) else {}
     prefix, conversation, trace = request.get("prefix"), request.get("conversation"), request.get("trace")
     if plan.get("protocol") != "openai":
         return {}
-    out: dict[str, Any] = {}
+    out: LlmWorkload = {}
     if isinstance(trace, str) and (facts := trace_facts(trace, int(request.get("trace_block_tokens") or 512))):
         out["trace"] = facts
     if not (isinstance(prefix, dict) or isinstance(conversation, dict)):

@@ -13,6 +13,7 @@ import logging
 import math
 from typing import Any
 
+from kneeswarm.analysis.schema.summary import LoadFacts, PlanTable, SummaryStep
 from kneeswarm.contracts.plan import LoadPlan, RequestPlan, arrivals_of
 
 logger = logging.getLogger(__name__)
@@ -20,7 +21,7 @@ logger = logging.getLogger(__name__)
 OPEN = "open"
 
 
-def _table(plan: Any, name: str) -> dict[str, Any]:
+def _table(plan: Any, name: str) -> PlanTable:
     t = plan.get(name) if isinstance(plan, dict) else None
     return t if isinstance(t, dict) else {}
 
@@ -30,10 +31,10 @@ def _positive(v: Any, default: float) -> float:
     return float(v) if ok else default
 
 
-def load_facts(plan: Any) -> dict[str, Any]:
+def load_facts(plan: Any) -> LoadFacts:
     """{loop: "closed" | "open", batch, and for open loop arrival and source_rate} of a plan dict."""
     load, request = _table(plan, "load"), _table(plan, "request")
-    facts: dict[str, Any] = {"loop": arrivals_of(load)}
+    facts: LoadFacts = {"loop": arrivals_of(load)}
     if facts["loop"] == OPEN:
         facts["arrival"] = str(load.get("arrival", LoadPlan().arrival))
         facts["source_rate"] = _positive(load.get("source_rate"), LoadPlan().source_rate)
@@ -42,9 +43,9 @@ def load_facts(plan: Any) -> dict[str, Any]:
     return facts
 
 
-def step_load_keys(users: Any, qps: Any, facts: dict[str, Any]) -> dict[str, Any]:
+def step_load_keys(users: Any, qps: Any, facts: LoadFacts) -> SummaryStep:
     """``rate`` (open loop) and ``items_s`` (batch > 1) of one step."""
-    out: dict[str, Any] = {}
+    out: SummaryStep = {}
     num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)  # noqa: E731
     if facts.get("loop") == OPEN and num(users):
         out["rate"] = users * facts["source_rate"]
@@ -53,7 +54,7 @@ def step_load_keys(users: Any, qps: Any, facts: dict[str, Any]) -> dict[str, Any
     return out
 
 
-def loop_line(facts: dict[str, Any]) -> str:
+def loop_line(facts: LoadFacts) -> str:
     """One Markdown line saying which loop produced the numbers."""
     if facts.get("loop") == OPEN:
         text = (f"**Load:** open loop: each step offered `rate` requests/s ({facts.get('arrival')} arrivals, "

@@ -15,6 +15,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from kneeswarm.analysis.schema.summary import as_dict
 from kneeswarm.contracts.outcome import Ended
 from kneeswarm.contracts.rundir import Meta, WarningLog
 
@@ -30,10 +31,6 @@ class Problems:
     lost: dict[str, int] = field(default_factory=dict)
 
 
-def _dict(x: Any) -> dict[str, Any]:
-    return x if isinstance(x, dict) else {}
-
-
 def _lines(x: Any) -> list[str]:
     if x is None:
         return []
@@ -44,7 +41,7 @@ def _lines(x: Any) -> list[str]:
 
 def merge_lost(into: dict[str, int], lost: Any, prefix: str = "") -> None:
     """Add {what: count} into ``into`` (counts of one key summed; non-numbers skipped)."""
-    for what, n in _dict(lost).items():
+    for what, n in as_dict(lost).items():
         try:
             count = int(n)
         except (TypeError, ValueError):
@@ -68,9 +65,9 @@ def not_run_lines(meta: Meta) -> set[str]:
     """"<label>: collector <name> skipped..." prefixes of collectors that were not run (absent
     tools, e.g. no GPU): the report's host section says so under "not run", they are not losses."""
     out = set()
-    for label, host in _dict(meta.get("hosts")).items():
-        for name, c in _dict(_dict(host).get("collectors")).items():
-            if _dict(c) and not _dict(c).get("enabled", True):
+    for label, host in as_dict(meta.get("hosts")).items():
+        for name, c in as_dict(as_dict(host).get("collectors")).items():
+            if as_dict(c) and not as_dict(c).get("enabled", True):
                 out.add(f"{label}: collector {name} skipped")
     return out
 
@@ -87,14 +84,14 @@ class _Log(WarningLog):
             super().add(text)
 
 
-def _host_problems(label: str, host: dict[str, Any], log: WarningLog, lost: dict[str, int]) -> bool:
+def _host_problems(label: str, host: dict[str, Any], log: WarningLog, lost: dict[str, int]) -> bool:  # meta's entry
     """Add one host's warnings and losses; False when the host says its data is incomplete."""
     for w in _lines(host.get("warnings")):
         log.add(f"{label}: {w}")
     merge_lost(lost, host.get("lost"), f"hosts.{label}.")
     for where in ("collectors", "parse"):
-        for name, c in sorted(_dict(host.get(where)).items()):
-            if _dict(c).get("error"):
+        for name, c in sorted(as_dict(host.get(where)).items()):
+            if as_dict(c).get("error"):
                 log.add(f"{label}: collector {name}: {c['error']}")
     if host.get("complete") is False:
         log.add(f"{label}: the host's data is incomplete")
@@ -115,8 +112,8 @@ def collect(meta: Meta, analysis_warnings: Iterable[str] = (),
     for w in _lines(meta.get("warnings")):
         log.add(w)
     merge_lost(lost, meta.get("lost"))
-    hosts_complete = all([_host_problems(str(label), _dict(h), log, lost)
-                          for label, h in sorted(_dict(meta.get("hosts")).items(), key=lambda kv: str(kv[0]))])
+    hosts_complete = all([_host_problems(str(label), as_dict(h), log, lost)
+                          for label, h in sorted(as_dict(meta.get("hosts")).items(), key=lambda kv: str(kv[0]))])
     for w in analysis_warnings:
         log.add(w)
     merge_lost(lost, analysis_lost or {})

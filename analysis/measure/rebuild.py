@@ -23,7 +23,7 @@ from kneeswarm.contracts.rundir import Meta, RunDir, WarningLog, safe_name
 logger = logging.getLogger(__name__)
 
 
-def _host_meta(meta: Meta, host: str) -> dict[str, Any]:
+def _host_meta(meta: Meta, host: str) -> dict[str, Any]:  # meta.json's host entry: untyped JSON
     """meta.json["hosts"][label] of the host whose directory is ``host`` ({} if none)."""
     for label, entry in meta.get("hosts", {}).items():
         if safe_name(str(label)) == host and isinstance(entry, dict):
@@ -51,7 +51,7 @@ def needs_parsing(rd: RunDir, host: str) -> bool:
     return any(by_raw_file(p.name) is not None and p.stat().st_size for p in raw.iterdir() if p.is_file())
 
 
-def rebuild_parsed(rd: RunDir, meta: Meta, warnings: WarningLog) -> dict[str, dict[str, Any]]:
+def rebuild_parsed(rd: RunDir, meta: Meta, warnings: WarningLog) -> dict[str, dict[str, Any]]:  # collectors' stats
     """Parse raw/ of every host that has no parsed CSVs; {host: parse stats} of those parsed."""
     out: dict[str, dict[str, Any]] = {}
     for host in rd.hosts():

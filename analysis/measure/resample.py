@@ -34,11 +34,13 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
+import pandas as pd
 
 from kneeswarm.analysis.measure.serverstats import server_metrics
+from kneeswarm.analysis.schema.summary import ServerMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +130,8 @@ def _weighted_quantiles(latencies: np.ndarray, weights: np.ndarray, q: float) ->
     return latencies[idx]
 
 
-def client_replicates(sample: BlockSample, point: dict[str, Any], picks: np.ndarray, users: float | None,
+def client_replicates(sample: BlockSample, point: dict[str, Any],  # point: a row of the stats frame
+                       picks: np.ndarray, users: float | None,
                       think_ms: float, closed_loop: bool) -> dict[str, np.ndarray]:
     """The step's resampled qps, mean_ms and percentiles (arrays of len(picks)); a figure the step
     does not have (NaN, or too few rows) is left out."""
@@ -161,11 +164,11 @@ def client_replicates(sample: BlockSample, point: dict[str, Any], picks: np.ndar
     return out
 
 
-def _finite(v: Any) -> bool:
+def _finite(v: object) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def flat(metrics: dict[str, Any]) -> dict[str, float]:
+def flat(metrics: ServerMetrics) -> dict[str, float]:
     """A host's metrics of one window with the target's nested ones as "target.<key>"."""
     out = {k: float(v) for k, v in metrics.items() if _finite(v)}
     target = metrics.get("target")
@@ -174,7 +177,7 @@ def flat(metrics: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def server_deviations(blocks: list[dict[str, Any]], picks: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
+def server_deviations(blocks: list[dict[str, ServerMetrics]], picks: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
     """{host: {key: resampled mean − the blocks' own mean}} from a step's per-block server metrics
     (one dict {host: metrics} per block: kneeswarm.analysis.measure.serverstats.server_metrics over the
     blocks as windows).  A deviation, added to the step's own figure, keeps the point estimate the
@@ -206,7 +209,7 @@ class Replicates:
     resamples: int
 
 
-def step_replicates(stats: Any, hosts: dict[str, dict[str, Any]], think_ms: float, closed_loop: bool,
+def step_replicates(stats: Any, hosts: dict[str, dict[str, pd.DataFrame]], think_ms: float, closed_loop: bool,
                     resamples: int = RESAMPLES) -> Replicates:
     """The Replicates of a run's step statistics (kneeswarm.analysis.measure.requestscan: a
     ``block_sample`` per step) and its hosts' parsed samples (one pass of server_metrics over every

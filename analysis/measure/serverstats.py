@@ -14,12 +14,13 @@ throttled share of CFS periods, the cgroup's CPU use) and the target's own /metr
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Mapping, Sequence, cast
 
 import numpy as np
 import pandas as pd
 
 from kneeswarm.analysis.measure.target import PROMETHEUS_STREAM, target_windows
+from kneeswarm.analysis.schema.summary import ServerMetrics
 from kneeswarm.analysis.measure.windows import window_means
 
 logger = logging.getLogger(__name__)
@@ -164,7 +165,7 @@ def sy_share(process: dict[str, float]) -> float | None:
 TREE_MEANS = ("cpu_pct", "rss_mb", "threads")  # each process's own figures kept per step (``procs``)
 
 
-def tree_metrics(tree: pd.DataFrame | None, t_lo: np.ndarray, t_hi: np.ndarray) -> list[dict[str, Any]]:
+def tree_metrics(tree: pd.DataFrame | None, t_lo: np.ndarray, t_hi: np.ndarray) -> list[ServerMetrics]:
     """Per window, from the tree table (each process of the service per sample): ``processes``,
     the mean number of them per sample, and ``procs`` {pid: {cpu_pct, rss_mb, threads}}, the
     means of each one's own samples in the window (a worker that lived through part of it: over
@@ -175,7 +176,7 @@ def tree_metrics(tree: pd.DataFrame | None, t_lo: np.ndarray, t_hi: np.ndarray) 
     pid = pd.to_numeric(tree["pid"], errors="coerce").to_numpy(dtype=float)
     cols = [c for c in TREE_MEANS if c in tree.columns]
     values = {c: pd.to_numeric(tree[c], errors="coerce").to_numpy(dtype=float) for c in cols}
-    out: list[dict[str, Any]] = []
+    out: list[ServerMetrics] = []
     for lo, hi in zip(t_lo, t_hi):
         inside = (t >= lo) & (t < hi) & np.isfinite(pid)
         if not inside.any():
@@ -189,14 +190,14 @@ def tree_metrics(tree: pd.DataFrame | None, t_lo: np.ndarray, t_hi: np.ndarray) 
     return out
 
 
-def server_metrics(hosts: dict[str, dict[str, pd.DataFrame]], t_lo: np.ndarray, t_hi: np.ndarray) -> list[dict[str, Any]]:
+def server_metrics(hosts: dict[str, dict[str, pd.DataFrame]], t_lo: np.ndarray, t_hi: np.ndarray) -> list[dict[str, ServerMetrics]]:
     """Per window: {host: {metric: mean, ..., "target": {key: value}}} from vmstat, process,
     threads, gpu and prometheus (kneeswarm.analysis.measure.target) samples."""
-    out: list[dict[str, Any]] = [{} for _ in range(len(t_lo))]
+    out: list[dict[str, ServerMetrics]] = [{} for _ in range(len(t_lo))]
     for host, streams in hosts.items():
         process = window_means(streams.get("process"), PROCESS_METRICS, t_lo, t_hi, by="pid",
                                sum_cols=tuple(PROCESS_METRICS))
-        parts = [
+        parts: list[Sequence[Mapping[str, object]]] = [
             window_means(streams.get("vmstat"), VMSTAT_METRICS, t_lo, t_hi),
             process,
             [{"sy_share": v} if (v := sy_share(p)) is not None else {} for p in process],
@@ -211,7 +212,7 @@ def server_metrics(hosts: dict[str, dict[str, pd.DataFrame]], t_lo: np.ndarray, 
         ]
         target = target_windows(streams.get(PROMETHEUS_STREAM), t_lo, t_hi)
         for i in range(len(t_lo)):
-            merged: dict[str, Any] = {k: v for p in parts for k, v in p[i].items()}
+            merged: ServerMetrics = {k: v for p in parts for k, v in p[i].items()}
             if target[i]:
                 merged["target"] = target[i]
             if merged:
@@ -219,12 +220,12 @@ def server_metrics(hosts: dict[str, dict[str, pd.DataFrame]], t_lo: np.ndarray, 
     return out
 
 
-def energy_per_request(server: dict[str, Any], completed: Any, window_s: Any) -> float | None:
+def energy_per_request(server: dict[str, ServerMetrics], completed: Any, window_s: Any) -> float | None:
     """Joules per completed request over a step: the GPUs' mean power (``power_w``, summed over
     the hosts that recorded it) x the window / the completed requests (or, given the output tokens
     of the completed requests, per token); None without power or completions.  It is the
     cost figure capacity planners ask for."""
-    power = [m["power_w"] for m in server.values() if isinstance(m, dict) and m.get("power_w") is not None]
+    power = [cast(float, p) for m in server.values() if isinstance(m, dict) and (p := m.get("power_w")) is not None]
     try:
         n, w = float(completed), float(window_s)
     except (TypeError, ValueError):

@@ -47,7 +47,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping, TypeGuard, cast
 
 import numpy as np
 import pandas as pd
@@ -57,6 +57,7 @@ import pyarrow.compute as pc
 from kneeswarm.analysis.schema.summary import STREAM_METRICS as METRICS
 from kneeswarm.analysis.schema.summary import STREAM_QUANTILES as QUANTILES
 from kneeswarm.analysis.schema.summary import STREAMING_STEP_KEYS as STEP_KEYS
+from kneeswarm.analysis.schema.summary import Summary, SummaryStep
 
 logger = logging.getLogger(__name__)
 
@@ -299,9 +300,9 @@ class StreamAcc:
                 good &= ~(s.itl_max > self.limits["itl_ms"])  # NaN (no gap): not judged
         return good
 
-    def finish(self, window_s: float) -> dict[str, Any]:
-        """The step's streaming keys (NaN where not measured); frees what was kept."""
-        out: dict[str, Any] = {k: np.nan for k in STEP_KEYS}
+    def finish(self, window_s: float) -> dict[str, float]:
+        """The step's streaming keys (NaN where not measured; counts and flags as numbers); frees what was kept."""
+        out: dict[str, float] = {k: np.nan for k in STEP_KEYS}
         if self.limits and self.n and window_s > 0:
             out.update(goodput_rps=self.good / window_s, goodput_share=self.good / self.n)
         ttft = np.concatenate(self.ttft) if self.ttft else np.empty(0)
@@ -323,10 +324,10 @@ class StreamAcc:
         self.gaps, self.token_gaps = GapSample(), GapSample()
         return out
 
-    def _agreement(self) -> dict[str, Any]:
+    def _agreement(self) -> dict[str, float]:
         usage, pinned, tok, off = np.concatenate(self.checks, axis=1) if self.checks else np.empty((4, 0))
         chunks = np.concatenate(self.chunks) if self.chunks else np.empty(0)
-        out: dict[str, Any] = {"tokens_compared": len(usage)}
+        out: dict[str, float] = {"tokens_compared": len(usage)}
         if self.known_source:
             out["tokens_counted_share"] = self.counted / self.known_source
         if len(chunks):
@@ -340,7 +341,7 @@ class StreamAcc:
 
 
 # -- validity, summary and report ---------------------------------------------------------------
-def count_reason(step: dict[str, Any]) -> str | None:
+def count_reason(step: dict[str, Any]) -> str | None:  # step: a row of the stats frame
     """A reason when the server's usage disagrees with an independent count (the requests' pinned
     length, the plan's tokenizer) on too many requests.  Chunks against usage is never one."""
     share = step.get("tokens_mismatch_share")
@@ -361,7 +362,7 @@ def count_reasons(stats: pd.DataFrame) -> list[list[str]]:
     return [[r] if (r := count_reason(row)) else [] for row in stats.to_dict("records")]
 
 
-def _finite(v: Any) -> bool:
+def _finite(v: object) -> TypeGuard[float]:
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -371,7 +372,7 @@ def has_streaming(stats: pd.DataFrame) -> bool:
                for key in ("streaming_requests", "no_text_requests"))
 
 
-def step_keys(row: dict[str, Any], streaming: bool) -> dict[str, Any]:
+def step_keys(row: dict[str, Any], streaming: bool) -> dict[str, Any]:  # row: a row of the stats frame
     """The summary keys of a step's stats row: output tokens/s when tokens were recorded, goodput
     when the plan has a limit a request can be judged by, the streaming keys in a streaming run."""
     out = {}
@@ -395,7 +396,7 @@ def _f(v: Any, fmt: str = "{:.1f}") -> str:
 HEADERS = {"ttft": "TTFT", "itl": "ITL/chunk", "itl_token": "ITL/token", "tpot": "TPOT"}
 
 
-def streaming_table(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
+def streaming_table(summary: Summary) -> tuple[list[str], list[list[str]]] | None:
     """Header and rows of the per-step streaming table (ms; None when no step streamed).  ITL/chunk
     is the gap between text chunks, ITL/token the same per token (shown where some step knows its
     tokens per chunk); "no text" only where some request streamed none."""
@@ -411,7 +412,7 @@ def streaming_table(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]
     for s in steps:
         cells = [str(s.get("users")), f"{s.get('streaming_requests') or 0:,}"]
         cells += [f"{s.get('no_text_requests') or 0:,}"] if no_text else []
-        cells += [_f(s.get(f"{m}_{q}_ms")) for m in metrics for q in QUANTILES]
+        cells += [_f(cast(Mapping[str, object], s).get(f"{m}_{q}_ms")) for m in metrics for q in QUANTILES]
         share = s.get("goodput_share")
         cells += [_f(s.get("tokens_per_chunk"), "{:.2f}"), _f(s.get("tokens_s"), "{:,.1f}"), _f(s.get("goodput_rps")),
                   _f(None if share is None else 100 * share, "{:.1f}"), "yes" if s.get("valid") else "no"]
@@ -419,7 +420,7 @@ def streaming_table(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]
     return header, rows
 
 
-def streaming_lines(summary: dict[str, Any]) -> list[str]:
+def streaming_lines(summary: Summary) -> list[str]:
     """What the streaming table rests on: where the token counts came from and the goodput SLA
     (Markdown lines; none for a run without streamed rows)."""
     steps = [s for s in summary.get("steps") or []
@@ -429,10 +430,10 @@ def streaming_lines(summary: dict[str, Any]) -> list[str]:
     lines = [token_source_line(steps), itl_line(steps)]
     no_text = [s for s in steps if (s.get("no_text_requests") or 0) > 0]
     if no_text:
-        said = ", ".join(f"{s['no_text_requests']:,} at {s.get('users')} users" for s in no_text)
+        said = ", ".join(f"{s.get('no_text_requests'):,} at {s.get('users')} users" for s in no_text)
         lines.append(f"**No text:** streamed requests that succeeded without a single text chunk have no TTFT and "
                      f"are left out of the TTFT, ITL and TPOT percentiles: {said}")
-    limits = (summary.get("goodput") or {}).get("limits") or {}
+    limits = (got.get("limits") if (got := summary.get("goodput")) else None) or {}
     if limits:
         said = ", ".join(f"{k.replace('p99_ms', 'latency_ms')} ≤ {v:g}" for k, v in limits.items())
         lines.append(f"**Goodput:** requests that succeeded with {said} (per request; ITL: its largest gap)")
@@ -441,21 +442,21 @@ def streaming_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def tokens_knee_line(summary: dict[str, Any]) -> str | None:
+def tokens_knee_line(summary: Summary) -> str | None:
     """The knee on output tokens/s (LLM runs), one Markdown line; None when the run has none."""
-    if not isinstance(summary.get("tokens_knee"), dict):
+    knee = summary.get("tokens_knee")
+    if not isinstance(knee, dict):
         return None
-    knee = summary["tokens_knee"]
-    if knee.get("users") is None:
+    if (ku := knee.get("users")) is None:
         return "**Tokens/s knee:** none found: output tokens/s still rose over the tested range (or too few valid steps)"
-    users = f"{knee['users']:g} user" + ("" if knee["users"] == 1 else "s")
+    users = f"{ku:g} user" + ("" if ku == 1 else "s")
     return (f"**Tokens/s knee:** {users} at {_f(knee.get('tokens_s'), '{:,.1f}')} output tokens/s "
             f"(method: {knee.get('method')})")
 
 
-def itl_line(steps: list[dict[str, Any]]) -> str:
+def itl_line(steps: list[SummaryStep]) -> str:
     """What the ITL columns are, and the tokens per chunk they rest on."""
-    per = [s["tokens_per_chunk"] for s in steps if _finite(s.get("tokens_per_chunk"))]
+    per = [v for s in steps if _finite(v := s.get("tokens_per_chunk"))]
     line = f"**ITL:** ITL/chunk: {ITL_COLUMNS['itl'].split(': ', 1)[1]}"
     if not per:
         return line + "; tokens per chunk unknown (no usage, no tokenizer), so no per-token ITL"
@@ -463,10 +464,10 @@ def itl_line(steps: list[dict[str, Any]]) -> str:
     return line + f"; ITL/token: {ITL_COLUMNS['itl_token'].split(': ', 1)[1]}; tokens per chunk {spread}"
 
 
-def token_source_line(steps: list[dict[str, Any]]) -> str:
+def token_source_line(steps: list[SummaryStep]) -> str:
     """Whether output tokens came from the server's usage or the client's count, and whether usage
     agreed with the independent counts (pinned lengths, the plan's tokenizer) where there were any."""
-    shares = [s["tokens_counted_share"] for s in steps if _finite(s.get("tokens_counted_share"))]
+    shares = [v for s in steps if _finite(v := s.get("tokens_counted_share"))]
     if not shares:
         source = "source unknown (a run recorded before kneeswarm stored it)"
     elif max(shares) == 0:
@@ -475,7 +476,7 @@ def token_source_line(steps: list[dict[str, Any]]) -> str:
         source = "counted by the client (the server sent no `usage`): the plan's tokenizer, else one per chunk"
     else:
         source = f"from the server's `usage`, counted by the client on {max(shares):.0%} of a step's requests at most"
-    bad = [s for s in steps if _finite(s.get("tokens_mismatch_share")) and s["tokens_mismatch_share"] > COUNT_MISMATCH_MAX]
+    bad = [s for s in steps if _finite(m := s.get("tokens_mismatch_share")) and m > COUNT_MISMATCH_MAX]
     compared = sum(int(s.get("tokens_compared") or 0) for s in steps)
     against = " and ".join(name for key, name in (("pinned_out_median", "pinned lengths"),
                                                  ("tokenizer_out_median", "the plan's tokenizer"))

@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Iterable
 
+from kneeswarm.analysis.schema.summary import Summary, TargetSeries
+
 import numpy as np
 import pandas as pd
 
@@ -482,7 +484,7 @@ def target_windows(df: pd.DataFrame | None, t_lo: np.ndarray, t_hi: np.ndarray) 
     return [{k: float(v[i]) for k, v in cols.items() if np.isfinite(v[i])} for i in range(n)]
 
 
-def target_series_used(df: pd.DataFrame | None) -> dict[str, dict[str, Any]]:
+def target_series_used(df: pd.DataFrame | None) -> dict[str, TargetSeries]:
     """{key: {label, kind, server, source, ref, series[, denominator][, step]}}: which series each
     target key used, whose naming they follow (``server``) and where those names come from
     (``source``: "scrape" = seen in a recorded real scrape, ``ref`` the fixture; "docs" = the
@@ -490,9 +492,9 @@ def target_series_used(df: pd.DataFrame | None) -> dict[str, dict[str, Any]]:
     the samples' "mean" or their "peak"."""
     if df is None or df.empty:
         return {}
-    out = {}
+    out: dict[str, TargetSeries] = {}
     for r in resolve(df.columns):
-        d: dict[str, Any] = {"label": r.metric.label, "kind": r.metric.kind, "server": r.server,
+        d: TargetSeries = {"label": r.metric.label, "kind": r.metric.kind, "server": r.server,
                              "source": r.candidate.source, "ref": r.candidate.ref, "series": list(r.series)}
         if r.denominator:
             d["denominator"] = list(r.denominator)
@@ -548,7 +550,7 @@ def target_timeline(df: pd.DataFrame | None, t0: float, bin_s: float) -> pd.Data
 SOURCE_WORDS = {SCRAPE: "from a recorded real scrape", DOCS: "from its documentation"}
 
 
-def source_lines(used: dict[str, dict[str, Any]]) -> list[str]:
+def source_lines(used: dict[str, TargetSeries]) -> list[str]:
     """For the report: one line per naming used in a host's ``target_series`` (summary), e.g.
     ``vllm names from its documentation (vllm-project/vllm ...): queue, in flight``; then, where a
     gauge's step figure is its highest sample rather than a mean, a line that says so."""
@@ -559,7 +561,8 @@ def source_lines(used: dict[str, dict[str, Any]]) -> list[str]:
             src = (str(d.get("server", "?")), str(d.get("source", "?")), str(d.get("ref", "")))
             groups.setdefault(src, []).append(str(d.get("label", key)))
             if d.get("step") == PEAK:
-                peaks.append(f"{d.get('label', key)} ({', '.join(map(str, d.get('series') or []))})")
+                series = d.get("series")
+                peaks.append(f"{d.get('label', key)} ({', '.join(map(str, series if isinstance(series, list) else []))})")
     lines = [f"{server} names {SOURCE_WORDS.get(source, source)} ({ref}): {', '.join(labels)}"
              for (server, source, ref), labels in groups.items()]
     if peaks:
@@ -568,7 +571,7 @@ def source_lines(used: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
-def target_source_note(summary: dict[str, Any], cols: Iterable[tuple[str, str, str, str]] | None) -> list[str]:
+def target_source_note(summary: Summary, cols: Iterable[tuple[str, str, str, str]] | None) -> list[str]:
     """:func:`source_lines` for one step-table group (summary.table_groups) when its columns are
     one host's target metrics; [] for any other group."""
     hosts = {c[0] for c in cols or () if str(c[2]).startswith("target.")}

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kneeswarm.analysis.schema.summary import PlanTable, as_dict
 from kneeswarm.analysis.measure.validity import step_littles_law
 from kneeswarm.contracts.plan import arrivals_of
 from kneeswarm.contracts.rundir import Meta
@@ -32,6 +33,8 @@ CLOCK_ERROR_SHARE_OF_P50 = 0.10  # chosen, no published figure: an error bound a
 
 
 def _num(x: Any) -> float | None:
+    """A finite float of an untyped JSON value (meta.json's clock bounds, plan.toml's values may be
+    numbers written as text), or None; bools are not numbers."""
     if isinstance(x, bool):
         return None
     try:
@@ -41,11 +44,7 @@ def _num(x: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def _dict(x: Any) -> dict[str, Any]:
-    return x if isinstance(x, dict) else {}
-
-
-def clock_error_bounds(meta: Meta, worker_clocks: dict[str, Any] | None = None) -> dict[str, float]:
+def clock_error_bounds(meta: Meta, worker_clocks: dict[str, Any] | None = None) -> dict[str, float]:  # JSON read
     """{"host <label>" | "worker <name>": error bound in seconds} of every measured clock offset.
 
     A host's bound is the larger of its before/after measurements; workers from meta.json
@@ -53,13 +52,13 @@ def clock_error_bounds(meta: Meta, worker_clocks: dict[str, Any] | None = None) 
     """
     out: dict[str, float] = {}
     for label, host in sorted(meta.get("hosts", {}).items()):
-        clock = _dict(_dict(host).get("clock"))
-        errs = [e for side in ("before", "after") if (e := _num(_dict(clock.get(side)).get("error"))) is not None]
+        clock = as_dict(as_dict(host).get("clock"))
+        errs = [e for side in ("before", "after") if (e := _num(as_dict(clock.get(side)).get("error"))) is not None]
         if errs:
             out[f"host {label}"] = max(errs)
     for source in (meta.get("worker_clocks", {}), worker_clocks or {}):
         for worker, clock in source.items():
-            e = _num(_dict(clock).get("error_s"))
+            e = _num(as_dict(clock).get("error_s"))
             if e is not None:
                 key = f"worker {worker}"
                 out[key] = max(e, out.get(key, e))
@@ -79,15 +78,15 @@ def clock_reason(p50_ms: Any, bounds: dict[str, float]) -> str | None:
             f"P50 {p50:,.2f} ms: samples and requests cannot be aligned that finely")
 
 
-def is_closed_loop(plan: dict[str, Any]) -> bool:
+def is_closed_loop(plan: PlanTable) -> bool:
     """True unless the plan's ``[load] arrivals`` (or the older ``mode = "open"``) says the load
     was open loop (arrival rates)."""
-    return arrivals_of(_dict(plan.get("load"))) == "closed"
+    return arrivals_of(as_dict(plan.get("load"))) == "closed"
 
 
-def sla_error_rate(plan: dict[str, Any]) -> float | None:
+def sla_error_rate(plan: PlanTable) -> float | None:
     """The plan's ``[sla] error_rate`` (a share, 0..1), or None when it sets none."""
-    return _num(_dict(plan.get("sla")).get("error_rate"))
+    return _num(as_dict(plan.get("sla")).get("error_rate"))
 
 
 def error_reason(error_rate: Any, limit: float | None) -> str | None:

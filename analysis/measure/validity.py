@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kneeswarm.analysis.schema.summary import num
+from kneeswarm.analysis.schema.summary import SummaryStep, num
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def littles_law_reason(users: Any, throughput: Any, mean_ms: Any, think_ms: Any 
     return f"Little's law: {cycle} users busy of {n:g} ({ratio:.0%}): more in flight than users (counting error?)"
 
 
-def step_littles_law(step: dict[str, Any], think_ms: float = 0.0, tolerance: float = LITTLE_TOLERANCE) -> str | None:
+def step_littles_law(step: SummaryStep, think_ms: float = 0.0, tolerance: float = LITTLE_TOLERANCE) -> str | None:
     """``littles_law_reason`` on a summary step: users, ``rps`` (every request keeps its user busy;
     ``qps`` when rps is missing), ``mean_ms`` and ``in_flight`` where measured."""
     x = num(step.get("rps"))

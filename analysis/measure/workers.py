@@ -25,7 +25,9 @@ import logging
 import math
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, cast
+
+from kneeswarm.analysis.schema.summary import Summary, WorkerStep, WorkerTotals
 
 import numpy as np
 import pandas as pd
@@ -116,7 +118,7 @@ def sample_stats(df: pd.DataFrame | None, lo: float, hi: float) -> dict[str, flo
 
 
 def lost_workers(meta: Meta) -> list[dict[str, Any]]:
-    """meta.json's ``workers_lost`` entries that carry a worker and a time."""
+    """meta.json's ``workers_lost`` entries that carry a worker and a time (untyped JSON: Meta's)."""
     out = []
     for e in meta.get("workers_lost") or []:
         if isinstance(e, dict) and e.get("worker") and isinstance(e.get("t"), (int, float)):
@@ -125,26 +127,26 @@ def lost_workers(meta: Meta) -> list[dict[str, Any]]:
 
 
 def worker_table(rd: RunDir, stats: pd.DataFrame, generator: dict[str, pd.DataFrame],
-                 meta: Meta) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+                 meta: Meta) -> tuple[dict[str, WorkerTotals], list[dict[str, WorkerStep]]]:
     """(per worker totals, per step {worker: {requests, rps, cpu_pct, rss_mb, users}})."""
     total, per_step = count_rows(rd, stats)
     gen = {safe_name(w): df for w, df in generator.items()}
     names = sorted(set(total) | {w for w in generator if w not in {safe_name(n) for n in total}})
     _, t_lo, t_hi = _window_edges(stats)
     window = t_hi - t_lo
-    steps: list[dict[str, Any]] = []
+    steps: list[dict[str, WorkerStep]] = []
     for i, counts in enumerate(per_step):
-        row = {}
+        row: dict[str, WorkerStep] = {}
         for w in names:
-            cell: dict[str, Any] = {"requests": int(counts.get(w, 0))}
+            cell: WorkerStep = {"requests": int(counts.get(w, 0))}
             ok_window = math.isfinite(window[i]) and window[i] > 0
             cell["rps"] = cell["requests"] / window[i] if ok_window else None
-            cell.update(sample_stats(gen.get(safe_name(w)), t_lo[i], t_hi[i]) if ok_window else {})
+            cell.update(cast(WorkerStep, sample_stats(gen.get(safe_name(w)), t_lo[i], t_hi[i]) if ok_window else {}))
             row[w] = cell
         steps.append(row)
     lost = {e["worker"]: e for e in lost_workers(meta)}
     n = sum(total.values())
-    totals = {}
+    totals: dict[str, WorkerTotals] = {}
     for w in names:
         overall = sample_stats(gen.get(safe_name(w)), -math.inf, math.inf)
         totals[w] = {"requests": int(total.get(w, 0)), "share": total.get(w, 0) / n if n else None,
@@ -153,7 +155,7 @@ def worker_table(rd: RunDir, stats: pd.DataFrame, generator: dict[str, pd.DataFr
     return totals, steps
 
 
-def _lost_record(e: dict[str, Any] | None) -> dict[str, Any] | None:
+def _lost_record(e: dict[str, Any] | None) -> dict[str, Any] | None:  # a workers_lost entry: untyped JSON
     if e is None:
         return None
     return {k: e.get(k) for k in ("t", "t_last_heard", "t_last_report", "step", "workers_before", "t_back") if k in e}
@@ -200,7 +202,7 @@ def _fmt(v: Any, fmt: str) -> str:
     return fmt.format(v)
 
 
-def _lost_cell(lost: dict[str, Any] | None) -> str:
+def _lost_cell(lost: dict[str, Any] | None) -> str:  # a workers_lost entry as copied: untyped JSON
     if not lost or not isinstance(lost.get("t"), (int, float)):
         return ""
     step = f" in step {lost['step']}" if lost.get("step") is not None else ""
@@ -208,7 +210,7 @@ def _lost_cell(lost: dict[str, Any] | None) -> str:
     return f"lost at {clock(heard if isinstance(heard, (int, float)) else lost['t'])}{step}"
 
 
-def worker_tables(summary: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
+def worker_tables(summary: Summary) -> list[tuple[str, list[str], list[list[str]]]]:
     """(title, header, rows) of the per-worker tables: totals, then each step's workers; [] when
     there is only one worker and it was not lost (the timeline shows its CPU already)."""
     workers = summary.get("workers")

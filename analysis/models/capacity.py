@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import Any, Mapping, cast
+
+from kneeswarm.analysis.schema.summary import (CapacityResult, CapacitySettings, Figure, JsonValue, PlanTable,
+                                               SlaCheck, SlaResult, SlaStep, SlaStepCheck, Summary, SummaryStep, num)
 
 logger = logging.getLogger(__name__)
 
@@ -49,21 +52,23 @@ QUEUE_TOLERANCE_MS = 1000.0  # digest's example "1 s tolerance"; [capacity] queu
 DEFAULT_SPARE = 2  # digest: 10 instances -> "deploy 12-13": at least two failover spares
 
 
-def _num(x: Any) -> float | None:
-    """A finite float, or None (bools and strings are not numbers here)."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    f = float(x)
-    return f if math.isfinite(f) else None
-
-
 def _users(x: Any) -> int | float | None:
-    f = _num(x)
+    f = num(x)
     return None if f is None else (int(f) if f.is_integer() else f)
 
 
-def _get(step: dict[str, Any], path: str) -> Any:
-    cur: Any = step
+def _u(s: SummaryStep | SlaStep) -> int | float:
+    """The users of a valid step (valid_steps: a number)."""
+    return s.get("users") or 0
+
+
+def _q(s: SummaryStep) -> float:
+    """The QPS of a valid step (valid_steps: a number)."""
+    return s.get("qps") or 0.0
+
+
+def _get(step: Mapping[str, object], path: str) -> object:
+    cur: object = step
     for part in path.split("."):
         if not isinstance(cur, dict):
             return None
@@ -71,23 +76,23 @@ def _get(step: dict[str, Any], path: str) -> Any:
     return cur
 
 
-def step_value(step: dict[str, Any], key: str) -> float | None:
+def step_value(step: SummaryStep, key: str) -> float | None:
     """The value a step carries for the SLA key ``key`` (see SLA_STEP_KEYS), or None."""
     for path in SLA_STEP_KEYS.get(key, (key,)):
-        v = _num(_get(step, path))
+        v = num(_get(step, path))
         if v is not None:
             return v
     return None
 
 
-def valid_steps(summary: Any) -> list[dict[str, Any]]:
+def valid_steps(summary: Summary) -> list[SummaryStep]:
     """The summary's valid steps with numeric users and QPS (as floats), sorted by users; the rest
     left out."""
     steps = summary.get("steps") if isinstance(summary, dict) else None
-    out = [{**s, "users": u, "qps": x} for s in (steps if isinstance(steps, list) else [])
+    out = [cast(SummaryStep, {**s, "users": u, "qps": x}) for s in (steps if isinstance(steps, list) else [])
            if isinstance(s, dict) and s.get("valid") is True
-           and (u := _num(s.get("users"))) is not None and (x := _num(s.get("qps"))) is not None]
-    return sorted(out, key=lambda s: s["users"])
+           and (u := num(s.get("users"))) is not None and (x := num(s.get("qps"))) is not None]
+    return sorted(out, key=_u)
 
 
 def _limits(sla: Any) -> tuple[dict[str, float], list[str]]:
@@ -95,7 +100,7 @@ def _limits(sla: Any) -> tuple[dict[str, float], list[str]]:
     limits: dict[str, float] = {}
     problems: list[str] = []
     for key, raw in (sla.items() if isinstance(sla, dict) else []):
-        v = _num(raw)
+        v = num(raw)
         if key not in SLA_STEP_KEYS and key != MIN_QPS_KEY:
             problems.append(f"[sla] {key}: unknown key (known: {', '.join([*SLA_STEP_KEYS, MIN_QPS_KEY])})")
         elif v is None or v < 0:
@@ -105,35 +110,35 @@ def _limits(sla: Any) -> tuple[dict[str, float], list[str]]:
     return limits, problems
 
 
-def _step_checks(step: dict[str, Any], limits: dict[str, float]) -> dict[str, dict[str, Any]]:
-    out = {}
+def _step_checks(step: SummaryStep, limits: dict[str, float]) -> dict[str, SlaStepCheck]:
+    out: dict[str, SlaStepCheck] = {}
     for key, limit in limits.items():
         value = step_value(step, key)
         out[key] = {"value": value, "limit": limit, "passed": value is not None and value <= limit}
     return out
 
 
-def _decisive_checks(best: dict[str, Any] | None, first: dict[str, Any] | None, rows: list[dict[str, Any]],
-                     limits: dict[str, float]) -> list[dict[str, Any]]:
+def _decisive_checks(best: SlaStep | None, first: SlaStep | None, rows: list[SlaStep],
+                     limits: dict[str, float]) -> list[SlaCheck]:
     """One check per limit, read at the best step (or, when none met the SLA, at the lowest
     valid step, where a limit is easiest to meet), plus the highest step meeting that limit alone."""
     at = best or first
-    checks = []
+    checks: list[SlaCheck] = []
     for key, limit in limits.items():
-        alone = [r["users"] for r in rows if r["checks"][key]["passed"]]
-        c = at["checks"][key] if at else {"value": None, "limit": limit, "passed": False}
+        alone = [_u(r) for r in rows if r["checks"][key]["passed"]]
+        c: SlaStepCheck = at["checks"][key] if at else {"value": None, "limit": limit, "passed": False}
         checks.append({"name": key, "limit": limit, "value": c["value"], "passed": c["passed"],
                        "users": at["users"] if at else None, "highest_users_alone": max(alone) if alone else None})
     return checks
 
 
-def _min_qps_check(best: dict[str, Any] | None, min_qps: float) -> dict[str, Any]:
+def _min_qps_check(best: SlaStep | None, min_qps: float) -> SlaCheck:
     value = best["qps"] if best else None
     return {"name": MIN_QPS_KEY, "limit": min_qps, "value": value, "passed": value is not None and value >= min_qps,
             "users": best["users"] if best else None, "highest_users_alone": None, "bound": "lower"}
 
 
-def sla_check(summary: dict[str, Any], sla: dict[str, Any]) -> dict[str, Any]:
+def sla_check(summary: Summary, sla: PlanTable) -> SlaResult:  # sla: the plan's [sla] table
     """Check the valid steps of ``summary`` against the ``[sla]`` limits; never raises.
 
     ``sla``: ``{p99_ms, error_rate, ttft_ms, itl_ms, min_qps}`` (any subset).  A step meets the SLA
@@ -155,8 +160,7 @@ def sla_check(summary: dict[str, Any], sla: dict[str, Any]) -> dict[str, Any]:
     skipped = [k for k in OPTIONAL_SLA_KEYS if k in limits and all(step_value(s, k) is None for s in steps)]
     for k in skipped:
         limits.pop(k)
-    rows: list[dict[str, Any]] = [{"users": _users(s["users"]), "qps": s["qps"], "checks": _step_checks(s, limits)}
-                                  for s in steps]
+    rows: list[SlaStep] = [{"users": _users(_u(s)), "qps": _q(s), "checks": _step_checks(s, limits)} for s in steps]
     for r in rows:
         r["meets"] = all(c["passed"] for c in r["checks"].values())
     meeting = [r for r in rows if r["meets"]]
@@ -165,7 +169,7 @@ def sla_check(summary: dict[str, Any], sla: dict[str, Any]) -> dict[str, Any]:
     if min_qps is not None:
         checks.append(_min_qps_check(best, min_qps))
     passed = best is not None and all(c["passed"] for c in checks)
-    below = [r["users"] for r in rows if best and r["users"] < best["users"] and not r["meets"]]
+    below = [r["users"] for r in rows if best and _u(r) < _u(best) and not r["meets"]]
     return {"passed": passed, "best": {"users": best["users"], "qps": best["qps"]} if best else None,
             "limits": given,
             "checks": checks, "steps": rows, "skipped": skipped, "problems": problems,
@@ -176,7 +180,7 @@ def _fmt(v: Any) -> str:
     return "–" if v is None else f"{v:.4g}"
 
 
-def _sla_text(passed: bool, best: dict[str, Any] | None, checks: list[dict[str, Any]], rows: list) -> str:
+def _sla_text(passed: bool, best: SlaStep | None, checks: list[SlaCheck], rows: list[SlaStep]) -> str:
     if not rows:
         return "SLA not checked: no valid step"
     if not checks:
@@ -189,14 +193,14 @@ def _sla_text(passed: bool, best: dict[str, Any] | None, checks: list[dict[str, 
 
 
 # -- the capacity plan ----------------------------------------------------------------------------
-def figure(value: Any, formula: str, computed: str, **inputs: Any) -> dict[str, Any]:
+def figure(value: Any, formula: str, computed: str, **inputs: JsonValue) -> Figure:
     """One figure of the plan: the value, its formula in words, the formula with the numbers, the inputs."""
     return {"value": value, "formula": formula, "computed": computed, "inputs": inputs}
 
 
-def _meeting_steps(summary: dict[str, Any], sla_result: dict[str, Any] | None) -> tuple[list[dict[str, Any]], bool]:
+def _meeting_steps(summary: Summary, sla_result: SlaResult | None) -> tuple[list[SummaryStep], bool]:
     """(steps meeting the SLA as {users, qps, mean_ms}, whether an SLA was applied)."""
-    by_users = {_users(s["users"]): s for s in valid_steps(summary)}
+    by_users = {_users(_u(s)): s for s in valid_steps(summary)}
     rows = sla_result.get("steps") if isinstance(sla_result, dict) else None
     if isinstance(sla_result, dict) and isinstance(rows, list) and sla_result.get("checks"):
         keep = [by_users[r["users"]] for r in rows if r.get("meets") and r.get("users") in by_users]
@@ -204,16 +208,16 @@ def _meeting_steps(summary: dict[str, Any], sla_result: dict[str, Any] | None) -
     return list(by_users.values()), False
 
 
-def max_stable(steps: list[dict[str, Any]], sla_applied: bool) -> dict[str, Any]:
+def max_stable(steps: list[SummaryStep], sla_applied: bool) -> Figure:
     if not steps:
         return figure(None, "max QPS of the valid steps meeting the SLA", "no such step")
-    top = max(steps, key=lambda s: s["qps"])
+    top = max(steps, key=_q)
     which = "valid steps meeting the SLA" if sla_applied else "valid steps (no SLA given)"
-    return figure(top["qps"], f"max QPS of the {which}", f"{_fmt(top['qps'])} QPS at {_users(top['users'])} users",
-                  users=_users(top["users"]), steps=[_users(s["users"]) for s in steps])
+    return figure(_q(top), f"max QPS of the {which}", f"{_fmt(_q(top))} QPS at {_users(_u(top))} users",
+                  users=_users(_u(top)), steps=[_users(_u(s)) for s in steps])
 
 
-def recommended_users(steps: list[dict[str, Any]], stable_qps: float | None, headroom_min: float) -> dict[str, Any]:
+def recommended_users(steps: list[SummaryStep], stable_qps: float | None, headroom_min: float) -> Figure:
     """The highest SLA-meeting step whose QPS leaves ≥ ``headroom_min`` of the max stable QPS unused.
 
     Reading of the digest's "QPS still has ≥ 30 % headroom": headroom = 1 − QPS(step) / max stable
@@ -224,14 +228,14 @@ def recommended_users(steps: list[dict[str, Any]], stable_qps: float | None, hea
     formula = f"highest users meeting the SLA with 1 − QPS/max stable QPS ≥ {headroom_min:.0%}"
     if not steps or not stable_qps:
         return figure(None, formula, "no step meets the SLA", headroom_min=headroom_min)
-    ok = [s for s in steps if 1.0 - s["qps"] / stable_qps >= headroom_min - 1e-12]
+    ok = [s for s in steps if 1.0 - _q(s) / stable_qps >= headroom_min - 1e-12]
     if not ok:
         return figure(None, formula, f"every SLA-meeting step is within {headroom_min:.0%} of {_fmt(stable_qps)} QPS",
                       headroom_min=headroom_min, max_stable_qps=stable_qps)
     s = ok[-1]
-    qps = s["qps"]
-    return figure(_users(s["users"]), formula,
-                  f"{_users(s['users'])} users: 1 − {_fmt(qps)}/{_fmt(stable_qps)} = {1 - qps / stable_qps:.0%} ≥ {headroom_min:.0%}",
+    qps = _q(s)
+    return figure(_users(_u(s)), formula,
+                  f"{_users(_u(s))} users: 1 − {_fmt(qps)}/{_fmt(stable_qps)} = {1 - qps / stable_qps:.0%} ≥ {headroom_min:.0%}",
                   headroom_min=headroom_min, max_stable_qps=stable_qps, qps=qps, headroom=1 - qps / stable_qps)
 
 
@@ -240,7 +244,7 @@ def _round(x: float) -> int:
     return math.floor(x + 0.5)
 
 
-def pool_sizes(n: int | float | None) -> tuple[dict[str, Any], dict[str, Any]]:
+def pool_sizes(n: int | float | None) -> tuple[Figure, Figure]:
     """(core threads, max threads) from the recommended concurrency ``n``.
 
     Core: round(75 % × n) (the middle of the digest's 70–80 %), at least 1; range [round(0.7n), round(0.8n)].
@@ -261,18 +265,18 @@ def pool_sizes(n: int | float | None) -> tuple[dict[str, Any], dict[str, Any]]:
     return core_fig, max_fig
 
 
-def single_inference(summary: dict[str, Any]) -> dict[str, Any]:
+def single_inference(summary: Summary) -> Figure:
     """The single-inference time: the mean latency of the valid 1-user step (else the lowest valid step)."""
-    steps = [s for s in valid_steps(summary) if _num(s.get("mean_ms")) is not None]
+    steps = [s for s in valid_steps(summary) if num(s.get("mean_ms")) is not None]
     if not steps:
         return figure(None, "mean latency of the 1-user step", "no valid step with a mean latency")
     s = steps[0]
     note = "" if s["users"] == 1 else f" (no valid 1-user step: the lowest valid step, {_users(s['users'])} users)"
-    ms = _num(s["mean_ms"])
+    ms = num(s["mean_ms"])
     return figure(ms, "mean latency of the 1-user step" + note, f"{_fmt(ms)} ms", users=_users(s["users"]))
 
 
-def queue_length(tolerance_ms: float, inference_ms: float | None, threads: int | None) -> dict[str, Any]:
+def queue_length(tolerance_ms: float, inference_ms: float | None, threads: int | None) -> Figure:
     """⌊tolerated queueing time / single-inference time × threads⌋: with ``threads`` serving, a
     request at the back of a queue this long waits about ``tolerance_ms``.  ``threads`` is the
     core size: a thread pool fills its queue before it grows past the core (Java's ThreadPoolExecutor)."""
@@ -285,7 +289,7 @@ def queue_length(tolerance_ms: float, inference_ms: float | None, threads: int |
                   tolerance_ms=tolerance_ms, inference_ms=inference_ms, threads=threads, per_thread=per_thread)
 
 
-def replicas(peak_qps: float | None, safe_qps: float | None, spare: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def replicas(peak_qps: float | None, safe_qps: float | None, spare: int) -> tuple[Figure, Figure]:
     """(instances = ⌈peak / safe⌉, replicas = instances + spare)."""
     if peak_qps is None or not safe_qps:
         why = "no [capacity] peak_qps given" if peak_qps is None else "no safe QPS per instance"
@@ -296,24 +300,25 @@ def replicas(peak_qps: float | None, safe_qps: float | None, spare: int) -> tupl
             figure(inst + spare, "instances + failover spare", f"{inst} + {spare} = {inst + spare}", instances=inst, spare=spare))
 
 
-def _settings(capacity: Any) -> tuple[dict[str, Any], list[str]]:
-    """[capacity] values with defaults, and one line per unusable key."""
+def _settings(capacity: Any) -> tuple[CapacitySettings, list[str]]:
+    """[capacity] values with defaults, and one line per unusable key (``capacity``: the plan's
+    [capacity] table as read)."""
     cap = capacity if isinstance(capacity, dict) else {}
-    out = {"peak_qps": None, "spare": DEFAULT_SPARE, "queue_tolerance_ms": QUEUE_TOLERANCE_MS,
-           "headroom": HEADROOM_MIN, "safe_fraction": SAFE_FRACTION}
+    out: dict[str, float | int | None] = {"peak_qps": None, "spare": DEFAULT_SPARE, "queue_tolerance_ms": QUEUE_TOLERANCE_MS,
+                                         "headroom": HEADROOM_MIN, "safe_fraction": SAFE_FRACTION}
     problems = []
     for key, raw in cap.items():
-        v = _num(raw)
+        v = num(raw)
         if key not in out:
             problems.append(f"[capacity] {key}: unknown key (known: {', '.join(out)})")
         elif v is None or v < 0 or (key in ("headroom", "safe_fraction") and v > 1) or (key == "spare" and not v.is_integer()):
             problems.append(f"[capacity] {key} = {raw!r}: not a usable value; default {out[key]!r} used")
         else:
             out[key] = int(v) if key == "spare" else v
-    return out, problems
+    return cast(CapacitySettings, out), problems  # its keys: CapacitySettings' (unknown ones were said, not kept)
 
 
-def capacity_plan(summary: dict[str, Any], sla_result: dict[str, Any] | None, capacity: dict[str, Any] | None) -> dict[str, Any]:
+def capacity_plan(summary: Summary, sla_result: SlaResult | None, capacity: PlanTable | None) -> CapacityResult:
     """The capacity plan of a run; never raises.  Every figure is ``{value, formula, computed, inputs}``.
 
     ``capacity``: ``{peak_qps, spare, queue_tolerance_ms, headroom, safe_fraction}`` (any subset;
@@ -329,15 +334,15 @@ def capacity_plan(summary: dict[str, Any], sla_result: dict[str, Any] | None, ca
     rec = recommended_users(steps, stable["value"], cfg["headroom"])
     core, mx = pool_sizes(rec["value"])
     inference = single_inference(summary)
-    queue = queue_length(cfg["queue_tolerance_ms"], inference["value"], core["value"])
+    queue = queue_length(cfg["queue_tolerance_ms"], inference["value"], cast(int | None, core["value"]))  # pool_sizes: an int
     sv = stable["value"]
     safe = figure(None if sv is None else cfg["safe_fraction"] * sv, f"{cfg['safe_fraction']:g} × max stable QPS",
                   "no max stable QPS" if sv is None else f"{cfg['safe_fraction']:g} × {_fmt(sv)} = {_fmt(cfg['safe_fraction'] * sv)}",
                   max_stable_qps=sv, safe_fraction=cfg["safe_fraction"])
     inst, reps = replicas(cfg["peak_qps"], safe["value"], cfg["spare"])
-    plan = {"max_stable_qps": stable, "recommended_users": rec, "core_threads": core, "max_threads": mx,
-            "single_inference_ms": inference, "queue_length": queue, "safe_qps": safe, "instances": inst,
-            "replicas": reps, "settings": cfg, "problems": problems}
+    plan: CapacityResult = {"max_stable_qps": stable, "recommended_users": rec, "core_threads": core, "max_threads": mx,
+                            "single_inference_ms": inference, "queue_length": queue, "safe_qps": safe, "instances": inst,
+                            "replicas": reps, "settings": cast(CapacitySettings, cfg), "problems": problems}
     plan["text"] = capacity_lines(plan)
     return plan
 
@@ -355,11 +360,11 @@ CAPACITY_LABELS = (
 )
 
 
-def capacity_lines(plan: dict[str, Any]) -> list[str]:
+def capacity_lines(plan: CapacityResult) -> list[str]:
     """One line per figure: "label: value — formula: computed" (for the markdown and the report)."""
     lines = []
     for key, label in CAPACITY_LABELS:
-        f = plan.get(key) or {}
+        f = cast(Mapping[str, object], plan.get(key) or {})  # key: one of the figures
         v = f.get("value")
         shown = "–" if v is None else (f"{v:,.1f}" if isinstance(v, float) else str(v))
         lines.append(f"{label}: {shown} — {f.get('formula', '')}: {f.get('computed', '')}")

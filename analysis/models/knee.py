@@ -31,6 +31,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from kneeswarm.analysis.schema.summary import Knee
+
 logger = logging.getLogger(__name__)
 
 SATURATION_GAIN = 0.20  # QPS gain per doubling of users below which scaling has stopped
@@ -101,17 +103,17 @@ def decide(u: np.ndarray, rule: float | None, kn: float | None, rule_method: str
     return None, "none"
 
 
-def _with_kneedle(result: dict[str, Any], kn: float | None, error: str | None) -> None:
+def _with_kneedle(result: Knee, kn: float | None, error: str | None) -> None:
     result["kneedle_users"] = kn
     if error is not None:
         result["kneedle_error"] = error
 
 
-def find_knee(users: Sequence[float], qps: Sequence[float]) -> dict[str, Any]:
+def find_knee(users: Sequence[float], qps: Sequence[float]) -> Knee:
     """{users, qps, method, kneedle_users[, kneedle_error]} for the throughput curve (valid steps
     only); ``kneedle_error``: why Kneedle failed, when it did (the rule alone decided)."""
     u, q = _clean(users, qps)
-    result: dict[str, Any] = {"users": None, "qps": None, "method": "none", "kneedle_users": None}
+    result: Knee = {"users": None, "qps": None, "method": "none", "kneedle_users": None}
     if len(u) < 2:
         return result
     kn, error = kneedle(u, q, curve="concave")
@@ -120,17 +122,17 @@ def find_knee(users: Sequence[float], qps: Sequence[float]) -> dict[str, Any]:
         u[i], q[i], u[i + 1:i + 2], q[i + 1:i + 2])[0] < KNEEDLE_CONFIRM_GAIN)
     if chosen is not None:
         i = int(np.flatnonzero(u == chosen)[0])
-        result.update(users=_num(chosen), qps=float(q[i]), method=method)
+        result.update({"users": _num(chosen), "qps": float(q[i]), "method": method})
     return result
 
 
-def find_tokens_knee(users: Sequence[float], tokens_s: Sequence[float]) -> dict[str, Any]:
+def find_tokens_knee(users: Sequence[float], tokens_s: Sequence[float]) -> Knee:
     """{users, tokens_s, method, kneedle_users}: the throughput knee of an LLM run read on output
     tokens/s instead of requests/s (the same rules: a server that batches longer answers may keep
     gaining tokens/s after its requests/s flattened, or the reverse)."""
     knee = find_knee(users, tokens_s)
-    out = {"users": knee["users"], "tokens_s": knee["qps"], "method": knee["method"],
-           "kneedle_users": knee["kneedle_users"]}
+    out: Knee = {"users": knee["users"], "tokens_s": knee["qps"], "method": knee["method"],
+                 "kneedle_users": knee["kneedle_users"]}
     if "kneedle_error" in knee:
         out["kneedle_error"] = knee["kneedle_error"]
     return out
@@ -145,12 +147,12 @@ def p99_rise_knee(users: np.ndarray, p99: np.ndarray) -> tuple[float | None, flo
     return (float(users[j - 1]) if j > 0 else None), float(users[j])
 
 
-def find_latency_knee(users: Sequence[float], p99_ms: Sequence[float]) -> dict[str, Any]:
+def find_latency_knee(users: Sequence[float], p99_ms: Sequence[float]) -> Knee:
     """{users, p99_ms, method, took_off_users, kneedle_users[, kneedle_error]}: the last step
     before P99 took off."""
     u, p = _clean(users, p99_ms)
-    result: dict[str, Any] = {"users": None, "p99_ms": None, "method": "none", "took_off_users": None,
-                              "kneedle_users": None}
+    result: Knee = {"users": None, "p99_ms": None, "method": "none", "took_off_users": None,
+                    "kneedle_users": None}
     if len(u) < 2:
         return result
     kn, error = kneedle(u, p, curve="convex")
@@ -161,17 +163,17 @@ def find_latency_knee(users: Sequence[float], p99_ms: Sequence[float]) -> dict[s
                             lambda i: took_off is None and p[i + 1] >= KNEEDLE_CONFIRM_RISE * p[i])
     if chosen is not None:
         i = int(np.flatnonzero(u == chosen)[0])
-        result.update(users=_num(chosen), p99_ms=float(p[i]), method=method)
+        result.update({"users": _num(chosen), "p99_ms": float(p[i]), "method": method})
     return result
 
 
-def kneedle_warnings(**knees: dict[str, Any] | None) -> list[str]:
+def kneedle_warnings(**knees: Knee | None) -> list[str]:
     """One line per knee (by its summary key) whose Kneedle failed: for the run's warnings."""
     return [f"{name}: Kneedle failed ({knee['kneedle_error']}); the rule alone decided (method "
             f"{knee.get('method')})" for name, knee in knees.items() if knee and knee.get("kneedle_error")]
 
 
-def find_peak(users: Sequence[float], qps: Sequence[float]) -> dict[str, Any]:
+def find_peak(users: Sequence[float], qps: Sequence[float]) -> Knee:
     """{users, qps} of the step with the highest QPS."""
     u, q = _clean(users, qps)
     if not len(u):

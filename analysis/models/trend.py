@@ -28,6 +28,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from kneeswarm.analysis.schema.summary import ChangePoint, Trend
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["drift", "change_point", "mann_kendall_s", "DRIFT_ALPHA", "MIN_RELATIVE_DRIFT", "MIN_RUNS",
@@ -60,7 +62,7 @@ def mann_kendall_s(values: Sequence[float]) -> int:
 
 
 def drift(values: Sequence[float | None], worse: int = +1, x: Sequence[float] | None = None,
-          alpha: float = DRIFT_ALPHA) -> dict[str, Any]:
+          alpha: float = DRIFT_ALPHA) -> Trend:
     """{n, s, tau, p, slope, slope_ci, change, rel_change, median, drifting, direction, reason} of a
     series in run order (None or NaN entries are left out).  ``x``: where each value lies (e.g. a
     soak window's mid time in seconds; the slope is then per unit of x), default the run index;
@@ -69,7 +71,7 @@ def drift(values: Sequence[float | None], worse: int = +1, x: Sequence[float] | 
     xs = np.arange(len(y), dtype=float) if x is None else np.asarray(x, dtype=float)
     keep = np.isfinite(y) & np.isfinite(xs)
     xs, y = xs[keep], y[keep]
-    out: dict[str, Any] = {"n": int(len(y)), "s": None, "tau": None, "p": None, "slope": None, "slope_ci": None,
+    out: Trend = {"n": int(len(y)), "s": None, "tau": None, "p": None, "slope": None, "slope_ci": None,
                            "change": None, "rel_change": None, "median": None, "drifting": False,
                            "direction": None, "alpha": alpha, "min_relative_drift": MIN_RELATIVE_DRIFT,
                            "reason": None}
@@ -77,7 +79,8 @@ def drift(values: Sequence[float | None], worse: int = +1, x: Sequence[float] | 
         out["reason"] = f"{len(y)} runs: the trend test needs at least {MIN_RUNS}"
         return out
     if np.ptp(y) == 0:
-        out.update(s=0, slope=0.0, change=0.0, rel_change=0.0, median=float(y[0]), reason="constant series")
+        out.update({"s": 0, "slope": 0.0, "change": 0.0, "rel_change": 0.0, "median": float(y[0]),
+                    "reason": "constant series"})
         return out
     from scipy import stats  # here: 0.4 s of import that a run without a trend to test never pays
 
@@ -87,14 +90,15 @@ def drift(values: Sequence[float | None], worse: int = +1, x: Sequence[float] | 
     change = float(slope) * float(xs[-1] - xs[0])
     rel = change / abs(median) if median else math.inf
     drifting = bool(p < alpha and abs(rel) >= MIN_RELATIVE_DRIFT)
-    out.update(s=mann_kendall_s(y), tau=float(tau), p=float(p), slope=float(slope), slope_ci=[float(lo), float(hi)],
-               change=change, rel_change=float(rel), median=median, drifting=drifting)
+    out.update({"s": mann_kendall_s(y), "tau": float(tau), "p": float(p), "slope": float(slope),
+                "slope_ci": [float(lo), float(hi)], "change": change, "rel_change": float(rel), "median": median,
+                "drifting": drifting})
     if drifting:
         out["direction"] = "worse" if math.copysign(1, slope) == worse else "better"
     return out
 
 
-def change_point(values: Sequence[float | None]) -> dict[str, Any] | None:
+def change_point(values: Sequence[float | None]) -> ChangePoint | None:
     """{index, before, after, shift, explained} of the single least-squares change point of the
     finite values (index counts in the series as given, None/NaN included), or None when the series
     is too short (2 x MIN_SEGMENT finite values) or constant."""

@@ -24,6 +24,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from kneeswarm.analysis.schema.summary import UslCurve, UslFit
+
 logger = logging.getLogger(__name__)
 
 SIGMA_START = 0.01  # starting point of the fit (REFERENCE.md "USL fitting")
@@ -59,7 +61,7 @@ def _clean(users: Sequence[float], throughput: Sequence[float]) -> tuple[np.ndar
     return n[keep][order], x[keep][order]
 
 
-def _empty(points: int, caution: str) -> dict[str, Any]:
+def _empty(points: int, caution: str) -> UslFit:
     return {"sigma": None, "kappa": None, "lambda": None, "n_star": None, "peak": None,
             "peak_kind": None, "r2": None, "points": points, "caution": caution}
 
@@ -116,7 +118,7 @@ def efficiency_users(sigma: float, kappa: float, efficiency: float) -> float | N
     return None
 
 
-def fit_usl(users: Sequence[float], throughput: Sequence[float]) -> dict[str, Any]:
+def fit_usl(users: Sequence[float], throughput: Sequence[float]) -> UslFit:
     """Fit the USL to (users, throughput) points; never raises.
 
     Returns ``{sigma, kappa, lambda, n_star, peak, peak_kind, r2, points, caution}``:
@@ -149,12 +151,13 @@ def fit_usl(users: Sequence[float], throughput: Sequence[float]) -> dict[str, An
             "r2": r2, "points": len(n), "caution": "; ".join(cautions) or None}
 
 
-def usl_curve(fit: dict[str, Any], n_max: float, points: int = CURVE_POINTS) -> dict[str, list[float]]:
+def usl_curve(fit: UslFit, n_max: float, points: int = CURVE_POINTS) -> UslCurve:
     """The fitted curve from N = 1 to ``n_max`` (for the report); empty lists without a fit."""
-    if fit.get("sigma") is None or not (isinstance(n_max, (int, float)) and n_max >= 1):
+    sigma, kappa, lam = fit.get("sigma"), fit.get("kappa"), fit.get("lambda")
+    if sigma is None or kappa is None or lam is None or not (isinstance(n_max, (int, float)) and n_max >= 1):
         return {"users": [], "qps": []}
     grid = np.linspace(1.0, float(n_max), max(int(points), 2))
-    qps = usl_throughput(grid, fit["sigma"], fit["kappa"], fit["lambda"])
+    qps = usl_throughput(grid, sigma, kappa, lam)
     return {"users": [float(v) for v in grid], "qps": [float(v) for v in qps]}
 
 
@@ -168,14 +171,16 @@ def _rate(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
 
 
-def describe(fit: dict[str, Any]) -> str | None:
+def describe(fit: UslFit) -> str | None:
     """One sentence reading σ as contention and κ as coherency cost, or None without a fit."""
-    if fit.get("sigma") is None:
+    sigma, kappa, lam = fit.get("sigma"), fit.get("kappa"), fit.get("lambda")
+    if sigma is None or kappa is None or lam is None:  # fit_usl gives all three or none
         return None
-    s = (f"contention σ = {_g(fit['sigma'])} (the serial share of the work), coherency κ = {_g(fit['kappa'])} "
-         f"(the cost of keeping threads consistent), λ = {fit['lambda']:.3g}/s per user")
-    if fit.get("peak_kind") == "max":
-        s += f"; predicted peak {_rate(fit['peak'])}/s at N* = {fit['n_star']:.1f} users"
-    elif fit.get("peak_kind") == "asymptote":
-        s += f"; no retrograde region: throughput approaches {_rate(fit['peak'])}/s"
+    s = (f"contention σ = {_g(sigma)} (the serial share of the work), coherency κ = {_g(kappa)} "
+         f"(the cost of keeping threads consistent), λ = {lam:.3g}/s per user")
+    peak, n_star = fit.get("peak"), fit.get("n_star")
+    if fit.get("peak_kind") == "max" and peak is not None and n_star is not None:
+        s += f"; predicted peak {_rate(peak)}/s at N* = {n_star:.1f} users"
+    elif fit.get("peak_kind") == "asymptote" and peak is not None:
+        s += f"; no retrograde region: throughput approaches {_rate(peak)}/s"
     return s

@@ -9,7 +9,8 @@ from typing import Any, Literal
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kneeswarm.analysis.schema.comparison import INTERVAL_BETWEEN_RUNS, Change, Comparison, Shift, StepComparison
+from kneeswarm.analysis.schema.comparison import (INTERVAL_BETWEEN_RUNS, Change, CompareSettings, Comparison,
+                                                  FindingsChange, Shift, ShiftSide, StepComparison, UslChange)
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ def step_table(result: Comparison) -> list[str]:
     return lines
 
 
-def _over_runs(side: dict[str, Any]) -> str:
+def _over_runs(side: ShiftSide) -> str:
     """A repeated run's knee: " (1-4 over 3 runs)"; a single run's: " (2-8 at its noise)" where its
     summary has the interval, else ""."""
     if side.get("runs") is None:
@@ -70,13 +71,13 @@ def _sides(result: Comparison) -> str:
     return f"base {one(result['base'])} → new {one(result['new'])}"
 
 
-def _interval_text(s: dict[str, Any]) -> str:
+def _interval_text(s: CompareSettings) -> str:
     if s.get("interval") == INTERVAL_BETWEEN_RUNS:
         return f"the {s.get('confidence', 0):.0%} interval of the change between runs (Student's t over the repeated runs)"
     return f"the {s.get('confidence', 0):.0%} bootstrap CI of the change"
 
 
-def usl_line(usl: dict[str, Any]) -> str:
+def usl_line(usl: UslChange) -> str:
     b, n = usl.get("base") or {}, usl.get("new") or {}
     if b.get("sigma") is None or n.get("sigma") is None:
         return "**USL:** no fit on one of the runs"
@@ -84,7 +85,7 @@ def usl_line(usl: dict[str, Any]) -> str:
             f"(coherency), predicted peak {_f(b.get('peak'))} → {_f(n.get('peak'))} QPS")
 
 
-def findings_lines(f: dict[str, Any]) -> list[str]:
+def findings_lines(f: FindingsChange) -> list[str]:
     lines = [f"- appeared: `{x['id']}` ({x['severity']}): {x['text']}" for x in f.get("appeared", [])]
     lines += [f"- vanished: `{x['id']}`: {x['text']}" for x in f.get("vanished", [])]
     return lines or ["- no finding appeared or vanished"]

@@ -7,9 +7,12 @@ from __future__ import annotations
 import datetime as dt
 import html
 import logging
-from typing import Any
+from typing import Any, cast
 
 import plotly.graph_objects as go
+
+from kneeswarm.analysis.schema.history import HistoryGroup, HistoryResult, HistorySeries, RepeatEntry, SoakEntry
+from kneeswarm.analysis.schema.summary import ChangePoint, Trend
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +30,7 @@ def _when(t: float | None) -> str:
     return "–" if t is None else dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _drift_cell(d: dict[str, Any]) -> str:
+def _drift_cell(d: Trend) -> str:
     if d.get("p") is None:
         return d.get("reason") or "–"
     verdict = f"**drift {d['direction']}**" if d["drifting"] else "no drift"
@@ -36,7 +39,7 @@ def _drift_cell(d: dict[str, Any]) -> str:
             f"Mann–Kendall S {d['s']}, p {d['p']:.3g}{left}")
 
 
-def _changed_lines(cp: dict[str, Any]) -> list[str]:
+def _changed_lines(cp: ChangePoint) -> list[str]:
     ch = cp.get("changes") or []
     whats = sorted({c["what"] for c in ch}, key=["input length", "versions", "host facts", "plan keys"].index)
     lines = [f"  - change point at run `{cp['run']}` (after `{cp['previous_run']}`): mean {cp['before']:.4g} → "
@@ -48,47 +51,47 @@ def _changed_lines(cp: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _soak_lines(g: dict[str, Any]) -> list[str]:
+def _soak_lines(g: HistoryGroup) -> list[str]:
     """A soak group's runs: windows, and what crept in each (its soak findings and trends)."""
     lines = ["", "Soaks: each figure is the median over the run's windows; what crept within each run:", ""]
     for r in g["runs"]:
-        soak = r.get("soak") or {}
+        soak = r.get("soak") or cast(SoakEntry, {})
         found = ", ".join(f"{f['id']}" + (f" ({f['host']})" if f.get("host") else "") for f in soak.get("findings") or [])
-        moved = "; ".join(f"{k} {t['slope'] * 60:+.3g}/min (p {t['p']:.2g})" for k, t in (soak.get("trends") or {}).items()
-                          if t.get("slope") is not None and t.get("p") is not None)
+        moved = "; ".join(f"{k} {slope * 60:+.3g}/min (p {t['p']:.2g})" for k, t in (soak.get("trends") or {}).items()
+                          if (slope := t.get("slope")) is not None and t.get("p") is not None)
         lines.append(f"- `{r['run_id']}`: {soak.get('valid_windows')} of {soak.get('windows')} windows of "
                      f"{_f(soak.get('window_s'))} s valid; {found or 'nothing crept'}" + (f"; {moved}" if moved else ""))
     return lines
 
 
-def _repeat_lines(g: dict[str, Any]) -> list[str]:
+def _repeat_lines(g: HistoryGroup) -> list[str]:
     """The group's repeated runs: each one point, the mean of its runs with the interval between them."""
     rep = [r for r in g["runs"] if r.get("repeat")]
     if not rep:
         return []
     lines = ["", "Repeated runs, each one point (the mean of its runs; [the interval between them]):", ""]
     for r in rep:
-        x = r["repeat"]
+        x = cast(RepeatEntry, r.get("repeat"))  # rep: the runs with one
         moved = [f"`{f['id']}` {f['label']}" for f in x.get("findings") or [] if not f.get("stable")]
         lines.append(f"- `{r['run_id']}`: {x['runs']} of {x['planned']} runs merged; {x['knee']['text']}"
                      + (f"; findings that did not repeat: {', '.join(moved)}" if moved else ""))
     return lines
 
 
-def _knee_lines(g: dict[str, Any]) -> list[str]:
+def _knee_lines(g: HistoryGroup) -> list[str]:
     """Each single run's knee with its interval at the run's own noise (where its summary has one)."""
     runs = [r for r in g["runs"] if not r.get("repeat") and isinstance(r.get("knee_interval"), list)]
     if not runs:
         return []
     lines = ["", "Knee of each run [its interval at that run's own noise]:", ""]
     for r in runs:
-        lo, hi = r["knee_interval"]
+        lo, hi = r.get("knee_interval") or (None, None)  # runs: the ones with a list
         at = f"{_f(lo)}-{'past the range' if hi is None else _f(hi)}"
         lines.append(f"- `{r['run_id']}`: {_f(r.get('knee_users')) if r.get('knee_users') is not None else 'none'} [{at}]")
     return lines
 
 
-def group_markdown(g: dict[str, Any]) -> list[str]:
+def group_markdown(g: HistoryGroup) -> list[str]:
     kind = " (soak)" if g.get("soak") else ""
     lines = [f"## {g['plan']} → {g['target']}{kind}", "",
              f"{len(g['runs'])} runs, {_when(g['runs'][0]['started'] if g['runs'] else None)} to "
@@ -104,15 +107,15 @@ def group_markdown(g: dict[str, Any]) -> list[str]:
         iv = ivs[last] if last is not None and last < len(ivs) else None
         value = _f(s["values"][last] if last is not None else None) + (f" [{iv[0]:.4g}, {iv[1]:.4g}]" if iv else "")
         lines.append(f"| {s['figure']} | {value} | {_drift_cell(s['drift'])} |")
-    drifting = [s for s in g["series"] if s["drift"]["drifting"] and s["change_point"]]
+    drifting = [(s, cp) for s in g["series"] if s["drift"].get("drifting") and (cp := s["change_point"])]
     if drifting:
         lines += ["", "Where the drifting figures moved (single least-squares change point):"]
-    for s in drifting:
-        lines += [f"- {s['figure']}:", *_changed_lines(s["change_point"])]
+    for s, cp in drifting:
+        lines += [f"- {s['figure']}:", *_changed_lines(cp)]
     return lines + [""]
 
 
-def history_markdown(result: dict[str, Any]) -> str:
+def history_markdown(result: HistoryResult) -> str:
     th = result["thresholds"]
     lines = ["# Run history", "",
              f"Drift: Mann–Kendall p < {th['alpha']} and the Theil–Sen line moving ≥ {th['min_relative_drift']:.0%} "
@@ -127,11 +130,11 @@ def history_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _times(g: dict[str, Any]) -> list[dt.datetime | None]:
+def _times(g: HistoryGroup) -> list[dt.datetime | None]:
     return [None if r["started"] is None else dt.datetime.fromtimestamp(r["started"], dt.timezone.utc) for r in g["runs"]]
 
 
-def _chart(g: dict[str, Any], title: str, members: list[dict[str, Any]], yaxis: str) -> go.Figure:
+def _chart(g: HistoryGroup, title: str, members: list[HistorySeries], yaxis: str) -> go.Figure:
     """One line per series of ``members`` over the runs' start times, the change point of the first
     drifting one marked."""
     x = _times(g)
@@ -146,15 +149,15 @@ def _chart(g: dict[str, Any], title: str, members: list[dict[str, Any]], yaxis: 
         fig.add_trace(go.Scatter(x=x, y=s["values"], mode="lines+markers", name=PERCENTILE_NAMES.get(s["metric"], s["figure"]),
                                  text=[r["run_id"] for r in g["runs"]], hovertemplate="%{text}<br>%{y:.4g}", error_y=error))
     cp = next((s["change_point"] for s in members if s["drift"]["drifting"] and s["change_point"]), None)
-    if cp is not None and x[cp["index"]] is not None:
-        fig.add_vline(x=x[cp["index"]].timestamp() * 1000, line_dash="dash", line_color="grey")
-        fig.add_annotation(x=x[cp["index"]], y=1, yref="paper", text="change point", showarrow=False)
+    if cp is not None and (when := x[cp["index"]]) is not None:
+        fig.add_vline(x=when.timestamp() * 1000, line_dash="dash", line_color="grey")
+        fig.add_annotation(x=when, y=1, yref="paper", text="change point", showarrow=False)
     fig.update_layout(title=title, xaxis_title="run start (UTC)", yaxis_title=yaxis, height=360)
     return fig
 
 
-def group_figures(g: dict[str, Any]) -> list[go.Figure]:
-    by_chart: dict[str, list[dict[str, Any]]] = {}
+def group_figures(g: HistoryGroup) -> list[go.Figure]:
+    by_chart: dict[str, list[HistorySeries]] = {}
     for s in g["series"]:
         key = s["figure"] if s["metric"] == "peak_qps" else s["figure"].split(" ", 1)[1]
         by_chart.setdefault(key, []).append(s)
@@ -162,7 +165,7 @@ def group_figures(g: dict[str, Any]) -> list[go.Figure]:
                    "QPS" if members[0]["metric"] == "peak_qps" else "ms") for k, members in by_chart.items()]
 
 
-def history_html(result: dict[str, Any]) -> str:
+def history_html(result: HistoryResult) -> str:
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>kneeswarm run history</title>",
              "<style>body{font-family:sans-serif;margin:2em} pre{white-space:pre-wrap}</style>",
              "</head><body>"]

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import html
 import logging
-from typing import Any
+from typing import Any, Mapping, cast
+
+from kneeswarm.analysis.schema.summary import Summary
 
 import numpy as np
 import pandas as pd
@@ -69,9 +71,9 @@ def _binned(df: pd.DataFrame, t0: float, cols: list[str], how: str = "mean", by:
     return out
 
 
-def _knee_figure(summary: dict[str, Any]) -> go.Figure:
+def _knee_figure(summary: Summary) -> go.Figure:
     # curves by users: a search's probes go down as well as up (their order: _probe_traces)
-    steps = sorted((s for s in summary.get("steps", []) if s.get("users")), key=lambda s: s["users"])
+    steps = sorted((s for s in summary.get("steps", []) if s.get("users")), key=lambda s: s.get("users") or 0)
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     if not steps:
         fig.update_layout(title="No steps recorded")
@@ -79,7 +81,7 @@ def _knee_figure(summary: dict[str, Any]) -> go.Figure:
     users = np.array([s["users"] for s in steps], dtype=float)
     x = np.log2(users)
     valid = [bool(s.get("valid")) for s in steps]
-    val = lambda k: [np.nan if s.get(k) is None else s[k] for s in steps]  # noqa: E731
+    val = lambda k: [np.nan if (v := cast(Mapping[str, object], s).get(k)) is None else v for s in steps]  # noqa: E731
     fig.add_trace(go.Scatter(x=x, y=val("qps"), name="QPS", mode="lines+markers", line=dict(width=3),
                              marker=dict(size=10, symbol=["circle" if v else "x" for v in valid]),
                              hovertext=[("valid" if v else "INVALID: " + "; ".join(s.get("reasons") or []))
@@ -90,13 +92,13 @@ def _knee_figure(summary: dict[str, Any]) -> go.Figure:
     _usl_trace(fig, summary)
     _probe_traces(fig, summary)
     knee = summary.get("knee") or {}
-    if knee.get("users"):
-        fig.add_vline(x=float(np.log2(knee["users"])), line=dict(color=KNEE_COLOR, width=2, dash="dash"),
+    if ku := knee.get("users"):
+        fig.add_vline(x=float(np.log2(ku)), line=dict(color=KNEE_COLOR, width=2, dash="dash"),
                       annotation_text=f"knee: {n_users(knee['users'])} ({knee.get('method')})",
                       annotation_position="top left", annotation_font_color=KNEE_COLOR)
     lk = summary.get("latency_knee") or {}
-    if lk.get("users") and lk.get("users") != knee.get("users"):
-        fig.add_vline(x=float(np.log2(lk["users"])), line=dict(color=LATENCY_KNEE_COLOR, width=1, dash="dot"),
+    if (lu := lk.get("users")) and lu != knee.get("users"):
+        fig.add_vline(x=float(np.log2(lu)), line=dict(color=LATENCY_KNEE_COLOR, width=1, dash="dot"),
                       annotation_text=f"P99 knee: {n_users(lk['users'])}", annotation_position="bottom right",
                       annotation_font_color=LATENCY_KNEE_COLOR)
     fig.update_xaxes(title_text="users (log2 scale)", tickvals=x, ticktext=[f"{u:g}" for u in users])
@@ -106,7 +108,7 @@ def _knee_figure(summary: dict[str, Any]) -> go.Figure:
     return fig
 
 
-def _soak_figure(summary: dict[str, Any]) -> go.Figure:
+def _soak_figure(summary: Summary) -> go.Figure:
     """A soak's windows over time (kneeswarm.analysis.summary.soak): QPS and P50/P95/P99/P999 (one line each), then per
     host the service's RSS and GPU memory, its threads and open fds, and the target's own series."""
     ser = (summary.get("soak") or {}).get("series") or {}
@@ -125,7 +127,7 @@ def _soak_figure(summary: dict[str, Any]) -> go.Figure:
         for key, row in (("rss_mb", 2), ("gpu_mb", 2), ("gpu_peak_mb", 2), ("threads", 3), ("fds", 3)):
             if key in m:
                 fig.add_trace(go.Scatter(x=t, y=nan(m[key]), name=f"{h} {key}", mode="lines+markers"), row=row, col=1)
-        for key, values in (m.get("target") or {}).items():
+        for key, values in (tg if isinstance(tg := m.get("target"), dict) else {}).items():
             fig.add_trace(go.Scatter(x=t, y=nan(values), name=f"{h} {TARGET_LABELS.get(key, key)}", mode="lines",
                                      visible="legendonly" if key not in ("requests_s", "in_flight", "queue_length") else True),
                           row=4, col=1)
@@ -136,7 +138,7 @@ def _soak_figure(summary: dict[str, Any]) -> go.Figure:
     return fig
 
 
-def _probe_traces(fig: go.Figure, summary: dict[str, Any]) -> None:
+def _probe_traces(fig: go.Figure, summary: Summary) -> None:
     """[load] mode = "search": the probes in the order they ran, numbered, on the QPS and P99
     curves, with why each was chosen (hover)."""
     search = got if isinstance(got := summary.get("search"), dict) else {}
@@ -144,17 +146,17 @@ def _probe_traces(fig: go.Figure, summary: dict[str, Any]) -> None:
     probes = [(s, p) for s, p in zip(steps, search.get("probes") or []) if s.get("users")]
     if not probes:
         return
-    x = np.log2([s["users"] for s, _ in probes])
+    x = np.log2([s.get("users") or 0 for s, _ in probes])  # each with users (above)
     text = [str(i + 1) for i in range(len(probes))]
     why = [f"probe {i + 1}: {p.get('why') or ''}" for i, (_, p) in enumerate(probes)]
     for key, name, secondary in (("qps", "probes in order (QPS)", False), ("p99_ms", "probes in order (P99)", True)):
-        y = [np.nan if s.get(key) is None else s[key] for s, _ in probes]
+        y = [np.nan if (v := cast(Mapping[str, object], s).get(key)) is None else v for s, _ in probes]
         fig.add_trace(go.Scatter(x=x, y=y, name=name, mode="lines+markers+text", text=text, textposition="top center",
                                  hovertext=why, line=dict(color="#888", width=1, dash="dot"),
                                  marker=dict(size=6, color="#888")), secondary_y=secondary)
 
 
-def _search_html(summary: dict[str, Any]) -> str:
+def _search_html(summary: Summary) -> str:
     """[load] mode = "search": why it stopped, its brackets and its probes in order (kneeswarm.analysis.summary.search)."""
     lines = search_lines(summary)
     if not lines:
@@ -167,13 +169,13 @@ def _search_html(summary: dict[str, Any]) -> str:
             + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in body) + "</table>")
 
 
-def _usl_trace(fig: go.Figure, summary: dict[str, Any]) -> None:
+def _usl_trace(fig: go.Figure, summary: Summary) -> None:
     """The fitted USL curve over the measured points (kneeswarm.analysis.models.usl.usl_curve, valid steps only)."""
-    usl = got if isinstance(got := summary.get("usl"), dict) else {}
-    curve = got if isinstance(got := usl.get("curve"), dict) else {}
+    usl = cast(Mapping[str, object], got if isinstance(got := summary.get("usl"), dict) else {})
+    curve = cast(Mapping[str, Any], c if isinstance(c := usl.get("curve"), dict) else {})
     users = np.asarray(curve.get("users") or [], dtype=float)
     qps = np.asarray(curve.get("qps") or [], dtype=float)
-    measured = [s["users"] for s in summary.get("steps", []) if isinstance(s.get("users"), (int, float))]
+    measured = [u for s in summary.get("steps", []) if isinstance(u := s.get("users"), (int, float))]
     if measured and len(users) == len(qps):  # over the measured points only, not extrapolated below them
         keep = users >= min(measured)
         users, qps = users[keep], qps[keep]
@@ -257,7 +259,7 @@ def _generator_panels(generator: dict[str, pd.DataFrame], t0: float, bin_s: floa
     return [("load generator CPU % per worker", tr)] if tr else []
 
 
-def _step_bands(fig: go.Figure, summary: dict[str, Any], t0: float) -> None:
+def _step_bands(fig: go.Figure, summary: Summary, t0: float) -> None:
     """Each step as a shaded band behind all panels, labelled with its users (✗: not valid).
 
     One full-height shape per step (x on the shared time axis, y on the paper): plotly's
@@ -265,9 +267,10 @@ def _step_bands(fig: go.Figure, summary: dict[str, Any], t0: float) -> None:
     """
     shapes, labels = [], []
     for j, s in enumerate(summary.get("steps", [])):
-        if s.get("t_ramp") is None or s.get("t_end") is None or not s["t_end"] > s["t_ramp"]:
+        t_ramp, t_end = s.get("t_ramp"), s.get("t_end")
+        if t_ramp is None or t_end is None or not t_end > t_ramp:
             continue
-        lo, hi = s["t_ramp"] - t0, s["t_end"] - t0
+        lo, hi = t_ramp - t0, t_end - t0
         shapes.append(dict(type="rect", xref="x", yref="paper", x0=lo, x1=hi, y0=0, y1=1,
                            fillcolor=BAND_COLORS[j % 2], line_width=0, layer="below"))
         labels.append(dict(x=(lo + hi) / 2, y=1.0, xref="x", yref="paper", yanchor="bottom", showarrow=False,
@@ -275,7 +278,7 @@ def _step_bands(fig: go.Figure, summary: dict[str, Any], t0: float) -> None:
     fig.update_layout(shapes=[*fig.layout.shapes, *shapes], annotations=[*fig.layout.annotations, *labels])
 
 
-def _timeline_figure(summary: dict[str, Any], timeline: pd.DataFrame, generator: dict[str, pd.DataFrame],
+def _timeline_figure(summary: Summary, timeline: pd.DataFrame, generator: dict[str, pd.DataFrame],
                      hosts: dict[str, dict[str, pd.DataFrame]], t0: float, bin_s: float = BIN_S) -> go.Figure:
     """All panels on one time axis (seconds since ``t0``, ``bin_s`` bins); ``timeline``: the
     requests per bin (kneeswarm.analysis.measure.requestscan.Timeline.frame)."""
@@ -314,7 +317,7 @@ def _timeline_figure(summary: dict[str, Any], timeline: pd.DataFrame, generator:
     return fig
 
 
-def _table_html(summary: dict[str, Any], header: list[str], rows: list[list[str]]) -> str:
+def _table_html(summary: Summary, header: list[str], rows: list[list[str]]) -> str:
     """One steps table; the rows of steps that are not valid are greyed."""
     if not rows:
         return "<p><em>No steps recorded.</em></p>"
@@ -328,7 +331,7 @@ def _table_html(summary: dict[str, Any], header: list[str], rows: list[list[str]
     return f'<table class="steps"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def _tables_html(summary: dict[str, Any]) -> str:
+def _tables_html(summary: Summary) -> str:
     """The step tables in readable groups: load; what each server did; the target's /metrics."""
     parts = ["<h2>Steps (steady windows; greyed: not valid)</h2>"]
     for title, cols in table_groups(summary):
@@ -345,7 +348,7 @@ def _tables_html(summary: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def _workers_html(summary: dict[str, Any]) -> str:
+def _workers_html(summary: Summary) -> str:
     """The per-worker tables (kneeswarm.analysis.measure.workers): requests, req/s, CPU, RSS, users; lost workers."""
     out = []
     for title, header, rows in worker_tables(summary):
@@ -356,7 +359,7 @@ def _workers_html(summary: dict[str, Any]) -> str:
     return "".join(out)
 
 
-def _findings_html(summary: dict[str, Any]) -> str:
+def _findings_html(summary: Summary) -> str:
     """Each finding as a card: severity and id, what was seen, the evidence, the advice."""
     cards = []
     for lines in findings_section(summary):
@@ -374,7 +377,7 @@ def _findings_html(summary: dict[str, Any]) -> str:
     return out
 
 
-def _model_html(summary: dict[str, Any]) -> str:
+def _model_html(summary: Summary) -> str:
     """The USL reading, and the SLA/capacity plan when the summary has them."""
     out = []
     usl = usl_lines(summary)
@@ -399,7 +402,7 @@ def _md_inline(line: str) -> str:
     return "".join(out)
 
 
-def _hosts_html(summary: dict[str, Any]) -> str:
+def _hosts_html(summary: Summary) -> str:
     hosts = got if isinstance(got := summary.get("hosts"), dict) else {}
     if not any(hosts.values()):
         return ""
@@ -434,7 +437,7 @@ h3{margin:1.2em 0 .2em;font-size:15px}
 """
 
 
-def render_html(summary: dict[str, Any], timeline: pd.DataFrame, generator: dict[str, pd.DataFrame],
+def render_html(summary: Summary, timeline: pd.DataFrame, generator: dict[str, pd.DataFrame],
                 hosts: dict[str, dict[str, pd.DataFrame]], t0: float, bin_s: float = BIN_S) -> str:
     """index.html; ``timeline``: the requests per ``bin_s`` bin since ``t0`` (requestscan)."""
     title = f"kneeswarm {summary.get('run_id')}"

@@ -22,6 +22,8 @@ import logging
 import xml.etree.ElementTree as ET
 from typing import Any
 
+from kneeswarm.analysis.schema.summary import SlaResult, Summary
+
 from kneeswarm.analysis.schema.comparison import Comparison
 
 logger = logging.getLogger(__name__)
@@ -51,7 +53,7 @@ def _finish(suite: ET.Element) -> ET.Element:
     return suite
 
 
-def sla_suite(sla_result: dict[str, Any]) -> ET.Element:
+def sla_suite(sla_result: SlaResult) -> ET.Element:
     """One test case per SLA check (and per limit skipped for want of data); a run planned without
     an SLA (``set`` false, kneeswarm.analysis.summary.gates) is one skipped case."""
     suite = ET.Element("testsuite", name="sla")
@@ -93,7 +95,7 @@ def compare_suite(result: Comparison) -> ET.Element:
     return _finish(suite)
 
 
-def junit_xml(sla_result: dict[str, Any] | None, compare_result: Comparison | None = None) -> str:
+def junit_xml(sla_result: SlaResult | None, compare_result: Comparison | None = None) -> str:
     """The JUnit XML document of an SLA check and/or a comparison (either may be None)."""
     root = ET.Element("testsuites", name="kneeswarm")
     if sla_result is not None:
@@ -107,6 +109,6 @@ def junit_xml(sla_result: dict[str, Any] | None, compare_result: Comparison | No
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
-def write_junit(summary: dict[str, Any], report_dir: str | Path) -> None:
+def write_junit(summary: Summary, report_dir: str | Path) -> None:
     """``report_dir``/junit.xml: one test case per SLA check (one skipped case without an SLA)."""
     write_text(Path(report_dir) / JUNIT_FILE, junit_xml(summary.get("sla") or no_sla()))

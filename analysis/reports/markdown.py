@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import Any, Mapping, cast
+
+from kneeswarm.analysis.schema.summary import ServerMetrics, Summary, SummaryStep, num
 
 from kneeswarm.analysis.measure.hostfacts import host_lines, skipped_lines
 from kneeswarm.analysis.measure.loop import loop_line
@@ -59,7 +61,7 @@ def _f(v: Any, fmt: str = "{:.1f}") -> str:
     return fmt.format(v)
 
 
-def status_line(summary: dict[str, Any]) -> str:
+def status_line(summary: Summary) -> str:
     if summary.get("complete"):
         return "complete"
     ended = summary.get("ended")
@@ -68,12 +70,12 @@ def status_line(summary: dict[str, Any]) -> str:
     return f"INCOMPLETE (ended: {ended})" if ended else "INCOMPLETE (no record of how it ended)"
 
 
-def warning_lines(summary: dict[str, Any]) -> list[str]:
+def warning_lines(summary: Summary) -> list[str]:
     """The run's warnings (kneeswarm.analysis.measure.problems), shown before anything else."""
     return [str(w) for w in summary.get("warnings") or []]
 
 
-def knee_lines(summary: dict[str, Any]) -> list[str]:
+def knee_lines(summary: Summary) -> list[str]:
     if summary.get("soak"):  # one load held: what it held, not a knee (kneeswarm.analysis.summary.soak)
         load = [loop_line(summary["load"])] if isinstance(summary.get("load"), dict) else []
         return [held_line(summary), *load]
@@ -97,9 +99,9 @@ def knee_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def endpoint_lines(summary: dict[str, Any]) -> list[str]:
+def endpoint_lines(summary: Summary) -> list[str]:
     """One line on how the target was reached, when it was over TLS or with [endpoint] settings."""
-    e = summary.get("endpoint") or {}
+    e: Mapping[str, object] = summary.get("endpoint") or {}
     if not e or (e.get("tls") is None and not e.get("headers") and not e.get("base_path")):
         return []
     parts = []
@@ -109,8 +111,8 @@ def endpoint_lines(summary: dict[str, Any]) -> list[str]:
         parts.append(f"TLS verified against {e['ca_bundle'] or 'the system CAs'}")
     if e.get("client_cert"):
         parts.append("client certificate presented")
-    if e.get("headers"):
-        parts.append("headers " + ", ".join(e["headers"]))
+    if isinstance(headers := e.get("headers"), list) and headers:
+        parts.append("headers " + ", ".join(headers))
     if e.get("base_path"):
         parts.append(f"base path {e['base_path']}")
     if e.get("server_name"):
@@ -118,20 +120,20 @@ def endpoint_lines(summary: dict[str, Any]) -> list[str]:
     return ["**Endpoint:** " + "; ".join(parts)]
 
 
-def workload_lines(summary: dict[str, Any]) -> list[str]:
+def workload_lines(summary: Summary) -> list[str]:
     w = summary.get("workload") or {}
     inputs = [f"**Inputs:** {w['inputs']}; token counts: {w['token_counts']}"] if w.get("token_counts") else []
     return inputs + llm_workload_lines(summary) + endpoint_lines(summary)
 
 
-def llm_workload_lines(summary: dict[str, Any]) -> list[str]:
+def llm_workload_lines(summary: Summary) -> list[str]:
     """Shared prefixes (the hit rate to expect) and per-turn context and TTFT (kneeswarm.analysis.measure.llmworkload)."""
     w = got if isinstance(got := summary.get("llm_workload"), dict) else {}
     out = []
     p = w.get("prefix") if isinstance(w.get("prefix"), dict) else None
     if p:
         out.append(f"**Shared prefixes:** {p.get('count')} of {p.get('tokens')} tokens in "
-                   f"{_f(100 * (p.get('rows_share') or 0), '{:.0f}')} % of requests: a prefix cache can serve "
+                   f"{_f(100 * (num(p.get('rows_share')) or 0), '{:.0f}')} % of requests: a prefix cache can serve "
                    f"{_f(p.get('expected_hit_pct'))} % of prompt tokens (the server's hit rate is in the target table)")
     t = w.get("trace") if isinstance(w.get("trace"), dict) else None
     if t:
@@ -145,14 +147,14 @@ def llm_workload_lines(summary: dict[str, Any]) -> list[str]:
     return out
 
 
-def malformed_lines(summary: dict[str, Any]) -> list[str]:
+def malformed_lines(summary: Summary) -> list[str]:
     """One bold line per host collector that skipped malformed lines (shown at the top)."""
     hosts = got if isinstance(got := summary.get("hosts"), dict) else {}
     return [f"**Malformed lines skipped:** {host} {coll}: {n:,} of {total:,} lines"
             for host, coll, n, total in skipped_lines(hosts)]
 
 
-def resent_lines(summary: dict[str, Any]) -> list[str]:
+def resent_lines(summary: Summary) -> list[str]:
     """One line when requests were sent again (steps[].resent): how many, in which steps, and why."""
     steps = [(s.get("users"), int(s["resent"])) for s in summary.get("steps") or [] if s.get("resent")]
     if not steps:
@@ -162,14 +164,15 @@ def resent_lines(summary: dict[str, Any]) -> list[str]:
             "closed their kept-alive connection cleanly before answering (each row is the second attempt)"]
 
 
-def server_value(metrics: dict[str, Any], key: str) -> Any:
+def server_value(metrics: ServerMetrics, key: str) -> object:
     """metrics[key], or metrics["target"][x] for key "target.x"."""
     if key.startswith("target."):
-        return (metrics.get("target") or {}).get(key[len("target."):])
+        target = metrics.get("target")
+        return target.get(key[len("target."):]) if isinstance(target, dict) else None
     return metrics.get(key)
 
 
-def server_columns(summary: dict[str, Any], prefix_hosts: bool | None = None) -> list[tuple[str, str, str, str]]:
+def server_columns(summary: Summary, prefix_hosts: bool | None = None) -> list[tuple[str, str, str, str]]:
     """(host, header, key, fmt) for each server metric present in at least one step.
 
     Headers name their host when there are several hosts (or when ``prefix_hosts`` says so).
@@ -178,7 +181,8 @@ def server_columns(summary: dict[str, Any], prefix_hosts: bool | None = None) ->
     for s in summary.get("steps", []):
         for host, metrics in (s.get("server") or {}).items():
             present.setdefault(host, set()).update(k for k in metrics if k != "target")
-            present[host].update(f"target.{k}" for k in (metrics.get("target") or {}))
+            tg = metrics.get("target")
+            present[host].update(f"target.{k}" for k in (tg if isinstance(tg, dict) else {}))
     many = len(present) > 1 if prefix_hosts is None else prefix_hosts
     return [(h, f"{h} {head}" if many else head, key, fmt)
             for h in sorted(present) for head, key, fmt in SERVER_COLUMNS if key in present[h]]
@@ -197,13 +201,13 @@ OPTIONAL_COLUMNS = (("rate req/s", "rate", "{:,.4g}"), ("items/s", "items_s", "{
                   ("J/token", "energy_j_per_token", "{:,.3g}"))
 
 
-def load_header(summary: dict[str, Any]) -> list[str]:
+def load_header(summary: Summary) -> list[str]:
     """LOAD_HEADER, with the optional columns that any step has (before VALID_HEADER)."""
     extra = [h for h, key, _ in OPTIONAL_COLUMNS if any(s.get(key) is not None for s in summary.get("steps", []))]
     return [*LOAD_HEADER[:-1], *extra, VALID_HEADER]
 
 
-def _load_cells(s: dict[str, Any], header: list[str]) -> list[str]:
+def _load_cells(s: SummaryStep, header: list[str]) -> list[str]:
     er = s.get("error_rate")
     valid = "yes" if s.get("valid") else "no: " + "; ".join(s.get("reasons") or [])
     cells = [f"{s.get('requests', 0):,}", _f(s.get("qps")), _f(s.get("p50_ms")), _f(s.get("p95_ms")),
@@ -212,7 +216,7 @@ def _load_cells(s: dict[str, Any], header: list[str]) -> list[str]:
     return [*cells, valid]
 
 
-def table_rows(summary: dict[str, Any], srv: list[tuple[str, str, str, str]] | None = None,
+def table_rows(summary: Summary, srv: list[tuple[str, str, str, str]] | None = None,
                load: bool = True) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the steps table (shared by Markdown and HTML): the load columns
     (unless ``load`` is false: then users only) and the server columns ``srv`` (default: all)."""
@@ -230,7 +234,7 @@ def table_rows(summary: dict[str, Any], srv: list[tuple[str, str, str, str]] | N
     return header, rows
 
 
-def table_groups(summary: dict[str, Any]) -> list[tuple[str, list[tuple[str, str, str, str]] | None]]:
+def table_groups(summary: Summary) -> list[tuple[str, list[tuple[str, str, str, str]] | None]]:
     """The step table split for reading (not one 25-column table): (title, server columns) of the load table
     (None: the load columns), one table per host of what the server was doing, and one per host
     of the target's own /metrics."""
@@ -260,7 +264,7 @@ def _md_table(header: list[str], rows: list[list[str]], numeric: int) -> list[st
             *("| " + " | ".join(esc(c) for c in r) + " |" for r in rows)]
 
 
-def _md_explained(summary: dict[str, Any]) -> list[str]:
+def _md_explained(summary: Summary) -> list[str]:
     """Findings, the scalability model, and the SLA/capacity plan when present."""
     lines = ["### Findings", ""]
     for f in findings_section(summary):
@@ -280,7 +284,7 @@ def _md_explained(summary: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
-def _md_soak(summary: dict[str, Any]) -> list[str]:
+def _md_soak(summary: Summary) -> list[str]:
     """A soak's trend table and windows table (kneeswarm.analysis.summary.soak), in place of the steps tables."""
     lines = ["### Soak: the trend of each series over the windows", ""]
     lines += _md_table(*trend_rows(summary), numeric=5)
@@ -289,7 +293,7 @@ def _md_soak(summary: dict[str, Any]) -> list[str]:
     return [*lines, *_md_table(header, rows, numeric=len(header)), ""]
 
 
-def _md_tables(summary: dict[str, Any]) -> list[str]:
+def _md_tables(summary: Summary) -> list[str]:
     if summary.get("soak"):
         return _md_soak(summary)
     header, rows = table_rows(summary, srv=[])
@@ -311,7 +315,7 @@ def _md_tables(summary: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
-def to_markdown(summary: dict[str, Any]) -> str:
+def to_markdown(summary: Summary) -> str:
     """summary.md, top-down: status, warnings, verdict and knee, findings, USL, the step tables
     (load; server per host; target), host facts."""
     lines = [f"## kneeswarm run `{summary.get('run_id')}`: {status_line(summary)}", ""]
@@ -320,7 +324,7 @@ def to_markdown(summary: dict[str, Any]) -> str:
         lines += ["**Warnings:**", *(f"- {_md_escape(w)}" for w in warnings), ""]
     lines += [verdict(summary), ""]
     lines += [f"- {line}" for line in knee_lines(summary)]
-    tot = summary.get("totals") or {}
+    tot: Mapping[str, object] = summary.get("totals") or {}
     lines.append(f"- **Requests:** {tot.get('requests', 0):,} ({tot.get('errors', 0):,} errors)")
     lines += [f"- {line}" for line in malformed_lines(summary)]
     lines += [f"- {line}" for line in resent_lines(summary)]

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import Any, Mapping, cast
+
+from kneeswarm.analysis.schema.summary import Finding, Knee, Summary, SummaryStep
 
 from kneeswarm.analysis.summary.gates import CAPACITY_TITLE, gate_sections
 from kneeswarm.analysis.summary.soak import soak_verdict
@@ -40,12 +42,12 @@ def _qps(v: Any) -> str:
     return "?" if f is None else f"{f:,.1f} QPS"
 
 
-def _valid_steps(summary: dict[str, Any]) -> list[dict[str, Any]]:
+def _valid_steps(summary: Summary) -> list[SummaryStep]:
     steps = [s for s in summary.get("steps") or [] if s.get("valid") and _n(s.get("users")) is not None]
-    return sorted(steps, key=lambda s: s["users"])
+    return sorted(steps, key=lambda s: _n(s.get("users")) or 0.0)  # each with numeric users (above)
 
 
-def noise_text(knee: dict[str, Any]) -> str:
+def noise_text(knee: Knee) -> str:
     """" (2-8 users at this run's noise)" from a knee's resampled interval; "" without one."""
     interval = knee.get("interval")
     if not isinstance(interval, list) or len(interval) != 2 or _n(interval[0]) is None:
@@ -59,7 +61,7 @@ def noise_text(knee: dict[str, Any]) -> str:
     return f" ({lo:g}–{_users(hi)} at this run's noise)"
 
 
-def _main_cause(summary: dict[str, Any]) -> str:
+def _main_cause(summary: Summary) -> str:
     told = summary.get("verdict")
     if isinstance(told, dict) and "causes" in told:  # the causal chain (kneeswarm.analysis.findings.causes)
         return f" **{told['text']}**" if told.get("text") else ""
@@ -73,7 +75,7 @@ def _main_cause(summary: dict[str, Any]) -> str:
     return f" Findings: {names}{more} (below)."
 
 
-def verdict(summary: dict[str, Any]) -> str:
+def verdict(summary: Summary) -> str:
     """The result in one sentence (Markdown): where the service stopped scaling and what P99 did
     (a soak: what crept, kneeswarm.analysis.summary.soak)."""
     if summary.get("soak"):
@@ -97,7 +99,7 @@ def verdict(summary: dict[str, Any]) -> str:
     return text + _main_cause(summary)
 
 
-def _evidence(ev: dict[str, Any]) -> str:
+def _evidence(ev: Mapping[str, object]) -> str:
     def fmt(v: Any) -> str:
         if isinstance(v, float):
             return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
@@ -105,17 +107,18 @@ def _evidence(ev: dict[str, Any]) -> str:
     return ", ".join(f"{k} = {fmt(v)}" for k, v in ev.items())
 
 
-def sorted_findings(summary: dict[str, Any], key: str = "findings") -> list[dict[str, Any]]:
+def sorted_findings(summary: Summary, key: str = "findings") -> list[Finding]:
     """The findings in the causal order the analysis gave them (root causes first, each followed by
     what it explains); a summary written before that order existed: critical first."""
-    found = [f for f in summary.get(key) or [] if isinstance(f, dict)]
+    raw = summary.get(key) or []  # key: "findings" or "findings_marginal"
+    found = [cast(Finding, f) for f in (raw if isinstance(raw, list) else []) if isinstance(f, dict)]
     if isinstance(summary.get("verdict"), dict):
         return found
     rank = {s: i for i, s in enumerate(SEVERITY_ORDER)}
     return sorted(found, key=lambda f: rank.get(f.get("severity") or "", len(rank)))  # unknown ones last
 
 
-def finding_lines(f: dict[str, Any]) -> list[str]:
+def finding_lines(f: Finding) -> list[str]:
     """One finding: a head line, then its evidence and its advice (sub-items)."""
     users = [u for u in f.get("steps") or [] if _n(u) is not None]
     steps = ", ".join(f"{u:g}" for u in users)
@@ -134,7 +137,7 @@ def finding_lines(f: dict[str, Any]) -> list[str]:
             f"**advice:** {f.get('advice', '')}"]
 
 
-def findings_section(summary: dict[str, Any]) -> list[list[str]]:
+def findings_section(summary: Summary) -> list[list[str]]:
     """Each finding's lines; a single line when there is none."""
     found = sorted_findings(summary)
     unchecked = [[f"not checked: {line}"] for line in summary.get("findings_unchecked") or [] if isinstance(line, str)]
@@ -148,7 +151,7 @@ def findings_section(summary: dict[str, Any]) -> list[list[str]]:
     return [["no finding: nothing in the recorded metrics points at a bottleneck over the tested range"]]
 
 
-def marginal_section(summary: dict[str, Any]) -> list[list[str]]:
+def marginal_section(summary: Summary) -> list[list[str]]:
     """The marginal findings (at the run's noise: shown apart, never critical, never a gate)."""
     return [finding_lines(f) for f in sorted_findings(summary, "findings_marginal")]
 
@@ -158,7 +161,7 @@ MARGINAL_NOTE = ("each fired in some resamples of the steps and not in others: t
                  "the rule's threshold, so a repeat of this run may or may not show it")
 
 
-def usl_lines(summary: dict[str, Any]) -> list[str]:
+def usl_lines(summary: Summary) -> list[str]:
     """The USL fit read aloud: σ as contention, κ as coherency, N* and the peak; its caution."""
     usl = got if isinstance(got := summary.get("usl"), dict) else {}
     if not usl:
@@ -174,7 +177,7 @@ def usl_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def plan_lines(summary: dict[str, Any]) -> list[tuple[str, list[str]]]:
+def plan_lines(summary: Summary) -> list[tuple[str, list[str]]]:
     """(title, lines) of the SLA and the capacity plan when the summary has them (kneeswarm.analysis.summary.gates);
     a soak's SLA only (a capacity plan reads a step sweep; a soak held one load)."""
     return [(t, lines) for t, lines in gate_sections(summary) if not (summary.get("soak") and t == CAPACITY_TITLE)]

@@ -25,16 +25,17 @@ import logging
 import math
 import tomllib
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 import numpy as np
 
 from kneeswarm.analysis.measure import bootstrap
 from kneeswarm.analysis.reports.compare_report import compare_html, compare_markdown
-from kneeswarm.analysis.findings import explain
+from kneeswarm.analysis.findings import Explanation, explain
+from kneeswarm.analysis.schema.summary import PlanTable, Summary, SummaryStep, UslFit, num
 from kneeswarm.analysis.models.usl import fit_usl
 from kneeswarm.analysis.schema.comparison import (COMPARE_VERSION, INTERVAL_BOOTSTRAP, Change, Comparison, RunInfo, Shift,
-                                                  Side, StepComparison, SummariesComparison)
+                                                  FindingsChange, ShiftSide, Side, StepComparison, SummariesComparison, UslChange)
 from kneeswarm.contracts.rundir import COMPARE_HTML, COMPARE_JSON, COMPARE_MD, JUNIT_FILE, REPEAT_JSON, RunDir, RunDirError
 
 logger = logging.getLogger(__name__)
@@ -61,12 +62,14 @@ def is_repeat(path: str | Path) -> bool:
     return (Path(path) / REPEAT_JSON).is_file()
 
 
-def load_summary(run: RunDir) -> dict[str, Any]:
-    """report/summary.json, or, when the run was never analysed, the summary computed now."""
+def load_summary(run: RunDir) -> Summary:
+    """report/summary.json, or, when the run was never analysed, the summary computed now.  One
+    written by an older kneeswarm may lack keys, or hold an older shape of one: every reader of it
+    gets a key with ``.get`` and tests the value's type."""
     path = run.summary_path
     if path.exists():
         try:
-            return json.loads(path.read_text())
+            return cast(Summary, json.loads(path.read_text()))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             logger.warning("%s: unreadable (%s); analysing the run again", path, exc)
     from kneeswarm.analysis import summarize  # the analysis' own entry point (lazy: heavy, and restructured often)
@@ -75,7 +78,7 @@ def load_summary(run: RunDir) -> dict[str, Any]:
     return summarize(load_inputs(run.path))
 
 
-def load_plan(run: RunDir) -> dict[str, Any] | None:
+def load_plan(run: RunDir) -> PlanTable | None:
     """The run's plan.toml; None when the run has none (its findings use the default settings).
     One that is there but cannot be read is bad input (RunDirError, one line): comparing with
     the defaults in its place would judge the run by limits it did not set."""
@@ -88,35 +91,28 @@ def load_plan(run: RunDir) -> dict[str, Any] | None:
         raise RunDirError(f"{run.plan_path}: unreadable ({why})") from None
 
 
-def _num(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    f = float(x)
-    return f if math.isfinite(f) else None
-
-
 def _key(users: Any) -> float | None:
-    return _num(users)
+    return num(users)
 
 
-def steps_by_users(summary: dict[str, Any]) -> dict[float, dict[str, Any]]:
+def steps_by_users(summary: Summary) -> dict[float, SummaryStep]:
     """The summary's steps keyed by users (the last one wins if a run repeated a step)."""
     steps = got if isinstance(got := summary.get("steps"), list) else []
     return {k: s for s in steps if isinstance(s, dict) and (k := _key(s.get("users"))) is not None}
 
 
-def window(step: dict[str, Any], settle: float) -> tuple[float | None, float | None]:
+def window(step: SummaryStep, settle: float) -> tuple[float | None, float | None]:
     """The steady window the summary used: t_lo/t_hi, else t_steady + settle to t_end."""
-    lo, hi, steady = _num(step.get("t_lo")), _num(step.get("t_hi")), _num(step.get("t_steady"))
+    lo, hi, steady = num(step.get("t_lo")), num(step.get("t_hi")), num(step.get("t_steady"))
     if lo is None and steady is not None:
         lo = steady + settle
-    return lo, (hi if hi is not None else _num(step.get("t_end")))
+    return lo, (hi if hi is not None else num(step.get("t_end")))
 
 
-def settle_of(summary: dict[str, Any]) -> float:
+def settle_of(summary: Summary) -> float:
     """The settle the summary's windows used (its ``analysis.settle``; 0 when it does not say)."""
-    ana = got if isinstance(got := summary.get("analysis"), dict) else {}
-    return _num(ana.get("settle")) or 0.0
+    ana = summary.get("analysis")
+    return (num(ana.get("settle")) if isinstance(ana, dict) else None) or 0.0
 
 
 # -- per step ------------------------------------------------------------------------------------
@@ -141,22 +137,22 @@ def step_verdict(changes: list[Change]) -> str:
     return NO_CHANGE
 
 
-def _point(step: dict[str, Any], key: str, sample: bootstrap.StepSample | None) -> float | None:
+def _point(step: SummaryStep, key: str, sample: bootstrap.StepSample | None) -> float | None:
     """The summary's value (computed from every row), else the sample's."""
-    v = _num(step.get(key))
+    v = num(step.get(key))
     if v is None and sample is not None:
         v = sample.qps() if key == "qps" else sample.p99()
     return v
 
 
-def _side(step: dict[str, Any], sample: bootstrap.StepSample | None) -> Side:
-    return {"valid": step.get("valid") is True, "requests": step.get("requests"), "qps": _num(step.get("qps")),
-            "p99_ms": _num(step.get("p99_ms")), "error_rate": _num(step.get("error_rate")),
+def _side(step: SummaryStep, sample: bootstrap.StepSample | None) -> Side:
+    return {"valid": step.get("valid") is True, "requests": step.get("requests"), "qps": num(step.get("qps")),
+            "p99_ms": num(step.get("p99_ms")), "error_rate": num(step.get("error_rate")),
             "rows_resampled": int(sample.latencies.size) if sample else 0,
             "rows": int(sample.n_latencies) if sample else 0}
 
 
-def compare_step(i: int, users: Any, b: dict[str, Any], n: dict[str, Any], sb: bootstrap.StepSample | None,
+def compare_step(i: int, users: Any, b: SummaryStep, n: SummaryStep, sb: bootstrap.StepSample | None,
                  sn: bootstrap.StepSample | None, seed: int, resamples: int) -> StepComparison:
     """One matched step: both sides, the QPS and P99 change with intervals, the step's verdict."""
     base, new = _side(b, sb), _side(n, sn)
@@ -179,27 +175,27 @@ def shift_of(base: Any, new: Any) -> Shift:
     """{base {users, qps}, new {users, qps}, users_ratio, qps_rel} of a knee or peak."""
     b = base if isinstance(base, dict) else {}
     n = new if isinstance(new, dict) else {}
-    bu, nu, bq, nq = (_num(b.get("users")), _num(n.get("users")), _num(b.get("qps")), _num(n.get("qps")))
-    side = lambda k, q: {"users": k.get("users"), "qps": q,  # noqa: E731
-                         **({"interval": k["interval"]} if isinstance(k.get("interval"), list) else {})}
+    bu, nu, bq, nq = (num(b.get("users")), num(n.get("users")), num(b.get("qps")), num(n.get("qps")))
+    side = lambda k, q: cast(ShiftSide, {"users": k.get("users"), "qps": q,  # noqa: E731
+                                         **({"interval": k["interval"]} if isinstance(k.get("interval"), list) else {})})
     return {"base": side(b, bq), "new": side(n, nq),
             "users_ratio": nu / bu if bu and nu is not None else None,
             "qps_rel": (nq - bq) / bq if bq and nq is not None else None}
 
 
-def usl_of(summary: dict[str, Any]) -> dict[str, Any]:
+def usl_of(summary: Summary) -> UslFit:
     valid = [(u, x) for u, s in steps_by_users(summary).items()
-             if s.get("valid") is True and (x := _num(s.get("qps"))) is not None]
+             if s.get("valid") is True and (x := num(s.get("qps"))) is not None]
     return fit_usl([u for u, _ in valid], [x for _, x in valid])
 
 
-def usl_change(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    change = {k: (new[k] - base[k] if _num(base.get(k)) is not None and _num(new.get(k)) is not None else None)
+def usl_change(base: UslFit, new: UslFit) -> UslChange:
+    change = {k: (b1 - b0 if (b0 := num(base.get(k))) is not None and (b1 := num(new.get(k))) is not None else None)
               for k in USL_KEYS}
     return {"base": base, "new": new, "change": change}
 
 
-def findings_change(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+def findings_change(base: Explanation, new: Explanation) -> FindingsChange:
     """Findings (by id) that appeared in the new run, vanished from the base, or stayed."""
     b = {f["id"]: f for f in base.get("findings", [])}
     n = {f["id"]: f for f in new.get("findings", [])}
@@ -207,7 +203,7 @@ def findings_change(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]
             "persisted": [k for k in n if k in b], "rule_errors": base.get("rule_errors", []) + new.get("rule_errors", [])}
 
 
-def compare_summaries(base: dict[str, Any], new: dict[str, Any], base_plan: Any = None,
+def compare_summaries(base: Summary, new: Summary, base_plan: Any = None,
                       new_plan: Any = None) -> SummariesComparison:
     """The parts of a comparison that need only the two summaries: knee, peak, USL, findings."""
     return {"knee": shift_of(base.get("knee"), new.get("knee")), "peak": shift_of(base.get("peak"), new.get("peak")),
@@ -233,7 +229,7 @@ def run_verdict(steps: list[StepComparison]) -> tuple[str, list[str]]:
     return verdict, reasons
 
 
-def _run_info(run: RunDir, summary: dict[str, Any]) -> RunInfo:
+def _run_info(run: RunDir, summary: Summary) -> RunInfo:
     return {"run_id": summary.get("run_id") or run.path.name, "path": str(run.path), "complete": summary.get("complete")}
 
 

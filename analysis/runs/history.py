@@ -39,8 +39,11 @@ import sqlite3
 import time
 import tomllib
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping, cast
 
+from kneeswarm.analysis.schema.history import (HistoryGroup, HistoryResult, HistoryRow, HistorySeries, HistoryStep,
+                                               IndexUpdate, InputTokens, LeftOut, Skipped)
+from kneeswarm.analysis.schema.summary import JsonValue, RunChange, Summary, Trend, num
 from kneeswarm.contracts.rundir import META_FILE, PLAN_FILE, REPEAT_JSON, SUMMARY_JSON, Meta, RunDir
 
 logger = logging.getLogger(__name__)
@@ -120,7 +123,7 @@ def fingerprint(run: Path) -> str:
 
 
 # -- reading one run --------------------------------------------------------------------------------
-def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:  # obj: untyped JSON or TOML (meta.json, plan.toml)
     """{"a.b.c": leaf} of nested dicts; lists of tables as a.0.b; other lists as one JSON value."""
     if isinstance(obj, dict):
         out: dict[str, Any] = {}
@@ -139,7 +142,7 @@ def _volatile(key: str, volatile: tuple[str, ...]) -> bool:
     return any(key == v or key.startswith(v + ".") or key.endswith("." + v) for v in volatile)
 
 
-def host_facts(meta: Meta) -> dict[str, Any]:
+def host_facts(meta: Meta) -> dict[str, JsonValue]:
     """{"host.fact": value} of every host's facts in meta.json, less VOLATILE_FACTS."""
     out = {}
     for host, h in sorted(meta.get("hosts", {}).items()):
@@ -148,7 +151,7 @@ def host_facts(meta: Meta) -> dict[str, Any]:
     return out
 
 
-def input_tokens(run: Path) -> dict[str, Any]:
+def input_tokens(run: Path) -> InputTokens:
     """{n, mean, p50, p95, min, max} of the request rows' tokens_in ({"n": 0} when none has one)."""
     import numpy as np
     import pyarrow.parquet as pq
@@ -167,40 +170,34 @@ def input_tokens(run: Path) -> dict[str, Any]:
             "p95": float(np.percentile(x, 95)), "min": float(x.min()), "max": float(x.max())}
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def _read_json(path: Path) -> Summary | None:
     try:
         obj = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError):
         return None
-    return obj if isinstance(obj, dict) else None
+    return cast(Summary, obj) if isinstance(obj, dict) else None  # summary.json as written, its keys read with .get
 
 
-def _num(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
-        return None
-    return float(x)
-
-
-def _steps(summary: dict[str, Any]) -> list[dict[str, Any]]:
+def _steps(summary: Summary) -> list[HistoryStep]:
     keys = ("users", "requests", "qps", *PERCENTILES)
-    return [{**{k: _num(s.get(k)) for k in keys}, "valid": bool(s.get("valid"))}
-            for s in summary.get("steps") or [] if isinstance(s, dict) and _num(s.get("users")) is not None]
+    return [cast(HistoryStep, {**{k: num(s.get(k)) for k in keys}, "valid": bool(s.get("valid"))})
+            for s in summary.get("steps") or [] if isinstance(s, dict) and num(s.get("users")) is not None]
 
 
-def read_run(run: Path) -> dict[str, Any]:
+def read_run(run: Path) -> HistoryRow:
     """One row of the index (JSON columns as Python objects)."""
     if (run / REPEAT_JSON).exists():
         return read_repeated(run)
-    row: dict[str, Any] = {"path": str(run), "fingerprint": fingerprint(run), "indexed_at": time.time()}
+    row: HistoryRow = {"path": str(run), "fingerprint": fingerprint(run), "indexed_at": time.time()}
     meta = RunDir(run).read_meta()  # {} when missing; no "started" when unreadable (it says why in the log)
     try:
         plan = tomllib.loads((run / PLAN_FILE).read_text())
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
         plan = {}
-    row.update(run_id=meta.get("run_id") or run.name, started=_num(meta.get("started")),
-               plan=plan.get("name"), target=plan.get("target") or meta.get("target"),
-               versions=meta.get("versions", {}), hosts=host_facts(meta),
-               plan_keys={k: v for k, v in flatten(plan).items() if not _volatile(k, VOLATILE_PLAN_LEAVES)})
+    row.update({"run_id": meta.get("run_id") or run.name, "started": num(meta.get("started")),
+                "plan": plan.get("name"), "target": plan.get("target") or meta.get("target"),
+                "versions": meta.get("versions", {}), "hosts": host_facts(meta),
+                "plan_keys": {k: v for k, v in flatten(plan).items() if not _volatile(k, VOLATILE_PLAN_LEAVES)}})
     summary = _read_json(run / "report" / SUMMARY_JSON)
     if row["started"] is None:  # every run writes it first: without it the run has no place in start order
         return {**row, "status": "skipped", "reason": "meta.json missing or unreadable"}
@@ -213,23 +210,24 @@ def read_run(run: Path) -> dict[str, Any]:
             "complete": bool(summary.get("complete")), "input_tokens": input_tokens(run)}
 
 
-def _figures(summary: dict[str, Any]) -> dict[str, Any]:
+def _figures(summary: Summary) -> HistoryRow:
     knee, peak = summary.get("knee") or {}, summary.get("peak") or {}
-    best = (summary.get("sla") or {}).get("best") or {}
+    sla = summary.get("sla")
+    best: Mapping[str, object] = (sla.get("best") if sla else None) or {}
     interval = knee.get("interval")  # the knee over resamples of the run's steps (summary.confidence)
-    return {"knee_users": _num(knee.get("users")), "knee_qps": _num(knee.get("qps")),
+    return {"knee_users": num(knee.get("users")), "knee_qps": num(knee.get("qps")),
             "knee_interval": interval if isinstance(interval, list) else None,
-            "peak_users": _num(peak.get("users")), "peak_qps": _num(peak.get("qps")),
-            "sla_users": _num(best.get("users")), "sla_qps": _num(best.get("qps")), "steps": _steps(summary)}
+            "peak_users": num(peak.get("users")), "peak_qps": num(peak.get("qps")),
+            "sla_users": num(best.get("users")), "sla_qps": num(best.get("qps")), "steps": _steps(summary)}
 
 
-def read_repeated(folder: Path) -> dict[str, Any]:
+def read_repeated(folder: Path) -> HistoryRow:
     """A repeated run's row: its first run's facts, each figure the mean over its runs with the interval
     between them (``steps[].ci``, ``repeat.peak_qps``), its knee and SLA boundary the median of its runs'."""
     from kneeswarm.analysis.runs.repeat import member_dirs, read_repeat
     from kneeswarm.contracts.rundir import RunDirError
 
-    base = {"path": str(folder), "fingerprint": fingerprint(folder), "indexed_at": time.time(), "run_id": folder.name}
+    base: HistoryRow = {"path": str(folder), "fingerprint": fingerprint(folder), "indexed_at": time.time(), "run_id": folder.name}
     try:
         rep = read_repeat(folder)
     except RunDirError as exc:
@@ -239,10 +237,10 @@ def read_repeated(folder: Path) -> dict[str, Any]:
     if not members:
         return {**base, "status": "skipped", "reason": "none of its runs could be read"}
     first = members[0]
-    steps = [{"users": float(s["users"]), "requests": _num(s["requests"]),
+    steps = [cast(HistoryStep, {"users": float(s["users"]), "requests": num(s["requests"]),
               **{k: s[k]["mean"] for k in ("qps", *PERCENTILES)},  # type: ignore[literal-required]
               "valid": s["valid"] >= 2 and 2 * s["valid"] >= s["ran"],
-              "ci": {k: s[k]["between"] for k in ("qps", *PERCENTILES)}} for s in rep["steps"]]  # type: ignore[literal-required]
+              "ci": {k: s[k]["between"] for k in ("qps", *PERCENTILES)}}) for s in rep["steps"]]  # type: ignore[literal-required]
     knee = rep["knee"]
     return {**first, **base, "status": "indexed", "reason": None, "complete": bool(rep["complete"]), "steps": steps,
             "knee_users": knee["median"], "knee_qps": _median([m.get("knee_qps") for m in members]),
@@ -263,7 +261,7 @@ def _median(values: list[float | None]) -> float | None:
     return known[mid] if len(known) % 2 else (known[mid - 1] + known[mid]) / 2.0
 
 
-def _soak_figures(summary: dict[str, Any]) -> dict[str, Any]:
+def _soak_figures(summary: Summary) -> HistoryRow:
     """A soak's index figures (see the module's text): one step at its users, each figure the median
     over its valid windows; no knee, SLA boundary or peak (one load held); its trends and findings."""
     from kneeswarm.analysis.summary.soak import SOAK_IDS
@@ -271,18 +269,19 @@ def _soak_figures(summary: dict[str, Any]) -> dict[str, Any]:
     soak = summary["soak"]
     windows = _steps(summary)
     valid = [w for w in windows if w["valid"]]
-    step = {"users": valid[0]["users"], "requests": min(w["requests"] or 0.0 for w in valid),
-            **{k: _median([w[k] for w in valid]) for k in ("qps", *PERCENTILES)}, "valid": True} if valid else None
+    step = cast(HistoryStep, {"users": valid[0].get("users"), "requests": min(w.get("requests") or 0.0 for w in valid),
+                              **{k: _median([_at(w, k) for w in valid]) for k in ("qps", *PERCENTILES)},
+                              "valid": True}) if valid else None
     client = (soak.get("trends") or {}).get("client") or {}
-    trends = {k: {f: client[k].get(f) for f in ("slope", "p", "direction", "drifting", "change", "median")}
+    trends = {k: cast(Trend, {f: client[k].get(f) for f in ("slope", "p", "direction", "drifting", "change", "median")})
               for k in SOAK_TRENDS if isinstance(client.get(k), dict)}
     found = [{"id": f.get("id"), "host": (f.get("evidence") or {}).get("host")}
              for f in summary.get("findings") or [] if isinstance(f, dict) and f.get("id") in SOAK_IDS]
-    return {"knee_users": None, "knee_qps": None, "peak_users": None, "peak_qps": step["qps"] if step else None,
+    return {"knee_users": None, "knee_qps": None, "peak_users": None, "peak_qps": step.get("qps") if step else None,
             "sla_users": None, "sla_qps": None, "steps": [step] if step else [],
-            "soak": {"windows": len(windows), "valid_windows": len(valid), "window_s": _num(soak.get("window_s")),
-                     "duration_s": _num(soak.get("duration_s")), "users": _num(soak.get("users")),
-                     "rate": _num(soak.get("rate")), "trends": trends, "findings": found}}
+            "soak": {"windows": len(windows), "valid_windows": len(valid), "window_s": num(soak.get("window_s")),
+                     "duration_s": num(soak.get("duration_s")), "users": num(soak.get("users")),
+                     "rate": num(soak.get("rate")), "trends": trends, "findings": found}}
 
 
 # -- the index --------------------------------------------------------------------------------------
@@ -301,7 +300,7 @@ def _connect(db: Path) -> sqlite3.Connection:
     return con
 
 
-def update_index(paths: list[str | Path], db: Path) -> dict[str, Any]:
+def update_index(paths: list[str | Path], db: Path) -> IndexUpdate:
     """Index the runs below ``paths`` into ``db``; {runs, read, unchanged, skipped[{path, reason}]}."""
     runs = find_runs(paths)
     if not runs:
@@ -315,7 +314,7 @@ def update_index(paths: list[str | Path], db: Path) -> dict[str, Any]:
         con.close()
 
 
-def _update(con: sqlite3.Connection, runs: list[Path], db: Path) -> dict[str, Any]:
+def _update(con: sqlite3.Connection, runs: list[Path], db: Path) -> IndexUpdate:
     """Read the runs whose fingerprint changed into ``con``; the counts and the skipped runs."""
     known = dict(con.execute("SELECT path, fingerprint FROM runs").fetchall())
     read = 0
@@ -328,14 +327,14 @@ def _update(con: sqlite3.Connection, runs: list[Path], db: Path) -> dict[str, An
         read += 1
     con.commit()
     wanted = {str(r) for r in runs}
-    skipped = [{"path": p, "reason": r} for p, r in
-               con.execute("SELECT path, reason FROM runs WHERE status = 'skipped' ORDER BY path") if p in wanted]
+    skipped: list[Skipped] = [{"path": p, "reason": r} for p, r in
+                              con.execute("SELECT path, reason FROM runs WHERE status = 'skipped' ORDER BY path") if p in wanted]
     logger.debug("%s: %d runs, %d read", db, len(runs), read)
     return {"runs": len(runs), "read": read, "unchanged": len(runs) - read, "skipped": skipped,
             "paths": [str(r) for r in runs]}
 
 
-def load_index(db: Path, paths: list[str] | None = None) -> list[dict[str, Any]]:
+def load_index(db: Path, paths: list[str] | None = None) -> list[HistoryRow]:
     """The indexed rows (of ``paths`` only, when given), JSON columns decoded, in start order."""
     con = _connect(db)
     con.row_factory = sqlite3.Row
@@ -346,17 +345,17 @@ def load_index(db: Path, paths: list[str] | None = None) -> list[dict[str, Any]]
     wanted = set(paths) if paths is not None else None
     for r in rows:
         r.update({k: json.loads(r[k]) if r[k] is not None else None for k in JSON_COLUMNS})
-    return [r for r in rows if wanted is None or r["path"] in wanted]
+    return [cast(HistoryRow, r) for r in rows if wanted is None or r["path"] in wanted]  # this version's columns
 
 
 # -- what changed -----------------------------------------------------------------------------------
-def _dict_changes(what: str, a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+def _dict_changes(what: str, a: Mapping[str, JsonValue], b: Mapping[str, JsonValue]) -> list[RunChange]:
     return [{"what": what, "key": k, "before": a.get(k), "after": b.get(k)}
             for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
-def _input_changes(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[dict[str, Any]]:
-    a, b = a or {"n": 0}, b or {"n": 0}
+def _input_changes(a_in: InputTokens | None, b_in: InputTokens | None) -> list[RunChange]:
+    a, b = cast(dict[str, float], a_in or {"n": 0}), cast(dict[str, float], b_in or {"n": 0})
     if not a.get("n") and not b.get("n"):
         return []
     moved = [k for k in ("mean", "p50", "p95") if a.get(k) is None or b.get(k) is None
@@ -367,7 +366,7 @@ def _input_changes(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[d
             for k in ("mean", "p50", "p95")]
 
 
-def changes(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
+def changes(before: HistoryRow, after: HistoryRow) -> list[RunChange]:
     """What differs between two indexed runs: [{what, key, before, after}], ``what`` one of
     "input length", "versions", "host facts", "plan keys"."""
     return (_input_changes(before.get("input_tokens"), after.get("input_tokens"))
@@ -377,32 +376,38 @@ def changes(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any
 
 
 # -- the trend of each figure -----------------------------------------------------------------------
-def _step_at(row: dict[str, Any], users: float | None) -> dict[str, Any] | None:
+def _step_at(row: HistoryRow, users: float | None) -> HistoryStep | None:
     """The valid step of ``row`` with ``users`` (the last one if a run repeated it)."""
     found = [s for s in row.get("steps") or [] if s.get("valid") and users is not None and s.get("users") == users]
     return found[-1] if found else None
 
 
-def _series_specs(rows: list[dict[str, Any]]) -> list[tuple[str, float | None, str, int]]:
+def _series_specs(rows: list[HistoryRow]) -> list[tuple[str, float | None, str, int]]:
     """(figure, users, metric, worse) of every series: percentiles at each users value, at the SLA
     boundary, and the peak QPS; of soaks (a group is all soaks or none): the windows' medians."""
     soaks = bool(rows) and all(r.get("mode") == "soak" for r in rows)
-    users = sorted({s["users"] for r in rows for s in r.get("steps") or [] if s.get("valid")})
+    users = sorted({u for r in rows for s in r.get("steps") or [] if s.get("valid") and (u := s.get("users")) is not None})
     held = " (windows' median)" if soaks else ""
-    specs = [(f"{m} at {u:g} users{held}", u, m, +1) for u in users for m in PERCENTILES]
+    specs: list[tuple[str, float | None, str, int]] = [(f"{m} at {u:g} users{held}", u, m, +1) for u in users
+                                                       for m in PERCENTILES]
     if any(r.get("sla_users") is not None for r in rows):
         specs += [(f"{m} at the SLA boundary", None, m, +1) for m in PERCENTILES]
     return specs + [("QPS (windows' median)" if soaks else "peak QPS", None, "peak_qps", -1)]
 
 
-def _value(row: dict[str, Any], users: float | None, metric: str, figure: str) -> float | None:
+def _at(step: HistoryStep, metric: str) -> float | None:
+    """A step's figure by name (users, requests, qps or a percentile)."""
+    return cast(float | None, step.get(metric))
+
+
+def _value(row: HistoryRow, users: float | None, metric: str, figure: str) -> float | None:
     if metric == "peak_qps":
         return row.get("peak_qps")
     step = _step_at(row, row.get("sla_users") if figure.endswith("SLA boundary") else users)
-    return step.get(metric) if step else None
+    return _at(step, metric) if step else None
 
 
-def measured(row: dict[str, Any], users: float | None, metric: str, figure: str) -> bool:
+def measured(row: HistoryRow, users: float | None, metric: str, figure: str) -> bool:
     """Whether the value rests on at least MIN_TAIL_ROWS requests beyond the percentile."""
     if metric not in TAIL_SHARE:
         return True
@@ -410,12 +415,12 @@ def measured(row: dict[str, Any], users: float | None, metric: str, figure: str)
     return step is not None and (step.get("requests") or 0) * TAIL_SHARE[metric] >= MIN_TAIL_ROWS
 
 
-def series(rows: list[dict[str, Any]], figures: tuple[str, ...] = FIGURES) -> list[dict[str, Any]]:
+def series(rows: list[HistoryRow], figures: tuple[str, ...] = FIGURES) -> list[HistorySeries]:
     """One entry per figure: values in run order, the drift test, the change point and what changed
     between the runs on either side of it."""
     from kneeswarm.analysis.models import trend  # numpy and scipy: not for `kneeswarm --help`
 
-    out = []
+    out: list[HistorySeries] = []
     for figure, users, metric, worse in _series_specs(rows):
         if metric not in figures:
             continue
@@ -426,8 +431,8 @@ def series(rows: list[dict[str, Any]], figures: tuple[str, ...] = FIGURES) -> li
         cp = trend.change_point(tested)
         if cp is not None:
             before = max(i for i in range(cp["index"]) if tested[i] is not None)
-            cp.update(run=rows[cp["index"]]["run_id"], previous_run=rows[before]["run_id"],
-                      changes=changes(rows[before], rows[cp["index"]]))
+            cp.update({"run": rows[cp["index"]]["run_id"], "previous_run": rows[before]["run_id"],
+                       "changes": changes(rows[before], rows[cp["index"]])})
         d = trend.drift(tested, worse)
         if sum(v is not None for v in tested) < sum(v is not None for v in values):
             d["unmeasured"] = sum(v is not None for v in values) - sum(v is not None for v in tested)
@@ -438,12 +443,13 @@ def series(rows: list[dict[str, Any]], figures: tuple[str, ...] = FIGURES) -> li
     return out
 
 
-def interval(row: dict[str, Any], users: float | None, metric: str, figure: str) -> list[float] | None:
+def interval(row: HistoryRow, users: float | None, metric: str, figure: str) -> list[float] | None:
     """A repeated run's interval between its runs of the figure's value; None for a single run."""
-    if not row.get("repeat"):
+    rep = row.get("repeat")
+    if not rep:
         return None
     if metric == "peak_qps":
-        return row["repeat"].get("peak_qps")
+        return rep.get("peak_qps")
     step = _step_at(row, row.get("sla_users") if figure.endswith("SLA boundary") else users)
     return ((step or {}).get("ci") or {}).get(metric)
 
@@ -468,8 +474,8 @@ def _figures_chosen(text: str | None) -> tuple[str, ...]:
     return chosen
 
 
-def history(rows: list[dict[str, Any]], since: str | None = None, plan: str | None = None,
-            last: int = DRIFT_WINDOW, figures: str | None = None) -> dict[str, Any]:
+def history(rows: list[HistoryRow], since: str | None = None, plan: str | None = None,
+            last: int = DRIFT_WINDOW, figures: str | None = None) -> HistoryResult:
     """{groups[{plan, target, soak, runs[], left_out[], series[]}], drift_worse[], skipped[]} of the
     indexed ``rows``; groups by (plan name, target, soak or not), each over its last ``last`` complete
     runs (a soak's runs carry their ``soak`` entry: windows, trends, findings)."""
@@ -481,14 +487,14 @@ def history(rows: list[dict[str, Any]], since: str | None = None, plan: str | No
     chosen = [r for r in rows if (t0 is None or (r.get("started") or 0) >= t0) and (plan is None or r.get("plan") == plan)]
     if plan is not None and not chosen:
         raise HistoryError(f"--plan {plan!r}: no indexed run has that plan name")
-    groups: dict[tuple[str, str, bool], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str, bool], list[HistoryRow]] = {}
     for r in chosen:
         if r["status"] == "indexed":
             groups.setdefault((str(r.get("plan")), str(r.get("target")), r.get("mode") == "soak"), []).append(r)
-    out: list[dict[str, Any]] = []
+    out: list[HistoryGroup] = []
     for (name, target, soak), members in sorted(groups.items()):
         complete = [r for r in members if r.get("complete")][-last:]
-        left = [{"run": r["run_id"], "reason": "incomplete run"} for r in members if not r.get("complete")]
+        left: list[LeftOut] = [{"run": r["run_id"], "reason": "incomplete run"} for r in members if not r.get("complete")]
         out.append({"plan": name, "target": target, "soak": soak, "left_out": left,
                     "series": series(complete, chosen_figures),
                     "runs": [{"run_id": r["run_id"], "started": r["started"], "path": r["path"],
@@ -498,14 +504,14 @@ def history(rows: list[dict[str, Any]], since: str | None = None, plan: str | No
                                  if r.get("knee_interval") else {})} for r in complete]})
     worse = [{"plan": g["plan"], "target": g["target"], "soak": g["soak"], "figure": s["figure"], **s["drift"]}
              for g in out for s in g["series"] if s["drift"]["direction"] == "worse"]
-    skipped = [{"path": r["path"], "reason": r["reason"]} for r in chosen if r["status"] == "skipped"]
+    skipped: list[Skipped] = [{"path": r["path"], "reason": r["reason"]} for r in chosen if r["status"] == "skipped"]
     return {"groups": out, "drift_worse": worse, "skipped": skipped, "window": last, "figures": list(chosen_figures),
             "thresholds": {"alpha": trend.DRIFT_ALPHA, "min_relative_drift": trend.MIN_RELATIVE_DRIFT,
                            "min_runs": trend.MIN_RUNS, "input_length_change": INPUT_LENGTH_CHANGE,
                            "min_tail_rows": MIN_TAIL_ROWS}}
 
 
-def write_outputs(result: dict[str, Any], out: Path) -> Path:
+def write_outputs(result: HistoryResult, out: Path) -> Path:
     """history.md, history.html and history.json into ``out``; the HTML's path."""
     from kneeswarm.analysis.reports.history_report import history_html, history_markdown
     from kneeswarm.contracts.rundir import write_json, write_text
@@ -519,7 +525,7 @@ def write_outputs(result: dict[str, Any], out: Path) -> Path:
 
 def run_history(paths: list[str | Path], index: str | None = None, out: str | None = None, since: str | None = None,
                 plan: str | None = None, last: int | None = None,
-                figures: str | None = None) -> tuple[dict[str, Any], Path]:
+                figures: str | None = None) -> tuple[HistoryResult, Path]:
     """``kneeswarm history``: index, trend, report; (result, path of history.html)."""
     last = DRIFT_WINDOW if last is None else last
     db = Path(index) if index else default_index(paths)

@@ -30,13 +30,14 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, cast
 
 import numpy as np
 
 from kneeswarm.analysis.measure import bootstrap
 from kneeswarm.analysis.reports.repeat_report import repeat_html, repeat_markdown
 from kneeswarm.analysis.runs.compare import is_repeat, load_summary, settle_of, steps_by_users, window
+from kneeswarm.analysis.schema.summary import Finding, Summary, as_dict, num
 from kneeswarm.analysis.schema.repetition import (FIGURES, REPEAT_VERSION, WITHIN_FIGURES, CauseCount, Figure,
                                                   FindingCount, KneeSpread, PeakSpread, RepeatRun, RepeatSla,
                                                   RepeatStep, Repetition)
@@ -58,20 +59,9 @@ SEVERITY_ORDER = ("info", "warning", "critical")
 
 
 # -- one run -----------------------------------------------------------------------------------------
-def _num(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    f = float(x)
-    return f if math.isfinite(f) else None
-
-
-def _dict(x: Any) -> dict[str, Any]:
-    return x if isinstance(x, dict) else {}
-
-
 def _interval(x: Any) -> list[float] | None:
     """A [lo, hi] pair of numbers, else None (the lead's knee.interval is null when not computed)."""
-    if isinstance(x, (list, tuple)) and len(x) == 2 and all(_num(v) is not None for v in x):
+    if isinstance(x, (list, tuple)) and len(x) == 2 and all(num(v) is not None for v in x):
         return [float(x[0]), float(x[1])]
     return None
 
@@ -80,25 +70,25 @@ def _ids(findings: Any) -> list[str]:
     return [str(f["id"]) for f in findings if isinstance(f, dict) and f.get("id")] if isinstance(findings, list) else []
 
 
-def run_facts(index: int, run_dir: Path, summary: dict[str, Any] | None, why_not: str | None) -> RepeatRun:
+def run_facts(index: int, run_dir: Path, summary: Summary | None, why_not: str | None) -> RepeatRun:
     """One repetition's line: its knee, peak, findings and SLA from its summary (``None``: unreadable)."""
     s = summary or {}
-    knee, peak, sla = _dict(s.get("knee")), _dict(s.get("peak")), _dict(s.get("sla"))
+    knee, peak, sla = as_dict(s.get("knee")), as_dict(s.get("peak")), as_dict(s.get("sla"))
     complete = s.get("complete") is True
     left_out = why_not or (None if complete else f"incomplete (ended: {s.get('ended') or 'unknown'})")
     return {"index": index, "run_id": str(s.get("run_id") or run_dir.name), "run_dir": str(run_dir),
             "complete": complete, "ended": s.get("ended") if isinstance(s.get("ended"), str) else None,
             "merged": left_out is None, "left_out": left_out,
-            "knee_users": _num(knee.get("users")), "knee_qps": _num(knee.get("qps")),
+            "knee_users": num(knee.get("users")), "knee_qps": num(knee.get("qps")),
             "knee_method": knee.get("method") if isinstance(knee.get("method"), str) else None,
-            "knee_interval": _interval(knee.get("interval")), "knee_stability": _num(knee.get("stability")),
-            "peak_users": _num(peak.get("users")), "peak_qps": _num(peak.get("qps")),
+            "knee_interval": _interval(knee.get("interval")), "knee_stability": num(knee.get("stability")),
+            "peak_users": num(peak.get("users")), "peak_qps": num(peak.get("qps")),
             "findings": _ids(s.get("findings")), "findings_marginal": _ids(s.get("findings_marginal")),
-            "causes": [str(c) for c in _dict(s.get("verdict")).get("causes") or [] if isinstance(c, str)],
+            "causes": [str(c) for c in as_dict(s.get("verdict")).get("causes") or [] if isinstance(c, str)],
             "sla_passed": sla.get("passed") if sla.get("set") and isinstance(sla.get("passed"), bool) else None}
 
 
-def _read(run_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
+def _read(run_dir: Path) -> tuple[Summary | None, str | None]:
     """(summary, None), or (None, why it could not be read)."""
     try:
         return load_summary(RunDir.open(run_dir)), None
@@ -154,7 +144,7 @@ def _within(value: float | None, dev: np.ndarray | None, confidence: float = CON
     return [float(value + lo), float(value + hi)]
 
 
-def within_intervals(run: RunDir, summary: dict[str, Any], users: list[float], k: int, seed: int, resamples: int,
+def within_intervals(run: RunDir, summary: Summary, users: list[float], k: int, seed: int, resamples: int,
                      max_rows: int) -> tuple[dict[float, dict[str, list[float] | None]], list[str]]:
     """{users: {figure: [lo, hi]}} of one run's valid steps at ``users`` (its own rows resampled),
     and a warning per unreadable request part."""
@@ -172,12 +162,12 @@ def within_intervals(run: RunDir, summary: dict[str, Any], users: list[float], k
                 dev = (bootstrap.qps_deviations(sample, rng, resamples) if name == "qps"
                        else bootstrap.p99_deviations(sample, rng, resamples) if name == "p99_ms"
                        else quantile_deviations(sample, rng, 50.0, resamples))
-            got[name] = _within(_num(step.get(name)), dev)
+            got[name] = _within(num(step.get(name)), dev)
         out[u] = got
     return out, [f"{run.path.name}: {w}" for w in warnings]
 
 
-def merge_steps(summaries: list[dict[str, Any]], within: list[dict[float, dict[str, list[float] | None]]]) -> list[RepeatStep]:
+def merge_steps(summaries: list[Summary], within: list[dict[float, dict[str, list[float] | None]]]) -> list[RepeatStep]:
     """Each users value any merged run has, its figures over the runs (valid steps only)."""
     by = [steps_by_users(s) for s in summaries]
     out: list[RepeatStep] = []
@@ -185,11 +175,11 @@ def merge_steps(summaries: list[dict[str, Any]], within: list[dict[float, dict[s
         valid = [b.get(u) if (b.get(u) or {}).get("valid") is True else None for b in by]
         figs: dict[str, Figure] = {}
         for name in FIGURES:
-            values = [None if s is None else _num(s.get(name)) for s in valid]
+            values = [None if s is None else num(s.get(name)) for s in valid]
             inner = [(w.get(u) or {}).get(name) if s is not None else None for w, s in zip(within, valid)] \
                 if name in WITHIN_FIGURES else None
             figs[name] = figure(values, inner)
-        requests = [int(r) for s in valid if s is not None and (r := _num(s.get("requests"))) is not None]
+        requests = [int(r) for s in valid if s is not None and (r := num(s.get("requests"))) is not None]
         out.append({"users": int(u) if float(u).is_integer() else u, "ran": sum(u in b for b in by), "valid": sum(s is not None for s in valid),
                     "requests": min(requests) if requests else None, "qps": figs["qps"], "p50_ms": figs["p50_ms"],
                     "p95_ms": figs["p95_ms"], "p99_ms": figs["p99_ms"], "p999_ms": figs["p999_ms"]})
@@ -235,13 +225,13 @@ def _severity(a: str | None, b: Any) -> str | None:
     return b if a is None or SEVERITY_ORDER.index(b) > SEVERITY_ORDER.index(a) else a
 
 
-def count_findings(runs: list[RepeatRun], summaries: list[dict[str, Any]]) -> list[FindingCount]:
+def count_findings(runs: list[RepeatRun], summaries: list[Summary]) -> list[FindingCount]:
     """Each finding id over the merged runs (confirmed and marginal apart), most often confirmed first."""
     n = len(runs)
     acc: dict[str, FindingCount] = {}
     for run, s in zip(runs, summaries):
         for kind in ("findings", "findings_marginal"):
-            for f in s.get(kind) or []:
+            for f in cast(list[Finding], s.get(kind) or []):  # kind: one of the two lists
                 if not isinstance(f, dict) or not f.get("id"):
                     continue
                 c = acc.setdefault(str(f["id"]), {
@@ -254,7 +244,7 @@ def count_findings(runs: list[RepeatRun], summaries: list[dict[str, Any]]) -> li
                 where.append(run["index"])
                 if kind == "findings":
                     c["severity"] = _severity(c["severity"], f.get("severity"))
-                if (sup := _num(f.get("support"))) is not None:
+                if (sup := num(f.get("support"))) is not None:
                     c["support"].append(sup)
                 if isinstance(f.get("explained_by"), str) and f["explained_by"] not in c["explained_by"]:
                     c["explained_by"].append(f["explained_by"])
@@ -274,11 +264,11 @@ def count_causes(runs: list[RepeatRun]) -> list[CauseCount]:
     return [{"id": c, "runs": k, "label": f"{k} of {n}"} for c, k in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
 
 
-def sla_over(runs: list[RepeatRun], summaries: list[dict[str, Any]]) -> RepeatSla:
+def sla_over(runs: list[RepeatRun], summaries: list[Summary]) -> RepeatSla:
     """Met in every merged run, or not: each run is a whole measurement of the same plan, and a
     service that misses its SLA in one of N identical runs misses it that often (a gate errs on the
     side of stopping, as compare's does)."""
-    is_set = any(_dict(s.get("sla")).get("set") for s in summaries)
+    is_set = any(as_dict(s.get("sla")).get("set") for s in summaries)
     if not is_set or not runs:
         return {"set": is_set, "passed": None, "passed_runs": 0, "runs": len(runs),
                 "text": "no SLA set" if not is_set else "no run merged"}

@@ -23,17 +23,18 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from kneeswarm.analysis.findings import explain
+from kneeswarm.analysis.findings import Explanation, explain
 from kneeswarm.analysis.measure import bootstrap
 from kneeswarm.analysis.runs.compare import (MIN_RELATIVE_CHANGE, NOT_COMPARED, findings_change, is_repeat, load_plan,
                                              load_summary, metric_change, run_verdict, step_verdict, steps_by_users,
                                              shift_of, usl_change, usl_of)
 from kneeswarm.analysis.runs.repeat import read_repeat
 from kneeswarm.analysis.schema.repetition import RepeatStep
+from kneeswarm.analysis.schema.summary import Finding, Summary, SummaryStep, num
 from kneeswarm.analysis.schema.comparison import (COMPARE_VERSION, INTERVAL_BETWEEN_RUNS, Change, Comparison, RunInfo,
-                                                  Side, StepComparison)
+                                                  ShiftSide, Side, StepComparison)
 from kneeswarm.contracts.rundir import RunDir
 
 logger = logging.getLogger(__name__)
@@ -45,15 +46,20 @@ METRICS = ("qps", "p99_ms")
 class View:
     """One side as the comparison reads it: per step the point, its spread over runs, how many."""
     info: RunInfo
-    summary: dict[str, Any]  # summary-shaped: steps (users, valid, requests, qps, p99_ms), knee, peak
+    summary: Summary  # summary-shaped: steps (users, valid, requests, qps, p99_ms), knee, peak
     spread: dict[float, dict[str, tuple[float | None, int]]] = field(default_factory=dict)  # users -> metric -> (sd, n)
-    findings: list[dict[str, Any]] = field(default_factory=list)
-    knee_spread: dict[str, Any] = field(default_factory=dict)  # a repeated side's knee over its runs
+    findings: list[Finding] = field(default_factory=list)
+    knee_spread: ShiftSide = field(default_factory=lambda: ShiftSide())  # a repeated side's knee over its runs
     warnings: list[str] = field(default_factory=list)
 
     @property
     def repeated(self) -> bool:
         return "runs" in self.info
+
+
+def _explained(found: list[Finding]) -> Explanation:
+    """A side's findings as findings_change reads them (a merged side has no rule errors of its own)."""
+    return {"findings": found, "usl": {}, "littles_law": [], "unchecked": [], "rule_errors": []}
 
 
 def single_view(path: str | Path) -> View:
@@ -73,22 +79,25 @@ def _compared(step: RepeatStep) -> bool:
 
 def repeat_view(path: str | Path) -> View:
     rep = read_repeat(path)
-    steps, spread = [], {}
+    steps: list[SummaryStep] = []
+    spread = {}
     for s in rep["steps"]:
         u = float(s["users"])
-        steps.append({"users": s["users"], "valid": _compared(s), "requests": s["requests"],
-                      **{m: s[m]["mean"] for m in METRICS}})  # type: ignore[literal-required]
+        steps.append(cast(SummaryStep, {"users": s["users"], "valid": _compared(s), "requests": s["requests"],
+                                         "qps": s["qps"]["mean"], "p99_ms": s["p99_ms"]["mean"]}))  # requests: None
+        #                                                     where no run had the step; qps, p99_ms: METRICS' means
         spread[u] = {m: (s[m]["sd"], s[m]["n"]) for m in METRICS}  # type: ignore[literal-required]
     knee, n = rep["knee"], rep["merged"]
     qps = [r["knee_qps"] for r in rep["runs"] if r["merged"] and r["knee_qps"] is not None]
-    summary = {"steps": steps, "complete": rep["complete"],
+    summary: Summary = {"steps": steps, "complete": rep["complete"],
                "knee": {"users": knee["median"], "qps": sum(qps) / len(qps) if qps else None},
                "peak": {"users": _median([u for u in rep["peak"]["users"] if u is not None]),
                         "qps": rep["peak"]["qps"]["mean"]}}
-    found = [{"id": c["id"], "severity": c["severity"], "text": f"{c['text']} (confirmed in {c['label']} runs)"}
+    found = [cast(Finding, {"id": c["id"], "severity": c["severity"],  # as merged: its severity may be unknown
+                            "text": f"{c['text']} (confirmed in {c['label']} runs)"})
              for c in rep["findings"] if 2 * c["confirmed"] > c["runs"]]
     info: RunInfo = {"run_id": Path(path).name, "path": str(Path(path)), "complete": rep["complete"], "runs": n}
-    spread_of_knee = {"lo": knee["lo"], "hi": knee["hi"], "runs": n, "found": knee["found"], "text": knee["text"]}
+    spread_of_knee: ShiftSide = {"lo": knee["lo"], "hi": knee["hi"], "runs": n, "found": knee["found"], "text": knee["text"]}
     return View(info, summary, spread, found, spread_of_knee, list(rep["warnings"]))
 
 
@@ -117,10 +126,10 @@ def change_interval(delta: float, base: tuple[float | None, int] | None, new: tu
     return [delta - half, delta + half]
 
 
-def _side(view: View, step: dict[str, Any]) -> Side:
+def _side(view: View, step: SummaryStep) -> Side:
     side: Side = {"valid": step.get("valid") is True, "requests": step.get("requests"), "qps": step.get("qps"),
                   "p99_ms": step.get("p99_ms"), "error_rate": step.get("error_rate"), "rows_resampled": 0, "rows": 0}
-    got = view.spread.get(float(step["users"]))
+    got = view.spread.get(float(step.get("users") or 0))  # steps_by_users: each with numeric users
     if view.repeated and got is not None:
         side["runs"] = min(n for _, n in got.values())
         side["sd"] = {m: got[m][0] for m in METRICS}
@@ -135,7 +144,7 @@ def compare_step(base: View, new: View, users: float) -> StepComparison:
                 "note": "not valid in both (a repeated run: valid in fewer than 2, or half, of its runs)"}
     out: dict[str, Change] = {}
     for m in METRICS:
-        bv, nv = b.get(m), n.get(m)
+        bv, nv = num(b.get(m)), num(n.get(m))  # m: one of METRICS
         ci = None
         if bv is not None and nv is not None:
             ci = change_interval(nv - bv, base.spread.get(users, {}).get(m), new.spread.get(users, {}).get(m))
@@ -155,7 +164,7 @@ def compare_repeated(base_dir: str | Path, new_dir: str | Path) -> Comparison:
     knee, peak = shift_of(views[0].summary.get("knee"), views[1].summary.get("knee")), \
         shift_of(views[0].summary.get("peak"), views[1].summary.get("peak"))
     for which, v in (("base", views[0]), ("new", views[1])):
-        knee[which].update(v.knee_spread)  # type: ignore[literal-required]
+        knee[which].update(v.knee_spread)  # type: ignore[literal-required]  # which: "base" or "new"
     warnings = [f"{which}: {w}" for which, v in (("base", views[0]), ("new", views[1])) for w in v.warnings]
     warnings += [f"the {which} run is incomplete" for which, v in (("base", views[0]), ("new", views[1]))
                  if v.info.get("complete") is False]
@@ -165,5 +174,5 @@ def compare_repeated(base_dir: str | Path, new_dir: str | Path) -> Comparison:
             "steps": steps, "unmatched": {"base_only": [by[0][u].get("users") for u in sorted(set(by[0]) - set(by[1]))],
                                           "new_only": [by[1][u].get("users") for u in sorted(set(by[1]) - set(by[0]))]},
             "knee": knee, "peak": peak, "usl": usl_change(usl_of(views[0].summary), usl_of(views[1].summary)),
-            "findings": findings_change({"findings": views[0].findings}, {"findings": views[1].findings}),
+            "findings": findings_change(_explained(views[0].findings), _explained(views[1].findings)),
             "verdict": verdict, "reasons": reasons, "warnings": warnings}

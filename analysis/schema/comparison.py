@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
+from kneeswarm.analysis.schema.summary import Finding, UslFit
+
 COMPARE_VERSION = 1  # compare.json's "version": raised when a key changes meaning or goes
 #: settings.interval: how a change's interval was found.  Two single runs: each step's rows
 #: resampled (kneeswarm.analysis.measure.bootstrap).  A repeated run on either side: Student's t over
@@ -64,19 +66,58 @@ class StepComparison(TypedDict):
     note: str | None
 
 
+class ShiftSide(TypedDict, total=False):
+    """One run's knee or peak: {users, qps}, a single run's ``interval`` at its own noise, a repeated
+    side's knee over its runs (lo, hi, runs, found, text)."""
+    users: int | float | None
+    qps: float | None
+    interval: list[int | float | None]
+    lo: float | None
+    hi: float | None
+    runs: int
+    found: int
+    text: str
+
+
 class Shift(TypedDict):
     """A knee or peak: {users, qps} of each run, and how it moved."""
-    base: dict[str, Any]
-    new: dict[str, Any]
+    base: ShiftSide
+    new: ShiftSide
     users_ratio: float | None
     qps_rel: float | None
+
+
+class UslChange(TypedDict):
+    """``usl``: kneeswarm.analysis.models.usl.fit_usl's figures of each run and their change."""
+    base: UslFit
+    new: UslFit
+    change: dict[str, float | None]
+
+
+class FindingsChange(TypedDict):
+    """``findings``: by id, those that appeared in the new run, vanished from the base, or stayed."""
+    appeared: list[Finding]
+    vanished: list[Finding]
+    persisted: list[str]
+    rule_errors: list[str]
+
+
+class CompareSettings(TypedDict, total=False):
+    """``settings``: how the changes were judged."""
+    resamples: int
+    seed: int
+    confidence: float
+    max_rows_per_step: int
+    min_relative_change: dict[str, float]
+    interval: str  # INTERVAL_BOOTSTRAP (two runs) or INTERVAL_BETWEEN_RUNS (a repeated run on a side)
+    runs: list[int]  # a repeated comparison: the runs merged on each side
 
 
 class SummariesComparison(TypedDict):
     knee: Shift
     peak: Shift
-    usl: dict[str, Any]  # {base, new, change}: kneeswarm.analysis.models.usl.fit_usl's figures
-    findings: dict[str, Any]  # {appeared[], vanished[], persisted[], rule_errors[]}
+    usl: UslChange
+    findings: FindingsChange
 
 
 class Comparison(SummariesComparison):
@@ -84,8 +125,7 @@ class Comparison(SummariesComparison):
     version: int  # COMPARE_VERSION
     base: RunInfo
     new: RunInfo
-    settings: dict[str, Any]  # resamples, seed, confidence, max_rows_per_step, min_relative_change; interval:
-    #                           INTERVAL_BOOTSTRAP (two runs) or INTERVAL_BETWEEN_RUNS (a repeated run on a side)
+    settings: CompareSettings
     steps: list[StepComparison]
     unmatched: dict[str, list[Any]]  # {base_only, new_only}: users of the steps in one run only
     verdict: str  # REGRESSED, IMPROVED, NO_CHANGE, NOT_COMPARABLE

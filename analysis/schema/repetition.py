@@ -66,6 +66,13 @@ class RepeatRun(TypedDict):
     sla_passed: bool | None  # None: no SLA set
 
 
+class RepeatSettings(TypedDict):
+    confidence: float
+    resamples: int
+    seed: int
+    max_rows_per_step: int
+
+
 class KneeSpread(TypedDict):
     users: list[float | None]  # each merged run's knee
     found: int  # merged runs that found one
@@ -130,5 +137,5 @@ class Repetition(TypedDict):
     findings: list[FindingCount]  # most often confirmed first
     causes: list[CauseCount]
     sla: RepeatSla
-    settings: dict[str, Any]  # confidence, resamples, seed, max_rows_per_step
+    settings: RepeatSettings
     warnings: list[str]

@@ -26,12 +26,15 @@ LLM run.  A chunk is not a token: ``itl_columns`` {itl, itl_token} in a streamin
 
 from __future__ import annotations
 
-from kneeswarm.analysis.schema.summary import STEP_EXTRA_KEYS, STEP_KEYS, SUMMARY_VERSION, summary_meta
+from kneeswarm.analysis.schema.summary import (STEP_EXTRA_KEYS, STEP_KEYS, SUMMARY_VERSION, AnalysisFacts,
+                                               EndpointFacts, HostFacts, Knee, LoadFacts, PlanTable, ServerMetrics,
+                                               Summary, SummaryStep, TargetSeries, Totals, WorkerTotals,
+                                               WorkloadFacts, summary_meta)
 
 import json
 import logging
 import math
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -97,21 +100,21 @@ def _users(v: Any) -> int | float | None:
     return int(f) if f.is_integer() else f
 
 
-def step_records(stats: pd.DataFrame, server: list[dict[str, Any]] | None = None,
-                 gen_cpu: list[dict[str, float]] | None = None, load: dict[str, Any] | None = None,
-                 streaming: bool = False) -> list[dict[str, Any]]:
+def step_records(stats: pd.DataFrame, server: list[dict[str, ServerMetrics]] | None = None,
+                 gen_cpu: list[dict[str, float]] | None = None, load: LoadFacts | None = None,
+                 streaming: bool = False) -> list[SummaryStep]:
     """One summary step per stats row; ``load``: kneeswarm.analysis.measure.loop.load_facts (rate, items/s);
     ``streaming``: the run streamed (kneeswarm.analysis.measure.streaming keys on every step)."""
     records = []
     for i, row in enumerate(stats.to_dict("records")):
-        rec = {k: row.get(k) for k in STEP_KEYS}
+        rec = cast(SummaryStep, {k: row.get(k) for k in STEP_KEYS})  # a row of the stats frame: its columns
         rec["index"] = _users(rec["index"])
         rec["users"] = _users(rec["users"])
         rec["requests"] = int(rec["requests"] or 0)
         rec["errors"] = dict(rec["errors"] or {})
         rec["reasons"] = list(rec["reasons"] or [])
         rec["valid"] = bool(rec["valid"])
-        rec.update({k: row.get(k) for k in STEP_EXTRA_KEYS})
+        rec.update(cast(SummaryStep, {k: row.get(k) for k in STEP_EXTRA_KEYS}))
         rec["t_end"] = row.get("t_end_used", row.get("t_end"))  # t_end, or where a crashed step was cut
         rec["t_end_recorded"] = row.get("t_end") is not None and math.isfinite(float(row.get("t_end")))
         rec["generator"] = {"cpu_pct": dict(gen_cpu[i])} if gen_cpu and gen_cpu[i] else {}
@@ -119,24 +122,24 @@ def step_records(stats: pd.DataFrame, server: list[dict[str, Any]] | None = None
         for key, count in (("energy_j_per_request", row.get("ok")), ("energy_j_per_token", row.get("tokens_out"))):
             energy = energy_per_request(rec["server"], count, row.get("window_s"))  # J per request (or token)
             if energy is not None:
-                rec[key] = energy
-        rec.update(step_load_keys(rec["users"], rec.get("qps"), load or {}))
-        rec.update(streaming_keys(row, streaming))
+                rec[key] = energy  # type: ignore[literal-required]  # one of the two energy keys
+        rec.update(step_load_keys(rec["users"], rec.get("qps"), load or LoadFacts()))
+        rec.update(cast(SummaryStep, streaming_keys(row, streaming)))  # their keys: STREAMING_STEP_KEYS
         if row.get("resent"):
             rec["resent"] = int(row["resent"])
         records.append(rec)
     return records
 
 
-def build_summary(*, run_id: str, meta: Meta, settings: dict[str, Any], steps: list[dict[str, Any]],
-                  knee: dict[str, Any], latency_knee: dict[str, Any], peak: dict[str, Any],
-                  totals: dict[str, Any], hosts: dict[str, dict[str, Any]], workers: dict[str, Any],
-                  target_series: dict[str, Any] | None = None, problems: Problems | None = None,
-                  **extra: Any) -> dict[str, Any]:
+def build_summary(*, run_id: str, meta: Meta, settings: AnalysisFacts, steps: list[SummaryStep],
+                  knee: Knee, latency_knee: Knee, peak: Knee,
+                  totals: Totals, hosts: dict[str, HostFacts], workers: dict[str, WorkerTotals],
+                  target_series: dict[str, dict[str, TargetSeries]] | None = None, problems: Problems | None = None,
+                  **extra: Any) -> Summary:
     """The summary dict (JSON-ready).  ``problems`` (kneeswarm.analysis.measure.problems.collect) gives ``complete``,
     ``warnings`` and ``lost``; ``extra`` keyword arguments become further top-level keys."""
     problems = problems or collect(meta)
-    summary = {
+    summary: Summary = {
         "summary_version": SUMMARY_VERSION,
         "run_id": run_id,
         "complete": problems.complete,
@@ -153,12 +156,12 @@ def build_summary(*, run_id: str, meta: Meta, settings: dict[str, Any], steps: l
         "hosts": hosts,
         "target_series": target_series or {},
         "workers": workers,
-        **extra,
     }
-    return jsonable(summary)
+    summary.update(cast(Summary, extra))  # further keys, each declared in Summary
+    return cast(Summary, jsonable(summary))
 
 
-def to_json(summary: dict[str, Any]) -> str:
+def to_json(summary: Summary) -> str:
     """Strict JSON (raises rather than write NaN)."""
     return json.dumps(jsonable(summary), indent=2, allow_nan=False) + "\n"
 
@@ -171,7 +174,7 @@ def to_json(summary: dict[str, Any]) -> str:
 
 
 
-def workload_facts(plan: dict[str, Any]) -> dict[str, Any]:
+def workload_facts(plan: PlanTable) -> WorkloadFacts:
     """``workload`` {inputs, token_counts} of an OpenAI run's plan: where prompts came from and how
     their tokens were counted (a tokenizer file, or the word approximation); {} for other protocols."""
     request = got if isinstance(got := plan.get("request"), dict) else {}
@@ -183,7 +186,7 @@ def workload_facts(plan: dict[str, Any]) -> dict[str, Any]:
     return {"inputs": inputs, "token_counts": f"tokenizer {tok}" if tok else "words (approximation)"}
 
 
-def endpoint_facts(plan: dict[str, Any]) -> dict[str, Any]:
+def endpoint_facts(plan: PlanTable) -> EndpointFacts:
     """``endpoint``: how the target was reached (the plan's [endpoint]).  ``tls`` is "verified"
     (the server's certificate checked, against ``ca_bundle`` or the system's CAs), "unverified"
     (``verify = false``: nothing checked) or None (http://); ``headers`` names the headers sent

@@ -35,7 +35,8 @@ import numpy as np
 from kneeswarm.analysis.findings import Context, findings
 from kneeswarm.analysis.measure.resample import BLOCK_S, Replicates
 from kneeswarm.analysis.models.knee import find_knee, find_latency_knee
-from kneeswarm.analysis.schema.summary import Finding, Knee, NoiseFacts, Summary, SummaryStep, num
+from kneeswarm.analysis.schema.summary import (Finding, Knee, NoiseFacts, PlanTable, ServerMetrics, Summary,
+                                               SummaryStep, num)
 
 logger = logging.getLogger(__name__)
 
@@ -48,13 +49,13 @@ LEVELS = ("info", "warning", "critical")
 FindingKey = tuple[str, Any]
 
 
-def key_of(f: Finding | dict[str, Any]) -> FindingKey:
+def key_of(f: Finding) -> FindingKey:
     """A finding's identity across resamples: its id and the host it names (None for the load's)."""
     evidence = f.get("evidence")
     return str(f.get("id")), evidence.get("host") if isinstance(evidence, dict) else None
 
 
-def _set(metrics: dict[str, Any], key: str, dev: float) -> None:
+def _set(metrics: ServerMetrics, key: str, dev: float) -> None:
     """Add a deviation to one of a host's metrics (``target.<key>`` in its nested target dict)."""
     if key.startswith("target."):
         target = metrics.get("target")
@@ -62,7 +63,7 @@ def _set(metrics: dict[str, Any], key: str, dev: float) -> None:
         if isinstance(target, dict) and num(target.get(name)) is not None:
             metrics["target"] = {**target, name: target[name] + dev}
     elif num(metrics.get(key)) is not None:
-        metrics[key] = metrics[key] + dev
+        metrics[key] = cast(float, metrics[key]) + dev  # a number (num above)
 
 
 def resampled_step(step: SummaryStep, client: dict[str, np.ndarray], server: dict[str, dict[str, np.ndarray]],
@@ -77,9 +78,9 @@ def resampled_step(step: SummaryStep, client: dict[str, np.ndarray], server: dic
     if "qps" in client and qps and rps is not None:
         new["rps"] = rps * new["qps"] / qps  # type: ignore[operator]
     if server:
-        hosts = {}
+        hosts: dict[str, ServerMetrics] = {}
         for host, metrics in (step.get("server") or {}).items():
-            m = dict(metrics) if isinstance(metrics, dict) else {}
+            m: ServerMetrics = dict(metrics) if isinstance(metrics, dict) else {}
             for key, devs in server.get(host, {}).items():
                 if math.isfinite(devs[b]):
                     _set(m, key, float(devs[b]))
@@ -125,7 +126,7 @@ def _marginal(f: Finding, support: float, at_point: bool) -> Finding:
     return out
 
 
-def judge(summary: Summary, plan: dict[str, Any], reps: Replicates) -> list[str]:
+def judge(summary: Summary, plan: PlanTable, reps: Replicates) -> list[str]:
     """Split ``summary["findings"]`` into confirmed and marginal, give each its support and the
     knees their intervals (in place); the lines for the run's warnings."""
     steps = list(summary.get("steps") or [])
@@ -196,7 +197,7 @@ def step_intervals(step: SummaryStep, client: dict[str, np.ndarray], server: dic
             continue
         for key, dev in devs.items():
             base = num(metrics.get(key)) if not key.startswith("target.") else \
-                num((metrics.get("target") or {}).get(key[len("target."):]))
+                num(tg.get(key[len("target."):]) if isinstance(tg := metrics.get("target"), dict) else None)
             if base is not None and (got := _interval(base + dev)) is not None:
                 out.setdefault(host, {})[key] = got
     if out:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from kneeswarm.analysis.schema.summary import CapacityResult, PlanTable, SlaCheck, SlaResult, Summary
+
 from kneeswarm.analysis.models.capacity import (MIN_QPS_KEY, SLA_STEP_KEYS, capacity_lines, capacity_plan, sla_check)
 
 logger = logging.getLogger(__name__)
@@ -27,35 +29,35 @@ SLA_KEYS = (*SLA_STEP_KEYS, MIN_QPS_KEY)
 NO_SLA_TEXT = f"no SLA set: add an [sla] table to the plan ({', '.join(SLA_KEYS)})"
 
 
-def _table(plan: Any, name: str) -> dict[str, Any] | None:
+def _table(plan: Any, name: str) -> PlanTable | None:
     """The plan's ``[name]`` table, or None when absent or not a table."""
     value = plan.get(name) if isinstance(plan, dict) else None
     return value if isinstance(value, dict) else None
 
 
-def no_sla() -> dict[str, Any]:
+def no_sla() -> SlaResult:
     """The ``sla`` of a run planned without an SLA: nothing checked, nothing failed."""
     return {"set": False, "passed": None, "best": None, "limits": {}, "checks": [], "steps": [], "skipped": [],
             "problems": [], "below_best_failed": [], "text": NO_SLA_TEXT}
 
 
-def evaluate(summary: dict[str, Any], plan: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def evaluate(summary: Summary, plan: Any) -> tuple[SlaResult, CapacityResult]:
     """(sla, capacity) of a summary under a plan dict; never raises on a malformed plan."""
     sla_table = _table(plan, "sla")
     problems = []
     if isinstance(plan, dict) and "sla" in plan and sla_table is None:
         problems.append(f"plan.toml: [sla] is not a table ({plan['sla']!r}); no SLA checked")
     if sla_table:
-        sla = {"set": True, **sla_check(summary, sla_table)}
+        sla: SlaResult = {"set": True, **sla_check(summary, sla_table)}
         sla["problems"] = problems + sla["problems"]
     else:
         sla = no_sla()
         sla["problems"] = problems
-    capacity = capacity_plan(summary, sla if sla["set"] else None, _table(plan, "capacity"))
+    capacity = capacity_plan(summary, sla if sla.get("set") else None, _table(plan, "capacity"))
     return sla, capacity
 
 
-def add_gates(summary: dict[str, Any], plan: Any) -> dict[str, Any]:
+def add_gates(summary: Summary, plan: Any) -> Summary:
     """Add ``sla`` and ``capacity`` to ``summary`` (and their problems to ``warnings``); no I/O."""
     sla, capacity = evaluate(summary, plan)
     summary["sla"], summary["capacity"] = sla, capacity
@@ -73,7 +75,7 @@ def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def _check_line(c: dict[str, Any]) -> str:
+def _check_line(c: SlaCheck) -> str:
     op = "≥" if c.get("bound") == "lower" else "≤"
     users = c.get("users")
     where = f" at {users} user{'' if users == 1 else 's'}" if users is not None else " (no valid step)"
@@ -99,7 +101,7 @@ def sla_lines(sla: Any) -> list[str]:
     return lines + [f"problem: {p}" for p in sla.get("problems") or []]
 
 
-def gate_sections(summary: dict[str, Any]) -> list[tuple[str, list[str]]]:
+def gate_sections(summary: Summary) -> list[tuple[str, list[str]]]:
     """``[(title, lines)]`` of the SLA and the capacity plan (what summary.md and the report show);
     lines use only ``**bold**`` and ``code``.  Empty when the summary has neither."""
     out = []

@@ -13,11 +13,12 @@ import json
 import math
 from typing import Any
 
+from kneeswarm.analysis.schema.summary import JsonValue, Knee, PlanTable, SearchSummary, Summary, SummaryStep
 from kneeswarm.contracts.plan import LoadPlan
 from kneeswarm.contracts.rundir import SEARCH_FILE, RunDir
 
 
-def read_search(run_dir: RunDir) -> dict[str, Any] | None:
+def read_search(run_dir: RunDir) -> dict[str, Any] | None:  # search.json: untyped JSON from disk
     """generator/search.json, or None when it is missing or unreadable."""
     try:
         data = json.loads((run_dir.generator_dir / SEARCH_FILE).read_text())
@@ -33,26 +34,27 @@ def doubling_steps(start: float, top: float) -> int:
     return int(math.floor(math.log2(top / start) + 1e-9)) + 1
 
 
-def search_section(plan: dict[str, Any], steps: list[dict[str, Any]], decided: dict[str, Any] | None,
-                   loop: str) -> dict[str, Any] | None:
+def search_section(plan: PlanTable, steps: list[SummaryStep], decided: dict[str, Any] | None,
+                   loop: str) -> SearchSummary | None:
     """The ``search`` section, or None for a run that did not search."""
     raw = plan.get("load")
-    load: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    load = raw if isinstance(raw, dict) else {}
     if load.get("mode") != "search":
         return None
     decided = decided or {}
     unit = float(load.get("source_rate", LoadPlan().source_rate)) if loop == "open" else 1.0
     key = "rate" if loop == "open" else "users"
     records = {int(r["index"]): r for r in decided.get("probes") or [] if isinstance(r, dict) and "index" in r}
-    probes = []
+    probes: list[dict[str, JsonValue]] = []
     for st in steps:
-        rec = records.get(int(st["index"]), {})
+        rec = records.get(int(st.get("index") or 0), {})  # index: every step has one
         t_start, t_end = st.get("t_ramp"), st.get("t_end")
         duration = (t_end - t_start) if isinstance(t_start, (int, float)) and isinstance(t_end, (int, float)) else None
-        probes.append({key: st["users"] * unit if unit != 1.0 else st["users"], "why": rec.get("why"),
+        users = st.get("users")
+        probes.append({key: users * unit if unit != 1.0 and users is not None else users, "why": rec.get("why"),
                        "t_start": t_start, "duration_s": duration, "qps": st.get("qps"), "p99_ms": st.get("p99_ms"),
                        "valid": bool(st.get("valid")), "steady": rec.get("steady")})
-    durations = [p["duration_s"] for p in probes if p["duration_s"] is not None]
+    durations = [d for p in probes if isinstance(d := p["duration_s"], (int, float))]
     start = float(load.get("start", LoadPlan().start))
     top = float(load.get("max", LoadPlan().max))
     scale = lambda b: b if b is None or unit == 1.0 else [None if v is None else v * unit for v in b]  # noqa: E731
@@ -64,7 +66,7 @@ def search_section(plan: dict[str, Any], steps: list[dict[str, Any]], decided: d
             "grid_equivalent_s": (doubling_steps(start, top) * sum(durations) / len(durations)) if durations else None}
 
 
-def bracket_at_noise(search: dict[str, Any], knee: dict[str, Any]) -> None:
+def bracket_at_noise(search: SearchSummary, knee: Knee) -> None:
     """Set ``knee_at_noise`` (the knee's interval over resamples of the probes: summary.confidence)
     and ``bracket_holds``: whether the search's bracket holds that interval.  A bracket narrower
     than the run's noise is a claim the probes cannot make (seen: probes 1, 2, 4, 8, 16, 12 of an
@@ -81,7 +83,7 @@ def bracket_at_noise(search: dict[str, Any], knee: dict[str, Any]) -> None:
     search["bracket_holds"] = bool(holds)
 
 
-def search_lines(summary: dict[str, Any]) -> list[str]:
+def search_lines(summary: Summary) -> list[str]:
     """Markdown lines of the ``search`` section (none for a grid run)."""
     s = summary.get("search")
     if not isinstance(s, dict):
@@ -105,5 +107,5 @@ def search_lines(summary: dict[str, Any]) -> list[str]:
         qps = f"{p['qps']:.1f}" if isinstance(p.get("qps"), (int, float)) else "–"
         p99 = f"{p['p99_ms']:.1f}" if isinstance(p.get("p99_ms"), (int, float)) else "–"
         lines.append(f"| {i + 1} | {p.get(key):g} | {qps} | {p99} | {'yes' if p.get('valid') else 'no'} | "
-                     f"{(p.get('why') or '').replace('|', '/')} |")
+                     f"{str(p.get('why') or '').replace('|', '/')} |")
     return lines + [""]

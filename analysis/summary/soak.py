@@ -36,6 +36,8 @@ from kneeswarm.analysis.findings.context import process_evidence, process_growth
 from kneeswarm.analysis.findings.finding import finding
 from kneeswarm.analysis.findings.memory_gpu import GPU_CREEP_MIN_MB
 from kneeswarm.analysis.models.trend import MIN_RELATIVE_DRIFT, drift
+from kneeswarm.analysis.schema.summary import (Evidence, Finding, HostFacts, Knee, PlanTable, ProcessGrowth, Series,
+                                               SoakSection, SoakSeries, SoakTrends, Summary, SummaryStep, Trend, num)
 
 logger = logging.getLogger(__name__)
 
@@ -63,43 +65,38 @@ THRESHOLDS = {"alpha": SOAK_ALPHA, "min_relative_drift": MIN_RELATIVE_DRIFT, "me
               "gpu_min_growth_mb": GPU_MIN_GROWTH_MB}
 
 
-def _num(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    return float(x) if math.isfinite(float(x)) else None
-
-
-def soak_knees() -> dict[str, Any]:
+def soak_knees() -> dict[str, Knee]:
     """``knee`` and ``latency_knee`` of a soak: none (one load held, not a step sweep)."""
     return {"knee": {"users": None, "qps": None, "method": "none"},
             "latency_knee": {"users": None, "p99_ms": None, "method": "none", "took_off_users": None}}
 
 
-def series(steps: list[dict[str, Any]]) -> dict[str, Any]:
+def series(steps: list[SummaryStep]) -> SoakSeries:
     """{t, t_lo, t_hi, window_s, client {name: [...]}, errors [{category: n}], hosts {host: {name: [...],
     target {key: [...]}}}}: each window's figures, in time order; ``t``: the window's middle in
     seconds from the first window's start."""
-    starts = [_num(s.get("t_lo")) for s in steps]
+    starts = [num(s.get("t_lo")) for s in steps]
     t0 = next((t for t in starts if t is not None), None)
-    mids = [None if t0 is None or _num(s.get("t_lo")) is None or _num(s.get("t_hi")) is None
-            else (s["t_lo"] + s["t_hi"]) / 2.0 - t0 for s in steps]
+    mids = [None if t0 is None or num(s.get("t_lo")) is None or num(s.get("t_hi")) is None
+            else (s["t_lo"] + s["t_hi"]) / 2.0 - t0 for s in steps]  # type: ignore[operator]  # both numbers: _num
     hosts = sorted({h for s in steps for h in (s.get("server") or {})})
-    out: dict[str, Any] = {"t": mids, "t_lo": starts, "t_hi": [_num(s.get("t_hi")) for s in steps],
-                           "window_s": [_num(s.get("window_s")) for s in steps],
-                           "client": {k: [_num(s.get(k)) for s in steps] for k in CLIENT_SERIES},
+    out: SoakSeries = {"t": mids, "t_lo": starts, "t_hi": [num(s.get("t_hi")) for s in steps],
+                           "window_s": [num(s.get("window_s")) for s in steps],
+                           "client": {k: [num(s.get(k)) for s in steps] for k in CLIENT_SERIES},
                            "errors": [dict(s.get("errors") or {}) for s in steps], "hosts": {}}
     for h in hosts:
         per = [(s.get("server") or {}).get(h) or {} for s in steps]
-        got: dict[str, Any] = {name: [_num(m.get(key)) for m in per] for key, name in HOST_SERIES.items()
+        got: dict[str, Series | dict[str, Series]] = {name: [num(m.get(key)) for m in per] for key, name in HOST_SERIES.items()
                if any(m.get(key) is not None for m in per)}
-        keys = sorted({k for m in per for k in (m.get("target") or {})})
+        targets = [tg if isinstance(tg := m.get("target"), dict) else {} for m in per]
+        keys = sorted({k for tg in targets for k in tg})
         if keys:
-            got["target"] = {k: [_num((m.get("target") or {}).get(k)) for m in per] for k in keys}
+            got["target"] = {k: [num(tg.get(k)) for tg in targets] for k in keys}
         out["hosts"][h] = got
     return out
 
 
-def trends(ser: dict[str, Any]) -> dict[str, Any]:
+def trends(ser: SoakSeries) -> SoakTrends:
     """{client: {name: drift}, hosts: {host: {name: drift}}} over the windows' mid times (slope per second)."""
     x = [math.nan if t is None else t for t in ser["t"]]
     test = lambda name, values: drift(values, WORSE[name], x=x, alpha=SOAK_ALPHA)  # noqa: E731
@@ -107,24 +104,25 @@ def trends(ser: dict[str, Any]) -> dict[str, Any]:
             "hosts": {h: {k: test(k, v) for k, v in m.items() if k in WORSE} for h, m in ser["hosts"].items()}}
 
 
-def _worse(tr: dict[str, Any] | None, floor: float = 0.0) -> bool:
+def _worse(tr: Trend | None, floor: float = 0.0) -> bool:
     """The series drifted the worse way by at least ``floor`` (the fitted line's change over the soak)."""
     return bool(tr and tr.get("drifting") and tr.get("direction") == "worse" and abs(tr.get("change") or 0.0) >= floor)
 
 
-def _evidence(tr: dict[str, Any], key: str, scale: float = 1.0) -> dict[str, Any]:
+def _evidence(tr: Trend, key: str, scale: float = 1.0) -> Evidence:
     """The trend's numbers for a finding: the slope per ``scale`` seconds (as ``key``), p, change, median."""
-    return {key: tr["slope"] * scale, "p": tr["p"], "windows": tr["n"], "change": tr["change"],
+    return {key: (tr.get("slope") or 0.0) * scale, "p": tr["p"], "windows": tr["n"], "change": tr["change"],
             "median": tr["median"], "alpha": SOAK_ALPHA}
 
 
-def _last_fit(tr: dict[str, Any], values: list[float | None], x: list[float | None]) -> float | None:
+def _last_fit(tr: Trend, values: Series | dict[str, Series], x: Series) -> float | None:
     """The fitted line's value at the last window (median intercept of Theil–Sen)."""
-    pts = [(t, v) for t, v in zip(x, values) if t is not None and v is not None]
-    if not pts:
+    pts = [(t, v) for t, v in zip(x, values) if t is not None and v is not None] if isinstance(values, list) else []
+    slope = tr.get("slope")
+    if not pts or slope is None:
         return None
-    ts = sorted(v - tr["slope"] * t for t, v in pts)
-    return ts[len(ts) // 2] + tr["slope"] * pts[-1][0]
+    ts = sorted(v - slope * t for t, v in pts)
+    return ts[len(ts) // 2] + slope * pts[-1][0]
 
 
 def _hours_to(limit: float | None, now: float | None, slope_per_s: float) -> float | None:
@@ -133,46 +131,47 @@ def _hours_to(limit: float | None, now: float | None, slope_per_s: float) -> flo
     return max(0.0, (limit - now) / slope_per_s / 3600.0)
 
 
-def memory_limit_mb(facts: dict[str, Any]) -> tuple[float | None, str | None]:
+def memory_limit_mb(facts: HostFacts) -> tuple[float | None, str | None]:
     """(limit MB, what it is) of a host: its service's cgroup memory limit, else the host's memory."""
-    cg = _num((facts.get("service") or {}).get("memory_limit_mb"))
+    cg = num((facts.get("service") or {}).get("memory_limit_mb"))
     if cg is not None:
         return cg, "cgroup memory limit"
-    kb = _num(facts.get("memory_total_kb"))
+    kb = num(facts.get("memory_total_kb"))
     return (kb / 1024.0, "host memory") if kb is not None else (None, None)
 
 
-def gpu_memory_mb(facts: dict[str, Any]) -> float | None:
+def gpu_memory_mb(facts: HostFacts) -> float | None:
     """The host's GPUs' memory, summed (MB), or None when not known."""
-    totals = [_num(g.get("memory_total_mb")) for g in facts.get("gpus") or [] if isinstance(g, dict)]
+    totals = [num(g.get("memory_total_mb")) for g in facts.get("gpus") or [] if isinstance(g, dict)]
     known = [t for t in totals if t is not None]
     return sum(known) if known and len(known) == len(totals) else None
 
 
-def memory_findings(ser: dict[str, Any], tr: dict[str, Any], hosts: dict[str, Any],
-                    first: list[dict[str, Any]], steps: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+def memory_findings(ser: SoakSeries, tr: SoakTrends, hosts: dict[str, HostFacts],
+                    first: list[SummaryStep], steps: list[SummaryStep] | None = None) -> list[Finding]:
     """memory_growth and gpu_memory_creep, per host, with the projected time to the limit; where the
     service is several processes, the one whose own RSS rose most (``steps``: the windows)."""
     out = []
     for h, m in tr["hosts"].items():
-        facts = hosts.get(h) or {}
+        facts = hosts.get(h) or HostFacts()
         for name, fid, floor, (limit, kind) in (
                 ("rss_mb", "memory_growth", MEMORY_MIN_GROWTH_MB, memory_limit_mb(facts)),
                 ("gpu_peak_mb", "gpu_memory_creep", GPU_MIN_GROWTH_MB, (gpu_memory_mb(facts), "GPU memory"))):
             t = m.get(name)
-            if not _worse(t, floor):
+            if t is None or not _worse(t, floor):
                 continue
+            slope = t.get("slope") or 0.0  # drifting: a slope
             now = _last_fit(t, ser["hosts"][h][name], ser["t"])
-            hours = _hours_to(limit, now, t["slope"])
+            hours = _hours_to(limit, now, slope)
             what = "RSS" if name == "rss_mb" else "peak GPU memory"
             grew = process_growth(steps or [], h, name, hosts)
-            ev = {"host": h, **_evidence(t, "slope_mb_per_hour", 3600.0), "slope_mb_per_s": t["slope"], "now_mb": now,
+            ev = {"host": h, **_evidence(t, "slope_mb_per_hour", 3600.0), "slope_mb_per_s": slope, "now_mb": now,
                   "limit_mb": limit, "limit": kind if limit is not None else None, "hours_to_limit": hours,
                   **process_evidence(grew)}
             reach = (f"; at this rate it reaches the {kind} ({limit:,.0f} MB) in {hours:,.1f} h" if hours is not None
                      else "; no memory limit is known to project against")
             out.append(finding(fid, first, ev,
-                               f"{h}: {what} grew {t['slope'] * 3600.0:,.1f} MB/hour over the soak "
+                               f"{h}: {what} grew {slope * 3600.0:,.1f} MB/hour over the soak "
                                f"(Mann–Kendall p = {t['p']:.2g}, {t['n']} windows; {t['change']:+,.0f} MB in all"
                                f"{process_text(grew, ' MB')}){reach}.",
                                "Something is kept per request: caches without a bound, a growing list or queue, "
@@ -181,9 +180,9 @@ def memory_findings(ser: dict[str, Any], tr: dict[str, Any], hosts: dict[str, An
     return out
 
 
-def _series_finding(fid: str, tr: dict[str, Any], first: list[dict[str, Any]], host: str | None, what: str,
-                    unit: str, advice: str) -> dict[str, Any]:
-    per_min = tr["slope"] * 60.0
+def _series_finding(fid: str, tr: Trend, first: list[SummaryStep], host: str | None, what: str,
+                    unit: str, advice: str) -> Finding:
+    per_min = (tr.get("slope") or 0.0) * 60.0  # drifting: a slope
     ev = {"host": host, **_evidence(tr, "slope_per_minute", 60.0)}
     where = f"{host}: " if host else ""
     return finding(fid, first, ev, f"{where}{what} moved {per_min:+,.3g} {unit}/minute over the soak (Mann–Kendall "
@@ -191,8 +190,8 @@ def _series_finding(fid: str, tr: dict[str, Any], first: list[dict[str, Any]], h
                                    f"median {tr['median']:,.4g}).", advice)
 
 
-def series_findings(tr: dict[str, Any], first: list[dict[str, Any]], steps: list[dict[str, Any]] | None = None,
-                    hosts: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def series_findings(tr: SoakTrends, first: list[SummaryStep], steps: list[SummaryStep] | None = None,
+                    hosts: dict[str, HostFacts] | None = None) -> list[Finding]:
     """latency_drift, throughput_decay, fd_growth, thread_growth (naming, where the service is
     several processes, the one whose own threads rose most)."""
     out = []
@@ -220,7 +219,7 @@ def series_findings(tr: dict[str, Any], first: list[dict[str, Any]], steps: list
     return out
 
 
-def _with_process(grew: dict[str, Any] | None, f: dict[str, Any]) -> dict[str, Any]:
+def _with_process(grew: ProcessGrowth | None, f: Finding) -> Finding:
     """``f`` naming the process whose own series rose most (process_growth), where there is one."""
     if grew:
         f["evidence"].update({k: rounded(v) if isinstance(v, float) else v
@@ -229,25 +228,25 @@ def _with_process(grew: dict[str, Any] | None, f: dict[str, Any]) -> dict[str, A
     return f
 
 
-def soak_section(summary: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+def soak_section(summary: Summary, plan: PlanTable) -> SoakSection:
     """summary.json ``soak``: the held load, the windows' series, the trend of each and the findings' ids
     (the findings themselves go to ``findings``: ``soak_findings``)."""
-    load: dict[str, Any] = plan["load"] if isinstance(plan.get("load"), dict) else {}
+    load = got if isinstance(got := plan.get("load"), dict) else {}
     steps = summary.get("steps") or []
     ser = series(steps)
     tr = trends(ser)
-    return {"users": _num(load.get("users")), "rate": _num(load.get("rate")), "duration_s": _num(load.get("duration")),
-            "window_s": _num(load.get("window")), "windows": len(steps), "series": ser, "trends": tr,
+    return {"users": num(load.get("users")), "rate": num(load.get("rate")), "duration_s": num(load.get("duration")),
+            "window_s": num(load.get("window")), "windows": len(steps), "series": ser, "trends": tr,
             "thresholds": dict(THRESHOLDS)}
 
 
-def soak_findings(summary: dict[str, Any]) -> list[dict[str, Any]]:
+def soak_findings(summary: Summary) -> list[Finding]:
     """The soak findings of a summary whose ``soak`` section is filled (soak_section)."""
-    soak = summary.get("soak") or {}
+    soak = summary.get("soak") or SoakSection()
     first = (summary.get("steps") or [])[:1]
-    tr = soak.get("trends") or {"client": {}, "hosts": {}}
+    tr = soak.get("trends") or SoakTrends(client={}, hosts={})
     steps, hosts = summary.get("steps") or [], summary.get("hosts") or {}
-    return memory_findings(soak.get("series") or {}, tr, hosts, first, steps) + series_findings(tr, first, steps, hosts)
+    return memory_findings(soak.get("series") or SoakSeries(), tr, hosts, first, steps) + series_findings(tr, first, steps, hosts)
 
 
 # -- text -----------------------------------------------------------------------------------
@@ -260,19 +259,19 @@ HOST_COLUMNS = (("RSS MB", "rss_mb", "{:,.1f}"), ("threads", "threads", "{:,.0f}
 
 
 def _fmt(v: Any, fmt: str) -> str:
-    return "–" if _num(v) is None else fmt.format(v)
+    return "–" if num(v) is None else fmt.format(v)
 
 
-def held_line(summary: dict[str, Any]) -> str:
+def held_line(summary: Summary) -> str:
     """One Markdown line: what the soak held, and what the report shows instead of a knee."""
-    soak = summary.get("soak") or {}
+    soak = summary.get("soak") or SoakSection()
     what = f"{soak['rate']:g} requests/s" if soak.get("rate") is not None else f"{_fmt(soak.get('users'), '{:.0f}')} users"
     return (f"**Soak:** {what} held {_fmt(soak.get('duration_s'), '{:,.0f}')} s in {soak.get('windows', 0)} windows "
             f"of {_fmt(soak.get('window_s'), '{:,.0f}')} s; one load, not a step sweep: no knee, no USL fit or "
             "capacity plan; each window's series and the trend of each are below")
 
 
-def soak_verdict(summary: dict[str, Any]) -> str:
+def soak_verdict(summary: Summary) -> str:
     """The soak's result in one sentence (Markdown)."""
     ids = list(dict.fromkeys(f["id"] for f in summary.get("findings") or [] if f.get("id") in SOAK_IDS))
     n = (summary.get("soak") or {}).get("windows", 0)
@@ -282,14 +281,14 @@ def soak_verdict(summary: dict[str, Any]) -> str:
             "file descriptors, threads or GPU memory.")
 
 
-def trend_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def trend_rows(summary: Summary) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the trend table: each series' first and last window, slope per minute, p, drifting."""
-    soak = summary.get("soak") or {}
+    soak = summary.get("soak") or SoakSection()
     ser, tr = soak.get("series") or {}, soak.get("trends") or {}
     rows = []
     named = [("", k, ser.get("client", {}).get(k), (tr.get("client") or {}).get(k)) for k in CLIENT_SERIES]
     named += [(h, k, v, ((tr.get("hosts") or {}).get(h) or {}).get(k)) for h, m in (ser.get("hosts") or {}).items()
-              for k, v in m.items() if k in WORSE]
+              for k, v in m.items() if k in WORSE and isinstance(v, list)]
     for host, k, values, t in named:
         if not t or not values:
             continue
@@ -297,12 +296,12 @@ def trend_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         verdict = t.get("direction") or ("no" if t.get("p") is not None else (t.get("reason") or "–"))
         rows.append([f"{host} {k}".strip(), _fmt(vals[0] if vals else None, "{:,.4g}"),
                      _fmt(vals[-1] if vals else None, "{:,.4g}"),
-                     _fmt(None if t.get("slope") is None else t["slope"] * 60.0, "{:+,.3g}"),
+                     _fmt(None if (slope := t.get("slope")) is None else slope * 60.0, "{:+,.3g}"),
                      _fmt(t.get("p"), "{:.2g}"), verdict])
     return ["series", "first", "last", "slope /min", "p", "drifting"], rows
 
 
-def window_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def window_rows(summary: Summary) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the windows table: mid time, the client's figures, errors, each host's series."""
     ser = (summary.get("soak") or {}).get("series") or {}
     hosts = {h: m for h, m in (ser.get("hosts") or {}).items() if any(k in m for _, k, _ in HOST_COLUMNS)}
@@ -314,6 +313,6 @@ def window_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         er = (ser.get("client", {}).get("error_rate") or [None] * (i + 1))[i]
         row = [_fmt(t, "{:,.0f}"), *[_fmt(ser["client"][k][i], f) for _, k, f in CLIENT_COLUMNS],
                _fmt(None if er is None else 100 * er, "{:.2f}")]
-        row += [_fmt(hosts[h][k][i], f) for h, _, k, f in cols]
+        row += [_fmt(v[i] if isinstance(v := hosts[h][k], list) else None, f) for h, _, k, f in cols]
         rows.append(row)
     return header, rows

@@ -32,7 +32,10 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # `kneeswarm --help` loads no analysis
+    from kneeswarm.analysis.schema.summary import Summary
 
 from kneeswarm.launch.lifeline import die_with_parent
 from kneeswarm.contracts.outcome import (EXIT_BAD_INPUT, EXIT_DRIFT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REGRESSION, EXIT_SLA_FAILED, Ended)
@@ -219,7 +222,7 @@ def _require_sla(has_sla: bool, args: argparse.Namespace) -> None:
         raise PlanError("--fail-on-sla needs an SLA: an [sla] table in the plan, or --sla-p99-ms / --sla-error-rate")
 
 
-def sla_gate(code: int, run: Any, summary: dict[str, Any] | None, fail_on_sla: bool) -> int:
+def sla_gate(code: int, run: Any, summary: Summary | None, fail_on_sla: bool) -> int:
     """The exit code after the SLA gate: ``code`` when it is not 0 (interrupted, incomplete) or
     without --fail-on-sla; 2 when the run has no SLA; 3 when the SLA failed (one line on stderr)."""
     if code != EXIT_OK or not fail_on_sla:
@@ -243,7 +246,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def verdict(run: Any, summary: dict[str, Any] | None, analysis_error: str | None,
+def verdict(run: Any, summary: Summary | None, analysis_error: str | None,
             ended: str | None) -> tuple[int, str | None]:
     """The exit code of a run or an analysis, and the one-line reason when it is not 0.
 
@@ -263,7 +266,7 @@ def verdict(run: Any, summary: dict[str, Any] | None, analysis_error: str | None
     return EXIT_OK, None
 
 
-def _incomplete(summary: dict[str, Any]) -> str:
+def _incomplete(summary: Summary) -> str:
     ended = summary.get("ended")
     if ended != Ended.COMPLETED:
         return f"the load did not complete (ended: {ended or 'unknown'})"
@@ -291,7 +294,7 @@ def request_outcomes(run: Any) -> tuple[int, int, dict[str, int]]:
     return requests, ok, errors
 
 
-def _report(run: Any, summary: dict[str, Any] | None, analysis_error: str | None, ended: str | None,
+def _report(run: Any, summary: Summary | None, analysis_error: str | None, ended: str | None,
             quiet: bool) -> int:
     """Print summary.md (unless quiet) and the report's path when it was written; the reason of a
     non-zero exit goes to stderr, one line."""

@@ -42,7 +42,10 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
+
+if TYPE_CHECKING:  # the analysis is loaded only when a run is analysed
+    from kneeswarm.analysis.schema.summary import Summary
 
 import requests
 
@@ -92,7 +95,7 @@ class ConductorError(RuntimeError):
 class RunResult:
     run: RunDir
     ended: Ended  # COMPLETED, INTERRUPTED or LOAD_FAILED
-    summary: dict[str, Any] | None  # None when the analysis failed or was not run
+    summary: Summary | None  # None when the analysis failed or was not run
     analysis_error: str | None = None  # one line, when the analysis raised
 
     @property

@@ -158,8 +158,8 @@ def series(fig: Figures) -> list[Series]:
     out += [("finding", {"id": str(f.get("id")), "severity": str(f.get("severity") or "")}, 1.0) for f in fig.findings]
     for kind in KNEE_KINDS:
         k = fig.knee.get(kind) or {}
-        out += [(name, {"kind": kind}, float(k[key])) for name, key in (("knee_users", "users"), ("knee_qps", "qps"))
-                if isinstance(k.get(key), (int, float))]
+        out += [(name, {"kind": kind}, float(v)) for name, v in (("knee_users", k.get("users")), ("knee_qps", k.get("qps")))
+                if isinstance(v, (int, float))]
     out += [("run_done", {}, 1.0 if fig.done else 0.0), ("late_rows", {}, fig.late_rows)]
     run = {"run_id": fig.run_id}
     return [(name, {**run, **labels}, float(v)) for name, labels, v in out]

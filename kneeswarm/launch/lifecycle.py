@@ -51,6 +51,7 @@ LIVE_TABLES = ("vmstat", "threads", "gpu")  # hosts/<host>/<table>.csv read for 
 
 if TYPE_CHECKING:  # the live rows are the Knee tab's (kneeswarm.locustfiles.webui); the child does not load flask
     from kneeswarm.locustfiles.webui import Live, LiveHost, LiveKnee, LiveStep
+    from kneeswarm.analysis.schema.summary import Summary
 
 
 # -- the child's protocol: one JSON line each way (LifecycleProcess.call -> Child.handle) ----------
@@ -71,11 +72,11 @@ class Answer(TypedDict, total=False):
     hosts: dict[str, Any]  # finish: meta.json hosts
     target_metrics: dict[str, Any] | None  # finish: meta.json target_metrics
     warnings: list[str]  # finish
-    summary: dict[str, Any] | None  # report: summary.json, None when the analysis failed
+    summary: Summary | None  # report: summary.json, None when the analysis failed
     report: str | None  # report: index.html's path, None when not written
 
 
-def analyze_run(run: RunDir) -> tuple[dict[str, Any] | None, str | None]:
+def analyze_run(run: RunDir) -> tuple[Summary | None, str | None]:
     """(summary, None), or (None, one line saying why) when the analysis raised; never raises.
     The recorded data stays either way: `kneeswarm analyze` can be re-run on it."""
     from kneeswarm import analysis
@@ -286,7 +287,7 @@ def live_knee(run: RunDir, steps: list[LiveStep], plan: Plan) -> LiveKnee:
     from kneeswarm.analysis.models.knee import find_knee
 
     knee = find_knee([u for u, _ in done], [q for _, q in done])
-    return {"users": knee["users"], "how": f"{knee['method']} on the {len(done)} steps done"} \
+    return {"users": knee.get("users") or 0.0, "how": f"{knee['method']} on the {len(done)} steps done"} \
         if knee.get("users") is not None else {}
 
 

@@ -376,10 +376,10 @@ def aim(probes: list[Probe], lo_p: Probe | None, hi: int, s: Settings) -> tuple[
     if len(valid) < MIN_FIT_PROBES:
         return mid, f"bisection of [{lo}, {hi}]"
     fit = fit_usl([p.users for p in valid], [p.qps for p in valid])
-    r2 = fit.get("r2")
-    if fit.get("sigma") is None or r2 is None or r2 < R2_AIM:
+    r2, sigma, kappa, lam = fit.get("r2"), fit.get("sigma"), fit.get("kappa"), fit.get("lambda")
+    if sigma is None or kappa is None or lam is None or r2 is None or r2 < R2_AIM:
         return mid, f"bisection of [{lo}, {hi}] (USL fit {'none' if r2 is None else f'R² {r2:.2f} < {R2_AIM:g}'})"
-    model = [Probe(users=n, qps=float(usl_throughput(n, fit["sigma"], fit["kappa"], fit["lambda"])), p99_ms=None)
+    model = [Probe(users=n, qps=float(usl_throughput(n, sigma, kappa, lam)), p99_ms=None)
              for n in range(1, hi + 1)]
     guard = max(1, (hi - lo) // 4)  # a model step stays a quarter of the bracket from its ends (as Brent's
     #                                 method guards its interpolation): a smooth fit of a sharp knee creeps
@@ -434,13 +434,13 @@ def smooth_knee(probes: list[Probe], hi: int, s: Settings) -> tuple[float, str] 
     if len(ok) < MIN_FIT_PROBES:
         return None
     fit = fit_usl([p.users for p in ok], [p.qps for p in ok])
-    r2 = fit.get("r2")
-    if fit.get("sigma") is None or r2 is None or r2 < R2_KNEE:
+    r2, sigma, kappa, lam = fit.get("r2"), fit.get("sigma"), fit.get("kappa"), fit.get("lambda")
+    if sigma is None or kappa is None or lam is None or r2 is None or r2 < R2_KNEE:
         return None
-    nf = efficiency_users(fit["sigma"], fit["kappa"], EFFICIENCY_MIN)
+    nf = efficiency_users(sigma, kappa, EFFICIENCY_MIN)
     if nf is None or not ok[0].users <= nf <= hi * s.growth:
         return None
-    model = usl_throughput([p.users for p in ok], fit["sigma"], fit["kappa"], fit["lambda"])
+    model = usl_throughput([p.users for p in ok], sigma, kappa, lam)
     rss = sum((math.log(p.qps) - math.log(float(m))) ** 2 for p, m in zip(ok, model))
     sharp = bounds_rss(ok)
     if rss > SMOOTH_RSS_RATIO * sharp:
