@@ -266,6 +266,9 @@ def intervals_meet(rep: Repetition) -> str:
     missing = [str(r["index"]) for r in runs if r["knee_interval"] is None]
     if not runs or len(runs) < rep["planned"]:
         return f"no (only {len(runs)} of {rep['planned']} runs merged)"
+    if all(r["knee_users"] is None and r["knee_interval"] is None for r in runs):  # they agree: no knee
+        none = ", ".join("?" if r["knee_stability"] is None else f"{r['knee_stability']:.0%}" for r in runs)
+        return f"yes (no knee in any run, nor in {none} of their resamples)"
     if missing:
         return f"no (no knee interval in run {', '.join(missing)})"
     ov = rep["knee"]["overlap"]

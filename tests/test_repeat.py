@@ -405,16 +405,19 @@ def test_the_stability_bench_prints_each_runs_knee_and_verdict_from_the_merged_r
     assert f"knee: knee intervals overlap in every run: {'yes' if meet else 'no'} (" in out
 
 
-@pytest.mark.parametrize("intervals, causes, same, meet", [
-    ([[2, 4], [4, 8], [2, 4]], [["waiting_not_computing"]] * 3, "yes (waiting_not_computing)",
+@pytest.mark.parametrize("knees, intervals, causes, same, meet", [
+    ([4, 4, 2], [[2, 4], [4, 8], [2, 4]], [["waiting_not_computing"]] * 3, "yes (waiting_not_computing)",
      "yes (every run's interval holds [4, 4] users)"),
-    ([[2, 2], [4, 8], [4, 8]], [["a"], ["a", "b"], ["a"]], "no (run 1: a; run 2: a, b; run 3: a)",
-     "no (run 1: [2, 2]; run 2: [4, 8]; run 3: [4, 8])"),
-    ([[2, 4], None, [2, 4]], [[], [], []], "yes (no root cause in any run)", "no (no knee interval in run 2)"),
+    ([2, 4, 4], [[2, 2], [4, 8], [4, None]], [["a"], ["a", "b"], ["a"]], "no (run 1: a; run 2: a, b; run 3: a)",
+     "no (run 1: [2, 2]; run 2: [4, 8]; run 3: [4, beyond])"),
+    ([4, 4, 4], [[4, None], [2, 8], [4, None]], [["a"]] * 3, "yes (a)", "yes (every run's interval holds [4, 8] users)"),
+    ([4, None, 4], [[2, 4], None, [2, 4]], [[], [], []], "yes (no root cause in any run)", "no (no knee interval in run 2)"),
+    ([None] * 3, [None] * 3, [["c"]] * 3, "yes (c)", "yes (no knee in any run, nor in 80%, 80%, 80% of their resamples)"),
 ])
-def test_the_stability_bench_says_whether_causes_and_knee_intervals_repeat(tmp_path, capsys, intervals, causes,
+def test_the_stability_bench_says_whether_causes_and_knee_intervals_repeat(tmp_path, capsys, knees, intervals, causes,
                                                                            same, meet):
-    runs = [_hand_run(tmp_path / "runs", n, _hand_summary(n, 4, iv, [], [], c)) for n, iv, c in zip("abc", intervals, causes)]
+    runs = [_hand_run(tmp_path / "runs", n, _hand_summary(n, k, iv, [], [], c))
+            for n, k, iv, c in zip("abc", knees, intervals, causes)]
     _kept(tmp_path / "kept", "knee", runs)
     assert _stability_bench().main(["--from", str(tmp_path / "kept")]) == 0
     out = capsys.readouterr().out
