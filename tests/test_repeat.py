@@ -11,6 +11,7 @@ the keys of a later analysis (knee intervals, marginal findings, verdicts) are n
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -204,6 +205,25 @@ def test_knee_intervals_marginal_findings_and_causes_when_the_summaries_have_the
     assert rep["runs"][1]["findings_marginal"] == ["retrograde"]
 
 
+@pytest.mark.parametrize("intervals, overlap, said", [
+    ([[4, None], [4, 8], [2, 4]], [4, 4], "Every run's knee interval holds 4-4 users."),
+    ([[4, None], [2, None], [2, 8]], [4, 8], "Every run's knee interval holds 4-8 users."),
+    ([[4, None], [6, None], [2, None]], [6, None], "Every run's knee interval holds 6 users and beyond."),
+    ([[4, None], [2, 3], [2, 8]], None, None),
+])
+def test_a_knee_interval_open_above_is_kept_and_meets_the_others(tmp_path, intervals, overlap, said):
+    """A run's knee interval whose high end is null (more than 5 % of its resamples found no knee in
+    the tested range: the knee lies at its low end or beyond) is an interval, not a missing one: it
+    holds every user count from its low end up, and the intervals meet where their ranges do."""
+    runs = [_hand_run(tmp_path, n, _hand_summary(n, 4, iv, [], [], [])) for n, iv in zip("abc", intervals)]
+    rep = write_repeat(tmp_path / "m", "open", runs)
+    assert [r["knee_interval"] for r in rep["runs"]] == intervals
+    assert rep["knee"]["intervals"] == intervals and rep["knee"]["overlap"] == overlap
+    md = (tmp_path / "m" / REPEAT_MD).read_text()
+    assert (said in md) if said else "Every run's knee interval holds" not in md
+    assert "| [4, beyond] |" in md and "<td>[4, beyond]</td>" in (tmp_path / "m" / REPORT_HTML).read_text()
+
+
 def test_summaries_without_the_later_keys_merge_all_the_same(tmp_path):
     """The run written before the contracts were typed (tests/fixtures/run-72ed389) twice: no knee
     interval, no marginal list, no verdict; its findings count as confirmed, as reported."""
@@ -332,3 +352,87 @@ def test_history_takes_a_repeated_run_as_one_point_with_its_interval(tmp_path):
     assert "`x-repeat`: 3 of 3 runs merged; knee 4 users in 3 of 3 runs" in md
     lo, hi = step["p50_ms"]["between"]
     assert f"| p50_ms at 2 users | {step['p50_ms']['mean']:.4g} [{lo:.4g}, {hi:.4g}] |" in md
+
+
+# -- bench/stability.py: its table is read from the merged result ----------------------------------
+def _stability_bench():
+    """bench/stability.py as a module (bench/ is no package)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("bench_stability", Path(__file__).parent.parent / "bench" / "stability.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks itself up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _bench_rows(out: str) -> list[list[str]]:
+    """The cells of the printed table's run rows."""
+    return [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines() if line[:3] in {f"| {i}" for i in range(1, 10)}]
+
+
+def _kept(root: Path, scenario: str, runs: list[Path]) -> None:
+    """``runs`` laid out as bench/stability.py --keep leaves a scenario: merged under root/scenario/out."""
+    write_repeat(root / scenario / "out" / f"x-{scenario}-repeat", scenario, runs)
+    (root / scenario / "start.json").write_text(json.dumps({"loadavg": [2.5, 1.25, 0.5], "cpus": 2, "started": "then"}))
+
+
+def test_the_stability_bench_prints_each_runs_knee_and_verdict_from_the_merged_result(series, tmp_path, capsys):
+    """The three synthetic runs, merged and printed as the knee scenario: each row is what that run's
+    own summary.json says (read here directly), and the two lines say whether they agree."""
+    _kept(tmp_path, "knee", series)
+    assert _stability_bench().main(["--from", str(tmp_path), "--only", "knee"]) == 0
+    out = capsys.readouterr().out
+    assert "load average at the start: 2.50, 1.25, 0.50 (1, 5, 15 min) on 2 CPUs" in out
+    sums = [summary(r) for r in series]
+    rows = _bench_rows(out)
+    assert len(rows) == 3
+    ids = lambda xs: ", ".join(xs) or "–"  # noqa: E731
+    for i, (row, s) in enumerate(zip(rows, sums), 1):
+        knee, causes = s["knee"], s["verdict"]["causes"]
+        lo, hi = knee["interval"]
+        assert row[:4] == [str(i), f"{knee['users']:g}", f"[{lo:g}, {'beyond' if hi is None else f'{hi:g}'}]",
+                           f"{knee['stability']:.0%}"]
+        assert row[4:7] == [ids(causes), ids([f["id"] for f in s["findings"]]),
+                            ids([f["id"] for f in s["findings_marginal"]])]
+        assert row[7] == ("yes" if knee["users"] == 4 and causes == ["waiting_not_computing"] else "no")
+    same = all(s["verdict"]["causes"] == sums[0]["verdict"]["causes"] for s in sums)
+    assert f"knee: same root cause in every run: {'yes' if same else 'no'} (" in out
+    ivs = [s["knee"]["interval"] for s in sums]
+    meet = max(iv[0] for iv in ivs) <= min(math.inf if iv[1] is None else iv[1] for iv in ivs)
+    assert f"knee: knee intervals overlap in every run: {'yes' if meet else 'no'} (" in out
+
+
+@pytest.mark.parametrize("knees, intervals, causes, same, meet", [
+    ([4, 4, 2], [[2, 4], [4, 8], [2, 4]], [["waiting_not_computing"]] * 3, "yes (waiting_not_computing)",
+     "yes (every run's interval holds [4, 4] users)"),
+    ([2, 4, 4], [[2, 2], [4, 8], [4, None]], [["a"], ["a", "b"], ["a"]], "no (run 1: a; run 2: a, b; run 3: a)",
+     "no (run 1: [2, 2]; run 2: [4, 8]; run 3: [4, beyond])"),
+    ([4, 4, 4], [[4, None], [2, 8], [4, None]], [["a"]] * 3, "yes (a)", "yes (every run's interval holds [4, 8] users)"),
+    ([4, None, 4], [[2, 4], None, [2, 4]], [[], [], []], "yes (no root cause in any run)", "no (no knee interval in run 2)"),
+    ([None] * 3, [None] * 3, [["c"]] * 3, "yes (c)", "yes (no knee in any run, nor in 80%, 80%, 80% of their resamples)"),
+])
+def test_the_stability_bench_says_whether_causes_and_knee_intervals_repeat(tmp_path, capsys, knees, intervals, causes,
+                                                                           same, meet):
+    runs = [_hand_run(tmp_path / "runs", n, _hand_summary(n, k, iv, [], [], c))
+            for n, k, iv, c in zip("abc", knees, intervals, causes)]
+    _kept(tmp_path / "kept", "knee", runs)
+    assert _stability_bench().main(["--from", str(tmp_path / "kept")]) == 0
+    out = capsys.readouterr().out
+    assert f"knee: same root cause in every run: {same}\n" in out
+    assert f"knee: knee intervals overlap in every run: {meet}\n" in out
+
+
+def test_the_stability_bench_lists_its_scenarios_and_refuses_an_unknown_one(capsys):
+    bench = _stability_bench()
+    assert bench.main(["--list"]) == 0
+    listed = capsys.readouterr().out
+    for name in ("half-cpu", "oversubscribed", "knee", "llm-kv", "usl-threshold", "usl-past", "knee-jitter"):
+        assert f"\n{name}: " in "\n" + listed
+    assert "(needs root)" in listed
+    assert bench.main(["--only", "knee,nope"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "--only knee,nope: no scenario nope (there are half-cpu, oversubscribed, knee, llm-kv, usl-threshold, "
+        "usl-past, knee-jitter)"]

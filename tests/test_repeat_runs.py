@@ -12,6 +12,7 @@ import json
 import math
 import signal
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -139,6 +140,33 @@ def test_repeat_on_a_jittered_target_marks_the_findings_that_did_not_repeat(star
     plateau = [s for s in rep["steps"] if s["users"] >= SLOTS and s["valid"] == 3]
     assert plateau and all(w[0] <= v <= w[1] for s in plateau for v, w in zip(s["qps"]["values"], s["qps"]["within"]))
     print("\n" + md)
+
+
+@pytest.mark.long
+def test_the_stability_bench_runs_a_scenario_end_to_end(tmp_path):
+    """bench/stability.py's cheapest scenario (the knee target, 2 runs) through the script itself:
+    its table says per run what that run's own summary.json says, and its lines whether they agree."""
+    res = subprocess.run([sys.executable, str(REPO / "bench" / "stability.py"), "--only", "knee", "--repeat", "2",
+                          "--cooldown", "0.5", "--keep", str(tmp_path)], capture_output=True, text=True, timeout=600,
+                         cwd=REPO)
+    assert res.returncode == 0, res.stderr[-3000:]
+    print(res.stdout)
+    runs, folder = _outputs(tmp_path / "knee" / "out")
+    sums = [read_summary(r) for r in runs]
+    assert len(runs) == 2 and folder.name.endswith("-knee-repeat")
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in res.stdout.splitlines()
+            if line.startswith(("| 1 |", "| 2 |"))]
+    assert len(rows) == 2
+    for i, (row, s) in enumerate(zip(rows, sums), 1):
+        knee, causes = s["knee"], s["verdict"]["causes"]
+        assert row[0] == str(i) and row[1] == ("–" if knee["users"] is None else f"{knee['users']:g}")
+        assert row[4] == (", ".join(causes) or "–")
+        assert row[5] == (", ".join(f["id"] for f in s["findings"]) or "–")
+        assert row[6] == (", ".join(f["id"] for f in s["findings_marginal"]) or "–")
+        assert row[7] == ("yes" if knee["users"] == SLOTS and causes == ["waiting_not_computing"] else "no")
+    same = sums[0]["verdict"]["causes"] == sums[1]["verdict"]["causes"]
+    assert f"knee: same root cause in every run: {'yes' if same else 'no'} (" in res.stdout
+    assert "load average at the start: " in res.stdout
 
 
 def test_ctrl_c_between_runs_ends_the_series_and_keeps_what_was_recorded(start_demo_target, tmp_path):

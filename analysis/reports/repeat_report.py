@@ -31,8 +31,9 @@ def _f(v: Any, fmt: str = "{:.4g}") -> str:
     return "–" if v is None else fmt.format(v)
 
 
-def _iv(iv: list[float] | None) -> str:
-    return "–" if not iv else f"[{iv[0]:.4g}, {iv[1]:.4g}]"
+def _iv(iv: list[float] | list[float | None] | None) -> str:
+    """"[lo, hi]"; a knee interval open above (hi None) is "[lo, beyond]"."""
+    return "–" if not iv else f"[{_f(iv[0])}, {_f(iv[1]) if iv[1] is not None else 'beyond'}]"
 
 
 def finding_mark(c: FindingCount) -> str:
@@ -108,8 +109,9 @@ def headline(rep: Repetition) -> list[str]:
     unstable = [c["id"] for c in rep["findings"] if not c["stable"] and c["confirmed"]]
     stable = [c["id"] for c in rep["findings"] if c["stable"]]
     lines = [f"**Knee:** {rep['knee']['text']}."]
-    if rep["knee"]["overlap"]:
-        lines.append(f"Every run's knee interval holds {rep['knee']['overlap'][0]:g}-{rep['knee']['overlap'][1]:g} users.")
+    if (ov := rep["knee"]["overlap"]) and ov[0] is not None:
+        lines.append(f"Every run's knee interval holds {ov[0]:g}" + (f"-{ov[1]:g} users." if ov[1] is not None
+                                                                    else " users and beyond."))
     peak = rep["peak"]["qps"]
     lines.append(f"**Peak QPS:** {figure_cell(peak)} over {peak['n']} runs.")
     lines.append("**Findings that repeat** (confirmed in every run): " + (", ".join(f"`{x}`" for x in stable) or "none"))

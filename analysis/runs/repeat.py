@@ -59,10 +59,12 @@ SEVERITY_ORDER = ("info", "warning", "critical")
 
 
 # -- one run -----------------------------------------------------------------------------------------
-def _interval(x: Any) -> list[float] | None:
-    """A [lo, hi] pair of numbers, else None (the lead's knee.interval is null when not computed)."""
-    if isinstance(x, (list, tuple)) and len(x) == 2 and all(num(v) is not None for v in x):
-        return [float(x[0]), float(x[1])]
+def _interval(x: Any) -> list[float | None] | None:
+    """A [lo, hi] pair of numbers, hi None where the summary's is (its knee lies at lo or beyond the
+    tested range); else None (knee.interval is null when not computed)."""
+    if isinstance(x, (list, tuple)) and len(x) == 2 and (lo := num(x[0])) is not None \
+            and (x[1] is None or num(x[1]) is not None):
+        return [lo, None if x[1] is None else float(x[1])]
     return None
 
 
@@ -200,10 +202,11 @@ def knee_spread(runs: list[RepeatRun]) -> KneeSpread:
     mode = min(counts, key=lambda k: (-counts[k], k)) if counts else None
     intervals = [r["knee_interval"] for r in runs]
     known = [iv for iv in intervals if iv is not None]
-    overlap = None
-    if known and len(known) == len(runs):
-        lo, hi = max(iv[0] for iv in known), min(iv[1] for iv in known)
-        overlap = [lo, hi] if lo <= hi else None
+    overlap: list[float | None] | None = None
+    if known and len(known) == len(runs):  # an interval open above (hi None) holds every count from lo up
+        lo = max(float(iv[0] or 0.0) for iv in known)
+        hi = min(math.inf if iv[1] is None else iv[1] for iv in known)
+        overlap = [lo, None if math.isinf(hi) else hi] if lo <= hi else None
     n = len(runs)
     if mode is None:
         text = f"no knee in any of {n} runs"

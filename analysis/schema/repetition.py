@@ -56,7 +56,8 @@ class RepeatRun(TypedDict):
     knee_users: float | None
     knee_qps: float | None
     knee_method: str | None
-    knee_interval: list[float] | None  # summary knee.interval: the knee rerun on resampled steps (absent before it existed)
+    knee_interval: list[float | None] | None  # summary knee.interval: the knee rerun on resampled steps, hi None
+    # where its resamples found no knee in the tested range often enough (absent before it existed)
     knee_stability: float | None  # summary knee.stability: share of resamples giving the reported knee
     peak_users: float | None
     peak_qps: float | None
@@ -82,8 +83,9 @@ class KneeSpread(TypedDict):
     hi: float | None
     mode: float | None  # the knee most runs found (the smaller one on a tie)
     mode_runs: int  # how many found it
-    intervals: list[list[float] | None]  # each merged run's knee.interval, where its summary has one
-    overlap: list[float] | None  # the users every run's interval holds ([lo, hi]); None when they do not all meet
+    intervals: list[list[float | None] | None]  # each merged run's knee.interval, where its summary has one
+    overlap: list[float | None] | None  # the users every run's interval holds ([lo, hi], hi None: lo and beyond);
+    # None when they do not all meet
     text: str
 
 
