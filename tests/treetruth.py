@@ -35,6 +35,7 @@ TREE_CPU_REL = 0.05  # the tree's CPU as the run recorded it, within 5 % of the 
 # the two (the rule's own threshold, 0.5, read on the agent's samples) either may hold.
 SERVICE_SHARE = 0.55
 OTHERS_SHARE = 0.45
+HOST_FULL_PCT = 90.0  # the host's CPUs full, as the kernel counts them (the rules' own figure, cpu.py)
 CPU_FINDINGS = {"cpu_saturated", "run_queue_over_cores", "threads_over_cores", "single_thread_bound"}
 
 
@@ -60,6 +61,20 @@ def tree_of(root: int) -> list[int]:
         out.append(pid)
         todo.extend(children.get(pid, []))
     return sorted(out)
+
+
+def marked(root: int, mark: str) -> dict[int, int]:
+    """{pid: ppid} of the processes of ``root``'s tree whose command line holds ``mark`` (a
+    server's workers, told by what they run)."""
+    out = {}
+    for pid in tree_of(root):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if mark in cmd and (st := stat_of(pid)) is not None:
+            out[pid] = st[0]
+    return out
 
 
 def host_busy_ticks() -> int:
@@ -131,6 +146,11 @@ class TreeCPU:
         busy = self._at(t1, "host_s") - self._at(t0, "host_s")
         return None if busy <= 0 else self.seconds(t0, t1) / busy
 
+    def host_busy_pct(self, t0: float, t1: float) -> float:
+        """How busy the host's CPUs were between two times, % of all of them."""
+        busy = self._at(t1, "host_s") - self._at(t0, "host_s")
+        return 100.0 * busy / ((t1 - t0) * (os.cpu_count() or 1))
+
 
 def the_host(summary: dict[str, Any]) -> str:
     """The one host of a run that watched a process tree."""
@@ -177,14 +197,18 @@ def check_tree_run(run_dir: Path, truth: TreeCPU, workers: dict[int, int]) -> di
     confirmed = sorted(f["id"] for f in s["findings"])
     marginal = sorted(f["id"] for f in s.get("findings_marginal") or [])
     late = [st for st in steps if st["users"] >= knee]
-    shares = {st["users"]: truth.share(st["t_lo"], st["t_hi"]) for st in late}
+    windows = {st["users"]: (st["t_lo"], st["t_hi"]) for st in late}
+    shares = {u: truth.share(*w) for u, w in windows.items()}
     known = [v for v in shares.values() if v is not None]
     assert known, shares
     if min(known) >= SERVICE_SHARE:  # the service filled the host: its CPU is the bottleneck
         assert "host_contended" not in confirmed + marginal, (shares, s["findings"])
         assert CPU_FINDINGS & set(confirmed + marginal), (shares, confirmed, marginal)
-    elif min(known) < OTHERS_SHARE:  # others' work filled it: the rules must not blame the service alone
-        assert "cpu_saturated" not in confirmed or "host_contended" in confirmed + marginal, (shares, confirmed)
+    elif min(known) < OTHERS_SHARE:  # others' work filled it: the rules must say so, not blame the service
+        assert "cpu_saturated" not in confirmed + marginal, (shares, confirmed, marginal)
+        full = [u for u, v in shares.items() if v is not None and v < OTHERS_SHARE
+                and truth.host_busy_pct(*windows[u]) >= HOST_FULL_PCT]
+        assert not full or "host_contended" in confirmed + marginal, (shares, full, confirmed, marginal)
 
     # the report's host section: one line per process, the workers among them
     md, html = (run_dir / "report" / "summary.md").read_text(), (run_dir / "report" / "index.html").read_text()
