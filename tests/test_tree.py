@@ -313,7 +313,7 @@ def test_a_real_run_on_a_prefork_server_that_recycles_workers(start_demo_target,
     assert result.summary["hosts"]["local"]["process"]["scope"] == "tree"
 
 
-PREFORK_WORKERS, PREFORK_CPU_MS = 4, 40  # single-threaded workers, real CPU per request: on 2 cores the
+PREFORK_WORKERS, PREFORK_CPU_MS = 4, 20  # single-threaded workers, real CPU per request: on 2 cores the
 PREFORK_STEPS, PREFORK_HOLD = (1, 2, 4, 8), 8.0  # CPUs fill before the workers do
 
 

@@ -41,12 +41,18 @@ CPU_FINDINGS = {"cpu_saturated", "run_queue_over_cores", "threads_over_cores", "
 
 def stat_of(pid: int) -> tuple[int, int, int] | None:
     """(ppid, utime + stime, cutime + cstime) of ``pid`` in clock ticks; None once it is gone."""
+    st = full_stat(pid)
+    return None if st is None else st[:3]
+
+
+def full_stat(pid: int) -> tuple[int, int, int, int] | None:
+    """``stat_of`` and the process's start time (clock ticks since boot: a reused pid differs)."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     f = text[text.rfind(")") + 2:].split()  # fields from the state (3rd) on: comm may hold spaces
-    return int(f[1]), int(f[11]) + int(f[12]), int(f[13]) + int(f[14])
+    return int(f[1]), int(f[11]) + int(f[12]), int(f[13]) + int(f[14]), int(f[19])
 
 
 def tree_of(root: int) -> list[int]:
@@ -91,9 +97,17 @@ class Reading:
     pids: list[int]
 
 
-def read_tree(root: int) -> Reading:
-    pids = tree_of(root)
-    ticks = sum(st[1] + st[2] for p in pids if (st := stat_of(p)) is not None)
+def read_tree(root: int, members: dict[int, int]) -> Reading:
+    """The tree now: ``root``'s descendants and every earlier member (``members`` {pid: start
+    time}, updated) still alive, since a worker whose parent died is adopted by init and still
+    works for the service (Triton's stubs under a loaded host were seen so)."""
+    ticks, pids = 0, []
+    for p in sorted(set(tree_of(root)) | set(members)):
+        st = full_stat(p)
+        if st is None or members.setdefault(p, st[3]) != st[3]:  # gone, or its pid reused
+            continue
+        ticks += st[1] + st[2]
+        pids.append(p)
     return Reading(time.time(), ticks / CLK_TCK, host_busy_ticks() / CLK_TCK, pids)
 
 
@@ -104,6 +118,7 @@ class TreeCPU:
 
     root: int
     readings: list[Reading] = field(default_factory=list)
+    members: dict[int, int] = field(default_factory=dict)  # every process seen in the tree: {pid: start time}
 
     def __post_init__(self) -> None:
         self._stopping = threading.Event()
@@ -111,17 +126,17 @@ class TreeCPU:
 
     def _run(self) -> None:
         while not self._stopping.wait(PERIOD_S):
-            self.readings.append(read_tree(self.root))
+            self.readings.append(read_tree(self.root, self.members))
 
     def __enter__(self) -> TreeCPU:
-        self.readings.append(read_tree(self.root))
+        self.readings.append(read_tree(self.root, self.members))
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stopping.set()
         self._thread.join(timeout=10)
-        self.readings.append(read_tree(self.root))
+        self.readings.append(read_tree(self.root, self.members))
 
     @property
     def before(self) -> Reading:
@@ -175,12 +190,16 @@ def check_tree_run(run_dir: Path, truth: TreeCPU, workers: dict[int, int]) -> di
     says, and the report's host section listing every worker.  Returns the run's figures (also
     written beside the run directory, tree-figures.json)."""
     s = json.loads((run_dir / "report" / "summary.json").read_text())
+    # complete and without errors; a step may still be invalid (too few requests in its window) on
+    # a host others keep busy, and the rules then read only the valid ones, as this check does
+    assert s["complete"] is True and all(st["error_rate"] == 0.0 for st in s["steps"]), s.get("warnings")
     host = the_host(s)
     facts = s["hosts"][host]
     assert facts["process"]["scope"] == "tree" and facts["tree"]["scope"] == "tree", facts["process"]
     listed = {p["pid"]: p for p in facts["tree"]["processes"]}
     assert set(workers) <= set(listed), (sorted(workers), sorted(listed))
-    assert all(listed[w].get("ppid") == pp for w, pp in workers.items()), [listed[w] for w in workers]
+    # each under the parent the test found, or init's once that parent died (the tree keeps it)
+    assert all(listed[w].get("ppid") in (pp, 1) for w, pp in workers.items()), [listed[w] for w in workers]
     assert set(workers) <= truth.pids_seen()
 
     # the CPU: over the whole run (the kernel read before and after it), and over the steps' windows
@@ -226,7 +245,7 @@ def check_tree_run(run_dir: Path, truth: TreeCPU, workers: dict[int, int]) -> di
     # the report's host section: one line per process, the workers among them
     md, html = (run_dir / "report" / "summary.md").read_text(), (run_dir / "report" / "index.html").read_text()
     for w, pp in workers.items():
-        line = f"process {w} (parent {pp}"
+        line = f"process {w} (parent "
         assert line in md and line in html, (line, [x for x in md.splitlines() if "process " in x][:20])
 
     return figures

@@ -1,11 +1,11 @@
 """A TorchServe custom handler doing a fixed amount of real CPU work per request, in its worker
-process: ROUNDS SHA-256 updates of 4 KiB, about 40 ms of one core on an idle machine of this kind
+process: ROUNDS SHA-256 updates of 4 KiB, about 20 ms of one core on an idle machine of this kind
 (2.35 us a round measured; triton_cpu_model.py does the same).  One request at a time per worker
 (batch size 1): W workers on C cores saturate the cores at about C users."""
 import hashlib
 import json
 
-ROUNDS = 17000
+ROUNDS = 8500
 
 
 def burn(rounds=ROUNDS):

@@ -1,12 +1,12 @@
 """A Triton Python-backend model (its model.py) doing a fixed amount of real CPU work per request
-in its stub process: ROUNDS SHA-256 updates of 4 KiB, about 40 ms of one core on an idle machine
+in its stub process: ROUNDS SHA-256 updates of 4 KiB, about 20 ms of one core on an idle machine
 of this kind (torchserve_cpu_handler.py does the same).  Each model instance is a stub process of
 its own, a child of tritonserver; no batching."""
 import hashlib
 
 import triton_python_backend_utils as pb_utils
 
-ROUNDS = 17000
+ROUNDS = 8500
 
 
 def burn(rounds=ROUNDS):
