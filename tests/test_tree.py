@@ -24,7 +24,8 @@ import pandas as pd
 import pytest
 
 from kneeswarm.collectors import get
-from tests.conftest import release_cgroups
+from tests.conftest import KNEESWARM, REPO, release_cgroups
+from tests.treetruth import TREE_CPU_REL, TreeCPU, check_tree_run, stat_of, tree_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "agents"))
 import remote  # noqa: E402  (the agent package, as its zipapp names it)
@@ -283,49 +284,6 @@ def test_a_prefork_listener_and_its_workers_are_told_apart(start_demo_target):
     os.kill(target.pid, signal.SIGTERM)
 
 
-class KernelTruth:
-    """The kernel's own CPU of a process and its children, read by the test every PERIOD seconds
-    from /proc: the listener's utime + stime + cutime + cstime (a worker it reaped is in its
-    cutime) plus each live child's utime + stime.  ``seconds(t0, t1)``: CPU used between two times."""
-
-    PERIOD = 0.2
-
-    def __init__(self, pid: int) -> None:
-        self.pid, self.samples = pid, []
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def read(self) -> float:
-        import psutil
-
-        total = tree_ticks(self.pid)
-        for child in psutil.Process(self.pid).children():
-            try:
-                total += own_ticks(child.pid)
-            except OSError:  # gone between the listing and the read: in the listener's cutime next time
-                pass
-        return total / CLK_TCK
-
-    def _run(self) -> None:
-        while not self.stopping.wait(self.PERIOD):
-            self.samples.append((time.time(), self.read()))
-
-    def seconds(self, t0: float, t1: float) -> float:
-        t, used = zip(*self.samples)
-        return float(np.interp(t1, t, used) - np.interp(t0, t, used))
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stopping.set()
-        self.thread.join(timeout=5)
-
-
-TREE_CPU_REL = 0.05  # the issue's bound: the service's CPU within 5 % of the kernel's counters
-
-
 @pytest.mark.slow
 def test_a_real_run_on_a_prefork_server_that_recycles_workers(start_demo_target, tmp_path):
     """kneeswarm run on the demo target's pre-fork mode, its workers recycled every 100 requests
@@ -340,7 +298,7 @@ def test_a_real_run_on_a_prefork_server_that_recycles_workers(start_demo_target,
     plan = load_plan(None, {"name": "prefork", "target": target.url, "load.steps": [1, 2], "load.hold": 4.0,
                             "load.ramp": 1.0, "load.settle": 1.0, "load.workers": 1, "analysis.min_requests": 10})
     plan.hosts = [HostPlan(name="local", port=int(target.url.rsplit(":", 1)[1]))]
-    with KernelTruth(target.pid) as truth:
+    with TreeCPU(target.pid) as truth:
         result = Conductor(plan, tmp_path, quiet=True).run()
     assert result.ended == "completed" and result.summary is not None
     proc = pd.read_csv(result.run.host_dir("local") / "process.csv")
@@ -353,3 +311,30 @@ def test_a_real_run_on_a_prefork_server_that_recycles_workers(start_demo_target,
     roles = {p["pid"]: p.get("role") for p in tree["processes"]}
     assert roles.pop(target.pid) == "listener" and set(roles.values()) == {"worker"}
     assert result.summary["hosts"]["local"]["process"]["scope"] == "tree"
+
+
+PREFORK_WORKERS, PREFORK_CPU_MS = 4, 20  # single-threaded workers, real CPU per request: on 2 cores the
+PREFORK_STEPS, PREFORK_HOLD = (1, 2, 4, 8), 8.0  # CPUs fill before the workers do
+
+
+@pytest.mark.long
+def test_a_real_run_on_a_prefork_server_watches_its_workers_against_the_kernel(start_demo_target, tmp_path):
+    """The installed `kneeswarm run` on the demo target's pre-fork mode (PREFORK_WORKERS processes,
+    PREFORK_CPU_MS of CPU a request), the server found by the target's port: the same checks as
+    TorchServe's workers and Triton's stubs in tests_conformance/ (tests/treetruth.py): the tree's
+    CPU within 5 % of the kernel's, the CPU findings after the knee as the kernel's share of the
+    host says, and the report's line per worker."""
+    target = start_demo_target("--mode", "prefork", "--workers", str(PREFORK_WORKERS), "--cpu-ms", str(PREFORK_CPU_MS))
+    workers = {p: st[0] for p in tree_of(target.pid) if p != target.pid and (st := stat_of(p)) is not None}
+    assert len(workers) == PREFORK_WORKERS and set(workers.values()) == {target.pid}, workers
+    with TreeCPU(target.pid) as truth:
+        res = subprocess.run([KNEESWARM, "run", "--target", target.url, "--steps", ",".join(map(str, PREFORK_STEPS)),
+                              "--hold", str(PREFORK_HOLD), "--ramp", "1", "--settle", "1", "--workers", "2",
+                              "--out", str(tmp_path / "out"), "--name", "prefork-tree"],
+                             capture_output=True, text=True, timeout=240, cwd=REPO,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert {p for p in tree_of(target.pid) if p != target.pid} == set(workers)  # the same workers throughout
+    runs = [p for p in (tmp_path / "out").iterdir() if p.is_dir()]
+    assert len(runs) == 1, runs
+    check_tree_run(runs[0], truth, workers)

@@ -20,10 +20,12 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 KNEESWARM = str(Path(sys.executable).with_name("kneeswarm"))  # the console script of this venv
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+if str(REPO) not in sys.path:  # tests/treetruth.py: the kernel's account of a process tree, shared with tests/
+    sys.path.append(str(REPO))
 
 FIGURES: dict[str, dict[str, str]] = {}  # server -> column -> text, printed at the end
 COLUMNS = ("server", "version", "protocol", "requests client/server", "P50 ms client/server", "knee (users)",
-           "expected knee", "findings", "cold install s", "run s")
+           "expected knee", "findings", "tree CPU s agent/kernel", "cold install s", "run s")
 
 
 TEST_TIMEOUT_S = 3600  # a test's first fixture may build its server (pyproject's 300 s is for tests/)
@@ -169,3 +171,11 @@ def target_of(step: dict) -> dict:
         if isinstance(host, dict) and host.get("target"):
             return host["target"]
     return {}
+
+
+def record_tree(key: str, server: str, version: str, protocol: str, figures: dict) -> None:
+    """The printed table's row KEY for a process-tree run (tests/treetruth.py check_tree_run's figures)."""
+    FIGURES.setdefault(key, {}).update({
+        "server": server, "version": version, "protocol": protocol, "knee (users)": str(figures["knee"]),
+        "findings": ", ".join(figures["findings"]) or "none",
+        "tree CPU s agent/kernel": f"{figures['tree_cpu_s']:.1f}/{figures['kernel_cpu_s']:.1f}"})
