@@ -1,7 +1,8 @@
 """Real runs of the gRPC protocols: `kneeswarm run` against a real gRPC server (tests/grpc_server.py:
 Triton's and TorchServe's services, with kneeswarm's stubs) whose own record of what it served is
 the truth -- one line per request, with the header it came with, and for a stream
-the time each response was sent.  And the bad inputs: a wrong model, a wrong shape, a server without
+the time each response was sent.  The load modes on gRPC rows as on HTTP ones: open loop, a search
+(the knee at the server's slots), ``--repeat`` merged, the SLA gate, compare and history.  And the bad inputs: a wrong model, a wrong shape, a server without
 gRPC on that port, a plaintext target for a TLS server and the reverse: one line each, exit 2, no
 run directory (so no load)."""
 
