@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,6 +43,9 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="kneeswarm-channels-"))
     try:
         assert server.stdout is not None and server.stdout.readline().strip() == "serving"
+        # the server prints a line per call: read and dropped, or the pipe fills (64 KiB, about 1,000
+        # calls) and the server stalls in its write, and with it every call after
+        threading.Thread(target=server.stdout.read, daemon=True).start()
         url = f"grpc://127.0.0.1:{port}"
         plan = tmp / "plan.toml"
         plan.write_text(f'name = "bench"\ntarget = "{url}"\nprotocol = "kserve-grpc"\n[load]\nsteps = [{a.users}]\n'

@@ -3,7 +3,7 @@
 Counts the process's requests and its own CPU time (``getrusage(RUSAGE_SELF)``: every thread of
 this process, no children) over one steady window: from ``KNEESWARM_BENCH_WARM`` seconds after
 all users run (Locust's first ``spawning_complete``), for ``KNEESWARM_BENCH_SPAN`` seconds, and
-writes ``{"requests", "seconds", "cpu_s"}`` to ``KNEESWARM_BENCH_OUT`` when Locust quits.  Both
+writes ``{"requests", "seconds", "cpu_s", "user_s", "sys_s"}`` to ``KNEESWARM_BENCH_OUT`` when Locust quits.  Both
 sides of bench/generator.py load it, so both are measured the same way and start-up (kneeswarm's
 host agents start before its first step) and shut-down stay out of the figures.
 """
@@ -31,9 +31,10 @@ _window: dict[str, float] = {}
 _started: list[bool] = []
 
 
-def _cpu() -> float:
+def _cpu() -> tuple[float, float]:
+    """(user, system) CPU seconds of this process, every thread."""
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+    return r.ru_utime, r.ru_stime
 
 
 @events.request.add_listener
@@ -46,7 +47,10 @@ def _measure() -> None:
     gevent.sleep(float(os.environ.get("KNEESWARM_BENCH_WARM", "2")))
     n0, t0, c0 = _count, time.perf_counter(), _cpu()
     gevent.sleep(float(os.environ.get("KNEESWARM_BENCH_SPAN", "4")))
-    _window.update(requests=_count - n0, seconds=time.perf_counter() - t0, cpu_s=_cpu() - c0)
+    c1 = _cpu()
+    user_s, sys_s = c1[0] - c0[0], c1[1] - c0[1]
+    _window.update(requests=_count - n0, seconds=time.perf_counter() - t0, cpu_s=user_s + sys_s, user_s=user_s,
+                   sys_s=sys_s)
 
 
 @events.spawning_complete.add_listener

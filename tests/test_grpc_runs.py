@@ -1,22 +1,29 @@
 """Real runs of the gRPC protocols: `kneeswarm run` against a real gRPC server (tests/grpc_server.py:
 Triton's and TorchServe's services, with kneeswarm's stubs) whose own record of what it served is
 the truth -- one line per request, with the header it came with, and for a stream
-the time each response was sent.  And the bad inputs: a wrong model, a wrong shape, a server without
+the time each response was sent.  The load modes on gRPC rows as on HTTP ones: open loop, a search
+(the knee at the server's slots), ``--repeat`` merged, the SLA gate, compare and history.  And the bad inputs: a wrong model, a wrong shape, a server without
 gRPC on that port, a plaintext target for a TLS server and the reverse: one line each, exit 2, no
 run directory (so no load)."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import REPO, only_run_dir, run_cli, wait_for
+from conftest import REPO, only_run_dir, read_summary, run_cli, wait_for
+from kneeswarm.analysis.runs.compare import NOT_COMPARABLE, REGRESSED
+from kneeswarm.analysis.runs.history import run_history
+from kneeswarm.contracts.outcome import EXIT_SLA_FAILED
+from kneeswarm.contracts.rundir import REPEAT_JSON, RunDir
 from tls_proxy import DEMO_HOST, make_pki
 
 pytestmark = pytest.mark.slow
@@ -54,19 +61,18 @@ def pki(tmp_path_factory):
 
 
 def plan(tmp: Path, target: str, protocol: str, request: str, endpoint: str = "", steps: str = "[2]",
-         hold: float = 3.0) -> Path:
+         hold: float = 3.0, load: str | None = None, more: str = "") -> Path:
+    """A plan of one worker; ``load`` replaces the [load] table's lines, ``more`` adds tables."""
+    load = load if load is not None else f"steps = {steps}\nramp = 0.5\nhold = {hold}\nsettle = 0.5\nworkers = 1\n"
     p = tmp / "plan.toml"
-    p.write_text(f'name = "g"\ntarget = "{target}"\nprotocol = "{protocol}"\n[load]\nsteps = {steps}\nramp = 0.5\n'
-                 f"hold = {hold}\nsettle = 0.5\nworkers = 1\n[request]\n{request}\n[analysis]\nmin_requests = 10\n"
-                 + (f"[endpoint]\n{endpoint}\n" if endpoint else ""))
+    p.write_text(f'name = "g"\ntarget = "{target}"\nprotocol = "{protocol}"\n[load]\n{load}[request]\n{request}\n'
+                 "[analysis]\nmin_requests = 10\n" + (f"[endpoint]\n{endpoint}\n" if endpoint else "") + more)
     return p
 
 
 def run(tmp: Path, plan_file: Path, *args: str):
     res = run_cli("run", str(plan_file), "--out", str(tmp / "out"), "-q", *args, timeout=180)
     assert res.returncode == 0, res.stderr[-3000:]
-    from kneeswarm.contracts.rundir import RunDir
-
     return RunDir(only_run_dir(tmp / "out")).read_requests()
 
 
@@ -128,16 +134,20 @@ def test_torchserve_grpc_rows_are_the_servers_predictions(tmp_path):
     assert rows["ok"].all() and 0 <= len(served) - 1 - len(rows) <= USERS and rows["ttft_ms"].isna().all()
 
 
-def test_open_loop_rows_from_their_intended_times_and_pushback_as_429(tmp_path):
-    """Open loop over gRPC: every arrival is a row starting at its intended time; a server that
-    refuses beyond 2 calls in flight (RESOURCE_EXHAUSTED) gives rows of status 429, category
-    http_429, as many as it refused.  The tensors go typed (contents = "typed"): the server reads
-    them from fp32_contents and checks their count against the shape."""
+OPEN_RATES = (20.0, 60.0)
+
+
+def test_open_loop_rows_at_the_asked_rates_from_their_intended_times_and_pushback_as_429(tmp_path):
+    """Open loop over gRPC: every arrival is a row starting at its intended time, each step's rows
+    at the rate the plan asked, and the server saw them at that rate too; a server that refuses
+    beyond 2 calls in flight (RESOURCE_EXHAUSTED) gives rows of status 429, category http_429, as
+    many as it refused.  The tensors go typed (contents = "typed"): the server reads them from
+    fp32_contents and checks their count against the shape."""
     server = GrpcServer("--max-inflight", "2", "--service-ms", "30")
-    load = ('arrivals = "open"\nrates = [20.0, 60.0]\nsource_rate = 10.0\narrival = "constant"\n')
+    load = (f'arrivals = "open"\nrates = [{", ".join(map(str, OPEN_RATES))}]\nsource_rate = 10.0\n'
+            'arrival = "constant"\nramp = 0.5\nhold = 3.0\nsettle = 0.5\nworkers = 1\n')
     p = plan(tmp_path, f"grpc://127.0.0.1:{server.port}", "kserve-grpc",
-             'model = "double"\ninput_name = "x"\nshape = [1, 8]\ncontents = "typed"\n')
-    p.write_text(p.read_text().replace("steps = [2]\n", load))
+             'model = "double"\ninput_name = "x"\nshape = [1, 8]\ncontents = "typed"\n', load=load)
     try:
         rows = run(tmp_path, p)
     finally:
@@ -154,7 +164,18 @@ def test_open_loop_rows_from_their_intended_times_and_pushback_as_429(tmp_path):
     assert 0 <= len(served) - 1 - rows["ok"].sum() <= in_flight, (len(served), rows["ok"].sum(), in_flight)
     # constant arrivals: each source's rows start 1 / source_rate apart, whatever the latency
     gaps = np.diff(np.sort(rows["t_start"].to_numpy()))
-    assert np.median(gaps) < 0.1 and len(rows) >= 0.8 * (20.0 + 60.0) * 3.0
+    assert np.median(gaps) < 0.1 and len(rows) >= 0.8 * sum(OPEN_RATES) * 3.0
+    # each step: its rows at the asked rate, and the server's own lines (answered or refused, stamped
+    # when they ended: at most a 30 ms call later) at that rate over the same window
+    steps = RunDir(only_run_dir(tmp_path / "out")).read_steps()
+    ends = np.array([float(line.split()[2]) for line in served + refused])
+    for rate, (_, step) in zip(OPEN_RATES, steps.iterrows()):
+        lo, hi = step.t_steady, step.t_end
+        mine = ((rows["t_start"] >= lo) & (rows["t_start"] < hi)).sum() / (hi - lo)
+        seen = ((ends >= lo) & (ends < hi)).sum() / (hi - lo)
+        print(f"asked {rate} calls/s: rows {mine:.1f}/s, the server's {seen:.1f}/s")
+        # constant arrivals: only the window's edges (a call each) and the calls in flight at the stop vary
+        assert mine == pytest.approx(rate, rel=0.15) and seen == pytest.approx(rate, rel=0.15), (rate, mine, seen)
 
 
 @pytest.fixture(scope="module")
@@ -206,3 +227,119 @@ def test_bad_input_is_one_line_before_any_load(tmp_path, servers, pki, case, sai
     assert res.returncode == 2 and len(lines) == 1 and said in lines[0], res.stderr
     assert "Traceback" not in res.stderr and not (tmp_path / "out").exists()
     assert time.monotonic() - t0 < 60  # said at once, not after the connection wait
+
+
+# -- the rest of the load unchanged on gRPC rows: a search, a repeated run, its SLA gate, compare, history --
+KSERVE_DOUBLE = 'model = "double"\ninput_name = "x"\nshape = [1, 8]\n'
+# The search: SEARCH_SLOTS calls served at once, SEARCH_SERVICE_MS each (QPS = min(users, slots) / service):
+# the knee is at the slots.  From 2 users: 2, 4 (a gain of half the linear one: saturated), 3 (scaling),
+# bracket [3, 4].  150 ms: 2 users give 13 rows/s, 50 (a probe's fewest) well inside a probe's 4.5 s of
+# rows (max_hold 11 after the settle and the workers' watermark, as tests/test_search_runs.py says), and a
+# busy machine's scheduling delay of tens of ms costs a call of 150 ms little.
+SEARCH_SLOTS, SEARCH_SERVICE_MS = 3, 150.0
+SEARCH_LOAD = ('mode = "search"\nstart = 2\nmax = 64\nhold = "auto"\nmin_hold = 3\nmax_hold = 11\nsettle = 0.5\n'
+               'ramp = 0.5\nworkers = 1\n')
+
+
+@pytest.mark.long
+def test_search_brackets_the_knee_at_the_servers_slots(tmp_path):
+    """``mode = "search"`` over kserve-grpc: every probe an ordinary step of gRPC rows, the knee
+    bracketed at the server's slots, and the rows the calls the server answered."""
+    server = GrpcServer("--slots", str(SEARCH_SLOTS), "--service-ms", str(SEARCH_SERVICE_MS))
+    try:
+        rows = run(tmp_path, plan(tmp_path, f"grpc://127.0.0.1:{server.port}", "kserve-grpc", KSERVE_DOUBLE,
+                                  load=SEARCH_LOAD))
+    finally:
+        lines = server.lines()
+    run_dir = only_run_dir(tmp_path / "out")
+    s = read_summary(run_dir)
+    search = s["search"]
+    users = [p["users"] for p in search["probes"]]
+    print(users, search["knee_bracket"], search["stopped_because"],
+          [(st["users"], st["qps"]) for st in s["steps"]])
+    assert list(RunDir(run_dir).read_steps()["users"]) == users and s["complete"]
+    lo, hi = search["knee_bracket"]
+    assert abs(lo - SEARCH_SLOTS) <= 1 and hi - lo <= 1 and max(users) <= 2 * 2 * SEARCH_SLOTS, search
+    served = [line for line in lines if line.startswith("served ModelInfer")]
+    # the preflight's one call, and those in flight when the load stopped (at most one per user)
+    assert rows["ok"].all() and 0 <= len(served) - 1 - len(rows) <= max(users), (len(served), len(rows))
+    for st in s["steps"]:  # each probe's QPS the server's truth, min(users, slots) / service
+        if st["valid"]:
+            truth = min(st["users"], SEARCH_SLOTS) * 1000.0 / SEARCH_SERVICE_MS
+            assert st["qps"] == pytest.approx(truth, rel=0.15), (st["users"], st["qps"], truth)
+
+
+# The repeated run: 4 slots of 50 ms (the test server's defaults), 2 and 8 users; an SLA no call can
+# meet (a P99 below the time the server holds every call), so every run fails it.
+REPEAT_SLOTS, REPEAT_SERVICE_MS, REPEAT_STEPS = 4, 50.0, (2, 8)
+REPEAT_P99_MS = REPEAT_SERVICE_MS - 10
+
+
+@pytest.fixture(scope="module")
+def repeated(tmp_path_factory):
+    """`kneeswarm run --repeat 2 --fail-on-sla` over kserve-grpc: (its result, the out folder)."""
+    tmp = tmp_path_factory.mktemp("grpc-repeat")
+    server = GrpcServer("--slots", str(REPEAT_SLOTS), "--service-ms", str(REPEAT_SERVICE_MS))
+    p = plan(tmp, f"grpc://127.0.0.1:{server.port}", "kserve-grpc", KSERVE_DOUBLE,
+             steps=f"[{', '.join(map(str, REPEAT_STEPS))}]", more=f"[sla]\np99_ms = {REPEAT_P99_MS}\n")
+    try:
+        res = run_cli("run", str(p), "--repeat", "2", "--cooldown", "1", "--fail-on-sla", "--out", str(tmp / "out"),
+                      "-q", timeout=300)
+    finally:
+        server.lines()
+    return res, tmp / "out"
+
+
+def _series(out: Path) -> tuple[list[Path], Path]:
+    """(the run directories in order, the merged result's folder) of the series under ``out``."""
+    runs = sorted(p for p in out.iterdir() if (p / "meta.json").is_file())
+    (folder,) = [p for p in out.iterdir() if (p / REPEAT_JSON).is_file()]
+    return runs, folder
+
+
+@pytest.mark.long
+def test_repeat_2_merges_two_grpc_runs_and_the_sla_gate_fails_both(repeated):
+    """Two runs, each an ordinary run directory of gRPC rows, merged: each step's QPS in both runs
+    the server's truth (min(users, slots) / service); the SLA, below the server's service time,
+    failed by both, so the series exits 3 and so does each run's own analysis with the gate."""
+    res, out = repeated
+    assert res.returncode == EXIT_SLA_FAILED, res.stderr[-3000:]
+    runs, folder = _series(out)
+    rep = json.loads((folder / REPEAT_JSON).read_text())
+    assert len(runs) == 2 and rep["merged"] == 2 and rep["complete"] and rep["planned"] == 2
+    assert [r["sla_passed"] for r in rep["runs"]] == [False, False] and rep["sla"]["passed"] is False
+    assert [st["users"] for st in rep["steps"]] == list(REPEAT_STEPS)
+    # each run's own summary says which of its steps are valid (on a busy machine a step the generator
+    # did not hold is not: Little's law); the merge counts those, and each valid one's QPS is the truth
+    valid = {u: sum(st["valid"] for r in runs for st in read_summary(r)["steps"] if st["users"] == u)
+             for u in REPEAT_STEPS}
+    for st in rep["steps"]:
+        truth = min(st["users"], REPEAT_SLOTS) * 1000.0 / REPEAT_SERVICE_MS
+        values = [v for v in st["qps"]["values"] if v is not None]
+        assert st["ran"] == 2 and st["valid"] == len(values) == valid[st["users"]], (st, valid)
+        assert all(v == pytest.approx(truth, rel=0.15) for v in values), (st["users"], st["qps"], truth)
+    assert valid[REPEAT_STEPS[0]] >= 1, valid  # 2 users of 4 slots: no queue, nothing for the generator to fall behind on
+    for run_dir in runs:
+        s = read_summary(run_dir)
+        assert s["sla"]["passed"] is False and s["sla"]["best"] is None
+        again = run_cli("analyze", str(run_dir), "--fail-on-sla")
+        assert again.returncode == EXIT_SLA_FAILED, again.stderr[-2000:]
+        # the P99 the gate read is at least the server's service time: no call is answered sooner
+        cases = {c.get("name"): c for c in ET.parse(run_dir / "report" / "junit.xml").getroot().iter("testcase")}
+        failure = cases[f"p99_ms <= {REPEAT_P99_MS:g}"].find("failure")
+        assert failure is not None and float(failure.get("message").split("=")[1].split()[0]) >= REPEAT_SERVICE_MS
+
+
+@pytest.mark.long
+def test_compare_and_history_of_the_two_grpc_runs(repeated, tmp_path):
+    """The same server twice: compare finds no regression (exit 0 with the gate), and the history
+    reads the series as one point."""
+    _, out = repeated
+    (first, second), folder = _series(out)
+    res = run_cli("compare", str(first), str(second), "--fail-on-regression", "--out", str(tmp_path / "cmp"), "-q")
+    assert res.returncode == 0, res.stderr[-2000:]
+    cmp = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert cmp["verdict"] not in (REGRESSED, NOT_COMPARABLE) and len(cmp["steps"]) == len(REPEAT_STEPS), cmp["verdict"]
+    result, _ = run_history([out], out=str(tmp_path / "history"))
+    (group,) = result["groups"]
+    assert [r["run_id"] for r in group["runs"]] == [folder.name]

@@ -81,7 +81,10 @@ def ts_run(ts, tmp_path_factory) -> TSRun:
         f"install_py_dep_per_model=false\ndefault_workers_per_model={WORKERS}\nmodel_store={home / 'model_store'}\n"
         "load_models=echo.mar\n")
     env = {"PATH": f"{ts.home / 'venv' / 'bin'}:/usr/bin:/bin", "LOG_LOCATION": str(home / "logs"),
-           "METRICS_LOCATION": str(home / "logs"), "HOME": str(home)}
+           "METRICS_LOCATION": str(home / "logs"), "HOME": str(home),
+           # TorchServe refuses to start while the pid in <tempdir>/.model_server.pid is a TorchServe: with
+           # the shared /tmp, any other TorchServe on the machine (another suite's, the HTTP file's) is it
+           "TMPDIR": str(home), "TEMP": str(home)}
     server = Server([str(ts.paths["torchserve"]), "--start", "--foreground", "--ncs", "--model-store", "model_store",
                      "--ts-config", "config.properties", "--disable-token-auth"],
                     f"http://127.0.0.1:{port}", "/ping", env=env, cwd=home)
