@@ -152,6 +152,9 @@ class RequestPlan:
     body: str | None = None  # JSON template: {{prompt}} {{data}} {{model}} {{user}} placeholders
     health_path: str | None = None  # overrides the protocol's health path
     success_path: str | None = None  # dotted JSON path that must be present in a 2xx answer (http)
+    # -- a traffic mix (kneeswarm.contracts.classes): [[request.classes]] name, weight and the keys that differ
+    lora: list[dict] | None = None  # openai: llama.cpp's per-request adapters, [{id = 0, scale = 1.0}] (its `lora` field)
+    classes: list[dict] | None = None  # [[request.classes]]: each request draws one by weight; [request] is their default
 
 
 
