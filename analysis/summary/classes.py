@@ -54,7 +54,7 @@ def mix_section(classes: list[ClassFigures]) -> MixSummary:
         c["latency_knee"] = _knee(find_latency_knee(*_series(steps, "p99_ms")))
     first = first_latency_knee(classes)
     took = next((c["latency_knee"].get("took_off_users") for c in classes if c.get("name") == first), None)
-    text = (f"{len(classes)} request classes; {first!r}'s P99 took off first (at {took} users)" if first else
+    text = (f"{len(classes)} request classes; the P99 of class {first} took off first (at {took} users)" if first else
             f"{len(classes)} request classes; no class's P99 took off before the others'")
     return {"classes": classes, "first_latency_knee": first, "text": text}
 
