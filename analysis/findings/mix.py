@@ -5,8 +5,10 @@ that prefers short requests, an adapter that waits for its turn to be loaded.  T
 at a valid step beyond the first:
 
 * **latency**: its P99 took off (above ``LATENCY_KNEE_FACTOR`` x its own P99 at the first valid
-  step, the knee's own measure) while the others' held: it rose by ``STARVED_RISE`` x more
-  milliseconds than the most any other class rose.  Milliseconds, not ratios: on shared slots
+  step, the knee's own measure) while the others' held: its P90 rose by ``STARVED_RISE`` x more
+  milliseconds than the most any other class's rose (the P90: a P99 of a few hundred rows is
+  its third-largest row, and one stall of the host moved one class's by 100 ms on a fair
+  server in the tests; the P90's ten percent are steadier).  Milliseconds, not ratios: on shared slots
   served in arrival order every class waits the same, so their P99s rise by the same
   milliseconds (a cheap class's relatively more) and the rule stays silent; it speaks when one
   class's waiting is its own.
@@ -40,8 +42,9 @@ MIN_ROWS = 100  # a class-step with fewer answered rows is not judged (its P99 i
 #                whole's own floor, [analysis] min_requests' default)
 
 
-def _starved(p99: dict[str, list[float | None]], sent: dict[str, list[float | None]],
-             answered: dict[str, list[float | None]], judged: list[int]) -> dict[str, list[int]]:
+def _starved(p99: dict[str, list[float | None]], p90: dict[str, list[float | None]],
+             sent: dict[str, list[float | None]], answered: dict[str, list[float | None]],
+             judged: list[int]) -> dict[str, list[int]]:
     """{class: the steps (positions) where it was starved} on one set of per-class figures."""
     out: dict[str, list[int]] = {}
     if len(p99) < 2 or len(judged) < 2:
@@ -50,10 +53,12 @@ def _starved(p99: dict[str, list[float | None]], sent: dict[str, list[float | No
     for c in p99:
         for i in judged[1:]:
             mine, first = p99[c][i], p99[c][base]
-            others = [(p99[o][i], p99[o][base]) for o in p99 if o != c]
-            latency = (mine is not None and first is not None and all(a is not None and b is not None for a, b in others)
+            rise, rise_base = p90[c][i], p90[c][base]
+            others = [(p90[o][i], p90[o][base]) for o in p90 if o != c]
+            latency = (mine is not None and first is not None and rise is not None and rise_base is not None
+                       and all(a is not None and b is not None for a, b in others)
                        and mine > LATENCY_KNEE_FACTOR * first
-                       and mine - first >= STARVED_RISE * max([RISE_FLOOR_MS] + [a - b for a, b in others]))  # type: ignore[operator]
+                       and rise - rise_base >= STARVED_RISE * max([RISE_FLOOR_MS] + [a - b for a, b in others]))  # type: ignore[operator]
             s, a = sent[c][i], answered[c][i]
             share = s is not None and a is not None and s > 0 and a < (1 - SHARE_DROP) * s
             if latency or share:
@@ -61,19 +66,24 @@ def _starved(p99: dict[str, list[float | None]], sent: dict[str, list[float | No
     return out
 
 
+Series = dict[str, list[float | None]]
+
+
 def _figures(by_class: dict[str, list[ClassRows]], draw: np.random.Generator | None
-             ) -> tuple[dict[str, list[float | None]], dict[str, list[float | None]], dict[str, list[float | None]]]:
-    """(P99, share sent, share answered) per class and step; with ``draw``, of resampled rows."""
-    p99: dict[str, list[float | None]] = {}
+             ) -> tuple[Series, Series, Series, Series]:
+    """(P99, P90, share sent, share answered) per class and step; with ``draw``, of resampled rows."""
+    p99: Series = {}
+    p90: Series = {}
     oks: dict[str, list[np.ndarray]] = {}
     for c, steps in by_class.items():
-        p99[c], oks[c] = [], []
+        p99[c], p90[c], oks[c] = [], [], []
         for r in steps:
             lat, ok = r.latency_ok, r.ok
             if draw is not None:
                 lat = lat[draw.integers(0, len(lat), len(lat))] if len(lat) else lat
                 ok = ok[draw.integers(0, len(ok), len(ok))] if len(ok) else ok
             p99[c].append(float(np.percentile(lat, 99)) if len(lat) >= MIN_ROWS else None)
+            p90[c].append(float(np.percentile(lat, 90)) if len(lat) >= MIN_ROWS else None)
             oks[c].append(ok)
     n_steps = len(next(iter(by_class.values()))) if by_class else 0
     sent: dict[str, list[float | None]] = {c: [] for c in by_class}
@@ -85,7 +95,7 @@ def _figures(by_class: dict[str, list[ClassRows]], draw: np.random.Generator | N
             enough = n >= MIN_ROWS and n_ok >= MIN_ROWS
             sent[c].append(len(oks[c][i]) / n if enough else None)
             answered[c].append(int(oks[c][i].sum()) / n_ok if enough else None)
-    return p99, sent, answered
+    return p99, p90, sent, answered
 
 
 def starved_support(by_class: dict[str, list[ClassRows]], valid: list[bool],
