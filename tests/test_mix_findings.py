@@ -68,3 +68,23 @@ def test_a_run_without_classes_has_no_mix(tmp_path):
     run = RunDir.create(tmp_path, "plain")
     run.write_request_part({"t_start": [1.0, 2.0], "latency_ms": [5.0, 6.0], "ok": [True, True]}, 0)
     assert read_class_rows(run) is None
+
+
+def test_each_class_is_gated_by_its_own_sla():
+    """The whole's limit met at every step; the slow class's own P99 limit met at 1-2 users only."""
+    from kneeswarm.analysis.summary.gates import evaluate
+
+    rng = np.random.default_rng(4)
+    by = {"cheap": [rows(5 + rng.uniform(0, 2, ROWS)) for _ in USERS],
+          "slow": [rows(40 + waits(rng, u, 60)) for u in USERS]}
+    mix = mix_section(class_figures(by, stats(), {}, {}))
+    summary = {"mix": mix, "steps": [{"users": u, "qps": 10.0 * u, "p99_ms": 50.0, "error_rate": 0.0, "valid": True}
+                                     for u in USERS]}
+    slow_p99 = [s["p99_ms"] for s in mix["classes"][1]["steps"]]
+    assert slow_p99[1] < 100 < slow_p99[2]  # numpy's percentiles of the drawn rows: the truth the gate reads
+    sla, _capacity = evaluate(summary, {"sla": {"p99_ms": 100.0, "classes": {"slow": {"p99_ms": 100.0},
+                                                                              "cheap": {"p99_ms": 100.0}}}})
+    assert sla["set"] and sla["passed"] is True  # a step met every limit: the best one is 2 users for slow
+    assert sla["classes"]["slow"]["best"]["users"] == 2 and sla["classes"]["cheap"]["best"]["users"] == 8
+    sla, _ = evaluate(summary, {"sla": {"classes": {"slow": {"p99_ms": 100.0, "min_qps": 1e6}}}})
+    assert sla["set"] and sla["passed"] is False and "class slow: FAILED" in sla["text"]

@@ -87,3 +87,22 @@ def test_lora_is_for_openai():
     plan = plan_from_dict({"protocol": "openai", "request": {"classes": [
         {"name": "base"}, {"name": "ad1", "lora": [{"id": 0, "scale": 1.0}]}]}})
     assert [c.request.lora for c in classes_of(plan)] == [None, [{"id": 0, "scale": 1.0}]]
+
+
+@pytest.mark.parametrize("sla, message", [
+    ({"classes": {"nope": {"p99_ms": 10}}}, "sla.classes.nope: no class 'nope' in [[request.classes]]"),
+    ({"classes": {"a": {"p95_ms": 10}}}, "sla.classes.a: unknown key 'p95_ms'"),
+    ({"classes": {"a": {"error_rate": 2}}}, "sla.classes.a.error_rate must be a number >= 0 and <= 1"),
+    ({"classes": {"a": 5}}, "sla.classes.a must be a table of limits"),
+])
+def test_a_bad_class_sla_is_one_line(sla, message):
+    with pytest.raises(PlanError) as e:
+        plan_from_dict({"request": {"classes": [{"name": "a"}]}, "sla": sla}, "mix.toml")
+    assert str(e.value) == f"mix.toml: {message}" or message in str(e.value)
+
+
+def test_a_class_sla_reads_back():
+    plan = plan_from_dict({"request": {"classes": [{"name": "a"}, {"name": "b"}]},
+                           "sla": {"p99_ms": 100, "classes": {"b": {"p99_ms": 20.0}}}})
+    assert plan.sla.classes == {"b": {"p99_ms": 20.0}} and plan.sla.is_set()
+    assert tomllib.loads(plan.to_toml())["sla"]["classes"] == {"b": {"p99_ms": 20.0}}

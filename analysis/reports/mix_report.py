@@ -57,12 +57,24 @@ def rows(c: ClassFigures) -> list[list[str]]:
     return out
 
 
+def sla_line(summary: dict[str, Any]) -> list[str]:
+    """The classes' own SLAs ([sla.classes.NAME]), when the plan gave any."""
+    sla = summary.get("sla")
+    per = sla.get("classes") if isinstance(sla, dict) else None
+    if not isinstance(per, dict) or not per:
+        return []
+    said = "; ".join(f"{name}: {'passed' if r.get('passed') else 'FAILED'}"
+                     + (f" (best {r['best']['users']:g} users)" if isinstance(r.get("best"), dict) else "")
+                     for name, r in per.items())
+    return [f"Each class's own SLA: {said}"]
+
+
 def mix_markdown(summary: dict[str, Any]) -> list[str]:
     classes = _classes(summary)
     if not classes:
         return []
     lines = [f"### {TITLE}", "", f"**{summary['mix'].get('text', '')}**", ""]
-    lines += [f"- {knee_line(c)}" for c in classes] + [""]
+    lines += [f"- {knee_line(c)}" for c in classes] + [f"- {x}" for x in sla_line(summary)] + [""]
     lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(r) + " |" for c in classes for r in rows(c)]
     return lines + [""]
@@ -90,6 +102,6 @@ def mix_html(summary: dict[str, Any]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADER)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(x)}</td>" for x in r) + "</tr>" for c in classes for r in rows(c))
     return (f"<h2>{html.escape(TITLE)}</h2><p><b>{html.escape(str(summary['mix'].get('text', '')))}</b></p><ul>"
-            + "".join(f"<li>{html.escape(knee_line(c))}</li>" for c in classes) + "</ul>"
+            + "".join(f"<li>{html.escape(x)}</li>" for x in [*map(knee_line, classes), *sla_line(summary)]) + "</ul>"
             + _figure(classes).to_html(full_html=False, include_plotlyjs=False)
             + f'<table class="steps"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')

@@ -18,6 +18,7 @@ import pandas as pd
 from kneeswarm.analysis.findings.mix import finding, starved_support
 from kneeswarm.analysis.measure.classes import (ClassRows, class_figures, plan_weights, read_class_rows, sla_limits,
                                                 split)
+from kneeswarm.analysis.models.capacity import sla_check
 from kneeswarm.analysis.models.knee import find_knee, find_latency_knee
 from kneeswarm.analysis.schema.summary import ClassFigures, ClassStep, Finding, Knee, MixSummary
 from kneeswarm.analysis.summary.confidence import CONFIRM, NOTICE
@@ -88,3 +89,22 @@ def add_mix(summary: dict[str, Any], run: RunDir, stats: pd.DataFrame, plan: dic
     summary["findings"] = list(summary.get("findings") or []) + confirmed
     if marginal:
         summary["findings_marginal"] = list(summary.get("findings_marginal") or []) + marginal
+
+
+def class_sla(sla: dict[str, Any], summary: dict[str, Any], per_class: dict[str, Any]) -> dict[str, Any]:
+    """``sla`` with ``classes``: each class's steps checked against its own ``[sla.classes.NAME]``
+    limits by the whole's own check (kneeswarm.analysis.models.capacity.sla_check); the run passes
+    only when the whole (where it has limits) and every class with limits pass."""
+    mix = summary.get("mix")
+    steps_of = {c.get("name"): c.get("steps") or [] for c in (mix.get("classes") or [])} if isinstance(mix, dict) else {}
+    results: dict[str, dict[str, Any]] = {}
+    for name, limits in per_class.items():
+        if name not in steps_of:
+            results[name] = {"passed": False, "best": None, "text": f"class {name}: no rows of this class"}
+            continue
+        results[name] = sla_check({"steps": steps_of[name]}, limits if isinstance(limits, dict) else {})
+    whole = sla.get("passed") if sla.get("set") else True
+    failed = [n for n, r in results.items() if r.get("passed") is not True]
+    text = "; ".join(f"class {n}: {'FAILED' if n in failed else 'passed'}" for n in results)
+    return {**sla, "set": True, "passed": bool(whole) and not failed, "classes": results,
+            "text": f"{sla['text']}; {text}" if sla.get("set") else text}

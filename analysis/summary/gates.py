@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from kneeswarm.analysis.summary.classes import class_sla
 from kneeswarm.analysis.models.capacity import (MIN_QPS_KEY, SLA_STEP_KEYS, capacity_lines, capacity_plan, sla_check)
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,8 @@ def no_sla() -> dict[str, Any]:
 def evaluate(summary: dict[str, Any], plan: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """(sla, capacity) of a summary under a plan dict; never raises on a malformed plan."""
     sla_table = _table(plan, "sla")
+    per_class = sla_table.get("classes") if sla_table else None  # a traffic mix's classes' own limits
+    sla_table = {k: v for k, v in sla_table.items() if k != "classes"} if sla_table else sla_table
     problems = []
     if isinstance(plan, dict) and "sla" in plan and sla_table is None:
         problems.append(f"plan.toml: [sla] is not a table ({plan['sla']!r}); no SLA checked")
@@ -52,6 +55,8 @@ def evaluate(summary: dict[str, Any], plan: Any) -> tuple[dict[str, Any], dict[s
         sla = no_sla()
         sla["problems"] = problems
     capacity = capacity_plan(summary, sla if sla["set"] else None, _table(plan, "capacity"))
+    if isinstance(per_class, dict) and per_class:  # each class's steps against its own limits (summary/classes.py)
+        sla = class_sla(sla, summary, per_class)
     return sla, capacity
 
 

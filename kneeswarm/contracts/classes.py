@@ -68,6 +68,25 @@ def shares(classes: list[RequestClass]) -> dict[str, float]:
     return {c.name: c.weight / total for c in classes} if total > 0 else {}
 
 
+#: The limits a class's own SLA may set ([sla.classes.NAME]): the [sla] table's, each with its range
+CLASS_SLA_KEYS = {"p99_ms": 1e308, "error_rate": 1.0, "ttft_ms": 1e308, "itl_ms": 1e308, "min_qps": 1e308}
+
+
+def check_class_sla(tables: dict[str, Any] | None, names: list[str]) -> None:
+    """``[sla.classes.NAME]``: each NAME a class of the mix, each table numbers within their ranges."""
+    for name, table in (tables or {}).items():
+        where = f"sla.classes.{name}"
+        if name not in names:
+            raise ClassError(f"{where}: no class {name!r} in [[request.classes]] (classes: {', '.join(names) or 'none'})")
+        if not isinstance(table, dict):
+            raise ClassError(f"{where} must be a table of limits ({', '.join(CLASS_SLA_KEYS)})")
+        for key, v in table.items():
+            if key not in CLASS_SLA_KEYS:
+                raise ClassError(f"{where}: unknown key {key!r} (known: {', '.join(CLASS_SLA_KEYS)})")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= CLASS_SLA_KEYS[key]:
+                raise ClassError(f"{where}.{key} must be a number >= 0{' and <= 1' if key == 'error_rate' else ''}, got {v!r}")
+
+
 class ClassError(ValueError):
     """A class table that cannot be used; str() is one line (planfile adds the file's name)."""
 

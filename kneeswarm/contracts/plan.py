@@ -312,6 +312,7 @@ class SlaPlan:
     ttft_ms: float | None = None  # P99 time to first token (streaming runs; skipped where not measured)
     itl_ms: float | None = None  # P99 inter-token latency (streaming runs; skipped where not measured)
     min_qps: float | None = None  # the best step meeting the SLA must also deliver at least this QPS
+    classes: dict | None = None  # [sla.classes.NAME]: a traffic mix's class's own limits (the keys above)
 
     def is_set(self) -> bool:
         return any(getattr(self, f.name) is not None for f in dataclasses.fields(self))

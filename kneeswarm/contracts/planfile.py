@@ -15,7 +15,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from kneeswarm.contracts.classes import ClassError, parse_classes
+from kneeswarm.contracts.classes import ClassError, check_class_sla, parse_classes
 from kneeswarm.contracts.plan import (GRPC_PROTOCOLS, KUBERNETES_KEYS, LOOPS, MODES, OPENAI_ENDPOINTS, PROTOCOLS, SCOPES,
                                       SOAK_KEYS, SOAK_MIN_WINDOWS, SOAK_WINDOW, TENSOR_DATATYPES, AnalysisPlan,
                                       CapacityPlan, EndpointPlan, HostPlan, LoadPlan,
@@ -426,11 +426,13 @@ def _validate_classes(plan: Plan, source: str) -> None:
     try:
         classes = parse_classes(plan.request, plan.protocol,
                                 lambda where, value, hint: _check_type(source, where, value, hint))
+        check_class_sla(plan.sla.classes, [c.name for c in classes])
     except ClassError as e:
         raise PlanError(f"{source}: {e}") from None
     for i, c in enumerate(classes):
         try:
-            _validate_request(dataclasses.replace(plan, request=c.request), source)
+            _validate_request(dataclasses.replace(plan, request=c.request, sla=dataclasses.replace(plan.sla, classes=None)),
+                              source)
         except PlanError as e:
             said = str(e).removeprefix(f"{source}: ")
             raise PlanError(f"{source}: request.classes[{i}] ({c.name}): {said}") from None
