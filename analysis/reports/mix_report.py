@@ -14,6 +14,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from kneeswarm.analysis.schema.comparison import ClassChange
 from kneeswarm.analysis.schema.summary import ClassFigures, ClassStep
 
 logger = logging.getLogger(__name__)
@@ -105,3 +106,18 @@ def mix_html(summary: dict[str, Any]) -> str:
             + "".join(f"<li>{html.escape(x)}</li>" for x in [*map(knee_line, classes), *sla_line(summary)]) + "</ul>"
             + _figure(classes).to_html(full_html=False, include_plotlyjs=False)
             + f'<table class="steps"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')
+
+
+def classes_lines(classes: list[ClassChange]) -> list[str]:
+    """Markdown for compare.md: one table of every class's steps, and where its P99 took off."""
+    if not classes:
+        return []
+    fmt = lambda v, f="{:,.1f}": "–" if v is None else f.format(v)  # noqa: E731
+    out = ["**Per class** (point figures; the whole's steps decide the verdict):", "",
+           "| class | users | QPS base | QPS new | QPS change | P99 base | P99 new | P99 change |", "|---|---|---|---|---|---|---|---|"]
+    for c in classes:
+        out += [f"| {c['name']} | {s['users']:g} | {fmt(s['qps'][0])} | {fmt(s['qps'][1])} | {fmt(s['qps_rel'], '{:+.1%}')} | "
+                f"{fmt(s['p99_ms'][0])} | {fmt(s['p99_ms'][1])} | {fmt(s['p99_rel'], '{:+.1%}')} |" for s in c["steps"]]
+    out += [""] + [f"- class {c['name']}: P99 took off at {c['latency_knee'][0]} users (base), "
+                   f"{c['latency_knee'][1]} users (new)" for c in classes]
+    return out + [""]
