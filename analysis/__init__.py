@@ -34,7 +34,7 @@ import pandas as pd
 from kneeswarm.analysis.findings import explain
 from kneeswarm.analysis.findings.causes import link, link_marginal, verdict
 from kneeswarm.analysis.schema.summary import Summary
-from kneeswarm.analysis.summary.classes import add_mix
+from kneeswarm.analysis.summary.classes import add_mix, target_prometheus
 from kneeswarm.analysis.summary.confidence import judge
 from kneeswarm.analysis.summary.gates import add_gates
 from kneeswarm.analysis.reports.junit import write_junit
@@ -150,7 +150,8 @@ def summarize(inputs: RunInputs) -> dict[str, Any]:
     if search is not None:  # [load] mode = "search": the probes in order, with why each was chosen
         summary["search"] = jsonable(search)
     reps = None if soak else step_replicates(stats, inputs.hosts, inputs.think_ms, inputs.closed_loop)
-    return add_explanations(summary, inputs.plan, reps, lambda s: add_mix(s, inputs.run_dir, stats, inputs.plan))
+    return add_explanations(summary, inputs.plan, reps, lambda s: add_mix(s, inputs.run_dir, stats, inputs.plan,
+                                                                               target_prometheus(inputs.run_dir)))
 
 
 def llm_extras(good: pd.DataFrame, plan: dict[str, Any], streaming: bool = False) -> dict[str, Any]:

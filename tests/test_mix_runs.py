@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import Target, read_summary, runs_against_targets
+from kneeswarm.analysis.schema.summary import ClassFigures, ClassStep, MixSummary
 from kneeswarm.contracts.rundir import RunDir
 
 pytestmark = pytest.mark.long
@@ -63,6 +64,12 @@ def test_two_models_each_class_its_weights_share_the_targets_count_and_the_slow_
         # recorded, at most one per user of the last step
         assert unrecorded <= 8, unrecorded
     assert rows["class"].notna().all()
+    for c in summary["mix"]["classes"]:  # the server's own per-model rate beside the class's QPS, step by step
+        for s in c["steps"]:
+            assert s["server_rps"] == pytest.approx(s["qps"], rel=0.10), (c["name"], s)
+    assert set(summary["mix"]) <= MixSummary.__optional_keys__
+    assert all(set(c) <= ClassFigures.__optional_keys__ and all(set(s) <= ClassStep.__optional_keys__ for s in c["steps"])
+               for c in summary["mix"]["classes"])  # every key written is declared
     mix = summary["mix"]
     assert mix["first_latency_knee"] == "slow", mix
     assert "the P99 of class slow took off first" in (run_dir / "report" / "summary.md").read_text()

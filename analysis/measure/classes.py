@@ -14,6 +14,7 @@ as arrays (the findings of a mix resample them: kneeswarm.analysis.findings.mix)
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -126,6 +127,46 @@ def class_figures(by_class: dict[str, list[ClassRows]], stats: pd.DataFrame, wei
         classes.append({"name": name, "weight_share": weights.get(name), "requests": n, "share": n / total,
                         "steps": steps})
     return classes
+
+
+#: per-model request counters of the servers that label them by model: Triton, TorchServe, vLLM
+SERVER_COUNTERS = re.compile(r'^(nv_inference_request_success|ts_inference_requests_total|vllm:request_success_total)'
+                             r'\{(?:.*,)?(?:model|model_name)="(?P<model>[^"]*)"')
+
+
+def server_rates(prometheus: pd.DataFrame | None, models: dict[str, str], stats: pd.DataFrame) -> dict[str, list[float | None]]:
+    """{class: per step, the server's own requests/s of the class's model} from the scraped
+    /metrics (hosts/<host>/prometheus.csv: t and one column per sample), each counter's increase
+    over the step's steady window (interpolated at its ends) over its length; a class whose
+    model no counter names is left out."""
+    if prometheus is None or prometheus.empty or "t" not in prometheus.columns:
+        return {}
+    t = prometheus["t"].to_numpy(dtype=float)
+    by_model: dict[str, list[str]] = {}
+    for col in prometheus.columns:
+        if (m := SERVER_COUNTERS.match(str(col))) is not None:
+            by_model.setdefault(m.group("model"), []).append(str(col))
+    out: dict[str, list[float | None]] = {}
+    for name, model in models.items():
+        cols = by_model.get(model)
+        if not cols or len(t) < 2:
+            continue
+        counts = prometheus[cols].apply(pd.to_numeric, errors="coerce").sum(axis=1, min_count=1).to_numpy(dtype=float)
+        rates: list[float | None] = []
+        for lo, hi in zip(stats["t_lo"].to_numpy(dtype=float), stats["t_hi"].to_numpy(dtype=float)):
+            inside = lo >= t[0] and hi <= t[-1] and hi > lo
+            rates.append(float((np.interp(hi, t, counts) - np.interp(lo, t, counts)) / (hi - lo)) if inside else None)
+        out[name] = rates
+    return out
+
+
+def class_models(plan: dict[str, object]) -> dict[str, str]:
+    """{class: the model its requests name} from a run's plan.toml (the class's, else [request]'s)."""
+    request = plan.get("request")
+    if not isinstance(request, dict) or not isinstance(request.get("classes"), list):
+        return {}
+    default = str(request.get("model", "demo"))
+    return {str(t.get("name")): str(t.get("model", default)) for t in request["classes"] if isinstance(t, dict)}
 
 
 def plan_weights(plan: dict[str, object]) -> dict[str, float]:

@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 TITLE = "Traffic mix: each class's figures"
 HEADER = ["class", "users", "requests", "share sent", "share answered", "QPS", "P50 ms", "P95 ms", "P99 ms",
-          "errors", "TTFT P99 ms", "TPOT P99 ms", "tokens/s", "goodput/s", "valid"]
+          "errors", "TTFT P99 ms", "TPOT P99 ms", "tokens/s", "goodput/s", "server req/s", "valid"]
 
 
 def _f(v: Any, fmt: str = "{:,.1f}") -> str:
@@ -54,7 +54,7 @@ def rows(c: ClassFigures) -> list[list[str]]:
                     _f(st.get("share_sent"), "{:.1%}"), _f(st.get("share_answered"), "{:.1%}"), _f(st.get("qps")),
                     _f(st.get("p50_ms")), _f(st.get("p95_ms")), _f(st.get("p99_ms")),
                     _f(st.get("error_rate"), "{:.1%}"), _f(st.get("ttft_p99_ms")), _f(st.get("tpot_p99_ms")),
-                    _f(st.get("tokens_s")), _f(st.get("goodput_rps")), "yes" if st.get("valid") else "no"])
+                    _f(st.get("tokens_s")), _f(st.get("goodput_rps")), _f(st.get("server_rps")), "yes" if st.get("valid") else "no"])
     return out
 
 

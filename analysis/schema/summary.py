@@ -221,6 +221,8 @@ class ClassStep(TypedDict, total=False):
     tpot_p99_ms: float | None
     tokens_s: float | None  # output tokens/s of its answered requests, where counted
     goodput_rps: float | None  # answered within the plan's [sla] p99_ms / ttft_ms (set limits only)
+    server_rps: float | None  # the server's own count of its model's requests per second (Triton's, TorchServe's,
+    #                           vLLM's per-model counters scraped from metrics_url), beside its QPS
 
 
 class ClassFigures(TypedDict, total=False):

@@ -16,13 +16,14 @@ from typing import Any
 import pandas as pd
 
 from kneeswarm.analysis.findings.mix import finding, starved_support
-from kneeswarm.analysis.measure.classes import (ClassRows, class_figures, plan_weights, read_class_rows, sla_limits,
-                                                split)
+from kneeswarm.analysis.measure.classes import (ClassRows, class_figures, class_models, plan_weights, read_class_rows,
+                                                server_rates, sla_limits, split, SERVER_COUNTERS)
 from kneeswarm.analysis.models.capacity import sla_check
 from kneeswarm.analysis.models.knee import find_knee, find_latency_knee
 from kneeswarm.analysis.schema.summary import ClassFigures, ClassStep, Finding, Knee, MixSummary
 from kneeswarm.analysis.summary.confidence import CONFIRM, NOTICE
-from kneeswarm.contracts.rundir import RunDir
+from kneeswarm.analysis.measure.target import PROMETHEUS_STREAM
+from kneeswarm.contracts.rundir import TARGET_HOST, RunDir
 
 logger = logging.getLogger(__name__)
 
@@ -77,13 +78,21 @@ def judged(by_class: dict[str, list[ClassRows]], mix: MixSummary, valid: list[bo
     return confirmed, marginal
 
 
-def add_mix(summary: dict[str, Any], run: RunDir, stats: pd.DataFrame, plan: dict[str, Any]) -> None:
-    """``mix`` and the mix's findings into ``summary`` (in place), when the rows record classes."""
+def add_mix(summary: dict[str, Any], run: RunDir, stats: pd.DataFrame, plan: dict[str, Any],
+            prometheus: pd.DataFrame | None = None) -> None:
+    """``mix`` and the mix's findings into ``summary`` (in place), when the rows record classes;
+    ``prometheus``: the target's scraped /metrics, whose per-model counters give each class's
+    ``server_rps``."""
     rows = read_class_rows(run)
     if rows is None or rows.empty:
         return
     by_class = split(rows, stats)
-    mix = mix_section(class_figures(by_class, stats, plan_weights(plan), sla_limits(plan)))
+    classes = class_figures(by_class, stats, plan_weights(plan), sla_limits(plan))
+    rates = server_rates(prometheus, class_models(plan), stats)
+    for c in classes:
+        for step, rate in zip(c.get("steps") or [], rates.get(c.get("name", ""), [])):
+            step["server_rps"] = rate
+    mix = mix_section(classes)
     confirmed, marginal = judged(by_class, mix, [bool(v) for v in stats["valid"]])
     summary["mix"] = mix
     summary["findings"] = list(summary.get("findings") or []) + confirmed
@@ -108,3 +117,17 @@ def class_sla(sla: dict[str, Any], summary: dict[str, Any], per_class: dict[str,
     text = "; ".join(f"class {n}: {'FAILED' if n in failed else 'passed'}" for n in results)
     return {**sla, "set": True, "passed": bool(whole) and not failed, "classes": results,
             "text": f"{sla['text']}; {text}" if sla.get("set") else text}
+
+
+
+def target_prometheus(run: RunDir) -> pd.DataFrame | None:
+    """The per-model request counters of the target's scraped /metrics (hosts/target/prometheus.csv:
+    t and those columns; the loaded inputs keep only the series the whole's figures read), or None."""
+    path = run.host_table_path(TARGET_HOST, PROMETHEUS_STREAM)
+    if not path.is_file():
+        return None
+    try:
+        return pd.read_csv(path, usecols=lambda c: c == "t" or SERVER_COUNTERS.match(str(c)) is not None)
+    except (OSError, ValueError) as e:  # a torn or empty file: the class figures go without the server's counts
+        logger.warning("mix: %s unreadable (%s); no per-class server counts", path, e)
+        return None
