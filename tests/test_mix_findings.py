@@ -88,3 +88,15 @@ def test_each_class_is_gated_by_its_own_sla():
     assert sla["classes"]["slow"]["best"]["users"] == 2 and sla["classes"]["cheap"]["best"]["users"] == 8
     sla, _ = evaluate(summary, {"sla": {"classes": {"slow": {"p99_ms": 100.0, "min_qps": 1e6}}}})
     assert sla["set"] and sla["passed"] is False and "class slow: FAILED" in sla["text"]
+
+
+def test_a_class_s_server_rate_is_its_model_s_counter_over_the_window():
+    from kneeswarm.analysis.measure.classes import server_rates
+
+    t = np.arange(0.0, 40.0)
+    prom = pd.DataFrame({"t": t, 'nv_inference_request_success{model="slow",version="1"}': 3.0 * t,
+                         'nv_inference_request_success{model="cheap",version="1"}': 9.0 * t,
+                         'kneeswarm_target_requests_total{code="200"}': 12.0 * t})
+    rates = server_rates(prom, {"slow": "slow", "fast": "cheap", "other": "absent"}, stats())
+    assert rates["slow"] == [3.0] * len(USERS) and rates["fast"] == [9.0] * len(USERS)
+    assert "other" not in rates
