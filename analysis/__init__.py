@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, TypedDict, cast
+from typing import Any, Callable, TypedDict, cast
 
 import pandas as pd
 
 from kneeswarm.analysis.findings import explain
 from kneeswarm.analysis.findings.causes import link, link_marginal, verdict
 from kneeswarm.analysis.schema.summary import Goodput, Knee, PlanTable, ServerMetrics, Summary
+from kneeswarm.analysis.summary.classes import add_mix, target_prometheus
 from kneeswarm.analysis.summary.confidence import judge
 from kneeswarm.analysis.summary.gates import add_gates
 from kneeswarm.analysis.reports.junit import write_junit
@@ -149,7 +150,8 @@ def summarize(inputs: RunInputs) -> Summary:
     if search is not None:  # [load] mode = "search": the probes in order, with why each was chosen
         summary["search"] = jsonable(search)
     reps = None if soak else step_replicates(stats, inputs.hosts, inputs.think_ms, inputs.closed_loop)
-    return add_explanations(summary, inputs.plan, reps)
+    return add_explanations(summary, inputs.plan, reps, lambda s: add_mix(s, inputs.run_dir, stats, inputs.plan,
+                                                                               target_prometheus(inputs.run_dir)))
 
 
 class LlmExtras(TypedDict, total=False):
@@ -172,7 +174,8 @@ def llm_extras(good: pd.DataFrame, plan: PlanTable, streaming: bool = False) -> 
     return out
 
 
-def add_explanations(summary: Summary, plan: PlanTable, reps: Replicates | None = None) -> Summary:
+def add_explanations(summary: Summary, plan: PlanTable, reps: Replicates | None = None,
+                     mix: Callable[[Summary], None] | None = None) -> Summary:
     """``findings`` and ``usl`` (kneeswarm.analysis.findings.explain, over the valid steps only); a rule that
     failed becomes a warning.  Little's law is already in each step's reasons (kneeswarm.analysis.measure.trust).
 
@@ -190,6 +193,8 @@ def add_explanations(summary: Summary, plan: PlanTable, reps: Replicates | None 
         summary["findings"] += jsonable(soak_findings(summary))
         summary["usl"] = jsonable({**fit_usl([], []), "caution": "a soak holds one load: no USL fit (not a step sweep)"})
     noise = judge(cast(Summary, summary), plan, reps) if reps is not None and not summary.get("soak") else []
+    if mix is not None:  # a traffic mix: each class's figures and knees, its findings judged at its own noise
+        mix(summary)
     summary["findings"] = link(summary["findings"])  # the cause first, its consequences under it
     link_marginal(summary.get("findings_marginal") or [], summary["findings"])
     summary["verdict"] = verdict(summary["findings"])

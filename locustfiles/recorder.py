@@ -43,9 +43,9 @@ RECORDER_FILE = rundir.RECORDER_FILE  # generator/recorder.json (kneeswarm.contr
 # server's count, the chunks, and the independent counts (users.StreamInfo); None for every other request.
 WIRE_COLUMNS = ("t_start", "latency_ms", "bytes", "ok", "status", "error", "name", "tokens_in", "tokens_out", "ttft_ms",
                 "itl_ms", "tokens_counted", "usage_out", "chunks_out", "tokens_tokenizer", "tokens_pinned",
-                "prefix", "turn", "resent")
+                "prefix", "turn", "resent", "class")
 STREAM_COLUMNS = WIRE_COLUMNS[10:16]  # users.StreamInfo's fields, in order
-TAG_COLUMNS = ("prefix", "turn")  # context["kneeswarm_tags"]: the LLM workload's (prefix, turn)
+TAG_COLUMNS = ("prefix", "turn", "class")  # context["kneeswarm_tags"]: the LLM workload's (prefix, turn), the mix's class
 
 
 def categorize(status: int, exception: BaseException | None) -> str | None:
@@ -119,7 +119,7 @@ class RowBuffer:
         self._failed: list[tuple[int, str | None]] = []  # (row, error category)
         self._tokens: list[tuple[int, tuple]] = []  # (row, (tokens_in, tokens_out, ttft_ms))
         self._streams: list[tuple[int, tuple]] = []  # (row, users.StreamInfo)
-        self._tags: list[tuple[int, tuple]] = []  # (row, (prefix, turn))
+        self._tags: list[tuple[int, tuple]] = []  # (row, (prefix, turn, class))
         self._resent: list[tuple[int, tuple]] = []  # (row, (times sent again,))
 
     def on_request(
@@ -149,7 +149,7 @@ class RowBuffer:
             stream = context.get("kneeswarm_stream")  # users.StreamInfo(itl_ms, tokens_counted, usage_out, chunks, ...)
             if stream:
                 self._streams.append((len(self._t_list) - 1, stream))
-            tags = context.get("kneeswarm_tags")  # (prefix, turn) of an LLM workload's request
+            tags = context.get("kneeswarm_tags")  # (prefix, turn) of an LLM workload's request, its class in a mix
             if tags:
                 self._tags.append((len(self._t_list) - 1, tags))
             resent = context.get("kneeswarm_resent")  # users: sent again after a clean close

@@ -264,15 +264,15 @@ class InferenceUser(FastHttpUser):
     def _answering(resp: Any, req: PreparedRequest, intended: float | None, late: float, attempt: int) -> bool:
         """What every row gets once an answer began (whole or streamed): False when the request is
         to be sent again instead (``_closed_unanswered``); else the row's resend count, its timing
-        from the intended instant (open loop), and the LLM workload's (prefix, turn) (recorder TAG_COLUMNS)."""
+        from the intended instant (open loop), and the LLM workload's (prefix, turn) and the mix's class (recorder TAG_COLUMNS)."""
         if _closed_unanswered(resp, attempt):
             return False
         meta = resp.request_meta
         if attempt:  # this row is a resend: counted (the row's `resent`, each step's in summary.json)
             meta["context"]["kneeswarm_resent"] = attempt
         _timed_from(resp, intended, late)
-        if req.prefix is not None or req.turn is not None:
-            meta["context"]["kneeswarm_tags"] = (req.prefix, req.turn)
+        if req.prefix is not None or req.turn is not None or req.klass is not None:
+            meta["context"]["kneeswarm_tags"] = (req.prefix, req.turn, req.klass)
         return True
 
     def _whole(self, req: PreparedRequest, late: float, intended: float | None, attempt: int) -> bool:
@@ -285,7 +285,7 @@ class InferenceUser(FastHttpUser):
             status = resp.status_code
             if 200 <= status < 300:
                 try:
-                    tokens = self.protocol.check_response(resp.content)
+                    tokens = _judge(self.protocol, req).check_response(resp.content)
                 except BadPayload as e:
                     resp.failure(e)
                     return True  # answered, judged bad: not sent again
@@ -320,7 +320,7 @@ class InferenceUser(FastHttpUser):
             if not (resp.headers.get("content-type") or "").startswith("text/event-stream"):
                 self._whole_instead(req, resp, t0)  # a server that ignores "stream": true
                 return True
-            stream = self.protocol.new_stream(t0)
+            stream = _judge(self.protocol, req).new_stream(t0)
             nbytes, error, end = read_stream(resp, stream)
             meta = resp.request_meta
             meta["response_time"] = (end - t0) * 1000.0
@@ -347,7 +347,7 @@ class InferenceUser(FastHttpUser):
         """A streamed request answered in one piece: judged as a whole answer, no TTFT."""
         try:
             body = resp.content or b""
-            tokens = self.protocol.check_response(body)
+            tokens = _judge(self.protocol, req).check_response(body)
         except BadPayload as e:
             resp.failure(e)
             return
@@ -373,6 +373,11 @@ def _ssl_factory(endpoint: EndpointPlan) -> Any:
         _ssl_contexts[key] = endpoint.ssl_context(gevent.ssl.create_default_context)
     ctx = _ssl_contexts[key]
     return lambda cafile=None, **_kw: ctx
+
+
+def _judge(protocol: Any, req: PreparedRequest) -> Any:
+    """The protocol that judges ``req``'s answer: in a traffic mix its class's (protocols/mix.py)."""
+    return protocol.of(req) if req.klass is not None else protocol
 
 
 def _timed_from(resp: Any, intended: float | None, late: float) -> None:

@@ -25,7 +25,8 @@ event = st.fixed_dictionaries({
                                     st.none() | st.integers(0, 9), st.integers(0, 9),
                                     st.none() | st.integers(0, 9), st.none() | st.integers(0, 9)),
     "latency": st.floats(0, 1000),
-    "tags": st.none() | st.tuples(st.none() | st.integers(0, 7), st.none() | st.integers(1, 9)),  # (prefix, turn)
+    "tags": st.none() | st.tuples(st.none() | st.integers(0, 7), st.none() | st.integers(1, 9),
+                                  st.none() | st.sampled_from(["cheap", "slow"])),  # (prefix, turn, class)
     "resent": st.sampled_from([None, None, 1, 2]),  # users.py: sent again after a clean close
 })
 
@@ -41,7 +42,7 @@ def expected_row(i: int, e: dict) -> dict:
             "itl_ms": itl, "tokens_counted": counted, "usage_out": usage, "chunks_out": chunks,
             "tokens_tokenizer": tokenizer, "tokens_pinned": pinned,
             "prefix": (e["tags"] or (None, None))[0], "turn": (e["tags"] or (None, None))[1],
-            "resent": e["resent"]}
+            "resent": e["resent"], "class": (e["tags"] or (None, None, None))[2]}
 
 
 @settings(max_examples=200, deadline=None)

@@ -49,6 +49,7 @@ SEVERITY = {
     "throughput_decay": "warning",
     "fd_growth": "warning",
     "thread_growth": "warning",
+    "class_starved": "warning",  # a traffic mix: a class served after the others (analysis/findings/mix.py)
 }
 FINDING_IDS = tuple(SEVERITY)
 

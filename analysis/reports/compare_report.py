@@ -9,6 +9,7 @@ from typing import Any, Literal
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kneeswarm.analysis.reports.mix_report import classes_lines
 from kneeswarm.analysis.schema.comparison import (INTERVAL_BETWEEN_RUNS, Change, CompareSettings, Comparison,
                                                   FindingsChange, Shift, ShiftSide, StepComparison, UslChange)
 
@@ -105,6 +106,7 @@ def compare_markdown(result: Comparison) -> str:
         out += [f"Steps in one run only: base {um.get('base_only')}, new {um.get('new_only')}", ""]
     out += [shift_line("Knee", result.get("knee", {})) + "  ", shift_line("Peak", result.get("peak", {})) + "  ",
             usl_line(result.get("usl", {})), "", "**Findings:**"] + findings_lines(result.get("findings", {}))
+    out += [""] + classes_lines(result.get("classes") or [])  # traffic mixes (mix_report.py)
     out += [f"\n**Warning:** {w}" for w in result.get("warnings", [])]
     return "\n".join(out) + "\n"
 

@@ -31,6 +31,7 @@ from kneeswarm.analysis.measure.streaming import streaming_lines, streaming_tabl
 from kneeswarm.analysis.reports.markdown import (VALID_HEADER, knee_lines, malformed_lines, n_users, resent_lines, status_line, table_groups, table_rows, warning_lines, workload_lines)
 from kneeswarm.analysis.measure.target import (PROMETHEUS_STREAM, TARGET_METRICS, target_source_note, target_timeline)
 from kneeswarm.analysis.measure.workers import worker_tables
+from kneeswarm.analysis.reports.mix_report import mix_html
 
 logger = logging.getLogger(__name__)
 
@@ -465,6 +466,7 @@ def render_html(summary: Summary, timeline: pd.DataFrame, generator: dict[str, p
     parts.append(_timeline_figure(summary, timeline, generator, hosts, t0, bin_s).to_html(full_html=False,
                                                                                           include_plotlyjs=False))
     parts.append(_tables_html(summary))
+    parts.append(mix_html(summary))  # a traffic mix: each class's knee, chart and steps (mix_report.py)
     parts.append(_workers_html(summary))
     parts.append(_hosts_html(summary))
     parts.append("</body></html>")

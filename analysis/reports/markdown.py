@@ -20,6 +20,7 @@ from kneeswarm.analysis.measure.streaming import streaming_lines, streaming_tabl
 from kneeswarm.analysis.measure.target import TARGET_METRICS, target_source_note
 from kneeswarm.analysis.measure.workers import worker_tables
 from kneeswarm.contracts.outcome import Ended
+from kneeswarm.analysis.reports.mix_report import mix_markdown
 
 logger = logging.getLogger(__name__)
 
@@ -333,6 +334,7 @@ def to_markdown(summary: Summary) -> str:
     lines += _md_explained(summary)
     lines += search_lines(summary)  # [load] mode = "search": the probes in order, with why
     lines += _md_tables(summary)
+    lines += mix_markdown(summary)  # a traffic mix: each class's knee and steps (mix_report.py)
     for title, header, rows in worker_tables(summary):  # kneeswarm.analysis.measure.workers
         lines += [f"### {title}", "", *_md_table(header, rows, numeric=0), ""]
     hosts = got if isinstance(got := summary.get("hosts"), dict) else {}

@@ -30,6 +30,7 @@ from typing import Any, TypedDict, cast
 import numpy as np
 
 from kneeswarm.analysis.measure import bootstrap
+from kneeswarm.analysis.runs.compare_classes import classes_change
 from kneeswarm.analysis.reports.compare_report import compare_html, compare_markdown
 from kneeswarm.analysis.findings import Explanation, explain
 from kneeswarm.analysis.schema.summary import PlanTable, Summary, SummaryStep, UslFit, num
@@ -268,6 +269,8 @@ def compare_runs(base_dir: str | Path, new_dir: str | Path, *, resamples: int = 
                                             "new_only": [by[1][u].get("users") for u in sorted(set(by[1]) - set(by[0]))]},
               **compare_summaries(summaries[0], summaries[1], plans[0], plans[1]),
               "verdict": verdict, "reasons": reasons, "warnings": warnings}
+    if classes := classes_change(summaries[0], summaries[1]):  # traffic mixes: each class's changes
+        result["classes"] = classes
     for which, run, plan in (("base", runs[0], plans[0]), ("new", runs[1], plans[1])):
         if plan is None:
             warnings.append(f"the {which} run has no plan.toml ({run.plan_path}): its findings used the default settings")

@@ -120,7 +120,28 @@ class SummariesComparison(TypedDict):
     findings: FindingsChange
 
 
-class Comparison(SummariesComparison):
+class ClassStepChange(TypedDict):
+    """One class at one step valid in both runs: its point figures and their relative change."""
+    users: int | float
+    qps: list[float | None]  # [base, new]
+    p99_ms: list[float | None]
+    qps_rel: float | None
+    p99_rel: float | None
+
+
+class ClassChange(TypedDict):
+    """One class present in both runs' mix (kneeswarm.analysis.runs.compare_classes)."""
+    name: str
+    steps: list[ClassStepChange]
+    latency_knee: list[int | float | None]  # [base, new]: the users where its P99 took off
+    knee: list[int | float | None]  # [base, new]: its QPS knee's users
+
+
+class MixComparison(TypedDict, total=False):
+    classes: list[ClassChange]  # traffic mixes on both sides: each class's point changes (no interval yet)
+
+
+class Comparison(SummariesComparison, MixComparison):
     """compare.json."""
     version: int  # COMPARE_VERSION
     base: RunInfo

@@ -143,6 +143,7 @@ class SlaResult(TypedDict, total=False):
     problems: list[str]
     below_best_failed: list[int | float | None]
     text: str
+    classes: dict[str, SlaResult]  # a traffic mix with [sla.classes.NAME]: each class's own check
 
 
 class Figure(TypedDict):
@@ -574,6 +575,51 @@ def summary_meta(meta: Meta) -> SummaryMeta:
     return cast(SummaryMeta, {k: v for k, v in meta.items() if k in SummaryMeta.__optional_keys__})
 
 
+class ClassStep(TypedDict, total=False):
+    """One step of one class of a traffic mix (kneeswarm.analysis.measure.classes)."""
+
+    index: int
+    users: int | float
+    valid: bool  # the whole step's verdict (its window, its generator, its losses)
+    requests: int  # rows of the class started in the step's steady window
+    ok: int
+    qps: float | None  # answered requests/s
+    share_sent: float | None  # the class's share of the step's requests
+    share_answered: float | None  # its share of the step's answered requests
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    error_rate: float | None
+    errors: dict[str, int]
+    ttft_p99_ms: float | None  # streamed answers only
+    itl_p99_ms: float | None
+    tpot_p99_ms: float | None
+    tokens_s: float | None  # output tokens/s of its answered requests, where counted
+    goodput_rps: float | None  # answered within the plan's [sla] p99_ms / ttft_ms (set limits only)
+    server_rps: float | None  # the server's own count of its model's requests per second (Triton's, TorchServe's,
+    #                           vLLM's per-model counters scraped from metrics_url), beside its QPS
+
+
+class ClassFigures(TypedDict, total=False):
+    """One class of ``mix.classes``: its weight's share, its steps and its own knees."""
+
+    name: str
+    weight_share: float | None  # its weight over the sum of weights (None: not in the plan)
+    requests: int  # its rows, all steps
+    share: float  # its share of all rows
+    steps: list[ClassStep]
+    knee: Knee  # where its own QPS stopped rising (find_knee on its series)
+    latency_knee: Knee  # where its own P99 took off (find_latency_knee on its series)
+
+
+class MixSummary(TypedDict, total=False):
+    """``mix``: a run with [[request.classes]] (kneeswarm.analysis.measure.classes)."""
+
+    classes: list[ClassFigures]
+    first_latency_knee: str | None  # the class whose P99 took off first (None: none took off, or a tie)
+    text: str
+
+
 class Summary(TypedDict, total=False):
     """report/summary.json (SUMMARY_VERSION); stable keys: run_id, complete, steps[], knee, peak,
     findings ids, usl, sla, capacity."""
@@ -612,6 +658,7 @@ class Summary(TypedDict, total=False):
     soak: SoakSection  # mode = "soak", for leaks: kneeswarm.analysis.summary.soak.soak_section (users, rate, duration_s,
     #                       window_s, windows, series {t, client, errors, hosts}, trends, thresholds)
     search: SearchSummary  # [load] mode = "search" only
+    mix: MixSummary  # a traffic mix ([[request.classes]]) only: each class's figures and knees
 
 
 def undeclared_keys(summary: dict[str, Any]) -> list[str]:  # any summary: one read back from disk too

@@ -19,6 +19,7 @@ import logging
 from typing import Any
 
 from kneeswarm.analysis.schema.summary import CapacityResult, PlanTable, SlaCheck, SlaResult, Summary
+from kneeswarm.analysis.summary.classes import class_sla
 
 from kneeswarm.analysis.models.capacity import (MIN_QPS_KEY, SLA_STEP_KEYS, capacity_lines, capacity_plan, sla_check)
 
@@ -44,6 +45,8 @@ def no_sla() -> SlaResult:
 def evaluate(summary: Summary, plan: Any) -> tuple[SlaResult, CapacityResult]:
     """(sla, capacity) of a summary under a plan dict; never raises on a malformed plan."""
     sla_table = _table(plan, "sla")
+    per_class = sla_table.get("classes") if sla_table else None  # a traffic mix's classes' own limits
+    sla_table = {k: v for k, v in sla_table.items() if k != "classes"} if sla_table else sla_table
     problems = []
     if isinstance(plan, dict) and "sla" in plan and sla_table is None:
         problems.append(f"plan.toml: [sla] is not a table ({plan['sla']!r}); no SLA checked")
@@ -54,6 +57,8 @@ def evaluate(summary: Summary, plan: Any) -> tuple[SlaResult, CapacityResult]:
         sla = no_sla()
         sla["problems"] = problems
     capacity = capacity_plan(summary, sla if sla.get("set") else None, _table(plan, "capacity"))
+    if isinstance(per_class, dict) and per_class:  # each class's steps against its own limits (summary/classes.py)
+        sla = class_sla(sla, summary, per_class)
     return sla, capacity
 
 

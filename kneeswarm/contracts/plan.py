@@ -152,6 +152,9 @@ class RequestPlan:
     body: str | None = None  # JSON template: {{prompt}} {{data}} {{model}} {{user}} placeholders
     health_path: str | None = None  # overrides the protocol's health path
     success_path: str | None = None  # dotted JSON path that must be present in a 2xx answer (http)
+    # -- a traffic mix (kneeswarm.contracts.classes): [[request.classes]] name, weight and the keys that differ
+    lora: list[dict] | None = None  # openai: llama.cpp's per-request adapters, [{id = 0, scale = 1.0}] (its `lora` field)
+    classes: list[dict] | None = None  # [[request.classes]]: each request draws one by weight; [request] is their default
 
 
 
@@ -309,6 +312,7 @@ class SlaPlan:
     ttft_ms: float | None = None  # P99 time to first token (streaming runs; skipped where not measured)
     itl_ms: float | None = None  # P99 inter-token latency (streaming runs; skipped where not measured)
     min_qps: float | None = None  # the best step meeting the SLA must also deliver at least this QPS
+    classes: dict | None = None  # [sla.classes.NAME]: a traffic mix's class's own limits (the keys above)
 
     def is_set(self) -> bool:
         return any(getattr(self, f.name) is not None for f in dataclasses.fields(self))

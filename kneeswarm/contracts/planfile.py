@@ -15,6 +15,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from kneeswarm.contracts.classes import ClassError, check_class_sla, parse_classes
 from kneeswarm.contracts.plan import (GRPC_PROTOCOLS, KUBERNETES_KEYS, LOOPS, MODES, OPENAI_ENDPOINTS, PROTOCOLS, SCOPES,
                                       SOAK_KEYS, SOAK_MIN_WINDOWS, SOAK_WINDOW, TENSOR_DATATYPES, AnalysisPlan,
                                       CapacityPlan, EndpointPlan, HostPlan, LoadPlan,
@@ -294,10 +295,6 @@ def _validate(plan: Plan, source: str) -> None:
     if plan.protocol not in PROTOCOLS:
         raise PlanError(f"{source}: protocol '{plan.protocol}' is not supported (supported: {', '.join(PROTOCOLS)})")
     _validate_target(plan, source)
-    if plan.request.data not in ("random", "fixed"):
-        raise PlanError(f"{source}: request.data must be 'random' or 'fixed', got {plan.request.data!r}")
-    if not plan.request.shape or any(d < 1 for d in plan.request.shape):
-        raise PlanError(f"{source}: request.shape must be positive dimensions, got {plan.request.shape}")
     if plan.request.timeout <= 0:
         raise PlanError(f"{source}: request.timeout must be > 0 seconds")
     _validate_request(plan, source)
@@ -361,6 +358,10 @@ def _validate_reach(h: HostPlan, where: str) -> None:
 def _validate_request(plan: Plan, source: str) -> None:
     """The [request] keys that depend on the protocol."""
     r = plan.request
+    if r.data not in ("random", "fixed"):
+        raise PlanError(f"{source}: request.data must be 'random' or 'fixed', got {r.data!r}")
+    if not r.shape or any(d < 1 for d in r.shape):
+        raise PlanError(f"{source}: request.shape must be positive dimensions, got {r.shape}")
     if r.batch < 1:
         raise PlanError(f"{source}: request.batch must be >= 1, got {r.batch}")
     if r.endpoint not in OPENAI_ENDPOINTS:
@@ -401,6 +402,40 @@ def _validate_request(plan: Plan, source: str) -> None:
     _validate_grpc_request(plan, source)
     if str(r.datatype).upper() not in TENSOR_DATATYPES:
         raise PlanError(f"{source}: request.datatype {r.datatype!r} is not a KServe v2 datatype")
+    _validate_lora(plan, source)
+    _validate_classes(plan, source)
+
+
+def _validate_lora(plan: Plan, source: str) -> None:
+    """request.lora: llama.cpp's per-request adapter list, [{id, scale}] (protocol openai)."""
+    lora = plan.request.lora
+    if lora is None:
+        return
+    if plan.protocol != "openai":
+        raise PlanError(f"{source}: request.lora (llama.cpp's per-request adapters) is for protocol 'openai'")
+    for i, a in enumerate(lora):
+        ident, scale = a.get("id"), a.get("scale", 1.0)
+        if set(a) - {"id", "scale"} or isinstance(ident, bool) or not isinstance(ident, int) or ident < 0 \
+                or isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise PlanError(f"{source}: request.lora[{i}] must be {{id = N >= 0, scale = number}}, got {a!r}")
+
+
+def _validate_classes(plan: Plan, source: str) -> None:
+    """[[request.classes]] (kneeswarm.contracts.classes): the tables' own checks, then each class's
+    merged [request] through the same checks as the plan's own, its messages naming the class."""
+    try:
+        classes = parse_classes(plan.request, plan.protocol,
+                                lambda where, value, hint: _check_type(source, where, value, hint))
+        check_class_sla(plan.sla.classes, [c.name for c in classes])
+    except ClassError as e:
+        raise PlanError(f"{source}: {e}") from None
+    for i, c in enumerate(classes):
+        try:
+            _validate_request(dataclasses.replace(plan, request=c.request, sla=dataclasses.replace(plan.sla, classes=None)),
+                              source)
+        except PlanError as e:
+            said = str(e).removeprefix(f"{source}: ")
+            raise PlanError(f"{source}: request.classes[{i}] ({c.name}): {said}") from None
 
 
 #: the [request] keys that belong to one gRPC protocol

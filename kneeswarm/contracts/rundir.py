@@ -74,6 +74,9 @@ REQUEST_SCHEMA = pa.schema(
         # times the request was sent again because the server closed its kept-alive connection cleanly
         # before answering (locustfiles/users.py STALE_CONNECTION_RETRIES); null: sent once
         ("resent", pa.int32()),
+        # a traffic mix ([[request.classes]]): the class the request drew; null without a mix (and in
+        # parts written before the column existed)
+        ("class", pa.string()),
     ]
 )
 REQUEST_COLUMNS = tuple(REQUEST_SCHEMA.names)

@@ -78,7 +78,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import (
     CollectorRegistry,
@@ -100,7 +100,18 @@ LATENCY_BUCKETS = (
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
 FAULT_KINDS = ("fail", "reset", "truncate", "stall")
 
-__all__ = ["PROMETHEUS_CONTENT_TYPE", "TargetMetrics"]
+__all__ = ["PROMETHEUS_CONTENT_TYPE", "TargetMetrics", "TritonCounters"]
+
+
+class TritonCounters(NamedTuple):
+    """Triton's per-model counters (one model's children, or the labelled gauges themselves)."""
+
+    success: Any
+    count: Any
+    exec: Any
+    request_us: Any
+    queue_us: Any
+    compute_us: Any
 
 
 class TargetMetrics:
@@ -203,21 +214,30 @@ class TargetMetrics:
                                      buckets=LATENCY_BUCKETS, registry=r)
 
     def _triton_metrics(self, r: CollectorRegistry, model: str) -> None:
-        labels = {"model": model, "version": "1"}
+        names = ("model", "version")
 
         # Triton (prometheus-cpp) exports these counters without the "_total" that prometheus_client
         # adds to every Counter: gauges that only grow keep Triton's exact sample names.
-        def counter(name: str, doc: str) -> Any:
-            return Gauge(name, doc, list(labels), registry=r).labels(**labels)
+        def counter(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, list(names), registry=r)
 
-        self.nv_success = counter("nv_inference_request_success", "Successful inference requests (KServe v2)")
+        self._nv = TritonCounters(
+            counter("nv_inference_request_success", "Successful inference requests (KServe v2)"),
+            counter("nv_inference_count", "Inferences performed: items of successful requests"),
+            counter("nv_inference_exec_count", "Model executions (batches run)"),
+            counter("nv_inference_request_duration_us", "Cumulative request time, us"),
+            counter("nv_inference_queue_duration_us", "Cumulative queue time, us"),
+            counter("nv_inference_compute_infer_duration_us", "Cumulative compute time, us"))
         self.nv_failure = Gauge("nv_inference_request_failure", "Failed inference requests (KServe v2)",
                                 ["model", "reason", "version"], registry=r)
-        self.nv_count = counter("nv_inference_count", "Inferences performed: items of successful requests")
-        self.nv_exec = counter("nv_inference_exec_count", "Model executions (batches run)")
-        self.nv_request_us = counter("nv_inference_request_duration_us", "Cumulative request time, us")
-        self.nv_queue_us = counter("nv_inference_queue_duration_us", "Cumulative queue time, us")
-        self.nv_compute_us = counter("nv_inference_compute_infer_duration_us", "Cumulative compute time, us")
+        one = self.triton(model)
+        self.nv_success, self.nv_count, self.nv_exec = one.success, one.count, one.exec
+        self.nv_request_us, self.nv_queue_us, self.nv_compute_us = one.request_us, one.queue_us, one.compute_us
+
+    def triton(self, model: str) -> TritonCounters:
+        """Triton's per-model counters of ``model`` (version "1"), as Triton labels them: a server of
+        several models (``--models``) counts each under its own name."""
+        return TritonCounters(*(g.labels(model=model, version="1") for g in self._nv))
 
     def _torchserve_metrics(self, r: CollectorRegistry, model: str) -> None:
         labels = {"model_name": model, "model_version": "default"}

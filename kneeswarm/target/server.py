@@ -21,6 +21,9 @@ Modes
     for T * (1 + sigma (N - 1) + kappa N (N - 1)) ms (T = ``--service-ms``, ``--sigma``,
     ``--kappa``; N in service when it starts), sleeping; in a closed loop with N users
     QPS = 1000 N / that, peak at N* = sqrt((1 - sigma) / kappa) users, retrograde past it.
+    ``--models cheap:5,slow:40`` (knee): several models, each under its own name and service time,
+    sharing the slots in arrival order, or ``--priority`` models first; ``NAME:MS:SLOTS`` gives a
+    model instances of its own (mix.py); Triton's counters per model.
     ``--warmup-s W --warmup-extra-ms X`` (knee and usl): requests take up to X ms more during the
     first W seconds after the first inference request, falling linearly: a warm-up to be cut.
     ``--jitter J`` (knee and usl; jitter.py): each service time times seeded lognormal noise of
@@ -97,6 +100,7 @@ from kneeswarm.target.jitter import DEFAULT_PERIOD_S, Jitter
 from kneeswarm.target.llm import DEFAULT_DECODE_MS, DEFAULT_MAX_BATCH, LLMConfig, TokenChain, llm_routes
 from kneeswarm.target import prefork
 from kneeswarm.target.metrics import PROMETHEUS_CONTENT_TYPE, TargetMetrics
+from kneeswarm.target.mix import MixEngine, parse_models
 from kneeswarm.target.prefork import DEFAULT_CPU_MS, DEFAULT_WORKERS
 from kneeswarm.target.requestlog import RequestLog
 from kneeswarm.target.soak import Soak
@@ -138,6 +142,7 @@ class ModelInfo:
     platform: str
     input_dim: int
     output_dim: int
+    also: tuple[str, ...] = ()  # further models served (--models: each under its own name)
 
     def metadata(self) -> dict[str, Any]:
         return {
@@ -224,7 +229,7 @@ def received_inputs(inputs: list[Any]) -> tuple[int, list[tuple[str, str, str]]]
 # One function: the routes share the engine, the ready flag and the metrics (closures).
 def build_app(
     info: ModelInfo,
-    engine: OnnxEngine | KneeEngine | UslEngine,
+    engine: OnnxEngine | KneeEngine | UslEngine | MixEngine,
     metrics: TargetMetrics,
     on_started: Callable[[], None] | None = None,
     llm: LLMConfig | None = None,
@@ -248,7 +253,7 @@ def build_app(
             engine.stop()
 
     def known(name: str) -> bool:
-        return name == info.name
+        return name == info.name or name in info.also
 
     async def server_metadata(request: Request) -> Response:
         return JSONResponse({"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": []})
@@ -290,7 +295,7 @@ def build_app(
                     "data": output.ravel().tolist(),
                 }
             else:
-                await engine.infer()
+                await (engine.infer(name) if isinstance(engine, MixEngine) else engine.infer())
                 tensor = KNEE_OUTPUT
         except BadRequest as exc:
             served.labels(code="400").inc()
@@ -304,14 +309,14 @@ def build_app(
             logger.exception("infer failed")
             served.labels(code="500").inc()
             return _error(500, f"inference failed: {exc}")
-        m = metrics
-        m.nv_success.inc()
-        m.nv_count.inc(received_inputs(inputs)[0])
-        m.nv_request_us.inc((time.perf_counter() - started) * 1e6)
+        m = metrics.triton(name)  # Triton's counters of the model asked for
+        m.success.inc()
+        m.count.inc(received_inputs(inputs)[0])
+        m.request_us.inc((time.perf_counter() - started) * 1e6)
         request_id = body.get("id")
         response = JSONResponse(
             {
-                "model_name": info.name,
+                "model_name": name,
                 "model_version": MODEL_VERSION,
                 "id": request_id if isinstance(request_id, str) else uuid.uuid4().hex,
                 "outputs": [tensor],
@@ -389,6 +394,13 @@ def _kv_tokens(text: str) -> int:
     if value == 1:
         raise argparse.ArgumentTypeError("1 must be 0 (no engine model) or at least 2")
     return value
+
+
+def _models(text: str) -> list[Any]:
+    try:
+        return parse_models(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _rate(text: str) -> float:
@@ -533,6 +545,11 @@ def build_parser(prog: str = "kneeswarm target") -> argparse.ArgumentParser:
     knee = p.add_argument_group("knee mode")
     knee.add_argument("--slots", type=_int_at_least(1), default=DEFAULT_SLOTS,
                       help="requests served at once (the knee, in users)")
+    knee.add_argument("--models", type=_models, default=None, metavar="NAME:MS[:SLOTS],...",
+                      help="several models, each served under its name for MS ms; sharing --slots (FIFO), or "
+                           "SLOTS instances of its own (kneeswarm.target.mix)")
+    knee.add_argument("--priority", type=lambda t: [n for n in t.split(",") if n], default=[], metavar="NAME,...",
+                      help="--models: the shared queue serves these models first (the others starve)")
     knee.add_argument("--service-ms", type=_positive_float, default=DEFAULT_SERVICE_MS,
                       help="time each request holds its slot (usl mode: T, the time of a request alone)")
     usl = p.add_argument_group("usl mode (and --service-ms)")
@@ -599,27 +616,34 @@ def _jitter(args: argparse.Namespace, info_labels: dict[str, Any]) -> Jitter:
     return Jitter(args.jitter, args.jitter_period, args.jitter_seed)
 
 
-def _build(args: argparse.Namespace) -> tuple[ModelInfo, OnnxEngine | KneeEngine | UslEngine, TargetMetrics]:
+def _build_mix(args: argparse.Namespace, info_labels: dict[str, Any], warmup: Warmup,
+               jitter: Jitter) -> tuple[ModelInfo, MixEngine, TargetMetrics]:
+    """``--models``: the models of different cost of kneeswarm.target.mix, behind one server."""
+    info_labels.update(model=args.models[0].name, slots=args.slots, priority=",".join(args.priority),
+                       models=",".join(f"{m.name}:{m.service_ms:g}" for m in args.models))
+    metrics = TargetMetrics(info_labels, workers=args.slots, queue_capacity=args.queue_size)
+    engine = MixEngine(metrics, args.models, args.slots, tuple(args.priority), args.queue_size, warmup, jitter)
+    names = tuple(m.name for m in args.models)
+    return ModelInfo(names[0], "kneeswarm_knee", -1, 1, also=names[1:]), engine, metrics
+
+
+def _build(args: argparse.Namespace) -> tuple[ModelInfo, OnnxEngine | KneeEngine | UslEngine | MixEngine, TargetMetrics]:
     info_labels: dict[str, Any] = {"mode": args.mode, "model": args.model_name}
     warmup, jitter = Warmup(args.warmup_s, args.warmup_extra_ms / 1000.0), _jitter(args, info_labels)
     if args.mode == "usl":
         info_labels.update(service_ms=args.service_ms, sigma=args.sigma, kappa=args.kappa)
         metrics = TargetMetrics(info_labels, workers=0, queue_capacity=0)
-        engine: OnnxEngine | KneeEngine | UslEngine = UslEngine(
+        engine: OnnxEngine | KneeEngine | UslEngine | MixEngine = UslEngine(
             metrics, service_s=args.service_ms / 1000.0, sigma=args.sigma, kappa=args.kappa, warmup=warmup,
             jitter=jitter)
         return ModelInfo(args.model_name, "kneeswarm_usl", -1, 1), engine, metrics  # any input
+    if args.mode == "knee" and args.models:  # several models of different cost (mix.py)
+        return _build_mix(args, info_labels, warmup, jitter)
     if args.mode == "knee":
         info_labels.update(slots=args.slots, service_ms=args.service_ms)
         metrics = TargetMetrics(info_labels, workers=args.slots, queue_capacity=args.queue_size)
-        engine = KneeEngine(
-            metrics,
-            slots=args.slots,
-            service_s=args.service_ms / 1000.0,
-            queue_size=args.queue_size,
-            warmup=warmup,
-            jitter=jitter,
-        )
+        engine = KneeEngine(metrics, slots=args.slots, service_s=args.service_ms / 1000.0, queue_size=args.queue_size,
+                            warmup=warmup, jitter=jitter)
         return ModelInfo(args.model_name, "kneeswarm_knee", -1, 1), engine, metrics  # any input
     spec = model_mod.ModelSpec(
         input_dim=args.input_dim,
@@ -664,7 +688,7 @@ def _exit_quietly(signum: int, frame: Any) -> None:
     """uvicorn re-raises the signal that stopped it once it has shut down; by then we are done."""
 
 
-def _wrapped_app(args: argparse.Namespace, info: ModelInfo, engine: OnnxEngine | KneeEngine | UslEngine, metrics: TargetMetrics,
+def _wrapped_app(args: argparse.Namespace, info: ModelInfo, engine: OnnxEngine | KneeEngine | UslEngine | MixEngine, metrics: TargetMetrics,
                  announce: Callable[[], None]) -> Any:
     """The application inside the gate (API key, faults), inside the request log when asked
     (ValueError: a bad gate setting; OSError: the log cannot be opened)."""
@@ -696,10 +720,16 @@ def _serve_prefork(args: argparse.Namespace, sock: socket.socket) -> int:
     return prefork.serve(sock, args.workers, args.model_name, args.cpu_ms, args.max_requests, forked)
 
 
+def _check_models(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if (args.models or args.priority) and (args.mode != "knee" or not set(args.priority) <= {m.name for m in args.models or []}):
+        parser.error("--models is for --mode knee, and --priority names some of its models")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the demo target until SIGTERM/SIGINT; 0 on a clean stop, 2 on bad arguments."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    _check_models(parser, args)
     if args.jitter and args.mode == "onnx":  # the onnx mode's time is real work: no service time to scale
         parser.error("--jitter is for --mode knee and usl (their service time is set, not measured)")
     logging.basicConfig(

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kneeswarm.contracts.classes import classes_of
+
 from kneeswarm.locustfiles.protocols.base import (BadPayload, PreflightError, PreparedRequest, Protocol, ProtocolError, StreamTruncated, Tokens, connection_problem, detail, refusal_hint)
 from kneeswarm.locustfiles.protocols.http import GenericHTTP
 from kneeswarm.locustfiles.protocols.kserve import KServeV2
 from kneeswarm.locustfiles.protocols.kserve_grpc import KServeGrpc
+from kneeswarm.locustfiles.protocols.mix import Mixed
 from kneeswarm.locustfiles.protocols.openai import OpenAI
 from kneeswarm.locustfiles.protocols.tfserving import TFServing
 from kneeswarm.locustfiles.protocols.torchserve import TorchServe
@@ -40,6 +43,10 @@ def for_plan(plan: Plan, seed: int = 0) -> Protocol:
     """The plan's protocol for one user (ProtocolError when the plan cannot be turned into requests);
     with ``[request] replay`` its requests are the recording's (workload.Replayed), with ``[request]
     trace`` a Mooncake trace's (workload.Traced)."""
+    classes = classes_of(plan)
+    if classes:  # a traffic mix: a protocol per class, each request drawing its class (mix.py)
+        return Mixed(classes, lambda cfg, s: PROTOCOLS[plan.protocol](cfg, seed=s, endpoint=plan.endpoint), seed,
+                     plan.endpoint)
     request = vars(plan.request)
     protocol = PROTOCOLS[plan.protocol](request, seed=seed, endpoint=plan.endpoint)
     if request.get("trace"):  # a Mooncake trace: lengths, shared blocks, arrival times (production's, replayed)
@@ -52,4 +59,4 @@ def for_plan(plan: Plan, seed: int = 0) -> Protocol:
 
 __all__ = ["BadPayload", "PreflightError", "PreparedRequest", "Protocol", "ProtocolError", "StreamTruncated",
            "Tokens", "PROTOCOLS", "for_plan", "connection_problem", "detail", "refusal_hint", "GenericHTTP", "KServeV2", "OpenAI", "TFServing", "TorchServe",
-           "KServeGrpc", "TritonStream", "TorchServeGrpc"]
+           "KServeGrpc", "TritonStream", "TorchServeGrpc", "Mixed"]

@@ -76,6 +76,7 @@ class PreparedRequest:
     tokens_pinned: int | None = None  # output length the request pins (LLM: ignore_eos or min_tokens = max_tokens)
     prefix: int | None = None  # the shared prefix it starts with ([request.prefix]; its row's `prefix`)
     turn: int | None = None  # its turn in a conversation, from 1 ([request.conversation]; its row's `turn`)
+    klass: str | None = None  # its class in a traffic mix ([[request.classes]]; its row's `class`)
 
 
 #: Distinct random bodies pre-built per user: requests cycle through them, so building a body
@@ -135,6 +136,10 @@ class Protocol:
         """The next of the pre-built requests (``self._requests``), in turn."""
         self._i += 1
         return self._requests[self._i % len(self._requests)]
+
+    def of(self, req: PreparedRequest) -> Protocol:
+        """The protocol that built ``req`` and judges its answer: this one (a mix: its class's)."""
+        return self
 
     def check_response(self, body: bytes) -> Tokens | None:
         """Raise BadPayload if ``body`` is not a valid answer; return token counts when known."""

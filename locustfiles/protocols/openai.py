@@ -150,6 +150,8 @@ class OpenAI(Protocol):
             body["ignore_eos"] = True
         if self.cfg.get("min_tokens") is not None:
             body["min_tokens"] = int(self.cfg["min_tokens"])
+        if self.cfg.get("lora") is not None:  # llama.cpp's per-request adapters: [{"id": N, "scale": x}]
+            body["lora"] = [{"id": int(a["id"]), "scale": float(a.get("scale", 1.0))} for a in self.cfg["lora"]]
         data = json.dumps(body, separators=(",", ":")).encode()
         if tokens_in is None:
             tokens_in = self.counter.count_record({"prompt": prompt} if messages is None else {"messages": messages})
