@@ -2,7 +2,8 @@
 Triton's and TorchServe's services, with kneeswarm's stubs) whose own record of what it served is
 the truth -- one line per request, with the header it came with, and for a stream
 the time each response was sent.  The load modes on gRPC rows as on HTTP ones: open loop, a search
-(the knee at the server's slots), ``--repeat`` merged, the SLA gate, compare and history.  And the bad inputs: a wrong model, a wrong shape, a server without
+(the knee at the server's slots, and the findings on its rows), soak, ``--repeat`` merged, the SLA gate,
+compare and history.  And the bad inputs: a wrong model, a wrong shape, a server without
 gRPC on that port, a plaintext target for a TLS server and the reverse: one line each, exit 2, no
 run directory (so no load)."""
 
@@ -22,6 +23,7 @@ import pytest
 from conftest import REPO, only_run_dir, read_summary, run_cli, wait_for
 from kneeswarm.analysis.runs.compare import NOT_COMPARABLE, REGRESSED
 from kneeswarm.analysis.runs.history import run_history
+from kneeswarm.analysis.summary.soak import SOAK_IDS
 from kneeswarm.contracts.outcome import EXIT_SLA_FAILED
 from kneeswarm.contracts.rundir import REPEAT_JSON, RunDir
 from tls_proxy import DEMO_HOST, make_pki
@@ -248,11 +250,15 @@ def test_search_brackets_the_knee_at_the_servers_slots(tmp_path):
     server = GrpcServer("--slots", str(SEARCH_SLOTS), "--service-ms", str(SEARCH_SERVICE_MS))
     try:
         rows = run(tmp_path, plan(tmp_path, f"grpc://127.0.0.1:{server.port}", "kserve-grpc", KSERVE_DOUBLE,
-                                  load=SEARCH_LOAD))
+                                  load=SEARCH_LOAD), "--pid", str(server.proc.pid))
     finally:
         lines = server.lines()
     run_dir = only_run_dir(tmp_path / "out")
     s = read_summary(run_dir)
+    # the findings read gRPC rows as HTTP ones: past its slots the server's calls wait (each holds a
+    # slot asleep, no CPU), so latency rises while the monitored server computes nothing
+    said = {f["id"] for f in s["findings"] + s.get("findings_marginal", [])}
+    assert "waiting_not_computing" in said, said
     search = s["search"]
     users = [p["users"] for p in search["probes"]]
     print(users, search["knee_bracket"], search["stopped_because"],
@@ -343,3 +349,32 @@ def test_compare_and_history_of_the_two_grpc_runs(repeated, tmp_path):
     result, _ = run_history([out], out=str(tmp_path / "history"))
     (group,) = result["groups"]
     assert [r["run_id"] for r in group["runs"]] == [folder.name]
+
+
+SOAK_LOAD = 'mode = "soak"\nusers = 2\nduration = 14\nwindow = 2\nramp = 1\nsettle = 1\nworkers = 1\n'
+SOAK_WINDOWS = 7
+
+
+@pytest.mark.long
+def test_soak_over_grpc_tiles_its_windows_with_the_servers_series(tmp_path):
+    """``mode = "soak"`` over kserve-grpc: one step per window, each window's QPS the rows' own count
+    over its length and the server's truth (2 users on 4 slots of 50 ms: 40/s), the monitored
+    server's RSS a series per window, and a steady server given no soak finding."""
+    server = GrpcServer("--slots", "4", "--service-ms", "50")
+    try:
+        rows = run(tmp_path, plan(tmp_path, f"grpc://127.0.0.1:{server.port}", "kserve-grpc", KSERVE_DOUBLE,
+                                  load=SOAK_LOAD), "--pid", str(server.proc.pid))
+    finally:
+        server.lines()
+    s = read_summary(only_run_dir(tmp_path / "out"))
+    windows = s["steps"]
+    assert len(windows) == SOAK_WINDOWS and s["soak"]["windows"] == SOAK_WINDOWS
+    t, ok = rows["t_start"].to_numpy(), rows["ok"].to_numpy(bool)
+    for w in windows:
+        m = (t >= w["t_lo"]) & (t < w["t_hi"])
+        assert w["requests"] == int(m.sum()) and w["qps"] == pytest.approx((m & ok).sum() / w["window_s"], rel=1e-9)
+    valid = [w["qps"] for w in windows if w["valid"]]
+    assert valid and all(q == pytest.approx(2 * 1000.0 / 50, rel=0.15) for q in valid), valid
+    rss = s["soak"]["series"]["hosts"]["local"]["rss_mb"]
+    assert len(rss) == SOAK_WINDOWS and all(v is not None and v > 0 for v in rss), rss
+    assert not {f["id"] for f in s["findings"]} & set(SOAK_IDS), s["findings"]
