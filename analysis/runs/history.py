@@ -25,7 +25,9 @@ are soaks: a soak's window medians and a sweep's steps are not one series) in st
 for each group the series of P50/P95/P99/P999 at each step's users value and at the SLA boundary,
 and of the peak QPS, over the last ``last`` runs; each series with the drift test and the change
 point of kneeswarm.analysis.models.trend, and beside the change point what changed between the runs on either side
-(versions, host facts, plan keys, input length: ``changes``).
+(versions, host facts, plan keys, input length: ``changes``).  A run with a traffic mix keeps each
+class's figures (column ``classes``), and its group gets each class's own series by the same rule
+(kneeswarm.analysis.runs.history_classes).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Iterable, Mapping, cast
 
+from kneeswarm.analysis.runs.history_classes import class_drift_worse, class_entries, class_history
 from kneeswarm.analysis.schema.history import (HistoryGroup, HistoryResult, HistoryRow, HistorySeries, HistoryStep,
                                                IndexUpdate, InputTokens, LeftOut, Skipped)
 from kneeswarm.analysis.schema.summary import JsonValue, RunChange, Summary, Trend, num
@@ -73,8 +76,9 @@ COLUMNS = {"path": "TEXT PRIMARY KEY", "fingerprint": "TEXT", "status": "TEXT", 
            "started": "REAL", "plan": "TEXT", "target": "TEXT", "complete": "INTEGER", "knee_users": "REAL",
            "knee_qps": "REAL", "peak_users": "REAL", "peak_qps": "REAL", "sla_users": "REAL", "sla_qps": "REAL",
            "input_tokens": "TEXT", "steps": "TEXT", "versions": "TEXT", "hosts": "TEXT", "plan_keys": "TEXT",
-           "indexed_at": "REAL", "mode": "TEXT", "soak": "TEXT", "repeat": "TEXT", "knee_interval": "TEXT"}
-JSON_COLUMNS = ("input_tokens", "steps", "versions", "hosts", "plan_keys", "soak", "repeat", "knee_interval")
+           "indexed_at": "REAL", "mode": "TEXT", "soak": "TEXT", "repeat": "TEXT", "knee_interval": "TEXT",
+           "classes": "TEXT"}
+JSON_COLUMNS = ("input_tokens", "steps", "versions", "hosts", "plan_keys", "soak", "repeat", "knee_interval", "classes")
 SOAK_TRENDS = ("qps", "p50_ms", "p99_ms")  # the client series whose trend a soak's index row keeps
 
 
@@ -218,7 +222,8 @@ def _figures(summary: Summary) -> HistoryRow:
     return {"knee_users": num(knee.get("users")), "knee_qps": num(knee.get("qps")),
             "knee_interval": interval if isinstance(interval, list) else None,
             "peak_users": num(peak.get("users")), "peak_qps": num(peak.get("qps")),
-            "sla_users": num(best.get("users")), "sla_qps": num(best.get("qps")), "steps": _steps(summary)}
+            "sla_users": num(best.get("users")), "sla_qps": num(best.get("qps")), "steps": _steps(summary),
+            "classes": class_entries(summary)}
 
 
 def read_repeated(folder: Path) -> HistoryRow:
@@ -246,7 +251,7 @@ def read_repeated(folder: Path) -> HistoryRow:
             "knee_users": knee["median"], "knee_qps": _median([m.get("knee_qps") for m in members]),
             "peak_users": _median([m.get("peak_users") for m in members]), "peak_qps": rep["peak"]["qps"]["mean"],
             "sla_users": _median([m.get("sla_users") for m in members]),
-            "sla_qps": _median([m.get("sla_qps") for m in members]),
+            "sla_qps": _median([m.get("sla_qps") for m in members]), "classes": None,
             "repeat": {"runs": rep["merged"], "planned": rep["planned"], "members": [m["run_id"] for m in members],
                        "knee": {k: knee[k] for k in ("lo", "hi", "median", "mode", "mode_runs", "text")},
                        "peak_qps": rep["peak"]["qps"]["between"],
@@ -278,7 +283,7 @@ def _soak_figures(summary: Summary) -> HistoryRow:
     found = [{"id": f.get("id"), "host": (f.get("evidence") or {}).get("host")}
              for f in summary.get("findings") or [] if isinstance(f, dict) and f.get("id") in SOAK_IDS]
     return {"knee_users": None, "knee_qps": None, "peak_users": None, "peak_qps": step.get("qps") if step else None,
-            "sla_users": None, "sla_qps": None, "steps": [step] if step else [],
+            "sla_users": None, "sla_qps": None, "steps": [step] if step else [], "classes": None,
             "soak": {"windows": len(windows), "valid_windows": len(valid), "window_s": num(soak.get("window_s")),
                      "duration_s": num(soak.get("duration_s")), "users": num(soak.get("users")),
                      "rate": num(soak.get("rate")), "trends": trends, "findings": found}}
@@ -476,9 +481,10 @@ def _figures_chosen(text: str | None) -> tuple[str, ...]:
 
 def history(rows: list[HistoryRow], since: str | None = None, plan: str | None = None,
             last: int = DRIFT_WINDOW, figures: str | None = None) -> HistoryResult:
-    """{groups[{plan, target, soak, runs[], left_out[], series[]}], drift_worse[], skipped[]} of the
-    indexed ``rows``; groups by (plan name, target, soak or not), each over its last ``last`` complete
-    runs (a soak's runs carry their ``soak`` entry: windows, trends, findings)."""
+    """{groups[{plan, target, soak, runs[], left_out[], series[], [classes[]]}], drift_worse[], skipped[]}
+    of the indexed ``rows``; groups by (plan name, target, soak or not), each over its last ``last``
+    complete runs (a soak's runs carry their ``soak`` entry: windows, trends, findings; a group with a
+    traffic mix its classes' series: kneeswarm.analysis.runs.history_classes)."""
     from kneeswarm.analysis.models import trend
 
     t0, chosen_figures = _since(since), _figures_chosen(figures)
@@ -495,15 +501,19 @@ def history(rows: list[HistoryRow], since: str | None = None, plan: str | None =
     for (name, target, soak), members in sorted(groups.items()):
         complete = [r for r in members if r.get("complete")][-last:]
         left: list[LeftOut] = [{"run": r["run_id"], "reason": "incomplete run"} for r in members if not r.get("complete")]
-        out.append({"plan": name, "target": target, "soak": soak, "left_out": left,
+        group: HistoryGroup = {"plan": name, "target": target, "soak": soak, "left_out": left,
                     "series": series(complete, chosen_figures),
                     "runs": [{"run_id": r["run_id"], "started": r["started"], "path": r["path"],
                               **({"soak": r.get("soak")} if soak else {}),
                               **({"repeat": r["repeat"]} if r.get("repeat") else {}),
                               **({"knee_users": r.get("knee_users"), "knee_interval": r["knee_interval"]}
-                                 if r.get("knee_interval") else {})} for r in complete]})
-    worse = [{"plan": g["plan"], "target": g["target"], "soak": g["soak"], "figure": s["figure"], **s["drift"]}
-             for g in out for s in g["series"] if s["drift"]["direction"] == "worse"]
+                                 if r.get("knee_interval") else {})} for r in complete]}
+        if classes := class_history(complete, chosen_figures):  # a mix's classes: the key only where one ran
+            group["classes"] = classes
+        out.append(group)
+    worse = [entry for g in out for entry in
+             [{"plan": g["plan"], "target": g["target"], "soak": g["soak"], "figure": s["figure"], **s["drift"]}
+              for s in g["series"] if s["drift"]["direction"] == "worse"] + class_drift_worse(g)]
     skipped: list[Skipped] = [{"path": r["path"], "reason": r["reason"]} for r in chosen if r["status"] == "skipped"]
     return {"groups": out, "drift_worse": worse, "skipped": skipped, "window": last, "figures": list(chosen_figures),
             "thresholds": {"alpha": trend.DRIFT_ALPHA, "min_relative_drift": trend.MIN_RELATIVE_DRIFT,

@@ -7,12 +7,13 @@ A row comes back from SQLite with its JSON columns decoded: it is read as this d
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 from kneeswarm.analysis.schema.summary import ChangePoint, JsonValue, RunChange, Trend
 
-__all__ = ["HistoryStep", "InputTokens", "SoakEntry", "RepeatEntry", "HistoryRow", "RunChange", "HistorySeries",
-           "HistoryRun", "LeftOut", "HistoryGroup", "Skipped", "IndexUpdate", "HistoryResult"]
+__all__ = ["HistoryStep", "InputTokens", "SoakEntry", "RepeatEntry", "ClassEntry", "HistoryRow", "RunChange",
+           "HistorySeries", "HistoryRun", "LeftOut", "ClassGap", "HistoryClass", "HistoryGroup", "Skipped", "IndexUpdate",
+           "HistoryResult"]
 
 
 class HistoryStep(TypedDict, total=False):
@@ -65,6 +66,20 @@ class RepeatEntry(TypedDict):
     findings: list[dict[str, JsonValue]]  # [{id, label, stable}]
 
 
+class ClassEntry(TypedDict):
+    """``classes[NAME]`` of a row of a run with a traffic mix: the class's own figures from the
+    summary's ``mix`` (kneeswarm.analysis.summary.classes)."""
+
+    steps: list[HistoryStep]  # its steps: users, its requests, QPS and percentiles, the whole step's verdict
+    peak_users: float | None  # its valid step of the highest QPS (the whole's rule: find_peak)
+    peak_qps: float | None
+    knee_users: float | None  # where its own QPS stopped rising
+    knee_qps: float | None
+    latency_knee_users: float | None  # where its own P99 took off
+    sla_users: float | None  # its own [sla.classes.NAME] boundary, where the plan set one
+    share: float | None  # its share of the run's rows
+
+
 class HistoryRow(TypedDict, total=False):
     """One row of the index (history.COLUMNS; the JSON columns decoded)."""
 
@@ -93,6 +108,7 @@ class HistoryRow(TypedDict, total=False):
     soak: SoakEntry | None
     repeat: RepeatEntry | None
     knee_interval: list[float | None] | None
+    classes: dict[str, ClassEntry] | None  # a run with a traffic mix; None without (or a soak, a repeated run)
 
 
 class HistorySeries(TypedDict):
@@ -124,6 +140,27 @@ class LeftOut(TypedDict):
     reason: str
 
 
+class ClassGap(TypedDict):
+    """A run of the group in which a class has no figures, and why."""
+
+    run: str
+    reason: str
+
+
+class HistoryClass(TypedDict):
+    """``groups[].classes[]``: one request class of the group's mixes over the group's runs (one
+    value per run in ``runs``, None where the class has a gap)."""
+
+    name: str
+    gaps: list[ClassGap]
+    share: list[float | None]
+    peak_users: list[float | None]
+    knee_users: list[float | None]
+    knee_qps: list[float | None]
+    latency_knee_users: list[float | None]
+    series: list[HistorySeries]  # as the whole's: each figure's values, drift test and change point
+
+
 class HistoryGroup(TypedDict):
     """``groups[]``: the runs of one plan name and target (soaks apart)."""
 
@@ -133,6 +170,7 @@ class HistoryGroup(TypedDict):
     left_out: list[LeftOut]
     series: list[HistorySeries]
     runs: list[HistoryRun]
+    classes: NotRequired[list[HistoryClass]]  # only where a run of the group had a traffic mix
 
 
 class Skipped(TypedDict):
@@ -154,7 +192,7 @@ class HistoryResult(TypedDict, total=False):
     """history.json."""
 
     groups: list[HistoryGroup]
-    drift_worse: list[dict[str, object]]  # {plan, target, soak, figure, and the drift test's keys}
+    drift_worse: list[dict[str, object]]  # {plan, target, soak, [class,] figure, and the drift test's keys}
     skipped: list[Skipped]
     window: int
     figures: list[str]
