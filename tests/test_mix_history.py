@@ -84,6 +84,120 @@ def test_history_of_runs_without_a_mix_is_what_it_wrote_before(tmp_path):
     assert '"classes"' not in got["history.json"] and "class " not in got["history.md"]
 
 
+# -- runs with a mix -----------------------------------------------------------------------------------
+MIX_RUNS = 6
+SLOW_P99_AT_2 = [80.0 * 1.1 ** i for i in range(MIX_RUNS)]  # +10 % a run: the class that regressed
+CHEAP_P99_AT_2 = [20.0, 21.0, 19.5, 20.5, 19.8, 20.2]  # no order: it holds
+CLASS_REQUESTS = 2000  # per class and step: 20 beyond its P99, so its P99 enters the drift test
+
+
+def _class(name: str, i: int, p99_at_2: float, qps_per_user: float, took_off: int | None) -> dict[str, Any]:
+    steps = [{"index": k, "users": u, "valid": True, "requests": CLASS_REQUESTS, "ok": CLASS_REQUESTS,
+              "qps": qps_per_user * u * (1 + 0.01 * ((i + k) % 3)), "p50_ms": 10.0 * (1 + 0.01 * ((i + k) % 3)),
+              "p95_ms": 15.0 * (1 + 0.01 * ((i + k) % 3)), "p99_ms": p99} for k, (u, p99) in enumerate(((1, 0.6 * p99_at_2 if name == "cheap" else 50.0 + i % 2),
+                                                            (2, p99_at_2)))]
+    return {"name": name, "weight_share": 0.5, "requests": 2 * CLASS_REQUESTS, "share": 0.5, "steps": steps,
+            "knee": {"users": 2, "qps": steps[1]["qps"]}, "latency_knee": {"took_off_users": took_off}}
+
+
+def _with_mix(summary: dict[str, Any], i: int, drop: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+    """A mix of "cheap" and "slow" (less the classes in ``drop``); the whole's steps unchanged."""
+    for s in summary["steps"]:
+        s["requests"] = 2 * CLASS_REQUESTS
+    classes = [_class("cheap", i, CHEAP_P99_AT_2[i], 30.0, None),
+               _class("slow", i, SLOW_P99_AT_2[i], 10.0, 2 if i >= 3 else None)]
+    summary["mix"] = {"classes": [c for c in classes if c["name"] not in drop], "first_latency_knee": None, "text": ""}
+
+
+def _summaries(runs: list[Path]) -> list[dict[str, Any]]:
+    return [json.loads((d / "report" / "summary.json").read_text()) for d in runs]
+
+
+def _drifts_worse_by_scipy(values: list[float], worse: int) -> bool:
+    """Mann–Kendall (Kendall's tau against the run order) p < 0.05 and the Theil–Sen line moving
+    >= 10 % of the median over the window, the slope's sign the worse one: the documented rule."""
+    x = np.arange(len(values), dtype=float)
+    tau, p = stats.kendalltau(x, values)
+    slope = stats.theilslopes(values, x)[0]
+    moved = slope * (len(values) - 1) / abs(float(np.median(values)))
+    return bool(p < 0.05 and abs(moved) >= 0.10 and np.sign(slope) == worse)
+
+
+def _group(result: dict[str, Any]) -> dict[str, Any]:
+    (g,) = result["groups"]
+    return g
+
+
+def _class_of(g: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c for c in g["classes"] if c["name"] == name)
+
+
+def _figure(c: dict[str, Any], figure: str) -> dict[str, Any]:
+    return next(s for s in c["series"] if s["figure"] == figure)
+
+
+def test_a_class_whose_p99_rose_is_named_while_the_whole_holds(tmp_path):
+    runs = make_runs(tmp_path / "runs", MIX_RUNS, _with_mix)
+    res = run_cli("history", str(tmp_path / "runs"), "--fail-on-drift", "--out", str(tmp_path / "out"), timeout=120)
+    from kneeswarm.contracts.outcome import EXIT_DRIFT
+
+    assert res.returncode == EXIT_DRIFT, res.stdout + res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert res.stderr.startswith("kneeswarm history: drifted worse: fixture class slow p99_ms at 2 users +"), res.stderr
+    assert "cheap" not in res.stderr
+    result = json.loads((tmp_path / "out" / "history.json").read_text())
+    summaries = _summaries(runs)
+    g = _group(result)
+    # the whole held (its summaries' steps are the fixture's, unchanged): none of its figures drifted
+    assert not [s for s in g["series"] if s["drift"]["drifting"]]
+    assert [(d.get("class"), d["figure"]) for d in result["drift_worse"]] == [("slow", "class slow p99_ms at 2 users")]
+    classes = {n: [next(c for c in s["mix"]["classes"] if c["name"] == n) for s in summaries] for n in ("cheap", "slow")}
+    for name, written in classes.items():
+        c = _class_of(g, name)
+        assert c["gaps"] == []
+        # its P99 at the step both runs had (2 users), as each summary wrote it
+        truth = [next(st["p99_ms"] for st in w["steps"] if st["users"] == 2) for w in written]
+        p99 = _figure(c, "p99_ms at 2 users")
+        assert p99["values"] == truth
+        assert (p99["drift"]["direction"] == "worse") == _drifts_worse_by_scipy(truth, +1) == (name == "slow")
+        # its peak: the valid step of the highest QPS, numpy over each summary's class steps
+        peak = _figure(c, "peak QPS")["values"]
+        assert peak == [float(np.max([st["qps"] for st in w["steps"] if st["valid"]])) for w in written]
+        assert c["peak_users"] == [w["steps"][int(np.argmax([st["qps"] for st in w["steps"]]))]["users"] for w in written]
+        assert c["knee_users"] == [w["knee"]["users"] for w in written]
+        assert c["knee_qps"] == [w["knee"]["qps"] for w in written]
+        assert c["latency_knee_users"] == [w["latency_knee"]["took_off_users"] for w in written]
+    slow = _figure(_class_of(g, "slow"), "p99_ms at 2 users")
+    assert slow["drift"]["rel_change"] > 0.10 and slow["change_point"]["run"] in {d.name for d in runs}
+    md = (tmp_path / "out" / "history.md").read_text()
+    assert "### class slow" in md and "### class cheap" in md
+    assert "plan `fixture`: class slow p99_ms at 2 users" in md
+    html = (tmp_path / "out" / "history.html").read_text()
+    assert "<h3>class slow</h3>" in html and "fixture class slow: latency at 2 users" in html
+
+
+def test_a_class_missing_from_a_run_is_a_gap_said_not_a_crash(tmp_path):
+    root = tmp_path / "runs"
+    runs = make_runs(root, 5, lambda s, i: _with_mix(s, i, {"cheap"} if i == 2 else set()))
+    plain = make_runs(tmp_path / "plain", 1, lambda s, i: None)[0]  # the same plan and target, no mix
+    later = root / "run-05"
+    shutil.move(plain, later)
+    meta = json.loads((later / "meta.json").read_text())
+    (later / "meta.json").write_text(json.dumps({**meta, "started": T0 + 600 * 5, "run_id": later.name}))
+    res = run_cli("history", str(root), "--out", str(tmp_path / "out"), timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    g = _group(json.loads((tmp_path / "out" / "history.json").read_text()))
+    cheap = _class_of(g, "cheap")
+    assert cheap["gaps"] == [{"run": runs[2].name, "reason": "the run's mix had no class cheap"},
+                             {"run": later.name, "reason": "no traffic mix in this run"}]
+    p99 = _figure(cheap, "p99_ms at 2 users")["values"]
+    assert [v is None for v in p99] == [False, False, True, False, False, True]
+    assert [v for v in p99 if v is not None] == [CHEAP_P99_AT_2[i] for i in (0, 1, 3, 4)]
+    assert _class_of(g, "slow")["gaps"] == [{"run": later.name, "reason": "no traffic mix in this run"}]
+    md = (tmp_path / "out" / "history.md").read_text()
+    assert f"- gap: `{runs[2].name}` (the run's mix had no class cheap)" in md
+
+
 if __name__ == "__main__":  # record the expected files again (a deliberate change of the output)
     import tempfile
 

@@ -1,6 +1,7 @@
 """A run history (kneeswarm.analysis.runs.history) as markdown and as one offline plotly page: per plan and target,
 the percentiles at each users value over time (one line per percentile on one chart), the drift
-test of every figure, and at a drifting figure's change point what changed between the runs."""
+test of every figure, and at a drifting figure's change point what changed between the runs; a
+traffic mix's classes each the same, beside the whole (with their knees run by run and their gaps)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any, cast
 
 import plotly.graph_objects as go
 
-from kneeswarm.analysis.schema.history import HistoryGroup, HistoryResult, HistorySeries, RepeatEntry, SoakEntry
+from kneeswarm.analysis.schema.history import (HistoryClass, HistoryGroup, HistoryResult, HistorySeries, RepeatEntry,
+                                               SoakEntry)
 from kneeswarm.analysis.schema.summary import ChangePoint, Trend
 
 logger = logging.getLogger(__name__)
@@ -100,19 +102,41 @@ def group_markdown(g: HistoryGroup) -> list[str]:
     lines += _repeat_lines(g)
     lines += _knee_lines(g)
     lines += [f"- left out: `{x['run']}` ({x['reason']})" for x in g["left_out"]]
-    lines += ["", "| figure | last | drift test |", "|---|---:|---|"]
-    for s in g["series"]:
+    lines += _series_lines(g["series"])
+    for c in g.get("classes") or []:
+        lines += _class_lines(g, c)
+    return lines + [""]
+
+
+def _series_lines(series: list[HistorySeries]) -> list[str]:
+    """The table of figures (last value, drift test) and where the drifting ones moved."""
+    lines = ["", "| figure | last | drift test |", "|---|---:|---|"]
+    for s in series:
         last = next((i for i in reversed(range(len(s["values"]))) if s["values"][i] is not None), None)
         ivs = s.get("intervals") or []
         iv = ivs[last] if last is not None and last < len(ivs) else None
         value = _f(s["values"][last] if last is not None else None) + (f" [{iv[0]:.4g}, {iv[1]:.4g}]" if iv else "")
         lines.append(f"| {s['figure']} | {value} | {_drift_cell(s['drift'])} |")
-    drifting = [(s, cp) for s in g["series"] if s["drift"].get("drifting") and (cp := s["change_point"])]
+    drifting = [(s, cp) for s in series if s["drift"].get("drifting") and (cp := s["change_point"])]
     if drifting:
         lines += ["", "Where the drifting figures moved (single least-squares change point):"]
     for s, cp in drifting:
         lines += [f"- {s['figure']}:", *_changed_lines(cp)]
-    return lines + [""]
+    return lines
+
+
+def _class_lines(g: HistoryGroup, c: HistoryClass) -> list[str]:
+    """One class of the group's mixes: its share, peak and knees run by run, its gaps, its series."""
+    lines = ["", f"### class {c['name']}", "",
+             "| run | share | peak QPS (users) | knee users (QPS) | latency knee users |", "|---|---:|---:|---:|---:|"]
+    peak = {s["figure"]: s for s in c["series"]}.get("peak QPS")
+    for i, r in enumerate(g["runs"]):
+        share = c["share"][i]
+        qps = peak["values"][i] if peak else None
+        lines.append(f"| `{r['run_id']}` | {_f(share, '{:.1%}')} | {_f(qps)} ({_f(c['peak_users'][i])}) | "
+                     f"{_f(c['knee_users'][i])} ({_f(c['knee_qps'][i])}) | {_f(c['latency_knee_users'][i])} |")
+    lines += [""] + [f"- gap: `{x['run']}` ({x['reason']})" for x in c["gaps"]] if c["gaps"] else []
+    return lines + _series_lines(c["series"])
 
 
 def history_markdown(result: HistoryResult) -> str:
@@ -176,4 +200,9 @@ def history_html(result: HistoryResult) -> str:
         for fig in group_figures(g):
             parts.append(fig.to_html(full_html=False, include_plotlyjs=first))
             first = False
+        for c in g.get("classes") or []:  # each class of a mix: its charts beside the whole's
+            parts.append(f"<h3>class {html.escape(c['name'])}</h3>")
+            for fig in group_figures({**g, "plan": f"{g['plan']} class {c['name']}", "series": c["series"]}):
+                parts.append(fig.to_html(full_html=False, include_plotlyjs=first))
+                first = False
     return "\n".join(parts) + "</body></html>\n"
