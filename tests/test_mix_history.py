@@ -198,6 +198,27 @@ def test_a_class_missing_from_a_run_is_a_gap_said_not_a_crash(tmp_path):
     assert f"- gap: `{runs[2].name}` (the run's mix had no class cheap)" in md
 
 
+def test_a_class_s_own_sla_boundary_and_a_torn_mix_section(tmp_path):
+    """A class with [sla.classes.NAME] gets its figures at its own boundary (the step its summary's
+    sla.classes names); a mix section of the wrong shapes is read as far as it goes, not a crash."""
+    def edit(summary: dict[str, Any], i: int) -> None:
+        _with_mix(summary, i)
+        summary["sla"] = {**summary["sla"], "classes": {"slow": {"passed": True, "best": {"users": 1, "qps": 10.0}}}}
+        if i == 4:
+            summary["mix"]["classes"] += [{"name": "torn", "steps": "not a list", "knee": 3}, 5, {"steps": []}]
+
+    runs = make_runs(tmp_path / "runs", 5, edit)
+    res = run_cli("history", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    g = _group(json.loads((tmp_path / "out" / "history.json").read_text()))
+    written = [next(c for c in s["mix"]["classes"] if c["name"] == "slow") for s in _summaries(runs)]
+    at_sla = _figure(_class_of(g, "slow"), "p99_ms at the SLA boundary")["values"]
+    assert at_sla == [next(st["p99_ms"] for st in w["steps"] if st["users"] == 1) for w in written]
+    assert not any(s["figure"].endswith("SLA boundary") for s in _class_of(g, "cheap")["series"])
+    torn = _class_of(g, "torn")
+    assert torn["series"] == [] and torn["knee_users"] == [None] * 5 and len(torn["gaps"]) == 4
+
+
 if __name__ == "__main__":  # record the expected files again (a deliberate change of the output)
     import tempfile
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Mapping, cast
 
 from kneeswarm.analysis.schema.history import ClassEntry, ClassGap, HistoryClass, HistoryGroup, HistoryRow, HistoryStep
-from kneeswarm.analysis.schema.summary import ClassFigures, SlaResult, Summary, num
+from kneeswarm.analysis.schema.summary import ClassFigures, Summary, num
 
 __all__ = ["class_entries", "class_history", "class_drift_worse"]
 
@@ -32,8 +32,14 @@ ROW_FACTS = ("run_id", "started", "path", "input_tokens", "versions", "hosts", "
 
 
 def _steps(c: ClassFigures) -> list[HistoryStep]:
+    steps = c.get("steps")
     return [cast(HistoryStep, {**{k: num(s.get(k)) for k in CLASS_KEYS}, "valid": bool(s.get("valid"))})
-            for s in c.get("steps") or [] if num(s.get("users")) is not None]
+            for s in (steps if isinstance(steps, list) else []) if isinstance(s, dict) and num(s.get("users")) is not None]
+
+
+def _dict(x: object) -> Mapping[str, object]:
+    """``x`` where summary.json has a table, else {} (a hand-edited summary: read what is there)."""
+    return cast(Mapping[str, object], x) if isinstance(x, dict) else {}
 
 
 def class_entries(summary: Summary) -> dict[str, ClassEntry] | None:
@@ -43,17 +49,17 @@ def class_entries(summary: Summary) -> dict[str, ClassEntry] | None:
     mix = summary.get("mix")
     if not isinstance(mix, dict):
         return None
-    sla = summary.get("sla")
-    sla_classes: Mapping[str, SlaResult] = (sla.get("classes") if isinstance(sla, dict) else None) or {}
+    sla_classes = _dict(_dict(summary.get("sla")).get("classes"))
+    classes = mix.get("classes")
     out: dict[str, ClassEntry] = {}
-    for c in mix.get("classes") or []:
+    for c in classes if isinstance(classes, list) else []:
         if not isinstance(c, dict) or not c.get("name"):
             continue
         steps = _steps(c)
         valid = [(s["users"], s["qps"]) for s in steps if s["valid"] and s["users"] is not None and s["qps"] is not None]
         peak = find_peak([u for u, _ in valid], [q for _, q in valid])
-        knee, took = c.get("knee") or {}, c.get("latency_knee") or {}
-        best: Mapping[str, object] = (sla_classes.get(c["name"]) or {}).get("best") or {}
+        knee, took = _dict(c.get("knee")), _dict(c.get("latency_knee"))
+        best = _dict(_dict(sla_classes.get(str(c["name"]))).get("best"))
         out[str(c["name"])] = {"steps": steps, "peak_users": num(peak.get("users")), "peak_qps": num(peak.get("qps")),
                                "knee_users": num(knee.get("users")), "knee_qps": num(knee.get("qps")),
                                "latency_knee_users": num(took.get("took_off_users")),
