@@ -197,7 +197,7 @@ def add_explanations(summary: Summary, plan: PlanTable, reps: Replicates | None 
         mix(summary)
     summary["findings"] = link(summary["findings"])  # the cause first, its consequences under it
     link_marginal(summary.get("findings_marginal") or [], summary["findings"])
-    summary["verdict"] = verdict(summary["findings"])
+    summary["verdict"] = verdict(summary["findings"], summary.get("findings_marginal") or [])
     if isinstance(summary.get("search"), dict) and isinstance(summary.get("knee"), dict):
         bracket_at_noise(summary["search"], summary["knee"])
     summary["findings_unchecked"] = list(explained["unchecked"])

@@ -80,3 +80,18 @@ def test_a_finding_alone_is_its_own_cause_and_info_is_no_verdict():
     assert verdict(link([f("queue_pushback", None)])) == {"causes": [], "text": ""}
     out = link([f("waiting_not_computing")])
     assert verdict(out)["causes"] == ["waiting_not_computing"] and "explained_by" not in out[0]
+
+
+def test_a_root_whose_cause_is_marginal_names_it_as_suspected():
+    """Preemptions plain (confirmed) while the KV cache sits at its threshold within the run's noise
+    (marginal, at the point): the verdict's cause is what the run shows for sure, and it names the
+    chain's cause above it as the likely one; a marginal finding off the point, on another host,
+    or not above it in the table is not named."""
+    found = link([f("preemption", text="The engine preempted.")])
+    kv = {**f("kv_cache_full", text="The KV cache was 79 % full."), "support": 0.8, "at_point": True}
+    v = verdict(found, [kv])
+    assert v["causes"] == ["preemption"] and v["suspected"] == ["kv_cache_full"]
+    assert "`kv_cache_full`, is marginal" in v["text"] and "support 0.80" in v["text"] and "79 % full" in v["text"]
+    for other in ({**kv, "at_point": False}, {**kv, "evidence": {"host": "elsewhere"}},
+                  {**f("switch_storm"), "support": 0.8, "at_point": True}):
+        assert "suspected" not in verdict(found, [other]), other

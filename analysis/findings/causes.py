@@ -148,19 +148,36 @@ def first_sentence(text: str) -> str:
     return head + "." if dot else text
 
 
-def verdict(found: list[Finding]) -> Verdict:
+def suspected_cause(root: Finding, marginal: list[Finding]) -> Finding | None:
+    """A marginal finding, at the same point, that would explain the confirmed ``root`` (the chain's
+    cause sits at its threshold within this run's noise: a KV cache 79.5 % full against 80 %, while
+    the preemptions it causes are plain), the most supported first; None when there is none."""
+    up = [m for m in marginal if m.get("at_point") and explains(m, root)]
+    return max(up, key=lambda m: float(m.get("support") or 0.0)) if up else None
+
+
+def verdict(found: list[Finding], marginal: list[Finding] | None = None) -> Verdict:
     """``verdict``: the root causes' ids and one sentence per cause naming it, its evidence (the
-    finding's own text says the numbers) and the first change to make."""
+    finding's own text says the numbers) and the first change to make.  A root whose own cause in
+    the chain is marginal (``suspected_cause``) says so, and ``suspected`` lists those causes: the
+    consequence is what this run shows for sure, the cause what it most likely is."""
     top = [f for f in roots(found) if f.get("severity") in ("critical", "warning")]
     if not top:
         return {"causes": [], "text": ""}
-    parts = []
+    parts, suspected = [], []
     for f in top:
         also = f.get("consequences") or []
         tail = f" It explains {', '.join(f'`{c}`' for c in also)}." if also else ""
+        if (m := suspected_cause(f, marginal or [])) is not None:
+            suspected.append(str(m["id"]))
+            tail += (f" Its likely cause, `{m['id']}`, is marginal at this run's noise (support "
+                     f"{float(m.get('support') or 0.0):.2f}): {m.get('text', '')}")
         parts.append(f"`{f['id']}`: {f.get('text', '')} First change: {first_sentence(str(f.get('advice', '')))}{tail}")
     lead = "Cause" if len(parts) == 1 else f"{len(parts)} independent causes"
-    return {"causes": list(dict.fromkeys(f["id"] for f in top)), "text": f"{lead}: " + " ".join(parts)}
+    out: Verdict = {"causes": list(dict.fromkeys(f["id"] for f in top)), "text": f"{lead}: " + " ".join(parts)}
+    if suspected:
+        out["suspected"] = list(dict.fromkeys(suspected))
+    return out
 
 
 def link_marginal(marginal: list[Finding], confirmed: list[Finding]) -> None:

@@ -262,6 +262,7 @@ class Verdict(TypedDict):
 
     causes: list[str]
     text: str
+    suspected: NotRequired[list[str]]  # marginal findings that would explain a root (findings/causes.py)
 
 
 class Totals(TypedDict):
