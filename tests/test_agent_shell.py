@@ -170,6 +170,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.skipif(not HAVE_TOOLS, reason="pidstat/vmstat not installed")
 def test_shell_agent_stops_everything_when_the_controller_is_killed(busy, run):

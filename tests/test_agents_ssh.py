@@ -240,6 +240,7 @@ def test_key_held_only_by_ssh_agent(sshd, known_hosts, tmp_path, monkeypatch):
         agent.wait(timeout=10)
 
 
+@pytest.mark.long
 def test_a_server_without_sftp_is_monitored_through_the_exec_channel(tmp_path):
     server = SSHD.start(tmp_path / "nosftp", sftp=False)
     busy = start_busy()

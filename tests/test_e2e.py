@@ -153,6 +153,7 @@ def test_interrupt_stops_gracefully_and_reports(tmp_path, start_demo_target):
     assert (run_dir / "hosts" / "local" / "vmstat.csv").exists()
 
 
+@pytest.mark.long
 def test_second_interrupt_kills_at_once_and_keeps_the_rows(tmp_path, start_demo_target):
     target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
     with running("--target", target.url, "--steps", "1,2", "--hold", "60",

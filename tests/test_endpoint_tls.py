@@ -382,6 +382,7 @@ def test_a_hosts_own_scrape_goes_through_the_endpoint(proxied, token, tmp_path):
     assert SERVED in scrape(**unverified).get("text", "")
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_web_ui_host_field_goes_through_the_endpoint(proxied, tmp_path):
     """Start pressed in the web UI (over HTTP) with the proxy typed into its Host field: the plan's

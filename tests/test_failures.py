@@ -220,6 +220,7 @@ def run_disturbed(args: list[str], out: Path, disturb: Callable[[subprocess.Pope
     return proc.returncode, stdout, stderr
 
 
+@pytest.mark.long
 def test_exit_1_when_the_load_dies(tmp_path, start_demo_target):
     """The Locust master dies mid-run: the load did not complete, exit 1, the report still written."""
     target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
@@ -237,6 +238,7 @@ def test_exit_1_when_the_load_dies(tmp_path, start_demo_target):
     assert f"report: {run_dir / 'report' / 'index.html'}" in out
 
 
+@pytest.mark.long
 def test_exit_1_when_the_analysis_fails(tmp_path, start_demo_target):
     """report/ is not a directory, so the report cannot be written: exit 1 with the reason, and no
     `report:` line pointing at a report that does not exist; `analyze` says the same."""

@@ -97,6 +97,7 @@ def test_open_loop_rates_become_arrival_sources():
     assert plan.load.steps == [2, 4, 16]
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_with_two_workers_the_rate_is_split_not_multiplied(tmp_path):
     """Through the conductor (master + 2 workers): each step's measured arrival rate is the plan's."""

@@ -180,6 +180,7 @@ def test_closed_loop_replay_sends_the_recorded_bodies_in_order(tmp_path, start_d
     assert rows.sort_values("t_start")["tokens_in"].tolist() == [words(k % 5) for k in range(len(rows))]
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_open_loop_replay_keeps_the_recorded_order_and_gaps(tmp_path, start_demo_target):
     """Two steps: the recording's own mean rate, then twice it.  The rows' intended times (numpy

@@ -55,6 +55,7 @@ def steady_ok(rd: RunDir, step: dict):
     return rows[(rows["t_start"] >= step["t_lo"]) & (rows["t_start"] < step["t_hi"]) & rows["ok"]]
 
 
+@pytest.mark.long
 def test_several_tokens_per_chunk_valid_steps_and_a_usage_that_a_count_contradicts(
         tmp_path, start_demo_target, words_tokenizer):
     """Three runs side by side: (right) N tokens per chunk, usage right, length pinned and a tokenizer:

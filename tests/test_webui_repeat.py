@@ -42,6 +42,7 @@ def _repeat(base: str) -> dict:
     return requests.get(base + "/kneeswarm/live.json", timeout=5).json().get("repeat") or {}
 
 
+@pytest.mark.long
 def test_stop_during_the_cooldown_ends_the_series_and_merges_what_ran(tmp_path, start_demo_target):
     target = start_demo_target("--mode", "knee", "--slots", "2", "--service-ms", "20")
     ui, base, out = _start_ui(tmp_path, target.url, repeat=3, cooldown=60.0)

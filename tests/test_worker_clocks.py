@@ -131,6 +131,7 @@ def sequential(rows) -> bool:
     return bool((t[1:] >= t[:-1] + lat[:-1] - 0.002).all())
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_rows_before_the_first_clock_answer_are_held_and_corrected(tmp_path, start_demo_target, monkeypatch,
                                                                    shifted_clock):
@@ -153,6 +154,7 @@ def test_rows_before_the_first_clock_answer_are_held_and_corrected(tmp_path, sta
     assert not any(k.startswith("uncorrected") for k in meta.get("lost", {})), meta.get("lost")
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_rows_of_a_worker_that_never_answers_are_counted_uncorrected(tmp_path, start_demo_target, monkeypatch):
     target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")

@@ -118,6 +118,7 @@ def test_the_dataset_loader_survives_any_file(tmp_path_factory, lines):
     assert all(("prompt" in r) != ("messages" in r) for r in records)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_dataset_prompts_reach_the_target_with_their_lengths(tmp_path):
     """The target's own prompt-token counter equals the sum of the rows' tokens_in."""
