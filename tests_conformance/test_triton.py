@@ -57,7 +57,7 @@ def triton_run(tr, tmp_path_factory) -> TritonRun:
     port, grpc, mport = free_port(), free_port(), free_port()
     server = Server([str(tr.paths["python"]), str(Path(__file__).with_name("pytriton_model.py")), str(port), str(grpc),
                      str(mport), str(INSTANCES), str(SERVICE_MS)],
-                    f"http://127.0.0.1:{port}", "/v2/models/double/ready", cwd=home)
+                    f"http://127.0.0.1:{port}", "/v2/models/tokens/ready", cwd=home)  # bound last: both models loaded
     metrics = f"http://127.0.0.1:{mport}/metrics"
     try:
         t_before, before = time.time(), scrape(metrics)
