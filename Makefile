@@ -39,7 +39,8 @@ docs: $(DOCS_STAMP)
 	@echo "docs: $(DOCS_OUT)/index.html"
 
 # `make test`: every test but the long real-run scenarios (marked `long`: 20 s or more each, the
-# real-run scenarios that show each feature end to end); `make test-long` runs those. CI (.ci/run) runs both.
+# real-run scenarios that show each feature end to end); `make test-long` runs those (31 min on 2 cores).
+# CI (.ci/run) runs `make test`, not the long tier: both would not fit its 50-minute budget.
 test: $(STAMP) debs typecheck
 	$(PY) -m pytest -m 'not long' $(PYTEST_ARGS)
 
