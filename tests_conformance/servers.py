@@ -252,3 +252,31 @@ class Server:
             except subprocess.TimeoutExpired:
                 continue
         self._reader.join(timeout=5)
+
+
+def torchserve_server(ts: Installed, home: Path, handlers: dict[str, Path], workers: int,
+                      more: str = "") -> tuple[Server, int]:
+    """TorchServe started from HOME: each of HANDLERS (model name -> its handler file) archived into
+    HOME/model_store and loaded with WORKERS workers a model, MORE added to config.properties (its
+    gRPC ports); (the server, healthy on /ping, its Prometheus metrics port).  The workers may come up
+    after /ping answers: each test waits for its own model."""
+    (home / "model_store").mkdir()
+    for name, handler in handlers.items():
+        shutil.copy(handler, home / f"{name}_handler.py")
+        subprocess.run([str(ts.paths["archiver"]), "--model-name", name, "--version", "1.0", "--handler",
+                        f"{name}_handler.py", "--export-path", "model_store"], cwd=home, check=True, timeout=120)
+    port, mport = free_port(), free_port()
+    (home / "config.properties").write_text(
+        f"inference_address=http://127.0.0.1:{port}\nmanagement_address=http://127.0.0.1:{free_port()}\n"
+        f"metrics_address=http://127.0.0.1:{mport}\nmetrics_mode=prometheus\ndisable_token_authorization=true\n"
+        f"install_py_dep_per_model=false\ndefault_workers_per_model={workers}\nmodel_store={home / 'model_store'}\n"
+        f"load_models={','.join(f'{name}.mar' for name in handlers)}\n{more}")
+    env = {"PATH": f"{ts.home / 'venv' / 'bin'}:/usr/bin:/bin", "LOG_LOCATION": str(home / "logs"),
+           "METRICS_LOCATION": str(home / "logs"), "HOME": str(home),
+           # TorchServe refuses to start while the pid in <tempdir>/.model_server.pid is a TorchServe: with
+           # the shared /tmp, any other TorchServe on the machine (another suite's, another file's) is it
+           "TMPDIR": str(home), "TEMP": str(home)}
+    server = Server([str(ts.paths["torchserve"]), "--start", "--foreground", "--ncs", "--model-store", "model_store",
+                     "--ts-config", "config.properties", "--disable-token-auth"],
+                    f"http://127.0.0.1:{port}", "/ping", env=env, cwd=home)
+    return server, mport

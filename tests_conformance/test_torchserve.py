@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-import shutil
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +22,7 @@ import requests
 from conftest import (
     FIGURES, assert_every_step_valid, kneeswarm_run, per_step_counts, plan_text, read_summary, record_counts, scrape,
     rows_and_steps, Run, target_of)
-from servers import Installed, Server, free_port, torchserve
+from servers import Installed, torchserve, torchserve_server
 
 SERVER_INSTALL = torchserve  # installed with the others before the first test (conftest.py)
 
@@ -70,24 +68,7 @@ def read_access(path: Path) -> list[tuple[float, float]]:
 @pytest.fixture(scope="module")
 def ts_run(ts, tmp_path_factory) -> TSRun:
     home = tmp_path_factory.mktemp("torchserve")
-    shutil.copy(Path(__file__).with_name("torchserve_handler.py"), home / "handler.py")
-    (home / "model_store").mkdir()
-    subprocess.run([str(ts.paths["archiver"]), "--model-name", "echo", "--version", "1.0", "--handler", "handler.py",
-                    "--export-path", "model_store"], cwd=home, check=True, timeout=120)
-    port, mport = free_port(), free_port()
-    (home / "config.properties").write_text(
-        f"inference_address=http://127.0.0.1:{port}\nmanagement_address=http://127.0.0.1:{free_port()}\n"
-        f"metrics_address=http://127.0.0.1:{mport}\nmetrics_mode=prometheus\ndisable_token_authorization=true\n"
-        f"install_py_dep_per_model=false\ndefault_workers_per_model={WORKERS}\nmodel_store={home / 'model_store'}\n"
-        "load_models=echo.mar\n")
-    env = {"PATH": f"{ts.home / 'venv' / 'bin'}:/usr/bin:/bin", "LOG_LOCATION": str(home / "logs"),
-           "METRICS_LOCATION": str(home / "logs"), "HOME": str(home),
-           # TorchServe refuses to start while the pid in <tempdir>/.model_server.pid is a TorchServe: with
-           # the shared /tmp, any other TorchServe on the machine (another suite's, the HTTP file's) is it
-           "TMPDIR": str(home), "TEMP": str(home)}
-    server = Server([str(ts.paths["torchserve"]), "--start", "--foreground", "--ncs", "--model-store", "model_store",
-                     "--ts-config", "config.properties", "--disable-token-auth"],
-                    f"http://127.0.0.1:{port}", "/ping", env=env, cwd=home)
+    server, mport = torchserve_server(ts, home, {"echo": Path(__file__).with_name("torchserve_handler.py")}, WORKERS)
     metrics = f"http://127.0.0.1:{mport}/metrics"
     try:
         deadline = time.monotonic() + 120  # /ping is healthy before the workers are up

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-import shutil
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +24,7 @@ import requests
 
 from conftest import (FIGURES, assert_every_step_valid, kneeswarm_run, per_step_counts, plan_text, read_summary,
                       record_counts, rows_and_steps, scrape, target_of, Run)
-from servers import Installed, Server, free_port, torchserve
+from servers import Installed, free_port, torchserve, torchserve_server
 from test_torchserve import KNEE, SERVICE_MS, WORKERS
 
 SERVER_INSTALL = torchserve  # installed with the others before the first test (conftest.py)
@@ -73,27 +71,11 @@ def ts() -> Installed:
 def server(ts, tmp_path_factory):
     home = tmp_path_factory.mktemp("torchserve-grpc")
     here = Path(__file__).parent
-    shutil.copy(here / "torchserve_handler.py", home / "handler.py")
-    shutil.copy(here / "torchserve_stream_handler.py", home / "stream_handler.py")
-    (home / "model_store").mkdir()
-    for name, handler in (("echo", "handler.py"), ("stream", "stream_handler.py")):
-        subprocess.run([str(ts.paths["archiver"]), "--model-name", name, "--version", "1.0", "--handler", handler,
-                        "--export-path", "model_store"], cwd=home, check=True, timeout=120)
-    port, mport, gport = free_port(), free_port(), free_port()
-    (home / "config.properties").write_text(
-        f"inference_address=http://127.0.0.1:{port}\nmanagement_address=http://127.0.0.1:{free_port()}\n"
-        f"metrics_address=http://127.0.0.1:{mport}\ngrpc_inference_address=127.0.0.1\ngrpc_inference_port={gport}\n"
-        f"grpc_management_address=127.0.0.1\ngrpc_management_port={free_port()}\nmetrics_mode=prometheus\n"
-        f"disable_token_authorization=true\ninstall_py_dep_per_model=false\ndefault_workers_per_model={WORKERS}\n"
-        f"model_store={home / 'model_store'}\nload_models=echo.mar,stream.mar\n")
-    env = {"PATH": f"{ts.home / 'venv' / 'bin'}:/usr/bin:/bin", "LOG_LOCATION": str(home / "logs"),
-           "METRICS_LOCATION": str(home / "logs"), "HOME": str(home),
-           # TorchServe refuses to start while the pid in <tempdir>/.model_server.pid is a TorchServe: with
-           # the shared /tmp, any other TorchServe on the machine (another suite's, the HTTP file's) is it
-           "TMPDIR": str(home), "TEMP": str(home)}
-    srv = Server([str(ts.paths["torchserve"]), "--start", "--foreground", "--ncs", "--model-store", "model_store",
-                  "--ts-config", "config.properties", "--disable-token-auth"], f"http://127.0.0.1:{port}", "/ping",
-                 env=env, cwd=home)
+    gport = free_port()
+    handlers = {"echo": here / "torchserve_handler.py", "stream": here / "torchserve_stream_handler.py"}
+    srv, mport = torchserve_server(ts, home, handlers, WORKERS,
+                                   f"grpc_inference_address=127.0.0.1\ngrpc_inference_port={gport}\n"
+                                   f"grpc_management_address=127.0.0.1\ngrpc_management_port={free_port()}\n")
     try:
         deadline = time.monotonic() + 120  # /ping is healthy before the workers are up
         for model in ("echo", "stream"):

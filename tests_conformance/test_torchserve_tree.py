@@ -9,8 +9,6 @@ during and after the run (tests/treetruth.py), and the workers the test finds un
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import pytest
 import requests
 
 from conftest import kneeswarm_run, plan_text, record_tree
-from servers import Server, free_port, torchserve
+from servers import torchserve, torchserve_server
 from tests.treetruth import TreeCPU, check_tree_run, marked
 
 SERVER_INSTALL = torchserve  # installed with the others before the first test (conftest.py)
@@ -35,21 +33,7 @@ def test_the_frontends_tree_is_its_workers_and_holds_the_kernels_cpu(tmp_path):
     ts = torchserve()
     home = tmp_path / "torchserve"
     home.mkdir()
-    shutil.copy(Path(__file__).with_name("torchserve_cpu_handler.py"), home / "handler.py")
-    (home / "model_store").mkdir()
-    subprocess.run([str(ts.paths["archiver"]), "--model-name", "spin", "--version", "1.0", "--handler", "handler.py",
-                    "--export-path", "model_store"], cwd=home, check=True, timeout=120)
-    port, mport = free_port(), free_port()
-    (home / "config.properties").write_text(
-        f"inference_address=http://127.0.0.1:{port}\nmanagement_address=http://127.0.0.1:{free_port()}\n"
-        f"metrics_address=http://127.0.0.1:{mport}\nmetrics_mode=prometheus\ndisable_token_authorization=true\n"
-        f"install_py_dep_per_model=false\ndefault_workers_per_model={WORKERS}\nmodel_store={home / 'model_store'}\n"
-        "load_models=spin.mar\n")
-    env = {"PATH": f"{ts.home / 'venv' / 'bin'}:/usr/bin:/bin", "LOG_LOCATION": str(home / "logs"),
-           "METRICS_LOCATION": str(home / "logs"), "HOME": str(home)}
-    server = Server([str(ts.paths["torchserve"]), "--start", "--foreground", "--ncs", "--model-store", "model_store",
-                     "--ts-config", "config.properties", "--disable-token-auth"],
-                    f"http://127.0.0.1:{port}", "/ping", env=env, cwd=home)
+    server, mport = torchserve_server(ts, home, {"spin": Path(__file__).with_name("torchserve_cpu_handler.py")}, WORKERS)
     try:
         java = server.serving_pid("java")
         deadline = time.monotonic() + 240  # /ping is healthy before the workers are up (slow on a loaded host)
