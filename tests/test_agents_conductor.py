@@ -15,6 +15,7 @@ from kneeswarm.contracts.planfile import load_plan
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.long
 def test_agent_failures_after_start_are_warnings_not_the_end(start_demo_target, tmp_path, monkeypatch):
     target = start_demo_target("--mode", "knee", "--slots", "4", "--service-ms", "20")
     real_fetch, real_stop = host_mod.HostAgent.fetch, host_mod.HostAgent.stop

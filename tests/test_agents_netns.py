@@ -54,6 +54,7 @@ def netns():
         ip("netns", "del", ns, check=False)
 
 
+@pytest.mark.long
 def test_link_down_for_10s_mid_run_loses_no_sample(netns, tmp_path, monkeypatch):
     monkeypatch.setattr(ssh_mod, "SFTP_TIMEOUT", 3.0)
     monkeypatch.setattr(ssh_mod, "CONNECT_TIMEOUT", 3.0)

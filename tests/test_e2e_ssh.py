@@ -174,6 +174,7 @@ def _sshd_sessions(sshd) -> list[psutil.Process]:  # noqa: F811
         return []
 
 
+@pytest.mark.long
 def test_ssh_dropped_mid_run_the_run_goes_on_and_nothing_is_lost(sshd, tmp_path, start_demo_target):  # noqa: F811
     import subprocess
     import sys

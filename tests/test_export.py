@@ -369,6 +369,7 @@ def run_exporting(command: Callable[[int], list[str]], timeout: float) -> tuple[
 
 
 # -- plain locust: the master writes the report itself -----------------------------------------------
+@pytest.mark.long
 @pytest.mark.slow
 def test_plain_locust_exports_the_final_figures_and_findings(tmp_path, knee_target):
     """`locust -f locustfiles/swarm.py --headless --otel --kneeswarm-prometheus PORT`: the master

@@ -280,6 +280,7 @@ def served(target) -> int:
     return int(sum(v for k, v in target.metrics().items() if k.startswith("kneeswarm_target_requests_total")))
 
 
+@pytest.mark.long
 def test_full_disk_mid_run_loses_only_counted_rows(tmp_path, small_disk, start_demo_target, monkeypatch, capsys):
     """--out on a real 16 MiB tmpfs, filled to the last byte for ~6 s mid-run and then freed: the
     run finishes, and every request the target served is on disk or counted lost in meta.json."""
@@ -329,6 +330,7 @@ def test_full_disk_mid_run_loses_only_counted_rows(tmp_path, small_disk, start_d
     assert len(steps) == 3 and steps["t_end"].notna().all()
 
 
+@pytest.mark.long
 def test_disk_still_full_at_the_end_is_one_error_line(tmp_path, small_disk, start_demo_target):
     """The disk fills mid-run and stays full: exit 1 with one line saying why, no traceback, and
     the parts written before it filled are intact."""

@@ -2,7 +2,7 @@
 Triton's and TorchServe's services, with kneeswarm's stubs) whose own record of what it served is
 the truth -- one line per request, with the header it came with, and for a stream
 the time each response was sent.  The load modes on gRPC rows as on HTTP ones: open loop, a search
-(the knee at the server's slots, and the findings on its rows), soak, ``--repeat`` merged, the SLA gate,
+(the knee at the server's slots), soak, ``--repeat`` merged, the SLA gate,
 compare and history.  And the bad inputs: a wrong model, a wrong shape, a server without
 gRPC on that port, a plaintext target for a TLS server and the reverse: one line each, exit 2, no
 run directory (so no load)."""
@@ -250,15 +250,11 @@ def test_search_brackets_the_knee_at_the_servers_slots(tmp_path):
     server = GrpcServer("--slots", str(SEARCH_SLOTS), "--service-ms", str(SEARCH_SERVICE_MS))
     try:
         rows = run(tmp_path, plan(tmp_path, f"grpc://127.0.0.1:{server.port}", "kserve-grpc", KSERVE_DOUBLE,
-                                  load=SEARCH_LOAD), "--pid", str(server.proc.pid))
+                                  load=SEARCH_LOAD))
     finally:
         lines = server.lines()
     run_dir = only_run_dir(tmp_path / "out")
     s = read_summary(run_dir)
-    # the findings read gRPC rows as HTTP ones: past its slots the server's calls wait (each holds a
-    # slot asleep, no CPU), so latency rises while the monitored server computes nothing
-    said = {f["id"] for f in s["findings"] + s.get("findings_marginal", [])}
-    assert "waiting_not_computing" in said, said
     search = s["search"]
     users = [p["users"] for p in search["probes"]]
     print(users, search["knee_bracket"], search["stopped_because"],

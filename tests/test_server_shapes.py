@@ -120,6 +120,7 @@ class ClosingSSEServer:
         self.sock.close()
 
 
+@pytest.mark.long
 def test_a_server_that_closes_after_each_stream_costs_no_request(tmp_path):
     server = ClosingSSEServer()
     try:

@@ -39,6 +39,7 @@ def test_the_slow_part_holds_for_a_period_and_repeats_with_its_seed():
     assert Jitter(0.0).factor(1.0) == 1.0 and Jitter(0.5, 0.0).slow(1.0) == 1.0
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_real_target_answers_with_the_noise(start_demo_target):
     """One request at a time to the knee target (1 slot, 40 ms, --jitter 0.25 per request only): its

@@ -47,6 +47,7 @@ print(json.dumps({"before_stop": before_stop, "after_stop": after_stop, "later":
 """
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["closed", "open"])
 def test_a_stopped_user_sends_nothing_more(mode):

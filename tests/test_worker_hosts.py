@@ -28,6 +28,7 @@ def _run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
                           timeout=timeout, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
 
 
+@pytest.mark.long
 def test_worker_hosts_start_run_and_leave_nothing(sshd, tmp_path, start_demo_target):
     target = start_demo_target("--mode", "knee", "--slots", "2", "--service-ms", "20")
     kh = sshd.write_known_hosts(tmp_path / "known_hosts")
