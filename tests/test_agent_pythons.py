@@ -101,8 +101,13 @@ def test_agent_lifecycle_on_every_python3_here(tmp_path):
 
 
 METRICS_TEXT = b"# TYPE probe_total counter\nprobe_total 42\n"
-#: A process whose child keeps a core busy: the service is a tree of two (the agent's tree.py).
-FORKING_BUSY = ("import os, sys, time\npid = os.fork()\nif pid == 0:\n    while True:\n        pass\n"
+#: A process whose child keeps a core busy: the service is a tree of two (the agent's tree.py).  The
+#: child ends when its parent is gone however the parent ended (a SIGTERM runs no ``finally``: a child
+#: that only waited for the parent's kill kept a core busy for as long as the machine ran, and moved
+#: the CPU findings of every run after it).
+FORKING_BUSY = ("import os, sys, time\nparent = os.getpid()\npid = os.fork()\nif pid == 0:\n"
+                "    while os.getppid() == parent:\n        for _ in range(100000):\n            pass\n"
+                "    os._exit(0)\n"
                 "print(pid, flush=True)\ntry:\n    time.sleep(600)\nfinally:\n    os.kill(pid, 9)\n")
 
 
