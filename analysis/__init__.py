@@ -58,7 +58,7 @@ from kneeswarm.analysis.measure.trust import add_reasons, sla_error_rate, trust_
 from kneeswarm.analysis.models.usl import fit_usl
 from kneeswarm.analysis.measure.workers import lost_worker_reasons, worker_table
 from kneeswarm.contracts.plan import is_soak
-from kneeswarm.contracts.rundir import SCALING_CERTAIN, write_text
+from kneeswarm.contracts.rundir import HOLD_NOTES, write_text
 
 logger = logging.getLogger(__name__)
 
@@ -68,10 +68,11 @@ __all__ = ["analyze", "summarize", "step_stats", "find_knee", "find_latency_knee
 def hold_reasons(stats: pd.DataFrame, notes: bool = False) -> list[list[str]]:
     """Per step, the master's reason (steps.csv ``hold_reason``) when it held the step to max_hold
     under ``hold = "auto"`` without it being steady and its QPS and P99 known; ``notes``: instead the
-    reasons that are no flaw (a search's growth probe that ended once its scaling was certain,
-    rundir.SCALING_CERTAIN: steady, its QPS known, its P99 from fewer rows -- it stays valid)."""
+    reasons that are no flaw (rundir.HOLD_NOTES: a search's growth probe that ended once its scaling
+    was certain, or a step that reached max_hold steady with its QPS known: its P99 from fewer rows
+    than its interval needs, which the step's own interval carries -- it stays valid)."""
     col = stats["hold_reason"] if "hold_reason" in stats.columns else [None] * len(stats)
-    return [[r] if isinstance(r, str) and r.strip() and r.startswith(SCALING_CERTAIN) == notes else [] for r in col]
+    return [[r] if isinstance(r, str) and r.strip() and r.startswith(HOLD_NOTES) == notes else [] for r in col]
 
 
 def with_hold_reasons(stats: pd.DataFrame) -> pd.DataFrame:

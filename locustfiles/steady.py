@@ -68,6 +68,8 @@ from typing import Callable
 
 import numpy as np
 
+from kneeswarm.contracts.rundir import QPS_KNOWN_AT_MAX_HOLD
+
 Z95 = 1.959964  # two-sided 95 % normal quantile
 P99 = 0.99
 MSER_BATCH = 5  # MSER-5: batches of 5 observations (White, Cobb & Spratt 2000)
@@ -370,6 +372,10 @@ class AutoHold:
         if v.done:
             return True, v.t_cut, None
         if held >= self.max_hold:
+            if v.steady and v.qps_known:  # only P99 is short of rows: a note, the step stays valid
+                return True, v.t_cut, (f"{QPS_KNOWN_AT_MAX_HOLD} (held {self.max_hold:g} s, max_hold; QPS "
+                                       f"±{v.qps_half_width:.1%}): its P99 is from {v.rows} rows, not known "
+                                       f"within ±{self.ci:.0%}: {v.why}")
             return True, v.t_cut, f"held {self.max_hold:g} s (max_hold) without being {_missing(v)}: {v.why}"
         return False, None, None
 

@@ -342,3 +342,25 @@ def test_web_form_takes_auto_as_the_hold():
     assert form_overrides({"kneeswarm_hold": "12"}) == {"load.hold": 12.0}
     with pytest.raises(ValueError, match="hold"):
         form_overrides({"kneeswarm_hold": "soon"})
+
+
+def test_a_steady_step_whose_p99_lacks_rows_at_max_hold_ends_with_a_note_not_a_flaw():
+    """18 requests/s for 12 s: steady, QPS known (the rows' count), but fewer rows than P99's
+    order-statistic interval needs (563 for ±10 %), so the step ends at max_hold with the note that
+    keeps it valid; the same rows drifting end with the flaw."""
+    from kneeswarm.contracts.rundir import HOLD_NOTES, QPS_KNOWN_AT_MAX_HOLD
+    from kneeswarm.locustfiles.steady import AutoHold
+
+    rng = np.random.default_rng(7)
+    steady = 50 + rng.exponential(5.0, 13 * 18)  # one user, one request after another: ~18/s
+    t = 100.0 + np.concatenate([[0.0], np.cumsum(steady[:-1])]) / 1000.0
+    assert len(t[(t >= 101.0) & (t < 112.0)]) < 563  # fewer rows than the P99 interval needs, counted here
+    for lat, flaw in ((steady, False), (50 + 8.0 * (t - 100.0), True)):
+        auto = AutoHold(min_hold=3.0, max_hold=12.0, settle=1.0, ci=0.10, lag_s=0.5)
+        auto.add({"t_start": list(t), "latency_ms": list(lat), "ok": [True] * len(t)})
+        end, t_cut, reason = auto.decide(100.0, 112.5, users=1)
+        assert end and reason is not None and "max_hold" in reason, reason
+        if flaw:
+            assert not reason.startswith(HOLD_NOTES) and "not steady" in reason, reason
+        else:
+            assert reason.startswith(QPS_KNOWN_AT_MAX_HOLD) and "needs 563 requests" in reason, reason

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from scipy.stats import t as student_t
 
-from kneeswarm.contracts.rundir import SCALING_CERTAIN
+from kneeswarm.contracts.rundir import QPS_KNOWN_AT_MAX_HOLD, SCALING_CERTAIN
 from kneeswarm.launch.search import (EARLY_QPS_CI, EFFICIENCY_MIN, MIN_PROBE_REQUESTS, PER_USER_MIN, SCALING_MARGIN, Probe, SearchDriver, Settings, scaling_certain)
 from kneeswarm.locustfiles.steps import StepRecord, StepSchedule
 
@@ -187,3 +187,16 @@ def test_a_step_ended_once_its_scaling_was_certain_stays_valid_with_the_reason()
     assert list(out["valid"]) == [True, False, True]
     assert out["reasons"][0] == [stats["hold_reason"][0]] and out["reasons"][1] == [stats["hold_reason"][1]]
     assert out["reasons"][2] == []
+
+
+def test_a_step_at_max_hold_steady_with_its_qps_known_stays_valid_with_the_note():
+    """Only its P99 short of rows (the note AutoHold.decide writes): valid, the note in its reasons; a step
+    at max_hold not steady, or with its QPS unknown, is not."""
+    from kneeswarm.analysis import with_hold_reasons
+
+    note = f"{QPS_KNOWN_AT_MAX_HOLD} (held 12 s, max_hold; QPS ±4.0%): its P99 is from 174 rows, not known within ±10%: ..."
+    stats = pd.DataFrame({"users": [1, 2, 3], "valid": [True, True, True], "reasons": [[], [], []],
+                          "hold_reason": [note, "held 12 s (max_hold) without being steady: not steady: ...",
+                                          "held 12 s (max_hold) without being known within the asked CI: QPS ±14%"]})
+    out = with_hold_reasons(stats)
+    assert list(out["valid"]) == [True, False, False] and out["reasons"][0] == [note]

@@ -119,10 +119,16 @@ STEP_COLUMNS = ("index", "users", "t_ramp", "t_steady", "t_end")
 STEP_TIME_COLUMNS = STEP_COLUMNS[2:]
 # hold = "auto" (empty otherwise): t_cut, where the step's steady data begin (its warm-up cut, epoch s);
 # hold_reason, why it ended at max_hold without being steady and known, or (a note, not a flaw: the
-# step stays valid) that it began with SCALING_CERTAIN: a search's growth probe that ended once its
-# scaling verdict was certain, before its P99 was known (kneeswarm.launch.search.SearchDriver.may_end)
+# step stays valid) that it began with one of HOLD_NOTES: SCALING_CERTAIN, a search's growth probe that
+# ended once its scaling verdict was certain, before its P99 was known
+# (kneeswarm.launch.search.SearchDriver.may_end); QPS_KNOWN_AT_MAX_HOLD, a step that reached max_hold
+# steady and with its QPS known, its P99 from fewer rows than its interval needs
+# (kneeswarm.locustfiles.steady.AutoHold.decide: its QPS is a measurement, its P99's uncertainty is in
+# the step's interval)
 STEP_HOLD_COLUMNS = ("t_cut", "hold_reason")
 SCALING_CERTAIN = "ended once its scaling was certain"
+QPS_KNOWN_AT_MAX_HOLD = "steady with its QPS known at max_hold"
+HOLD_NOTES = (SCALING_CERTAIN, QPS_KNOWN_AT_MAX_HOLD)
 GENERATOR_COLUMNS = ("t", "cpu_pct", "rss_mb", "users", "lag_ms")
 SEARCH_FILE = "search.json"  # generator/search.json: mode = "search": each probe as decided, with why (for the report)
 CLOCKS_FILE = "clocks.json"  # generator/clocks.json: each worker's clock offset, measured by the master
