@@ -1,6 +1,7 @@
 """A traffic mix on every HTTP protocol of the demo target, run for real: `kneeswarm run` (a Locust
 master and worker in their own processes) against `kneeswarm target --models cheap:5,slow:40`,
-one run per protocol side by side, each against its own target.
+one run per protocol side by side, each against its own target (make test-long), and one short
+OpenAI run (make test: ~14 s here).
 
 The truth is each target's own per-model counter, the one the server that protocol imitates
 exports (TorchServe's ``ts_inference_requests_total{model_name}``, TF Serving's
@@ -16,8 +17,6 @@ import pytest
 from conftest import Target, runs_against_targets
 from kneeswarm.contracts.rundir import RunDir
 
-pytestmark = pytest.mark.long
-
 LAST_USERS = 4
 #: protocol: ([request] keys, the per-model counter, inference probes each class's preflight sends)
 CASES = {
@@ -27,15 +26,15 @@ CASES = {
 }
 
 
-def plan(protocol: str, url: str) -> str:
+def plan(protocol: str, url: str, steps: str = f"[1, {LAST_USERS}]", hold: float = 4.0) -> str:
     return f"""
 name = "{protocol}-mix"
 target = "{url}"
 protocol = "{protocol}"
 metrics_url = "{url}/metrics"
 [load]
-steps = [1, {LAST_USERS}]
-hold = 4.0
+steps = {steps}
+hold = {hold}
 ramp = 1.0
 settle = 1.0
 workers = 1
@@ -56,6 +55,19 @@ def served(t: Target, counter: str, model: str) -> float:
     return sum(v for k, v in t.metrics().items() if k.startswith(counter + "{") and f'model_name="{model}"' in k)
 
 
+def test_a_short_openai_mix_each_class_is_its_model_s_count_on_the_target(tmp_path):
+    """The fast one (make test): one short run of streamed OpenAI requests, 4 users."""
+    flags = {"openai": ["--mode", "knee", "--models", "cheap:5,slow:40", "--slots", "4"]}
+    with runs_against_targets(tmp_path, flags, lambda p, url: plan(p, url, f"[{LAST_USERS}]", 2.0)) as done:
+        run_dir, target = done["openai"]
+        rows = RunDir(run_dir).read_requests()
+        for model in ("cheap", "slow"):
+            ok = int(rows.loc[rows["class"] == model, "ok"].sum())
+            count = served(target, "vllm:request_success_total", model)
+            assert ok > 0 and 0 <= count - ok <= LAST_USERS, (model, ok, count)
+
+
+@pytest.mark.long
 def test_a_mix_on_every_protocol_each_class_is_its_model_s_count_on_the_target(tmp_path):
     flags = {protocol: ["--mode", "knee", "--models", "cheap:5,slow:40", "--slots", "4"] for protocol in CASES}
     figures = {}
