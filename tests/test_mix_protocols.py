@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import Target, runs_against_targets
+from conftest import Target, read_summary, runs_against_targets
 from kneeswarm.contracts.rundir import RunDir
 
 LAST_USERS = 4
@@ -84,5 +84,10 @@ def test_a_mix_on_every_protocol_each_class_is_its_model_s_count_on_the_target(t
                 assert ok > 0 and 0 <= count - probes - ok <= LAST_USERS, (protocol, model, ok, count)
                 # the model's own slots ran each one (a run begun when the load stopped may not have been counted as served)
                 assert 0 <= ran - count <= LAST_USERS, (protocol, model, ran, count)
+            if protocol != "tfserving":  # the analysis reads vLLM's and TorchServe's per-model counters (classes.py)
+                for c in read_summary(run_dir)["mix"]["classes"]:
+                    rates = [(st["users"], st["qps"], st.get("server_rps")) for st in c["steps"]]
+                    print(protocol, c["name"], "users, QPS, server req/s:", rates)
+                    assert all(r is not None for _u, _q, r in rates), (protocol, c["name"], rates)
     for (protocol, model), (ok, count, ran) in sorted(figures.items()):
         print(f"{protocol:10s} {model:5s} rows ok {ok:5d}  target's {CASES[protocol][1]} {count:6.0f}")
