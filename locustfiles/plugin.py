@@ -196,7 +196,8 @@ class MasterListeners:
         self.series: Series | None = None  # a web UI Start of a plan with repeat > 1 (locustfiles/series.py)
         if env.web_ui is not None:
             webui.KneeTab(env, live=self.live_view, out=lambda: getattr(env.parsed_options, "kneeswarm_out", "runs"),
-                          validate=lambda form: _check_form(env, form), on_stop=self.stop_series)
+                          validate=lambda form: _check_form(env, form), on_stop=self.stop_series,
+                          mixed=bool(state.plan().request.classes))
         if self.local_buffer is not None:
             env.events.request.add_listener(self.local_buffer.on_request)
         if isinstance(env.shape_class, StepShape):
@@ -458,6 +459,7 @@ class TestHosts:
                             "requests": st.get("requests", row.get("requests")),
                             "valid": "yes" if st.get("valid") else "no: " + "; ".join(st.get("reasons") or [])})
         self.live["knee"] = _report_knee(summary)
+        _report_class_knees(self.live.get("classes") or [], summary)
         if answer.get("report"):
             self.report = {"report_url": f"/kneeswarm/runs/{self.run.path.name}/report/{REPORT_HTML}"}
         else:
@@ -475,6 +477,21 @@ def _report_knee(summary: dict[str, Any]) -> webui.LiveKnee:
         knee["bracket"] = bracket
         knee.setdefault("how", "report: search bracket")
     return knee
+
+
+def _report_class_knees(rows: list[webui.LiveClass], summary: dict[str, Any]) -> None:
+    """Each class's own knees from the summary's ``mix`` (users, "none" where it found none) into
+    its row of the Knee classes tab."""
+    figures = {c.get("name"): c for c in (summary.get("mix") or {}).get("classes") or []}
+    for row in rows:
+        c = figures.get(row["class"])
+        if c is not None:
+            row["knee"], row["latency_knee"] = _knee_users(c.get("knee")), _knee_users(c.get("latency_knee"))
+
+
+def _knee_users(knee: Any) -> str | float:
+    users = knee.get("users") if isinstance(knee, dict) else None
+    return users if isinstance(users, (int, float)) else "none"
 
 
 def _round(x: Any) -> float | None:

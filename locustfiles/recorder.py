@@ -26,7 +26,7 @@ import numpy as np
 from kneeswarm.contracts import rundir
 from kneeswarm.contracts.rundir import RunDir
 
-from kneeswarm.locustfiles.protocols.base import BadPayload
+from kneeswarm.locustfiles.protocols.base import REQUEST_NAME, BadPayload, request_name
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +152,8 @@ class RowBuffer:
             tags = context.get("kneeswarm_tags")  # (prefix, turn) of an LLM workload's request, its class in a mix
             if tags:
                 self._tags.append((len(self._t_list) - 1, tags))
+                if tags[2] is not None and name == request_name(tags[2]):  # Locust's name per class; the row's is the request's
+                    self._name_list[-1] = REQUEST_NAME
             resent = context.get("kneeswarm_resent")  # users: sent again after a clean close
             if resent:
                 self._resent.append((len(self._t_list) - 1, (resent,)))

@@ -51,6 +51,7 @@ from locust import FastHttpUser, task
 
 from kneeswarm.contracts.plan import EndpointPlan, join_base
 from kneeswarm.locustfiles.protocols import BadPayload, PreparedRequest, for_plan
+from kneeswarm.locustfiles.protocols.base import request_name
 from kneeswarm.locustfiles.protocols.sse import Arrivals
 from kneeswarm.locustfiles import state
 from kneeswarm.locustfiles.watermark import IN_FLIGHT
@@ -278,7 +279,7 @@ class InferenceUser(FastHttpUser):
     def _whole(self, req: PreparedRequest, late: float, intended: float | None, attempt: int) -> bool:
         """One not-streamed request; False when it is to be sent again (``_closed_unanswered``)."""
         with self.client.request(  # Locust's annotation of data omits bytes, which it sends as they are
-            req.method, req.path, data=req.body, headers=req.headers, catch_response=True, name="infer"  # type: ignore[arg-type]
+            req.method, req.path, data=req.body, headers=req.headers, catch_response=True, name=request_name(req.klass)  # type: ignore[arg-type]
         ) as resp:
             if not self._answering(resp, req, intended, late, attempt):
                 return False
@@ -305,7 +306,7 @@ class InferenceUser(FastHttpUser):
         """One streamed request; False when it is to be sent again (``_closed_unanswered``)."""
         t0 = time.perf_counter() - late  # open loop: the clock starts at the intended send time
         with self.client.request(  # Locust's annotation of data omits bytes, which it sends as they are
-            req.method, req.path, data=req.body, headers=req.headers, catch_response=True, name="infer",  # type: ignore[arg-type]
+            req.method, req.path, data=req.body, headers=req.headers, catch_response=True, name=request_name(req.klass),  # type: ignore[arg-type]
             stream=True,
         ) as resp:
             if not self._answering(resp, req, intended, late, attempt):

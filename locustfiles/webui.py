@@ -4,10 +4,13 @@
                      shown in the form (include_in_web_ui), filled with the plan's values; the
                      users/rate fields stay hidden (the step shape drives the load)
     Knee tab         the live step table (users, QPS, P50/P99, errors, valid, why a probe was chosen)
-                     under a chart of QPS and P99 against users (plotly.js from the installed plotly
+                     under a chart of QPS and P99 against users (and a traffic mix's P99 per class) (plotly.js from the installed plotly
                      package, served here: no CDN), each step labelled with its number and why, the
                      knee marked once known (LiveKnee); with [load] repeat, which repetition of the
                      Start's series is running above it, and the merged report's link (LiveRepeat)
+    Knee classes     a traffic mix ([[request.classes]]): per class its requests so far and their share
+                     against its weight's, the current step's requests, QPS, P99 and errors, and its
+                     knees once the report is written (LiveClass)
     Knee servers     the latest server metrics per monitored host (CPU us/sy, cs/s, run queue,
                      busiest thread, GPU)
     /kneeswarm/...   live.json (both tables, the knee and the report's URL once written), runs/<id>/...
@@ -63,6 +66,10 @@ INTEGER_KEYS = ("load.repeat",)  # plan keys of the start form that are whole nu
 STEP_COLUMNS = [("step", "Step"), ("users", "Users"), ("state", "State"), ("requests", "Requests"),
                 ("qps", "QPS"), ("p50_ms", "P50 ms"), ("p99_ms", "P99 ms"), ("errors", "Errors"),
                 ("valid", "Valid"), ("why", "Why (search)")]
+CLASS_COLUMNS = [("class", "Class"), ("weight_pct", "Weight %"), ("requests", "Requests"), ("share_pct", "Share %"),
+                 ("step", "Step"), ("users", "Users"), ("step_requests", "Step requests"), ("qps", "QPS"),
+                 ("p99_ms", "P99 ms"), ("errors", "Errors"), ("knee", "Knee (users)"),
+                 ("latency_knee", "P99 knee (users)")]
 HOST_COLUMNS = [("host", "Host"), ("cpu_us", "CPU us %"), ("cpu_sy", "CPU sy %"), ("cs_s", "cs/s"),
                 ("run_queue", "Run queue"), ("busiest_thread", "Busiest thread"), ("gpu_sm_pct", "GPU SM %")]
 
@@ -81,6 +88,24 @@ class LiveStep(TypedDict):
     errors: int
     valid: str  # "so far", "too few"; after the report "yes" or "no: <reasons>"
     why: str  # mode = "search": why the master chose this probe (generator/search.json); "" otherwise
+
+
+#: A row of the Knee classes tab (CLASS_COLUMNS): a traffic mix's class so far, from
+#: kneeswarm.launch.lifecycle.live_classes: its rows in every step so far and their share of the rows with
+#: a class beside its weight's share; the current step's (the last begun) requests, QPS and P99 of its
+#: steady rows, errors; its knees (users at its own QPS knee, where its P99 took off) from the summary
+#: once the report is written (kneeswarm.locustfiles.plugin): "" before, "none" when it found none.
+#: Said in TypedDict's functional form: "class" is a Python keyword.
+LiveClass = TypedDict("LiveClass", {
+    "name": str, "class": str, "weight_pct": float | None, "requests": int, "share_pct": float | None,
+    "step": int | None, "users": int | float | None, "step_requests": int, "qps": float | None,
+    "p99_ms": float | None, "errors": int, "knee": str | float, "latency_knee": str | float})
+
+
+#: A traffic mix: one class's figures at one step so far (kneeswarm.launch.lifecycle.live_class_steps), a point
+#: of its P99 line on the Knee tab's chart.
+LiveClassStep = TypedDict("LiveClassStep", {"class": str, "step": int, "users": int | float, "qps": float | None,
+                                            "p99_ms": float | None})
 
 
 class LiveHost(TypedDict, total=False):
@@ -110,6 +135,8 @@ class Live(TypedDict):
     steps: list[LiveStep]
     hosts: list[LiveHost]
     knee: NotRequired[LiveKnee]
+    classes: NotRequired[list[LiveClass]]  # a traffic mix ([[request.classes]]): the Knee classes tab
+    class_steps: NotRequired[list[LiveClassStep]]  # a traffic mix: each class's P99 line on the Knee tab's chart
 
 
 class LiveRepeat(TypedDict, total=False):
@@ -240,6 +267,15 @@ KNEE_JS = """(function () {
        textposition: 'top center', hovertext: hover, hoverinfo: 'text+y', line: {width: 3}},
       {x: x, y: rows.map(function (r) { return r.p99_ms; }), name: 'P99 ms', mode: 'lines+markers', yaxis: 'y2',
        hovertext: hover, hoverinfo: 'text+y', line: {dash: 'dot'}}];
+    var names = [];  // a traffic mix: each class's P99 at each step, a dotted line on the P99 axis
+    (live.class_steps || []).forEach(function (p) { if (names.indexOf(p['class']) < 0) { names.push(p['class']); } });
+    names.forEach(function (name) {
+      var pts = live.class_steps.filter(function (p) { return p['class'] === name && p.p99_ms !== null; });
+      pts.sort(function (a, b) { return a.users - b.users || a.step - b.step; });
+      data.push({x: pts.map(function (p) { return p.users; }), y: pts.map(function (p) { return p.p99_ms; }),
+                 name: 'P99 ms ' + name, mode: 'lines+markers', yaxis: 'y2', line: {dash: 'dash', width: 1.5},
+                 hoverinfo: 'name+x+y'});
+    });
     var k = live.knee || {}, shapes = [], notes = [];
     if (k.bracket && k.bracket[0] !== null) {
       var hi = k.bracket[1] === null ? k.bracket[0] : k.bracket[1];
@@ -355,15 +391,19 @@ class KneeTab:
     """The tabs, routes and live data of the web UI; ``live()`` gives the latest tables."""
 
     def __init__(self, env: Any, live: Callable[[], LiveJson], out: Callable[[], str],
-                 validate: Callable[[Any], str | None], on_stop: Callable[[], None] = lambda: None):
+                 validate: Callable[[Any], str | None], on_stop: Callable[[], None] = lambda: None,
+                 mixed: bool = False):
+        """``mixed``: the plan is a traffic mix, and the Knee classes tab is shown."""
         self.env, self.live, self.out, self.validate, self.on_stop = env, live, out, validate, on_stop
         web_ui = env.web_ui
         if getattr(env.parsed_options, "web_login", False):
             _login(web_ui)
+        tables = [("knee", "Knee", STEP_COLUMNS), *([("knee-classes", "Knee classes", CLASS_COLUMNS)] if mixed else []),
+                  ("knee-servers", "Knee servers", HOST_COLUMNS)]
         web_ui.template_args.update(
-            extended_tabs=[{"title": "Knee", "key": "knee"}, {"title": "Knee servers", "key": "knee-servers"}],
-            extended_tables=[{"key": "knee", "structure": [{"key": k, "title": t} for k, t in STEP_COLUMNS]},
-                             {"key": "knee-servers", "structure": [{"key": k, "title": t} for k, t in HOST_COLUMNS]}],
+            extended_tabs=[{"title": title, "key": key} for key, title, _ in tables],
+            extended_tables=[{"key": key, "structure": [{"key": k, "title": t} for k, t in columns]}
+                             for key, _, columns in tables],
         )
         app = web_ui.app
         app.before_request(self.check_form)
@@ -392,6 +432,7 @@ class KneeTab:
         if request.path == "/stats/requests" and response.is_json:
             live = self.live()
             data = {**(response.json or {}), "extended_stats": [{"key": "knee", "data": live.get("steps", [])},
+                                                        {"key": "knee-classes", "data": live.get("classes", [])},
                                                         {"key": "knee-servers", "data": live.get("hosts", [])}]}
             response.set_data(json.dumps(data))
         elif request.path == "/" and response.mimetype == "text/html":

@@ -53,3 +53,55 @@ def test_the_row_records_the_class_and_an_old_part_without_the_column_reads_as_n
                              for f in old}, schema=old), rd.requests_dir / "part-000001.parquet")
     df = rd.read_requests()
     assert list(df["class"].replace({np.nan: None})) == ["slow", None, None]
+
+
+def test_the_knee_classes_tab_counts_each_class_s_rows_as_the_run_directory_holds_them(tmp_path):
+    """The live view of a mix (the web UI's Knee classes tab) beside pandas on the same parts: each
+    class's rows of every step and their share, and the last step's rows, QPS and P99 over its
+    steady part (from its t_steady plus the plan's settle); rows without a class (an open loop's
+    dropped arrival) count in no class."""
+    from kneeswarm.launch.lifecycle import Lifecycle
+
+    plan = plan_from_dict({**PLAN, "load": {"steps": [1, 2], "settle": 1.0}})
+    rd = RunDir.create(tmp_path, "mix")
+    rd.plan_path.write_text(plan.to_toml())
+    rng = np.random.default_rng(5)
+    t0 = 1_700_000_000.0
+    rd.write_steps([[0, 1, t0, t0 + 1.0, t0 + 6.0], [1, 2, t0 + 6.0, t0 + 7.0, ""]])
+    for i, (lo, hi, n) in enumerate(((t0, t0 + 6.0, 600), (t0 + 6.0, t0 + 11.0, 900))):
+        klass = rng.choice(np.array(["cheap", "slow", None], dtype=object), n, p=[0.7, 0.28, 0.02])
+        rd.write_request_part({"t_start": np.sort(rng.uniform(lo, hi, n)).tolist(),
+                               "latency_ms": rng.lognormal(3.0, 0.5, n).tolist(), "ok": (rng.random(n) > 0.05).tolist(),
+                               "status": [200] * n, "step": [i] * n, "users": [i + 1] * n, "worker": ["w"] * n,
+                               "name": ["infer"] * n, "class": klass.tolist()}, i)
+    view = Lifecycle(plan, rd).live()
+    rows = rd.read_requests()
+    with_class = rows[rows["class"].notna()]
+    last = rows[rows["step"] == 1]
+    t_from = t0 + 7.0 + 1.0
+    steady = last[last["t_start"] >= t_from]
+    span = steady["t_start"].max() - t_from
+    shown = {r["class"]: r for r in view["classes"]}
+    assert list(shown) == ["cheap", "slow"]
+    for name, weight_pct in (("cheap", 75.0), ("slow", 25.0)):
+        r = shown[name]
+        mine = steady[steady["class"] == name]
+        assert r["weight_pct"] == weight_pct and (r["step"], r["users"]) == (1, 2)
+        assert r["requests"] == int((with_class["class"] == name).sum())
+        assert r["share_pct"] == round(100.0 * r["requests"] / len(with_class), 1)
+        assert r["step_requests"] == int((last["class"] == name).sum())
+        assert r["errors"] == int(((last["class"] == name) & ~last["ok"]).sum())
+        assert r["qps"] == round(len(mine) / span, 1)
+        assert r["p99_ms"] == round(float(np.percentile(mine.loc[mine["ok"], "latency_ms"], 99)), 1)
+    assert sum(r["requests"] for r in shown.values()) == len(with_class) < len(rows)
+
+
+def test_locust_names_a_class_s_request_apart_and_the_row_keeps_the_request_s_name():
+    from kneeswarm.locustfiles.protocols.base import request_name
+
+    buf = RowBuffer()
+    buf.on_request("POST", request_name("slow"), 5.0, 10, context={"kneeswarm_tags": (None, None, "slow")}, start_time=1.0)
+    buf.on_request("POST", request_name(None), 5.0, 10, context={}, start_time=2.0)
+    cols = buf.take()
+    assert (request_name("slow"), request_name(None)) == ("infer slow", "infer")
+    assert cols["name"] == ["infer", "infer"] and cols["class"] == ["slow", None]

@@ -50,7 +50,7 @@ ANSWER_TIMEOUT = {"open": 120.0, "start": 120.0, "fetch": 60.0, "live": 30.0, "f
 LIVE_TABLES = ("vmstat", "threads", "gpu")  # hosts/<host>/<table>.csv read for the live view
 
 if TYPE_CHECKING:  # the live rows are the Knee tab's (kneeswarm.locustfiles.webui); the child does not load flask
-    from kneeswarm.locustfiles.webui import Live, LiveHost, LiveKnee, LiveStep
+    from kneeswarm.locustfiles.webui import Live, LiveClass, LiveClassStep, LiveHost, LiveKnee, LiveStep
     from kneeswarm.analysis.schema.summary import Summary
 
 
@@ -239,7 +239,11 @@ class Lifecycle:
         """{"steps": [row per step so far], "hosts": [latest server metrics per host]}; never raises."""
         try:
             steps = live_steps(self.run, self.progress, self.plan)
-            return {"steps": steps, "hosts": live_hosts(self.run), "knee": live_knee(self.run, steps, self.plan)}
+            view: Live = {"steps": steps, "hosts": live_hosts(self.run), "knee": live_knee(self.run, steps, self.plan)}
+            if self.plan.request.classes:
+                view["classes"] = live_classes(self.run, self.progress, self.plan)
+                view["class_steps"] = live_class_steps(self.run, self.progress, self.plan)
+            return view
         except Exception as e:  # noqa: BLE001 - a display must never end a run
             logger.debug("live view: %s", e)
             return {"steps": [], "hosts": [], "knee": {}}
@@ -269,6 +273,47 @@ def live_steps(run: RunDir, progress: Progress, plan: Plan) -> list[LiveStep]:
                     "requests": requests, "qps": _num(qps), "p50_ms": _num(p50), "p99_ms": _num(p99),
                     "errors": errors, "valid": "so far" if requests >= plan.analysis.min_requests else "too few",
                     "why": why.get(i, "")})
+    return out
+
+
+def live_classes(run: RunDir, progress: Progress, plan: Plan) -> list[LiveClass]:
+    """A traffic mix: one row per class of the plan, its rows so far (every step) and their share
+    against its weight's, and the current step's (the last begun) requests, QPS and P99 of its
+    steady rows, errors; the rows as read by ``progress`` (live_steps polled it just before)."""
+    weights = {str(c.get("name")): float(c.get("weight", 1.0)) for c in plan.request.classes or []}
+    total_weight = sum(weights.values()) or 1.0
+    total_rows = sum(progress.class_rows.values())
+    steps = run.read_steps()
+    now: dict[str, tuple[int, int, float | None, float | None]] = {}
+    step: int | None = None
+    users: float | None = None
+    if len(steps):
+        st = steps.iloc[-1]
+        step, users = int(st["index"]), float(st["users"])
+        so_far = progress._steps.get(step)  # noqa: SLF001 - Progress's own accumulator of rows per step
+        now = so_far.by_class(steady_from(st, plan.load)) if so_far else {}
+    out: list[LiveClass] = []
+    for name in [*weights, *sorted(set(progress.class_rows) - set(weights))]:
+        n = progress.class_rows.get(name, 0)
+        step_n, errors, qps, p99 = now.get(name, (0, 0, None, None))
+        out.append({"name": name, "class": name, "weight_pct": _num(100.0 * weights.get(name, 0.0) / total_weight),
+                    "requests": n, "share_pct": _num(100.0 * n / total_rows) if total_rows else None,
+                    "step": step, "users": int(users) if users is not None and users.is_integer() else users,
+                    "step_requests": step_n, "qps": _num(qps), "p99_ms": _num(p99), "errors": errors,
+                    "knee": "", "latency_knee": ""})
+    return out
+
+
+def live_class_steps(run: RunDir, progress: Progress, plan: Plan) -> list[LiveClassStep]:
+    """A traffic mix: each class's QPS and P99 at each step so far (the Knee tab's chart draws a
+    P99 line per class), from the rows ``progress`` read."""
+    out: list[LiveClassStep] = []
+    for _, st in run.read_steps().iterrows():
+        so_far = progress._steps.get(int(st["index"]))  # noqa: SLF001 - Progress's own accumulator of rows per step
+        users = float(st["users"])
+        for name, (_n, _errors, qps, p99) in (so_far.by_class(steady_from(st, plan.load)) if so_far else {}).items():
+            out.append({"class": name, "step": int(st["index"]), "users": int(users) if users.is_integer() else users,
+                        "qps": _num(qps), "p99_ms": _num(p99)})
     return out
 
 

@@ -42,13 +42,17 @@ class StepSoFar:
     t: list[np.ndarray] = field(default_factory=list)
     latency: list[np.ndarray] = field(default_factory=list)
     ok: list[np.ndarray] = field(default_factory=list)
+    klass: list[np.ndarray] = field(default_factory=list)  # a traffic mix: each row's class (None: no class)
     closed: dict[float, tuple] | None = None  # t_from -> (requests, errors, QPS, P99, P50) of a step over
+    closed_classes: dict[float, dict] | None = None  # t_from -> by_class of a step over
 
-    def add(self, t: np.ndarray, latency: np.ndarray, ok: np.ndarray) -> None:
+    def add(self, t: np.ndarray, latency: np.ndarray, ok: np.ndarray, klass: np.ndarray | None = None) -> None:
         if self.closed is None:  # rows arriving after the step's line was printed: not shown
             self.t.append(t)
             self.latency.append(latency)
             self.ok.append(ok)
+            if klass is not None:
+                self.klass.append(klass)
 
     def _all(self, t_from: float) -> tuple[int, int, float | None, float | None, float | None]:
         if self.closed is not None:
@@ -70,11 +74,33 @@ class StepSoFar:
     def p50(self, t_from: float) -> float | None:
         return self._all(t_from)[4]
 
+    def by_class(self, t_from: float) -> dict[str, tuple[int, int, float | None, float | None]]:
+        """A traffic mix: {class: (requests, errors, QPS, P99 ms)} of the rows seen while the step
+        is not over, kept once it is; QPS over the step's steady span (the whole's,
+        so the classes' QPS add up to the step's), P99 of the class's steady answered rows."""
+        if self.closed is not None:
+            return (self.closed_classes or {}).get(t_from, {})
+        if not self.t or len(self.klass) != len(self.t):
+            return {}
+        t, lat, ok = np.concatenate(self.t), np.concatenate(self.latency), np.concatenate(self.ok)
+        klass = np.concatenate(self.klass)
+        steady = t >= t_from
+        span = float(t[steady].max() - t_from) if steady.any() else 0.0
+        out: dict[str, tuple[int, int, float | None, float | None]] = {}
+        for name in sorted({str(k) for k in klass if k is not None}):
+            mine = klass == name
+            lat_ok = lat[mine & steady & ok]
+            out[name] = (int(mine.sum()), int((mine & ~ok).sum()),
+                         float((mine & steady).sum() / span) if span >= MIN_SPAN else None,
+                         float(np.percentile(lat_ok, 99)) if len(lat_ok) else None)
+        return out
+
     def close(self, t_froms: list[float]) -> None:
         """The step is over: keep its figures from each of ``t_froms``, free its rows."""
         if self.closed is None:
+            self.closed_classes = {t: self.by_class(t) for t in t_froms} if self.klass else None
             self.closed = {t: self._all(t) for t in t_froms}
-            self.t, self.latency, self.ok = [], [], []
+            self.t, self.latency, self.ok, self.klass = [], [], [], []
 
 
 def steady_from(st: Any, load: Any, settle: bool = True) -> float:
@@ -97,6 +123,8 @@ class Progress:
         self.live = self.stream.isatty() if live is None else live
         self._read: set[str] = set()  # part files already read (a part is never rewritten)
         self._steps: dict[int, StepSoFar] = {}
+        self.mixed = bool(plan.request.classes)  # a traffic mix: each row's class is read too
+        self.class_rows: dict[str, int] = {}  # a traffic mix: rows of each class read so far, every step
         self._printed = -1  # the last step whose line was printed
         self._last_poll = 0.0
         self._live_shown = False
@@ -145,16 +173,22 @@ class Progress:
         for part in self.run.request_parts():
             if part.name in self._read:
                 continue
-            table = pq.read_table(part, columns=PART_COLUMNS)
+            mixed = self.mixed and "class" in pq.read_schema(part).names
+            table = pq.read_table(part, columns=PART_COLUMNS + (["class"] if mixed else []))
             self._read.add(part.name)
             step = table.column("step").to_numpy(zero_copy_only=False)
             t = table.column("t_start").to_numpy(zero_copy_only=False)
             lat = table.column("latency_ms").to_numpy(zero_copy_only=False)
             ok = table.column("ok").to_numpy(zero_copy_only=False).astype(bool)
+            klass = np.asarray(table.column("class").to_pylist(), dtype=object) if mixed else None
+            if klass is not None:
+                for name, n in zip(*np.unique(klass[klass != None], return_counts=True)):  # noqa: E711 - numpy's elementwise test
+                    self.class_rows[str(name)] = self.class_rows.get(str(name), 0) + int(n)
             for i in np.unique(step):
                 if i >= 0:
                     m = step == i
-                    self._steps.setdefault(int(i), StepSoFar()).add(t[m], lat[m], ok[m])
+                    self._steps.setdefault(int(i), StepSoFar()).add(t[m], lat[m], ok[m],
+                                                                     klass[m] if klass is not None else None)
 
     # -- text ----------------------------------------------------------------------------
     def _text(self, st: Any, left: float | None) -> str:

@@ -23,6 +23,12 @@ leaves D + (N-1)*G after arrival and the chunks N*G apart; ``usage`` still count
 ``--no-text-every K`` makes every K-th streamed answer (the K-th, 2K-th ... this server streams)
 send its chunks with empty text, usage still counting the tokens: a stream with no first token.
 
+With ``--models cheap:5,slow:40`` (mix.py) each model is served under its own name (the request's
+``model``, listed by /v1/models): a request first holds its model's slot for its service time, as
+on the KServe endpoint, then gets its tokens on the schedule above (counted from its arrival: a
+token due during the wait leaves at its end), and ``vllm:request_success_total{model_name}``
+counts each model apart; an unknown model is vLLM's 404 ``NotFoundError``.
+
 Streams follow vLLM: a first chunk with only ``role``, one chunk per token (or per N), ``finish_reason`` on
 the last token's chunk, an extra ``usage`` chunk (``choices: []``) when the request asks
 ``stream_options.include_usage``, then ``data: [DONE]``.
@@ -45,6 +51,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from kneeswarm.target.engine import Rejected
 from kneeswarm.target.gate import ARRIVED
 from kneeswarm.target.llmengine import LLMEngine, PromptTooLong
 from kneeswarm.target.metrics import TargetMetrics
@@ -142,8 +149,11 @@ class TokenChain:
 
 
 def llm_routes(model_name: str, chain: TokenChain, metrics: TargetMetrics, cfg: LLMConfig,
-               ready: Any) -> list[Route]:
-    """The OpenAI-compatible routes; ``ready()`` says whether the server is ready."""
+               ready: Any, also: tuple[str, ...] = (), mix: Any = None) -> list[Route]:
+    """The OpenAI-compatible routes; ``ready()`` says whether the server is ready.  ``--models``
+    (mix.py): ``also`` the further models served, ``mix`` the MixEngine whose ``infer(model)``
+    each request waits for first (its model's slot for its service time), then its tokens."""
+    models_served = (model_name, *also)
     streams = itertools.count(1)  # streamed answers so far (--no-text-every)
     engine = (LLMEngine(metrics, cfg.kv_tokens, cfg.max_batch, cfg.prefill_ms_per_token, cfg.decode_ms,
                         cfg.decode_ms_per_seq, cfg.prefix_cache_blocks)
@@ -154,7 +164,7 @@ def llm_routes(model_name: str, chain: TokenChain, metrics: TargetMetrics, cfg: 
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
-            {"id": model_name, "object": "model", "created": 0, "owned_by": "kneeswarm"}]})
+            {"id": name, "object": "model", "created": 0, "owned_by": "kneeswarm"} for name in models_served]})
 
     def handler(chat: bool) -> Any:
         async def complete(request: Request) -> Response:
@@ -164,7 +174,7 @@ def llm_routes(model_name: str, chain: TokenChain, metrics: TargetMetrics, cfg: 
                 metrics.requests.labels(code="400").inc()
                 return _error(400, f"bad request: {e}", "BadRequestError")
             metrics.record_received("openai", c.model, 1)
-            if c.model != model_name:
+            if c.model not in models_served:
                 metrics.requests.labels(code="404").inc()
                 return _error(404, f"The model `{c.model}` does not exist.", "NotFoundError")
             if engine is not None:
@@ -173,6 +183,13 @@ def llm_routes(model_name: str, chain: TokenChain, metrics: TargetMetrics, cfg: 
                 except PromptTooLong as e:
                     metrics.requests.labels(code="400").inc()
                     return _error(400, f"bad request: {e}", "BadRequestError")
+            if mix is not None:  # --models: the model's own cost first (its slot, its service time)
+                try:
+                    await mix.infer(c.model)
+                except Rejected as e:
+                    metrics.rejected.inc()
+                    metrics.requests.labels(code="503").inc()
+                    return _error(503, str(e), "ServiceUnavailableError")
             metrics.prompt_tokens.inc(c.prompt_tokens)
             gen = Generation(c, chain, metrics, cfg, request.scope.get(ARRIVED), engine)
             if c.stream and cfg.no_text_every and next(streams) % cfg.no_text_every == 0:
@@ -240,7 +257,7 @@ class Generation:
     def _done(self) -> None:
         """Every token left: the request counted as served, with its end-to-end time."""
         m = self.metrics
-        m.llm_success.labels(finished_reason=self.c.finish).inc()
+        m.llm_success.labels(finished_reason=self.c.finish, model_name=self.c.model).inc()
         m.e2e.observe(time.perf_counter() - self.arrived)
         m.requests.labels(code="200").inc()
 

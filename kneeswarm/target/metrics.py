@@ -50,7 +50,7 @@ What the target received and did on purpose (the ground truth of kneeswarm's own
 The OpenAI-compatible endpoints also export the names vLLM v1 uses (from vLLM's documentation,
 "Production Metrics"), so that a scrape of the demo reads like a scrape of vLLM:
 ``vllm:num_requests_running``, ``vllm:num_requests_waiting`` (gauges), ``vllm:prompt_tokens_total``,
-``vllm:generation_tokens_total``, ``vllm:request_success_total{finished_reason}`` (counters),
+``vllm:generation_tokens_total``, ``vllm:request_success_total{finished_reason,model_name}`` (counters),
 ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds``,
 ``vllm:e2e_request_latency_seconds`` (histograms, seconds, measured inside the server); with the
 engine model (``--kv-tokens``, llmengine.py) also ``vllm:kv_cache_usage_perc`` (gauge, 0..1) and
@@ -70,6 +70,9 @@ The TorchServe endpoint exports TorchServe's frontend names (from TorchServe's m
 documentation), labelled ``{model_name, model_version}``: ``ts_inference_requests_total`` and
 ``ts_inference_latency_microseconds`` (cumulative; ``ts_queue_latency_microseconds`` is not
 imitated: the engine's queue is shared by every protocol, see ``nv_inference_queue_duration_us``).
+The TF Serving endpoint counts its served requests as TF Serving's Prometheus monitoring does,
+``:tensorflow:serving:request_count{model_name, status="OK"}``.  With ``--models`` each of these
+per-model counters (and vLLM's ``vllm:request_success_total{model_name}``) counts each model apart.
 
 ``*_created`` samples are not exported.
 """
@@ -192,7 +195,8 @@ class TargetMetrics:
         self.llm_waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to start", registry=r)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens received", registry=r)
         self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated", registry=r)
-        self.llm_success = Counter("vllm:request_success", "Finished generations", ["finished_reason"], registry=r)
+        self.llm_success = Counter("vllm:request_success", "Finished generations", ["finished_reason", "model_name"],
+                                   registry=r)
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token in the server",
                               buckets=LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("vllm:inter_token_latency_seconds", "Gap between tokens in the server",
@@ -240,12 +244,21 @@ class TargetMetrics:
         return TritonCounters(*(g.labels(model=model, version="1") for g in self._nv))
 
     def _torchserve_metrics(self, r: CollectorRegistry, model: str) -> None:
-        labels = {"model_name": model, "model_version": "default"}
-        self.ts_requests = Counter("ts_inference_requests", "Total number of inference requests (TorchServe)",
-                                   list(labels), registry=r).labels(**labels)
+        names = ["model_name", "model_version"]
+        self._ts_requests = Counter("ts_inference_requests", "Total number of inference requests (TorchServe)",
+                                    names, registry=r)
         # TorchServe exports its cumulative microsecond counters without "_total": growing gauges here.
-        self.ts_latency_us = Gauge("ts_inference_latency_microseconds", "Cumulative inference duration in microseconds",
-                                   list(labels), registry=r).labels(**labels)
+        self._ts_latency_us = Gauge("ts_inference_latency_microseconds", "Cumulative inference duration in microseconds",
+                                    names, registry=r)
+        self.ts_requests, self.ts_latency_us = self.torchserve(model)
+        # TF Serving's (its Prometheus monitoring config) per-model count, exported as TF Serving does: no "_total"
+        self.tf_requests = Gauge(":tensorflow:serving:request_count", "Requests served (TF Serving)",
+                                 ["model_name", "status"], registry=r)
+
+    def torchserve(self, model: str) -> tuple[Any, Any]:
+        """TorchServe's (requests, cumulative latency us) of ``model``, each model of ``--models`` apart."""
+        labels = {"model_name": model, "model_version": "default"}
+        return self._ts_requests.labels(**labels), self._ts_latency_us.labels(**labels)
 
     def record_received(self, protocol: str, model: str, items: int,
                         inputs: list[tuple[str, str, str]] = ()) -> None:  # type: ignore[assignment]

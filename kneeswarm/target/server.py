@@ -23,7 +23,8 @@ Modes
     QPS = 1000 N / that, peak at N* = sqrt((1 - sigma) / kappa) users, retrograde past it.
     ``--models cheap:5,slow:40`` (knee): several models, each under its own name and service time,
     sharing the slots in arrival order, or ``--priority`` models first; ``NAME:MS:SLOTS`` gives a
-    model instances of its own (mix.py); Triton's counters per model.
+    model instances of its own (mix.py); on every endpoint (KServe's path, OpenAI's ``model``,
+    TorchServe's and TF Serving's paths), each counted per model as that server counts it.
     ``--warmup-s W --warmup-extra-ms X`` (knee and usl): requests take up to X ms more during the
     first W seconds after the first inference request, falling linearly: a warm-up to be cut.
     ``--jitter J`` (knee and usl; jitter.py): each service time times seeded lognormal noise of
@@ -345,8 +346,8 @@ def build_app(
         Route("/v2/models/{name}/versions/{version}/infer", infer, methods=["POST"]),
         Route("/metrics", prometheus),
         *llm_routes(info.name, TokenChain(engine if is_onnx else None, info.input_dim), metrics,
-                    llm or LLMConfig(), lambda: ready),
-        *serving_routes(info.name, engine, is_onnx, info.input_dim, metrics, lambda: ready),
+                    llm or LLMConfig(), lambda: ready, info.also, engine if isinstance(engine, MixEngine) else None),
+        *serving_routes(info.name, engine, is_onnx, info.input_dim, metrics, lambda: ready, info.also),
     ]
     return Starlette(
         routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
@@ -723,6 +724,8 @@ def _serve_prefork(args: argparse.Namespace, sock: socket.socket) -> int:
 def _check_models(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if (args.models or args.priority) and (args.mode != "knee" or not set(args.priority) <= {m.name for m in args.models or []}):
         parser.error("--models is for --mode knee, and --priority names some of its models")
+    if args.models and args.kv_tokens:  # the OpenAI endpoints are the engine model's, which has no models of its own
+        parser.error("--models and --kv-tokens: one or the other (the engine model serves one model)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,9 @@ TensorFlow Serving REST API:
     POST /v1/models/{model}[/versions/{v}]:predict   {"instances": [...]} -> {"predictions": [...]}
 
 In onnx mode the rows must be numbers of the model's input width ([B, D]); in knee mode any
-JSON is accepted and each request holds one slot.
+JSON is accepted and each request holds one slot.  With ``--models`` (mix.py) each model is
+served under its own name for its own service time, and counted apart: TorchServe's
+``ts_inference_requests_total{model_name}``, TF Serving's ``:tensorflow:serving:request_count{model_name,status}``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from starlette.routing import Route
 
 from kneeswarm.target.engine import Rejected
 from kneeswarm.target.metrics import TargetMetrics
+from kneeswarm.target.mix import MixEngine
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +62,11 @@ def rows_of(doc: Any, input_dim: int | None) -> tuple[np.ndarray | None, int]:
 
 # One function: the handlers share the engine, the metrics and the model name (closures).
 def serving_routes(model_name: str, engine: Any, is_onnx: bool, input_dim: int, metrics: TargetMetrics,
-                   ready: Any) -> list[Route]:
-    """TorchServe and TF Serving routes around ``engine``; ``ready()`` says whether the server is ready."""
+                   ready: Any, also: tuple[str, ...] = ()) -> list[Route]:
+    """TorchServe and TF Serving routes around ``engine``; ``ready()`` says whether the server is ready;
+    ``also``: the further models of ``--models`` (``engine.infer(model)``: each its own cost)."""
     served = metrics.requests
+    models = (model_name, *also)
 
     async def run(protocol: str, model: str, body: bytes, not_found: Any) -> Response:
         arrived = time.perf_counter()  # request_duration counts from here, as KServe's handler does
@@ -73,12 +78,12 @@ def serving_routes(model_name: str, engine: Any, is_onnx: bool, input_dim: int, 
             return JSONResponse({"error": f"bad request: {e}"}, status_code=400)
         shape = "x".join(str(d) for d in (x.shape if x is not None else (items,)))
         metrics.record_received(protocol, model, items, [("rows", "FP32", shape)])
-        if model != model_name:
+        if model not in models:
             served.labels(code="404").inc()
             return not_found(model)
         started = time.perf_counter()
         try:
-            out = await engine.infer(x) if is_onnx else await engine.infer()
+            out = await engine.infer(x) if is_onnx else await (engine.infer(model) if isinstance(engine, MixEngine) else engine.infer())
         except Rejected as e:
             metrics.rejected.inc()
             served.labels(code="503").inc()
@@ -86,8 +91,11 @@ def serving_routes(model_name: str, engine: Any, is_onnx: bool, input_dim: int, 
         served.labels(code="200").inc()
         metrics.request_duration.observe(time.perf_counter() - arrived)
         if protocol == "torchserve":
-            metrics.ts_requests.inc()
-            metrics.ts_latency_us.inc((time.perf_counter() - started) * 1e6)
+            requests, latency_us = metrics.torchserve(model)
+            requests.inc()
+            latency_us.inc((time.perf_counter() - started) * 1e6)
+        else:
+            metrics.tf_requests.labels(model_name=model, status="OK").inc()
         predictions = out.tolist() if out is not None else [[0.0]] * items
         return JSONResponse({"predictions": predictions})
 
@@ -113,7 +121,7 @@ def serving_routes(model_name: str, engine: Any, is_onnx: bool, input_dim: int, 
             if verb != "predict":
                 return JSONResponse({"error": f"unsupported verb {verb!r}: only :predict"}, status_code=404)
             return await run("tfserving", model, await request.body(), tf_missing)
-        if model != model_name:
+        if model not in models:
             return tf_missing(model)
         state = "AVAILABLE" if ready() else "LOADING"
         return JSONResponse({"model_version_status": [

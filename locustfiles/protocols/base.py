@@ -79,6 +79,17 @@ class PreparedRequest:
     klass: str | None = None  # its class in a traffic mix ([[request.classes]]; its row's `class`)
 
 
+#: Locust's name of every request (its stats table's and --csv's rows).  A traffic mix's are named
+#: per class, "infer NAME", so that Locust's own statistics (web UI, --csv, --otel) show each class
+#: apart beside the aggregate; the run directory's rows keep "infer" (the class has its own column).
+REQUEST_NAME = "infer"
+
+
+def request_name(klass: str | None) -> str:
+    """Locust's name of a request of class ``klass`` (None: not in a mix)."""
+    return REQUEST_NAME if klass is None else f"{REQUEST_NAME} {klass}"
+
+
 #: Distinct random bodies pre-built per user: requests cycle through them, so building a body
 #: costs the load generator nothing per request (keeps its CPU low).
 BODY_VARIANTS = 16
