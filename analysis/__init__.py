@@ -152,7 +152,8 @@ def summarize(inputs: RunInputs) -> Summary:
         summary["search"] = jsonable(search)
     reps = None if soak else step_replicates(stats, inputs.hosts, inputs.think_ms, inputs.closed_loop)
     return add_explanations(summary, inputs.plan, reps, lambda s: add_mix(s, inputs.run_dir, stats, inputs.plan,
-                                                                               target_prometheus(inputs.run_dir)))
+                                                                               target_prometheus(inputs.run_dir),
+                                                                               resampled=not soak))
 
 
 class LlmExtras(TypedDict, total=False):

@@ -8,7 +8,8 @@ kneeswarm.analysis.summary.classes's.  Rows of a run without the column (older
 runs) or without a mix have no class: no ``mix`` section.
 
 The rows are read again here, the few columns needed, part by part, and kept per class and step
-as arrays (the findings of a mix resample them: kneeswarm.analysis.findings.mix).
+as arrays (the findings of a mix resample them: kneeswarm.analysis.findings.mix; so do each
+class's knee intervals: kneeswarm.analysis.summary.classes).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class ClassRows:
     tokens_ok: np.ndarray
     itl: np.ndarray  # every inter-token gap of its answered streams
     errors: dict[str, int] = field(default_factory=dict)
+    t_ok: np.ndarray = field(default_factory=lambda: np.empty(0))  # start times of its answered requests (s)
 
 
 def read_class_rows(run: RunDir) -> pd.DataFrame | None:
@@ -75,7 +77,8 @@ def split(rows: pd.DataFrame, stats: pd.DataFrame) -> dict[str, list[ClassRows]]
                 ttft_ok=pd.to_numeric(good["ttft_ms"], errors="coerce").to_numpy(dtype=float),
                 tokens_ok=pd.to_numeric(good["tokens_out"], errors="coerce").to_numpy(dtype=float),
                 itl=np.concatenate(itl) if itl else np.empty(0),
-                errors={str(k): int(v) for k, v in r.loc[~ok, "error"].fillna("other").value_counts().items()}))
+                errors={str(k): int(v) for k, v in r.loc[~ok, "error"].fillna("other").value_counts().items()},
+                t_ok=good["t_start"].to_numpy(dtype=float)))
     return out
 
 

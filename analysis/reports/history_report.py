@@ -128,15 +128,31 @@ def _series_lines(series: list[HistorySeries]) -> list[str]:
 def _class_lines(g: HistoryGroup, c: HistoryClass) -> list[str]:
     """One class of the group's mixes: its share, peak and knees run by run, its gaps, its series."""
     lines = ["", f"### class {c['name']}", "",
-             "| run | share | peak QPS (users) | knee users (QPS) | latency knee users |", "|---|---:|---:|---:|---:|"]
+             "| run | share | peak QPS (users) | knee users (QPS) [interval] | P99 took off at users [interval] |",
+             "|---|---:|---:|---:|---:|"]
     peak = {s["figure"]: s for s in c["series"]}.get("peak QPS")
+    knee_iv = c.get("knee_interval") or [None] * len(g["runs"])
+    took_iv = c.get("latency_knee_interval") or [None] * len(g["runs"])
     for i, r in enumerate(g["runs"]):
         share = c["share"][i]
         qps = peak["values"][i] if peak else None
         lines.append(f"| `{r['run_id']}` | {_f(share, '{:.1%}')} | {_f(qps)} ({_f(c['peak_users'][i])}) | "
-                     f"{_f(c['knee_users'][i])} ({_f(c['knee_qps'][i])}) | {_f(c['latency_knee_users'][i])} |")
+                     f"{_f(c['knee_users'][i])} ({_f(c['knee_qps'][i])}){_knee_iv(knee_iv[i])} | "
+                     f"{_f(c['latency_knee_users'][i])}{_knee_iv(took_iv[i])} |")
     lines += [""] + [f"- gap: `{x['run']}` ({x['reason']})" for x in c["gaps"]] if c["gaps"] else []
+    for r, tr in zip(g["runs"], c.get("trends") or []):  # a soak: what crept in the class's windows
+        moved = "; ".join(f"{k} {slope * 60:+.3g}/min (p {t['p']:.2g}{', drifting ' + str(t.get('direction')) if t.get('drifting') else ''})"
+                          for k, t in (tr or {}).items() if (slope := t.get("slope")) is not None and t.get("p") is not None)
+        if moved:
+            lines.append(f"- `{r['run_id']}` windows: {moved}")
     return lines + _series_lines(c["series"])
+
+
+def _knee_iv(iv: list[float | None] | None) -> str:
+    """" [1-4]" of a class's knee interval (a run's at its own noise, a repeated run's over its runs)."""
+    if not iv or iv[0] is None:
+        return ""
+    return f" [{_f(iv[0])}-{'past the range' if iv[1] is None else _f(iv[1])}]"
 
 
 def history_markdown(result: HistoryResult) -> str:

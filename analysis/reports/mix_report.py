@@ -35,13 +35,26 @@ def _classes(summary: Summary) -> list[ClassFigures]:
     return list(mix.get("classes") or []) if isinstance(mix, dict) else []
 
 
+def at_noise(interval: Any) -> str:
+    """" (2–4 at this run's noise)" of a knee's interval over the resamples of its steps; "" without one
+    (a summary written before class knees had one, a soak)."""
+    if not isinstance(interval, list) or len(interval) != 2 or not isinstance(interval[0], (int, float)):
+        return ""
+    lo, hi = interval
+    if not isinstance(hi, (int, float)):
+        return f" ({lo:g} users or past the tested range at this run's noise)"
+    return " (the same at this run's noise)" if lo == hi else f" ({lo:g}–{hi:g} at this run's noise)"
+
+
 def knee_line(c: ClassFigures) -> str:
-    """One class: its weight's share, its share of the rows, where its QPS and its P99 bent."""
+    """One class: its weight's share, its share of the rows, where its QPS and its P99 bent (each with
+    its interval at the run's noise, where the summary has one)."""
     lk, k = c.get("latency_knee") or {}, c.get("knee") or {}
     took = lk.get("took_off_users")
-    p99 = f"P99 took off at {took:g} users" if isinstance(took, (int, float)) else "P99 held over the steps"
-    qps = f"QPS stopped rising after {k['users']:g} users" if isinstance(k.get("users"), (int, float)) \
-        else "no QPS knee"
+    p99 = (f"P99 took off at {took:g} users" if isinstance(took, (int, float)) else "P99 held over the steps") \
+        + at_noise(lk.get("took_off_interval"))
+    qps = (f"QPS stopped rising after {k['users']:g} users" if isinstance(k.get("users"), (int, float))
+           else "no QPS knee") + at_noise(k.get("interval"))
     return (f"`{c.get('name')}`: {_f(c.get('share'), '{:.1%}')} of the requests (weight's share "
             f"{_f(c.get('weight_share'), '{:.1%}')}); {p99}; {qps}")
 
@@ -118,6 +131,18 @@ def classes_lines(classes: list[ClassChange]) -> list[str]:
     for c in classes:
         out += [f"| {c['name']} | {s['users']:g} | {fmt(s['qps'][0])} | {fmt(s['qps'][1])} | {fmt(s['qps_rel'], '{:+.1%}')} | "
                 f"{fmt(s['p99_ms'][0])} | {fmt(s['p99_ms'][1])} | {fmt(s['p99_rel'], '{:+.1%}')} |" for s in c["steps"]]
-    out += [""] + [f"- class {c['name']}: P99 took off at {c['latency_knee'][0]} users (base), "
-                   f"{c['latency_knee'][1]} users (new)" for c in classes]
+    out += [""] + [knee_change_line(c) for c in classes]
     return out + [""]
+
+
+def _moved(flag: bool | None) -> str:
+    return "" if flag is None else ("; moved beyond both runs' noise" if flag else "; within the runs' noise")
+
+
+def knee_change_line(c: ClassChange) -> str:
+    """"- class slow: P99 took off at 4 users (4–8 at this run's noise) (base), 2 users (...) (new); moved ..."""
+    lk, k = c["latency_knee"], c["knee"]
+    lki, ki = c.get("latency_knee_interval") or [None, None], c.get("knee_interval") or [None, None]
+    return (f"- class {c['name']}: P99 took off at {lk[0]} users{at_noise(lki[0])} (base), {lk[1]} users"
+            f"{at_noise(lki[1])} (new){_moved(c.get('latency_knee_moved'))}; QPS knee {k[0]} users{at_noise(ki[0])} "
+            f"(base), {k[1]} users{at_noise(ki[1])} (new){_moved(c.get('knee_moved'))}")

@@ -13,7 +13,8 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kneeswarm.analysis.schema.repetition import Figure, FindingCount, Repetition, RepeatRun, RepeatStep
+from kneeswarm.analysis.schema.repetition import (Figure, FindingCount, KneeSpread, RepeatClass, Repetition, RepeatRun,
+                                                  RepeatStep)
 from kneeswarm.contracts.rundir import REPORT_HTML
 
 logger = logging.getLogger(__name__)
@@ -125,6 +126,33 @@ def headline(rep: Repetition) -> list[str]:
     return lines
 
 
+def _holds(k: KneeSpread, what: str) -> str:
+    ov = k["overlap"]
+    if not ov or ov[0] is None:
+        return ""
+    return f"; every run's {what} interval holds {ov[0]:g}" + (f"-{ov[1]:g} users" if ov[1] is not None else " users and beyond")
+
+
+def class_line(c: RepeatClass) -> str:
+    """One class over the runs: its knees per repetition and their spread, its peak QPS."""
+    k, lk = c["knee"], c["latency_knee"]
+    per_run = ", ".join(f"{_f(a, '{:g}')}/{_f(b, '{:g}')}" for a, b in zip(k["users"], lk["users"]))
+    return (f"**class {c['name']}** ({c['runs']} runs): {k['text']}{_holds(k, 'knee')}; {lk['text']}"
+            f"{_holds(lk, 'took-off')} (QPS knee/took off, run by run: {per_run}); peak QPS "
+            f"{figure_cell(c['peak']['qps'])}")
+
+
+def classes_markdown(rep: Repetition) -> list[str]:
+    """"### Each class over the runs": a line and a steps table per class (a traffic mix only)."""
+    classes = rep.get("classes") or []
+    if not classes:
+        return []
+    out = ["", "### Each class over the runs", ""]
+    for c in classes:
+        out += [class_line(c), ""] + steps_table({**rep, "steps": c["steps"]}) + [""]
+    return out
+
+
 def repeat_markdown(rep: Repetition) -> str:
     """The merged result as markdown (repeat.md; a pull-request comment)."""
     st = rep["settings"]
@@ -136,6 +164,7 @@ def repeat_markdown(rep: Repetition) -> str:
             f"Between the runs: Student's t {st.get('confidence', 0):.0%} interval of the mean over the runs' "
             f"values. Within a run: the step's own bootstrap interval over its rows ({st.get('resamples')} "
             "resamples).", ""] + steps_table(rep)
+    out += classes_markdown(rep)
     out += [f"\n**Warning:** {w}" for w in rep["warnings"]]
     return "\n".join(out) + "\n"
 
@@ -238,6 +267,8 @@ def repeat_html(rep: Repetition) -> str:
             + (f"<h2>Warnings</h2><ul>{warn}</ul>" if warn else "")
             + "<h2>Runs</h2>" + _runs_html(rep) + "<h2>Findings over the runs</h2>" + _findings_html(rep)
             + "<h2>Steps</h2>" + repeat_figure(rep).to_html(full_html=False, include_plotlyjs=True, div_id="repeat-chart")
-            + _steps_html(rep))
+            + _steps_html(rep)
+            + "".join(f"<h2>class {e(c['name'])}</h2><p>{e(class_line(c).replace('**', ''))}</p>"
+                      + _steps_html({**rep, "steps": c["steps"]}) for c in rep.get("classes") or []))
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>kneeswarm repeat {e(rep['name'])}</title>"
             f"<style>{STYLE}</style></head><body>{body}</body></html>\n")

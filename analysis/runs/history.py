@@ -26,8 +26,8 @@ for each group the series of P50/P95/P99/P999 at each step's users value and at 
 and of the peak QPS, over the last ``last`` runs; each series with the drift test and the change
 point of kneeswarm.analysis.models.trend, and beside the change point what changed between the runs on either side
 (versions, host facts, plan keys, input length: ``changes``).  A run with a traffic mix keeps each
-class's figures (column ``classes``), and its group gets each class's own series by the same rule
-(kneeswarm.analysis.runs.history_classes).
+class's figures (column ``classes``; a soak's and a repeated run's as their whole's), and its group
+gets each class's own series by the same rule (kneeswarm.analysis.runs.history_classes).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ import tomllib
 from pathlib import Path
 from typing import Any, Iterable, Mapping, cast
 
-from kneeswarm.analysis.runs.history_classes import class_drift_worse, class_entries, class_history
+from kneeswarm.analysis.runs.history_classes import (class_drift_worse, class_entries, class_history,
+                                                     repeated_class_entries, soak_class_entries)
 from kneeswarm.analysis.schema.history import (HistoryGroup, HistoryResult, HistoryRow, HistorySeries, HistoryStep,
                                                IndexUpdate, InputTokens, LeftOut, Skipped)
 from kneeswarm.analysis.schema.summary import JsonValue, RunChange, Summary, Trend, num
@@ -251,7 +252,7 @@ def read_repeated(folder: Path) -> HistoryRow:
             "knee_users": knee["median"], "knee_qps": _median([m.get("knee_qps") for m in members]),
             "peak_users": _median([m.get("peak_users") for m in members]), "peak_qps": rep["peak"]["qps"]["mean"],
             "sla_users": _median([m.get("sla_users") for m in members]),
-            "sla_qps": _median([m.get("sla_qps") for m in members]), "classes": None,
+            "sla_qps": _median([m.get("sla_qps") for m in members]), "classes": repeated_class_entries(rep),
             "repeat": {"runs": rep["merged"], "planned": rep["planned"], "members": [m["run_id"] for m in members],
                        "knee": {k: knee[k] for k in ("lo", "hi", "median", "mode", "mode_runs", "text")},
                        "peak_qps": rep["peak"]["qps"]["between"],
@@ -283,7 +284,7 @@ def _soak_figures(summary: Summary) -> HistoryRow:
     found = [{"id": f.get("id"), "host": (f.get("evidence") or {}).get("host")}
              for f in summary.get("findings") or [] if isinstance(f, dict) and f.get("id") in SOAK_IDS]
     return {"knee_users": None, "knee_qps": None, "peak_users": None, "peak_qps": step.get("qps") if step else None,
-            "sla_users": None, "sla_qps": None, "steps": [step] if step else [], "classes": None,
+            "sla_users": None, "sla_qps": None, "steps": [step] if step else [], "classes": soak_class_entries(summary),
             "soak": {"windows": len(windows), "valid_windows": len(valid), "window_s": num(soak.get("window_s")),
                      "duration_s": num(soak.get("duration_s")), "users": num(soak.get("users")),
                      "rate": num(soak.get("rate")), "trends": trends, "findings": found}}

@@ -17,7 +17,8 @@ merged: its missing steps would read as a knee):
   second is the wider one);
 * each finding with how many runs confirmed it and how many found it only marginal, counted apart:
   "3 of 3" repeats, "1 of 3" did not (unstable); the verdict's root causes counted the same way;
-* the SLA as met in k of N runs.
+* the SLA as met in k of N runs;
+* with a traffic mix, each class merged the same way (kneeswarm.analysis.runs.repeat_classes).
 
 A summary written before knee intervals, marginal findings or verdicts existed lacks those keys and
 merges all the same (its findings count as confirmed, as they were reported).
@@ -194,24 +195,30 @@ def _users_text(u: float | None) -> str:
 
 
 def knee_spread(runs: list[RepeatRun]) -> KneeSpread:
-    knees = [r["knee_users"] for r in runs]
+    return spread([r["knee_users"] for r in runs], [r["knee_interval"] for r in runs])
+
+
+def spread(knees: list[float | None], intervals: list[list[float | None] | None], said: str = "knee",
+           none: str = "no knee in any of {n} runs") -> KneeSpread:
+    """A knee over the runs (each run's users, None: found none; each run's interval at its own
+    noise): the one most runs found, their range and median, the users every interval holds;
+    ``said``/``none``: the text's words ("knee 4 users in 3 of 3 runs")."""
     found = sorted(k for k in knees if k is not None)
     counts: dict[float, int] = {}
     for k in found:
         counts[k] = counts.get(k, 0) + 1
     mode = min(counts, key=lambda k: (-counts[k], k)) if counts else None
-    intervals = [r["knee_interval"] for r in runs]
     known = [iv for iv in intervals if iv is not None]
     overlap: list[float | None] | None = None
-    if known and len(known) == len(runs):  # an interval open above (hi None) holds every count from lo up
+    if known and len(known) == len(knees):  # an interval open above (hi None) holds every count from lo up
         lo = max(float(iv[0] or 0.0) for iv in known)
         hi = min(math.inf if iv[1] is None else iv[1] for iv in known)
         overlap = [lo, None if math.isinf(hi) else hi] if lo <= hi else None
-    n = len(runs)
+    n = len(knees)
     if mode is None:
-        text = f"no knee in any of {n} runs"
+        text = none.format(n=n)
     else:
-        text = f"knee {_users_text(mode)} users in {counts[mode]} of {n} runs"
+        text = f"{said} {_users_text(mode)} users in {counts[mode]} of {n} runs"
         if found[0] != found[-1]:
             text += f" ({_users_text(found[0])}-{_users_text(found[-1])} over the runs, median {_users_text(float(np.median(found)))})"
         if len(found) < n:
@@ -306,13 +313,19 @@ def merge_runs(run_dirs: Iterable[str | Path], name: str, planned: int | None = 
         within.append(got)
         warnings += warn
     peaks = [r["peak_qps"] for r in m_runs]
-    return {"version": REPEAT_VERSION, "name": name, "planned": planned,
+    from kneeswarm.analysis.runs.repeat_classes import merge_classes  # it reads this module's figure and spread
+
+    classes = merge_classes(m_sums)
+    out: Repetition = {"version": REPEAT_VERSION, "name": name, "planned": planned,
             "complete": len(dirs) == planned and len(m_runs) == planned, "merged": len(m_runs), "runs": runs,
             "knee": knee_spread(m_runs), "peak": {"users": [r["peak_users"] for r in m_runs], "qps": figure(peaks)},
             "steps": merge_steps(m_sums, within), "findings": count_findings(m_runs, m_sums),
             "causes": count_causes(m_runs), "sla": sla_over(m_runs, m_sums),
             "settings": {"confidence": CONFIDENCE, "resamples": resamples, "seed": seed, "max_rows_per_step": max_rows},
             "warnings": warnings}
+    if classes:  # a traffic mix: each class merged over the runs (absent without one: repeat.json as before)
+        out["classes"] = classes
+    return out
 
 
 def repeat_folder(out: str | Path, name: str, now: dt.datetime | None = None) -> Path:

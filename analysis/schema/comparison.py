@@ -135,6 +135,14 @@ class ClassChange(TypedDict):
     steps: list[ClassStepChange]
     latency_knee: list[int | float | None]  # [base, new]: the users where its P99 took off
     knee: list[int | float | None]  # [base, new]: its QPS knee's users
+    # [base, new]: each run's interval of the users where its P99 took off / of its QPS knee, at that run's
+    # noise (None: the run's summary has none, or its resamples found none in the range)
+    latency_knee_interval: list[list[int | float | None] | None]
+    knee_interval: list[list[int | float | None] | None]
+    # whether the two runs' intervals are apart (the knee moved beyond both runs' noise); None: a summary
+    # without intervals
+    latency_knee_moved: bool | None
+    knee_moved: bool | None
 
 
 class MixComparison(TypedDict, total=False):

@@ -78,6 +78,12 @@ class ClassEntry(TypedDict):
     latency_knee_users: float | None  # where its own P99 took off
     sla_users: float | None  # its own [sla.classes.NAME] boundary, where the plan set one
     share: float | None  # its share of the run's rows
+    # its QPS knee's and its P99's took-off interval: a run's at its own noise (the summary's, where it has one);
+    # a repeated run's the range of its runs' knees (hi None: a run found none in the range)
+    knee_interval: NotRequired[list[float | None] | None]
+    latency_knee_interval: NotRequired[list[float | None] | None]
+    peak_qps_interval: NotRequired[list[float] | None]  # a repeated run: its peak QPS between its runs
+    trends: NotRequired[dict[str, Trend]]  # a soak: its windows' trends (qps, p50_ms, p99_ms), as the whole's
 
 
 class HistoryRow(TypedDict, total=False):
@@ -108,7 +114,8 @@ class HistoryRow(TypedDict, total=False):
     soak: SoakEntry | None
     repeat: RepeatEntry | None
     knee_interval: list[float | None] | None
-    classes: dict[str, ClassEntry] | None  # a run with a traffic mix; None without (or a soak, a repeated run)
+    classes: dict[str, ClassEntry] | None  # a run with a traffic mix (a soak's: its windows'; a repeated run's:
+    #                                        merged over its runs); None without
 
 
 class HistorySeries(TypedDict):
@@ -158,7 +165,10 @@ class HistoryClass(TypedDict):
     knee_users: list[float | None]
     knee_qps: list[float | None]
     latency_knee_users: list[float | None]
+    knee_interval: list[list[float | None] | None]  # per run, as ClassEntry's
+    latency_knee_interval: list[list[float | None] | None]
     series: list[HistorySeries]  # as the whole's: each figure's values, drift test and change point
+    trends: NotRequired[list[dict[str, Trend] | None]]  # a soak group: each run's trends of the class's windows
 
 
 class HistoryGroup(TypedDict):

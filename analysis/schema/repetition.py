@@ -12,7 +12,7 @@ same server moves from run to run: the noise a single run cannot see).
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 REPEAT_VERSION = 1  # repeat.json's "version": raised when a key changes meaning or goes
 #: the step figures merged, each a :class:`Figure`; the first three also carry each run's own
@@ -125,6 +125,19 @@ class RepeatSla(TypedDict):
     text: str
 
 
+class RepeatClass(TypedDict):
+    """One request class of a traffic mix over the merged runs (kneeswarm.analysis.runs.repeat_classes):
+    its steps as the whole's (its own figures in each run's ``mix``; no within-run interval), its
+    peak, and its knees per repetition with their spread."""
+    name: str
+    runs: int  # merged runs whose mix has this class
+    share: Figure  # its share of each run's rows
+    steps: list[RepeatStep]  # p999_ms: none (a class step has no P99.9)
+    peak: PeakSpread
+    knee: KneeSpread  # its QPS knee per run, with each run's interval at its own noise
+    latency_knee: KneeSpread  # where its P99 took off, per run, with each run's took-off interval
+
+
 class Repetition(TypedDict):
     """repeat.json."""
     version: int  # REPEAT_VERSION
@@ -141,3 +154,4 @@ class Repetition(TypedDict):
     sla: RepeatSla
     settings: RepeatSettings
     warnings: list[str]
+    classes: NotRequired[list[RepeatClass]]  # only where a merged run had a traffic mix

@@ -229,6 +229,8 @@ class Knee(TypedDict, total=False):
     kneedle_error: str  # only when Kneedle raised (the rule alone decided)
     interval: list[int | float | None] | None  # the resamples' knees, 5th-95th percentile (hi None: beyond the range)
     stability: float  # the share of resamples that found this knee (kneeswarm.analysis.summary.confidence)
+    took_off_interval: list[int | float | None] | None  # a class's latency_knee: took_off_users over the resamples,
+    #                                                    as ``interval`` (kneeswarm.analysis.summary.classes)
 
 
 class Finding(TypedDict, total=False):
@@ -618,6 +620,8 @@ class MixSummary(TypedDict, total=False):
 
     classes: list[ClassFigures]
     first_latency_knee: str | None  # the class whose P99 took off first (None: none took off, or a tie)
+    first_latency_knee_apart: bool  # whether its took-off interval lies below every other class's (absent where the
+    #                                 knees carry no interval: a soak, a summary written before they had one)
     text: str
 
 

@@ -6,6 +6,18 @@ valid steps: one class's latency may take off while another's holds), the class 
 off first is named, and the starvation rule of kneeswarm.analysis.findings.mix is judged against
 the run's noise: support >= CONFIRM (kneeswarm.analysis.summary.confidence) confirmed, in
 ``findings``; above NOTICE marginal, in ``findings_marginal``.
+
+Each class's knees carry their interval at the run's own noise, as the whole's do: the class's
+answered rows of each step are resampled by the whole's own machinery
+(kneeswarm.analysis.measure.resample: the same blocks of the step's window, drawn by the same
+``block_picks`` as the whole's step, so a class and the whole move together), its knee rules run
+again on each of ``RESAMPLES`` draws, and ``interval`` / ``stability`` are confidence.py's
+``knee_interval`` of those knees; the latency knee also gets ``took_off_interval``, the same of
+the step where its P99 took off.  A class's QPS is resampled from its blocks' counts (each request
+draws its class, so a class's count per block moves with the draws; Little's law, which gives the
+whole's QPS in a closed loop, does not split by class: the users are shared).  The class named
+first is only said to be first where its took-off interval lies below every other class's
+(``first_latency_knee_apart``); where they overlap, the sentence says so.
 """
 
 from __future__ import annotations
@@ -13,16 +25,20 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping, cast
 
+import math
+
+import numpy as np
 import pandas as pd
 
 from kneeswarm.analysis.findings.mix import finding, starved_support
 from kneeswarm.analysis.measure.classes import (ClassRows, class_figures, class_models, plan_weights, read_class_rows,
                                                 server_rates, sla_limits, split, SERVER_COUNTERS)
+from kneeswarm.analysis.measure.resample import RESAMPLES, BlockSample, block_picks, client_replicates
 from kneeswarm.analysis.models.capacity import sla_check
 from kneeswarm.analysis.models.knee import find_knee, find_latency_knee
 from kneeswarm.analysis.schema.summary import (ClassFigures, ClassStep, Finding, Knee, MixSummary, PlanTable,
                                               SlaResult, Summary)
-from kneeswarm.analysis.summary.confidence import CONFIRM, NOTICE
+from kneeswarm.analysis.summary.confidence import CONFIRM, NOTICE, knee_interval
 from kneeswarm.analysis.measure.target import PROMETHEUS_STREAM
 from kneeswarm.contracts.rundir import TARGET_HOST, RunDir
 
@@ -50,16 +66,111 @@ def first_latency_knee(classes: list[ClassFigures]) -> str | None:
     return at[0][1]
 
 
-def mix_section(classes: list[ClassFigures]) -> MixSummary:
+def _bounds(iv: object) -> tuple[float, float]:
+    """(lo, hi) users of a took-off interval; [lo, None] reaches past the range, None lies past it."""
+    if not isinstance(iv, list) or len(iv) != 2 or not isinstance(iv[0], (int, float)):
+        return math.inf, math.inf
+    return float(iv[0]), math.inf if iv[1] is None else float(iv[1])
+
+
+def overlapping(classes: list[ClassFigures], first: str) -> list[str]:
+    """The other classes whose took-off interval reaches down to ``first``'s (its P99 may have
+    taken off as early at this run's noise)."""
+    empty: ClassFigures = {}
+    mine = next((c for c in classes if c.get("name") == first), empty)
+    hi = _bounds((mine.get("latency_knee") or {}).get("took_off_interval"))[1]
+    return [str(c.get("name")) for c in classes if c.get("name") != first
+            and _bounds((c.get("latency_knee") or {}).get("took_off_interval"))[0] <= hi]
+
+
+def _span(iv: object) -> str:
+    lo, hi = _bounds(iv)
+    if math.isinf(lo):
+        return "past the tested range"
+    return f"{lo:g} users or past the range" if math.isinf(hi) else (f"{lo:g}" if lo == hi else f"{lo:g}–{hi:g}") + " users"
+
+
+def mix_text(classes: list[ClassFigures], first: str | None, apart: bool | None) -> str:
+    """The mix's sentence: which class's P99 took off first, and whether the noise lets it say so."""
+    n = f"{len(classes)} request classes"
+    if first is None:
+        return f"{n}; no class's P99 took off before the others'"
+    none: Knee = {}
+    lk = next((c.get("latency_knee") or none for c in classes if c.get("name") == first), none)
+    took = lk.get("took_off_users")
+    if apart is None:  # no intervals (a soak; resampling not run)
+        return f"{n}; the P99 of class {first} took off first (at {took} users)"
+    if apart:
+        return (f"{n}; the P99 of class {first} took off first (at {took} users; {_span(lk.get('took_off_interval'))} "
+                "at this run's noise, before every other class's)")
+    by = {str(c.get("name")): c.get("latency_knee") or {} for c in classes}
+    others = "; ".join(f"class {o}'s {_span(by[o].get('took_off_interval'))}" for o in overlapping(classes, first))
+    return (f"{n}; the P99 of class {first} took off at the fewest users ({took}), but not clearly first: at this "
+            f"run's noise its took-off interval ({_span(lk.get('took_off_interval'))}) overlaps {others}")
+
+
+KneeDraws = tuple[list[float | None], list[float | None], list[float | None]]
+
+
+def resampled_knees(rows: list[ClassRows], steps: list[ClassStep], windows: list[tuple[float, float]],
+                    resamples: int = RESAMPLES) -> KneeDraws:
+    """(throughput knee, latency knee, took-off) users of the class on each of ``resamples`` draws
+    of its answered rows: each valid step's rows cut into the blocks of its window and drawn by the
+    whole's ``block_picks`` (seeded by the step's position), its QPS and P99 resampled by
+    ``client_replicates``; a step too thin to resample keeps its own figures."""
+    valid = [i for i, s in enumerate(steps) if s.get("valid") and isinstance(s.get("users"), (int, float))]
+    users = [float(steps[i]["users"]) for i in valid]
+    qps = np.full((resamples, len(valid)), np.nan)
+    p99 = np.full((resamples, len(valid)), np.nan)
+    for j, i in enumerate(valid):
+        step = steps[i]
+        point = {k: v for k in ("qps", "p50_ms", "p95_ms", "p99_ms") if isinstance(v := step.get(k), (int, float))}
+        qps[:, j], p99[:, j] = point.get("qps", np.nan), point.get("p99_ms", np.nan)
+        sample = BlockSample.of(rows[i].t_ok, rows[i].latency_ok, *windows[i], seed=i) if i < len(rows) else None
+        if sample is None or not point:
+            continue
+        drawn = client_replicates(sample, point, block_picks(sample.k, i, resamples), None, 0.0, closed_loop=False)
+        qps[:, j] = drawn.get("qps", qps[:, j])
+        p99[:, j] = drawn.get("p99_ms", p99[:, j])
+    knees: list[float | None] = []
+    latency: list[float | None] = []
+    took: list[float | None] = []
+    for b in range(resamples):
+        knees.append(find_knee(users, list(qps[b]))["users"])
+        lk = find_latency_knee(users, list(p99[b]))
+        latency.append(lk["users"])
+        took.append(lk["took_off_users"])
+    return knees, latency, took
+
+
+def add_intervals(c: ClassFigures, draws: KneeDraws) -> None:
+    """A class's knees given their intervals from ``draws`` (resampled_knees), in place."""
+    knees, latency, took = draws
+    k, lk = c["knee"], c["latency_knee"]
+    k["interval"], stability = knee_interval(k.get("users"), knees)
+    k["stability"] = round(stability, 3)
+    lk["interval"], stability = knee_interval(lk.get("users"), latency)
+    lk["stability"] = round(stability, 3)
+    lk["took_off_interval"] = knee_interval(lk.get("took_off_users"), took)[0]
+
+
+def mix_section(classes: list[ClassFigures], by_class: dict[str, list[ClassRows]] | None = None,
+                windows: list[tuple[float, float]] | None = None, resamples: int = RESAMPLES) -> MixSummary:
+    """``mix``: each class's knees (with their intervals where its rows and the steps' windows are
+    given), the class whose P99 took off first, and the sentence."""
     for c in classes:
         steps = c.get("steps") or []
         c["knee"] = _knee(find_knee(*_series(steps, "qps")))
         c["latency_knee"] = _knee(find_latency_knee(*_series(steps, "p99_ms")))
+        if by_class is not None and windows is not None and c.get("name") in by_class:
+            add_intervals(c, resampled_knees(by_class[c.get("name", "")], steps, windows, resamples))
     first = first_latency_knee(classes)
-    took = next((c["latency_knee"].get("took_off_users") for c in classes if c.get("name") == first), None)
-    text = (f"{len(classes)} request classes; the P99 of class {first} took off first (at {took} users)" if first else
-            f"{len(classes)} request classes; no class's P99 took off before the others'")
-    return {"classes": classes, "first_latency_knee": first, "text": text}
+    resampled = by_class is not None and windows is not None
+    apart = (not overlapping(classes, first)) if first is not None and resampled else None
+    out: MixSummary = {"classes": classes, "first_latency_knee": first, "text": mix_text(classes, first, apart)}
+    if apart is not None:
+        out["first_latency_knee_apart"] = apart
+    return out
 
 
 def judged(by_class: dict[str, list[ClassRows]], mix: MixSummary, valid: list[bool]) -> tuple[list[Finding], list[Finding]]:
@@ -80,10 +191,11 @@ def judged(by_class: dict[str, list[ClassRows]], mix: MixSummary, valid: list[bo
 
 
 def add_mix(summary: Summary, run: RunDir, stats: pd.DataFrame, plan: PlanTable,
-            prometheus: pd.DataFrame | None = None) -> None:
+            prometheus: pd.DataFrame | None = None, resampled: bool = True) -> None:
     """``mix`` and the mix's findings into ``summary`` (in place), when the rows record classes;
     ``prometheus``: the target's scraped /metrics, whose per-model counters give each class's
-    ``server_rps``."""
+    ``server_rps``; ``resampled``: the classes' knees get their intervals (not in a soak: it has no
+    knee)."""
     rows = read_class_rows(run)
     if rows is None or rows.empty:
         return
@@ -93,7 +205,8 @@ def add_mix(summary: Summary, run: RunDir, stats: pd.DataFrame, plan: PlanTable,
     for c in classes:
         for step, rate in zip(c.get("steps") or [], rates.get(c.get("name", ""), [])):
             step["server_rps"] = rate
-    mix = mix_section(classes)
+    windows = list(zip(stats["t_lo"].to_numpy(dtype=float), stats["t_hi"].to_numpy(dtype=float)))
+    mix = mix_section(classes, by_class, windows) if resampled else mix_section(classes)
     confirmed, marginal = judged(by_class, mix, [bool(v) for v in stats["valid"]])
     summary["mix"] = mix
     summary["findings"] = list(summary.get("findings") or []) + confirmed

@@ -1,0 +1,102 @@
+"""A traffic mix run for real with `kneeswarm run --repeat 2` (the installed console script, a
+Locust master and worker in their own processes) against the demo target serving two models:
+cheap (5 ms, four instances of its own) and slow (40 ms, one instance), weights 3 : 1.
+
+The truth is how the target was built: the slow model's one instance serves one request at a
+time, so the slow class's P99 holds at 1 user and takes off at 2 (two users' slow requests meet at
+its one instance): its latency knee is its instance count, 1 user.  Each run's class knee interval
+must hold it; the merged result counts each run's class knees as its summaries wrote them, and the
+history takes the series as one point per class.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import KNEESWARM, REPO, read_summary
+from kneeswarm.analysis.runs.history import run_history
+from kneeswarm.contracts import outcome
+from kneeswarm.contracts.rundir import REPEAT_JSON
+
+pytestmark = pytest.mark.long
+
+SLOW_INSTANCES = 1
+PLAN = """name = "mixrep"
+target = "{url}"
+protocol = "kserve"
+[load]
+steps = [1, 2, 4, 8]
+hold = 6.0
+ramp = 1.0
+settle = 1.0
+workers = 1
+repeat = 2
+cooldown = 1.0
+[request]
+shape = [1, 4]
+[[request.classes]]
+name = "cheap"
+model = "cheap"
+weight = 3
+[[request.classes]]
+name = "slow"
+model = "slow"
+weight = 1
+"""
+
+
+def _holds(iv: list | None, truth: float) -> bool:
+    return iv is not None and iv[0] <= truth and (iv[1] is None or truth <= iv[1])
+
+
+def test_repeat_2_of_a_mix_each_class_knee_interval_holds_the_truth_and_merges(start_demo_target, tmp_path):
+    target = start_demo_target("--mode", "knee", "--models", f"cheap:5:4,slow:40:{SLOW_INSTANCES}")
+    plan = tmp_path / "mixrep.toml"
+    plan.write_text(PLAN.format(url=target.url))
+    res = subprocess.run([KNEESWARM, "run", str(plan), "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                         timeout=400, cwd=REPO)
+    assert res.returncode == outcome.EXIT_OK, res.stderr[-3000:]
+    out = tmp_path / "out"
+    runs = sorted(p for p in out.iterdir() if (p / "meta.json").is_file())
+    (folder,) = [p for p in out.iterdir() if (p / REPEAT_JSON).is_file()]
+    assert len(runs) == 2
+    sums = [read_summary(r) for r in runs]
+    slows = [{c["name"]: c for c in s["mix"]["classes"]}["slow"] for s in sums]
+    for run, s, slow in zip(runs, sums, slows):
+        lk = slow["latency_knee"]
+        print(run.name, {c["name"]: (c["latency_knee"]["took_off_users"], c["latency_knee"]["took_off_interval"],
+                                     c["latency_knee"]["users"], c["latency_knee"]["interval"],
+                                     c["knee"]["users"], c["knee"]["interval"]) for c in s["mix"]["classes"]},
+              s["mix"]["first_latency_knee"], s["mix"].get("first_latency_knee_apart"))
+        assert _holds(lk["interval"], SLOW_INSTANCES), lk  # its latency knee: its instance count
+        assert _holds(lk["took_off_interval"], 2 * SLOW_INSTANCES), lk  # taken off where a second user meets it
+        assert s["mix"]["first_latency_knee"] == "slow"
+        md = (run / "report" / "summary.md").read_text()
+        # "first" is claimed exactly where the intervals are apart, and said otherwise
+        said_first = "the P99 of class slow took off first" in md
+        assert said_first is s["mix"]["first_latency_knee_apart"], s["mix"]["text"]
+        assert said_first or "not clearly first" in md
+        assert "at this run's noise" in md
+    rep = json.loads((folder / REPEAT_JSON).read_text())
+    merged = {c["name"]: c for c in rep["classes"]}
+    slow = merged["slow"]
+    assert slow["runs"] == 2
+    assert slow["latency_knee"]["users"] == [c["latency_knee"]["took_off_users"] for c in slows]
+    assert slow["latency_knee"]["intervals"] == [c["latency_knee"]["took_off_interval"] for c in slows]
+    assert slow["knee"]["users"] == [c["knee"]["users"] for c in slows]
+    at_1 = next(st for st in slow["steps"] if st["users"] == 1)
+    truth = [next(st["p99_ms"] for st in c["steps"] if st["users"] == 1) for c in slows]
+    assert at_1["p99_ms"]["values"] == truth and at_1["p99_ms"]["mean"] == pytest.approx(np.mean(truth))
+    assert "### Each class over the runs" in (folder / "repeat.md").read_text()
+    result, _ = run_history([out], out=str(tmp_path / "history"))
+    (g,) = result["groups"]
+    assert [r["run_id"] for r in g["runs"]] == [folder.name]  # one point, its runs not counted again
+    c = next(c for c in g["classes"] if c["name"] == "slow")
+    assert c["gaps"] == [] and c["latency_knee_users"] == [float(np.median(slow["latency_knee"]["users"]))]
+    p99 = next(s for s in c["series"] if s["figure"] == "p99_ms at 1 users")
+    assert p99["values"] == [pytest.approx(np.mean(truth))] and p99["intervals"] == [at_1["p99_ms"]["between"]]
