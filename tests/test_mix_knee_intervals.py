@@ -3,8 +3,7 @@ test whose truth is how they were drawn: a class whose latency was drawn 1.7 x h
 took off at 4 users, and its QPS drawn to stop rising after 2 users stopped there.
 
 Expected intervals come from numpy on the same rows: each step's rows cut into its window's 2-s
-blocks by hand (np.histogram, np.percentile with the inverted CDF over the drawn blocks' rows put
-together), the knee rules of the documented thresholds (P99 above 1.5 x the first step's; no later
+blocks by hand (np.histogram, np.percentile over the drawn blocks' rows put together), the knee rules of the documented thresholds (P99 above 1.5 x the first step's; no later
 step gaining 20 % QPS per doubling) run on each draw, and the 5th/95th percentiles of the draws'
 knees.  The draws are the whole's own (``block_picks``: a class moves with the whole's step).
 """
@@ -63,11 +62,11 @@ def numpy_draws(rows: list[ClassRows]) -> tuple[np.ndarray, np.ndarray]:
         counts = np.histogram(r.t_ok, bins=edges)[0]
         block = np.digitize(r.t_ok, edges[1:-1])
         per_block = [r.latency_ok[block == j] for j in range(K)]
-        base = np.percentile(r.latency_ok, 99, method="inverted_cdf")
+        base = np.percentile(r.latency_ok, 99)
         picks = block_picks(K, i, RESAMPLES)
         for b in range(RESAMPLES):
             rows_b = np.concatenate([np.tile(per_block[j], picks[b, j]) for j in range(K)])
-            p99[b, i] = np.percentile(r.latency_ok, 99) + c * (np.percentile(rows_b, 99, method="inverted_cdf") - base)
+            p99[b, i] = base + c * (np.percentile(rows_b, 99) - base)
             qps[b, i] = len(r.latency_ok) / WINDOW_S + c * (picks[b] @ counts - counts.sum()) / WINDOW_S
     return qps, p99
 

@@ -117,7 +117,9 @@ def resampled_knees(rows: list[ClassRows], steps: list[ClassStep], windows: list
     """(throughput knee, latency knee, took-off) users of the class on each of ``resamples`` draws
     of its answered rows: each valid step's rows cut into the blocks of its window and drawn by the
     whole's ``block_picks`` (seeded by the step's position), its QPS and P99 resampled by
-    ``client_replicates``; a step too thin to resample keeps its own figures."""
+    ``client_replicates`` (its percentiles' deviations between numpy's linear percentiles, the point
+    figure's own definition: a class step may have under a hundred rows); a step too thin to
+    resample keeps its own figures."""
     valid = [i for i, s in enumerate(steps) if s.get("valid") and isinstance(s.get("users"), (int, float))]
     users = [float(steps[i]["users"]) for i in valid]
     qps = np.full((resamples, len(valid)), np.nan)
@@ -129,7 +131,8 @@ def resampled_knees(rows: list[ClassRows], steps: list[ClassStep], windows: list
         sample = BlockSample.of(rows[i].t_ok, rows[i].latency_ok, *windows[i], seed=i) if i < len(rows) else None
         if sample is None or not point:
             continue
-        drawn = client_replicates(sample, point, block_picks(sample.k, i, resamples), None, 0.0, closed_loop=False)
+        drawn = client_replicates(sample, point, block_picks(sample.k, i, resamples), None, 0.0, closed_loop=False,
+                                  linear=True)
         qps[:, j] = drawn.get("qps", qps[:, j])
         p99[:, j] = drawn.get("p99_ms", p99[:, j])
     knees: list[float | None] = []
