@@ -72,8 +72,12 @@ def test_two_models_each_class_its_weights_share_the_targets_count_and_the_slow_
                for c in summary["mix"]["classes"])  # every key written is declared
     mix = summary["mix"]
     assert mix["first_latency_knee"] == "slow", mix
-    assert "the P99 of class slow took off first" in (run_dir / "report" / "summary.md").read_text()
-    assert "the P99 of class slow took off first" in (run_dir / "report" / "index.html").read_text()
+    # the report names it, as first only where its took-off interval lies below cheap's (on the loaded
+    # 2-CPU test host a stall at 1 user put cheap's 5-ms P99 at 54 ms, and the intervals overlapped)
+    said = ("the P99 of class slow took off first" if mix["first_latency_knee_apart"]
+            else "the P99 of class slow took off at the fewest users")
+    assert said in (run_dir / "report" / "summary.md").read_text(), mix["text"]
+    assert said in (run_dir / "report" / "index.html").read_text()
 
 
 def test_a_class_starved_by_a_priority_queue_is_found_and_not_on_the_fair_one(tmp_path):
