@@ -111,3 +111,19 @@ def test_server_samples_resampled_with_the_same_blocks():
         assert (dev["cpu_pct"][b] == pytest.approx(expect)) if drawn else math.isnan(dev["cpu_pct"][b])
         queue = [2 * v for j, v in enumerate(range(6)) for _ in range(picks[b, j])]
         assert dev["target.queue"][b] == pytest.approx(c * (np.mean(queue) - 5.0))
+
+
+def test_a_linear_percentile_of_drawn_rows_is_numpy_s_of_the_rows_repeated():
+    """linear=True (a class's step): each resample's percentile is np.percentile's default over the
+    drawn blocks' rows put together, so its deviation is taken as the point figure is computed."""
+    from kneeswarm.analysis.measure.resample import _weighted_linear_quantiles
+
+    rng = np.random.default_rng(4)
+    lat = np.sort(rng.lognormal(math.log(40), 0.5, 97))
+    weights = rng.integers(0, 3, size=(50, len(lat)))
+    weights[0] = 0
+    weights[0, 5] = 1  # one row drawn once: the percentile is that row
+    for q in (50.0, 95.0, 99.0):
+        got = _weighted_linear_quantiles(lat, weights.astype(float), q)
+        want = [np.percentile(np.repeat(lat, w), q) for w in weights]
+        assert got == pytest.approx(want, rel=1e-12), q
