@@ -153,7 +153,7 @@ def summarize(inputs: RunInputs) -> Summary:
     reps = None if soak else step_replicates(stats, inputs.hosts, inputs.think_ms, inputs.closed_loop)
     return add_explanations(summary, inputs.plan, reps, lambda s: add_mix(s, inputs.run_dir, stats, inputs.plan,
                                                                                target_prometheus(inputs.run_dir),
-                                                                               resampled=not soak))
+                                                                               soak=soak))
 
 
 class LlmExtras(TypedDict, total=False):

@@ -183,3 +183,15 @@ def test_compare_says_whether_a_class_knee_moved_beyond_both_runs_noise():
     assert open_above["latency_knee_moved"] is False  # [4, past the range] holds 4
     (old,) = classes_change(summary(4, "none"), summary(2, [1, 2]))
     assert old["latency_knee_moved"] is None and old["latency_knee_interval"] == [None, [1, 2]]
+
+
+def test_a_soak_s_classes_have_no_knee():
+    """A soak's windows hold one load: a window whose P99 is 2 x the first's is not a knee."""
+    rng = np.random.default_rng(2)
+    by = {"slow": drawn(rng, [20.0] * 3, [1.0, 1.0, 2.0])}
+    steps = stats().assign(users=2)
+    got = mix_section(class_figures(by, steps, {}, {}), by, windows(), soak=True)
+    (c,) = got["classes"]
+    assert c["knee"]["users"] is None and c["latency_knee"]["took_off_users"] is None
+    assert "interval" not in c["knee"] and got["first_latency_knee"] is None and "no class has a knee" in got["text"]
+    assert "P99 held over the steps" in knee_line(c) and "no QPS knee" in knee_line(c)

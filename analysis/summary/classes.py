@@ -39,6 +39,7 @@ from kneeswarm.analysis.models.knee import find_knee, find_latency_knee
 from kneeswarm.analysis.schema.summary import (ClassFigures, ClassStep, Finding, Knee, MixSummary, PlanTable,
                                               SlaResult, Summary)
 from kneeswarm.analysis.summary.confidence import CONFIRM, NOTICE, knee_interval
+from kneeswarm.analysis.summary.soak import soak_knees
 from kneeswarm.analysis.measure.target import PROMETHEUS_STREAM
 from kneeswarm.contracts.rundir import TARGET_HOST, RunDir
 
@@ -158,9 +159,18 @@ def add_intervals(c: ClassFigures, draws: KneeDraws) -> None:
 
 
 def mix_section(classes: list[ClassFigures], by_class: dict[str, list[ClassRows]] | None = None,
-                windows: list[tuple[float, float]] | None = None, resamples: int = RESAMPLES) -> MixSummary:
+                windows: list[tuple[float, float]] | None = None, resamples: int = RESAMPLES,
+                soak: bool = False) -> MixSummary:
     """``mix``: each class's knees (with their intervals where its rows and the steps' windows are
-    given), the class whose P99 took off first, and the sentence."""
+    given), the class whose P99 took off first, and the sentence.  A soak's classes have no knee,
+    as its whole has none (its windows hold one load: read as steps, one window's P99 1.5 x the
+    first's would read as "took off at" the load held)."""
+    if soak:
+        for c in classes:
+            c["knee"], c["latency_knee"] = (_knee(k) for k in soak_knees().values())
+        return {"classes": classes, "first_latency_knee": None,
+                "text": f"{len(classes)} request classes; a soak holds one load: no class has a knee (its windows "
+                        "are each class's series)"}
     for c in classes:
         steps = c.get("steps") or []
         c["knee"] = _knee(find_knee(*_series(steps, "qps")))
@@ -194,11 +204,11 @@ def judged(by_class: dict[str, list[ClassRows]], mix: MixSummary, valid: list[bo
 
 
 def add_mix(summary: Summary, run: RunDir, stats: pd.DataFrame, plan: PlanTable,
-            prometheus: pd.DataFrame | None = None, resampled: bool = True) -> None:
+            prometheus: pd.DataFrame | None = None, soak: bool = False) -> None:
     """``mix`` and the mix's findings into ``summary`` (in place), when the rows record classes;
     ``prometheus``: the target's scraped /metrics, whose per-model counters give each class's
-    ``server_rps``; ``resampled``: the classes' knees get their intervals (not in a soak: it has no
-    knee)."""
+    ``server_rps``; ``soak``: one load held, its classes have no knee (else their knees get their
+    intervals at the run's noise)."""
     rows = read_class_rows(run)
     if rows is None or rows.empty:
         return
@@ -209,7 +219,7 @@ def add_mix(summary: Summary, run: RunDir, stats: pd.DataFrame, plan: PlanTable,
         for step, rate in zip(c.get("steps") or [], rates.get(c.get("name", ""), [])):
             step["server_rps"] = rate
     windows = list(zip(stats["t_lo"].to_numpy(dtype=float), stats["t_hi"].to_numpy(dtype=float)))
-    mix = mix_section(classes, by_class, windows) if resampled else mix_section(classes)
+    mix = mix_section(classes, by_class, windows, soak=soak)
     confirmed, marginal = judged(by_class, mix, [bool(v) for v in stats["valid"]])
     summary["mix"] = mix
     summary["findings"] = list(summary.get("findings") or []) + confirmed
