@@ -18,7 +18,7 @@ import pytest
 
 from kneeswarm.analysis.measure.classes import ClassRows, class_figures
 from kneeswarm.analysis.measure.resample import RESAMPLES, block_picks
-from kneeswarm.analysis.reports.mix_report import knee_line
+from kneeswarm.analysis.reports.mix_report import classes_lines, knee_line
 from kneeswarm.analysis.runs.compare_classes import classes_change
 from kneeswarm.analysis.summary.classes import mix_section
 
@@ -177,6 +177,9 @@ def test_compare_says_whether_a_class_knee_moved_beyond_both_runs_noise():
     (moved,) = classes_change(summary(4, [4, 8]), summary(2, [1, 2]))
     assert moved["latency_knee_moved"] is True and moved["latency_knee_interval"] == [[4, 8], [1, 2]]
     assert moved["knee_moved"] is False  # the same interval on both sides
+    line = next(x for x in classes_lines([moved]) if x.startswith("- class slow"))
+    assert line.startswith("- class slow: P99 took off at 4 users (4–8 at this run's noise) (base), 2 users (1–2 at "
+                           "this run's noise) (new); moved beyond both runs' noise; QPS knee 2 users"), line
     (held,) = classes_change(summary(4, [2, 8]), summary(2, [1, 2]))
     assert held["latency_knee_moved"] is False
     (open_above,) = classes_change(summary(4, [4, None]), summary(2, [1, 4]))

@@ -143,6 +143,8 @@ def knee_change_line(c: ClassChange) -> str:
     """"- class slow: P99 took off at 4 users (4–8 at this run's noise) (base), 2 users (...) (new); moved ..."""
     lk, k = c["latency_knee"], c["knee"]
     lki, ki = c.get("latency_knee_interval") or [None, None], c.get("knee_interval") or [None, None]
-    return (f"- class {c['name']}: P99 took off at {lk[0]} users{at_noise(lki[0])} (base), {lk[1]} users"
-            f"{at_noise(lki[1])} (new){_moved(c.get('latency_knee_moved'))}; QPS knee {k[0]} users{at_noise(ki[0])} "
-            f"(base), {k[1]} users{at_noise(ki[1])} (new){_moved(c.get('knee_moved'))}")
+    at = lambda v, none: none if v is None else f"{v:g} users"  # noqa: E731
+    return (f"- class {c['name']}: P99 took off at {at(lk[0], 'no step')}{at_noise(lki[0])} (base), "
+            f"{at(lk[1], 'no step')}{at_noise(lki[1])} (new){_moved(c.get('latency_knee_moved'))}; QPS knee "
+            f"{at(k[0], 'none')}{at_noise(ki[0])} (base), {at(k[1], 'none')}{at_noise(ki[1])} (new)"
+            f"{_moved(c.get('knee_moved'))}")
