@@ -86,6 +86,13 @@ def test_a_repeated_run_s_classes_are_one_point_with_the_interval_between_its_ru
     assert c["latency_knee_users"][2] == 2 and c["latency_knee_interval"][2] == [2, None]  # one run found none
     md = (tmp_path / "out" / "history.md").read_text()
     assert f"| `{folder.name}` |" in md and "| 2 (–) [2-2] | 2 [2-past the range] |" in md
+    # a repeated run merged before its classes were (its repeat.json without them): a gap, said
+    (folder / REPEAT_JSON).write_text(json.dumps({k: v for k, v in rep.items() if k != "classes"}))
+    result, _ = run_history([root], out=str(tmp_path / "out2"))
+    c = _class_of(_group(result), "slow")
+    assert c["gaps"] == [{"run": folder.name, "reason": "a repeated run merged before its classes were "
+                                                        "(`kneeswarm analyze` on its folder merges them)"}]
+    assert _figure(c, "p99_ms at 2 users")["values"][2] is None
 
 
 WINDOWS = 8
