@@ -100,3 +100,16 @@ def test_a_class_s_server_rate_is_its_model_s_counter_over_the_window():
     rates = server_rates(prom, {"slow": "slow", "fast": "cheap", "other": "absent"}, stats())
     assert rates["slow"] == [3.0] * len(USERS) and rates["fast"] == [9.0] * len(USERS)
     assert "other" not in rates
+
+
+def test_tf_serving_s_count_per_model_is_read_on_its_answered_status_only():
+    """TF Serving counts requests per model and status (`:tensorflow:serving:request_count{model_name,status}`):
+    a class's server rate is its model's status="OK" count; the failed statuses are not answers."""
+    from kneeswarm.analysis.measure.classes import server_rates
+
+    t = np.arange(0.0, 40.0)
+    prom = pd.DataFrame({"t": t, ':tensorflow:serving:request_count{model_name="slow",status="OK"}': 2.0 * t,
+                         ':tensorflow:serving:request_count{model_name="slow",status="NOT_FOUND"}': 5.0 * t,
+                         ':tensorflow:serving:request_count{model_name="cheap",status="OK"}': 7.0 * t})
+    rates = server_rates(prom, {"slow": "slow", "cheap": "cheap"}, stats())
+    assert rates["slow"] == [2.0] * len(USERS) and rates["cheap"] == [7.0] * len(USERS)

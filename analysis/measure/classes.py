@@ -132,9 +132,12 @@ def class_figures(by_class: dict[str, list[ClassRows]], stats: pd.DataFrame, wei
     return classes
 
 
-#: per-model request counters of the servers that label them by model: Triton, TorchServe, vLLM
-SERVER_COUNTERS = re.compile(r'^(nv_inference_request_success|ts_inference_requests_total|vllm:request_success_total)'
+#: per-model request counters of the servers that label them by model: Triton, TorchServe, vLLM, TF Serving
+#: (its count per status: only status="OK", the answered ones, is counted; FAILED_STATUS)
+SERVER_COUNTERS = re.compile(r'^(nv_inference_request_success|ts_inference_requests_total|vllm:request_success_total'
+                             r'|:tensorflow:serving:request_count)'
                              r'\{(?:.*,)?(?:model|model_name)="(?P<model>[^"]*)"')
+FAILED_STATUS = re.compile(r'[{,]status="(?!OK")')
 
 
 def server_rates(prometheus: pd.DataFrame | None, models: dict[str, str], stats: pd.DataFrame) -> dict[str, list[float | None]]:
@@ -147,7 +150,7 @@ def server_rates(prometheus: pd.DataFrame | None, models: dict[str, str], stats:
     t = prometheus["t"].to_numpy(dtype=float)
     by_model: dict[str, list[str]] = {}
     for col in prometheus.columns:
-        if (m := SERVER_COUNTERS.match(str(col))) is not None:
+        if (m := SERVER_COUNTERS.match(str(col))) is not None and not FAILED_STATUS.search(str(col)):
             by_model.setdefault(m.group("model"), []).append(str(col))
     out: dict[str, list[float | None]] = {}
     for name, model in models.items():
