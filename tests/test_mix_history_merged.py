@@ -46,7 +46,11 @@ def t_interval(values: list[float]) -> list[float]:
 def test_a_repeated_run_s_classes_are_one_point_with_the_interval_between_its_runs(tmp_path):
     root = tmp_path / "runs"
     singles = make_runs(root / "single", 2, _with_intervals)
-    members = make_runs(root / "series", 4, lambda s, i: _with_intervals(s, i + 2))
+    def member(s: dict[str, Any], i: int) -> None:
+        _with_intervals(s, i + 2)
+        s["knee"]["interval"] = [1, 9 + i]  # each run's own: none of them is the series' interval
+
+    members = make_runs(root / "series", 4, member)
     for k, d in enumerate(members):  # the series after the single runs
         meta = json.loads((d / "meta.json").read_text())
         (d / "meta.json").write_text(json.dumps({**meta, "started": meta["started"] + 3600 + 60 * k}))
@@ -72,6 +76,8 @@ def test_a_repeated_run_s_classes_are_one_point_with_the_interval_between_its_ru
     result, _ = run_history([root], out=str(tmp_path / "out"))
     g = _group(result)
     assert [r["run_id"] for r in g["runs"]] == [d.name for d in singles] + [folder.name]  # one point, not four
+    # the whole's knee of the series: its spread over the runs (repeat.knee), not its first run's own interval
+    assert "knee_interval" not in g["runs"][-1] and g["runs"][-1]["repeat"]["knee"]["lo"] == rep["knee"]["lo"]
     c = _class_of(g, "slow")
     assert c["gaps"] == []
     p99 = _figure(c, "p99_ms at 2 users")

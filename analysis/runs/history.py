@@ -249,7 +249,9 @@ def read_repeated(folder: Path) -> HistoryRow:
               "ci": {k: s[k]["between"] for k in ("qps", *PERCENTILES)}}) for s in rep["steps"]]  # type: ignore[literal-required]
     knee = rep["knee"]
     return {**first, **base, "status": "indexed", "reason": None, "complete": bool(rep["complete"]), "steps": steps,
-            "knee_users": knee["median"], "knee_qps": _median([m.get("knee_qps") for m in members]),
+            "knee_users": knee["median"],
+            "knee_interval": None,  # the first run's own; the series' spread is repeat.knee (lo, hi over its runs)
+            "knee_qps": _median([m.get("knee_qps") for m in members]),
             "peak_users": _median([m.get("peak_users") for m in members]), "peak_qps": rep["peak"]["qps"]["mean"],
             "sla_users": _median([m.get("sla_users") for m in members]),
             "sla_qps": _median([m.get("sla_qps") for m in members]), "classes": repeated_class_entries(rep),
