@@ -285,10 +285,10 @@ TARGET_METRICS: tuple[TargetMetric, ...] = (
     ), scale=1000.0),
     TargetMetric("decode_batch", "sequences per decode", "ratio", (
         # llama.cpp: tokens generated per llama_decode call, its batch (one token per sequence a
-        # decode).  Not its n_busy_slots_per_decode gauge, the busy slots at each decode, batched or
-        # not: requests of different LoRA adapters are never in one batch, and at 4 users of two
-        # adapters the gauge read 3.6 while its decodes held 2.4 sequences
-        # (tests_conformance/test_llamacpp_lora.py)
+        # decode).  Not its n_busy_slots_per_decode gauge: the busy slots at each decode, batched or
+        # not, averaged since the server started (never reset): requests of different LoRA adapters
+        # are never in one batch, and at 4 users of two adapters the gauge read 3.6 while its
+        # decodes held 2.4 sequences (tests_conformance/test_llamacpp_lora.py)
         LLAMACPP(r"llamacpp:tokens_predicted_total", r"llamacpp:n_decode_total"),
     )),
     TargetMetric("prefix_hit_pct", "prefix-cache hit %", "ratio", (
