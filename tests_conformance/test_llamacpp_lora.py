@@ -73,7 +73,7 @@ CLASSES = {"base": (2, ((0, 0.0),)), "lora-a": (1, ((0, 1.0),)), "lora-b": (1, (
 SHARE_ABS = 0.03  # each class's share of the rows within 3 points of its weight's
 SPLIT_USERS = 4  # one adapter against two at the same users (test_adapters_split_the_batch)
 # tokens per decode over the busy slots at each decode: one adapter's decodes hold every busy slot
-# (measured 0.995-0.998), two adapters' about two in three (0.70-0.72)
+# (measured 0.99-1.00), two adapters' about two in three (0.67-0.72)
 FULL_BATCH, SPLIT_BATCH = 0.95, 0.85
 
 LAUNCH = re.compile(r"launching slot : (\{.*\})\s*$")
