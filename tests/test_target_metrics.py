@@ -145,7 +145,7 @@ def expected(fixture: str, x: Truth) -> dict[str, tuple[float, str]]:
             "prompt_tokens_s": (x.rate("llamacpp:prompt_tokens_total"), "llamacpp"),
             "llm_running": (x.gauge("llamacpp:requests_processing"), "llamacpp"),
             "llm_waiting": (x.gauge("llamacpp:requests_deferred", over=np.max), "llamacpp"),
-            "decode_batch": (x.gauge("llamacpp:n_busy_slots_per_decode", np.mean), "llamacpp"),
+            "decode_batch": (x.ratio("llamacpp:tokens_predicted_total", "llamacpp:n_decode_total"), "llamacpp"),
             "prefix_hit_pct": (100 * x.inc("llamacpp:prompt_tokens_cached_total")
                                / (x.inc("llamacpp:prompt_tokens_total") + x.inc("llamacpp:prompt_tokens_cached_total")),
                                "llamacpp"),

@@ -1,7 +1,8 @@
 """A tiny llama-architecture GGUF model written locally: random weights, a small vocabulary.
 
 Run with the ``gguf`` package importable (the llama.cpp source tree's own ``gguf-py``, the same
-package PyPI ships as ``gguf``):  ``python tiny_gguf.py OUT.gguf [--layers N]``.
+package PyPI ships as ``gguf``):  ``python tiny_gguf.py OUT.gguf [--layers N]``; with
+``--lora RANK`` it writes a LoRA adapter of that model instead (``write_lora``).
 
 What the tests rely on:
 - the vocabulary has all 256 byte tokens (SentencePiece's byte fallback: any prompt tokenizes),
@@ -104,14 +105,56 @@ def write(path: str, layers: int, seed: int = 0, n_embd: int = N_EMBD, n_ff: int
     w.close()
 
 
+#: the base tensors of a layer an adapter may change: (name, rows = outputs, columns = inputs) in
+#: numpy's order of the base tensor (ggml's ne[1], ne[0])
+LORA_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def write_lora(path: str, layers: int, rank: int, seed: int, alpha: float | None = None, n_embd: int = N_EMBD,
+               n_ff: int = N_FF, targets: tuple[str, ...] = LORA_TARGETS, scale: float = 0.05) -> None:
+    """A LoRA adapter of the model ``write`` makes: random A and B of rank RANK on TARGETS of every
+    layer, as llama.cpp's convert_lora_to_gguf.py writes a PEFT adapter and src/llama-adapter.cpp
+    reads one: ``general.type = "adapter"``, the base model's ``general.architecture`` (llama: the
+    loader refuses another), ``adapter.type = "lora"``, ``adapter.lora.alpha`` (the delta is scaled
+    by alpha / rank; alpha = rank: by 1), and for each changed base tensor W (ggml ne = [in, out])
+    ``W.lora_a`` (ne [in, rank]: numpy (rank, in)) and ``W.lora_b`` (ne [rank, out]: numpy (out,
+    rank)).  B is random, not PEFT's zeros: an adapter that changes nothing would still cost its
+    matmuls, but its answers would be the base model's."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    shapes = {"attn_q": (n_embd, n_embd), "attn_k": (n_embd, n_embd), "attn_v": (n_embd, n_embd),
+              "attn_output": (n_embd, n_embd), "ffn_gate": (n_ff, n_embd), "ffn_up": (n_ff, n_embd),
+              "ffn_down": (n_embd, n_ff)}
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_type(gguf.GGUFType.ADAPTER)
+    w.add_name(f"kneeswarm-tiny-lora-r{rank}-s{seed}")
+    w.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(rank if alpha is None else alpha))
+    for i in range(layers):
+        for name in targets:
+            n_out, n_in = shapes[name]
+            w.add_tensor(f"blk.{i}.{name}.weight.lora_a", (rng.standard_normal((rank, n_in)) * scale).astype(np.float32))
+            w.add_tensor(f"blk.{i}.{name}.weight.lora_b", (rng.standard_normal((n_out, rank)) * scale).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--embd", type=int, default=N_EMBD)
     ap.add_argument("--ff", type=int, default=N_FF)
+    ap.add_argument("--lora", type=int, metavar="RANK", help="write a LoRA adapter of this rank for the model")
+    ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
-    write(a.out, a.layers, n_embd=a.embd, n_ff=a.ff)
+    if a.lora:
+        write_lora(a.out, a.layers, a.lora, a.seed, n_embd=a.embd, n_ff=a.ff)
+    else:
+        write(a.out, a.layers, seed=a.seed, n_embd=a.embd, n_ff=a.ff)
 
 
 if __name__ == "__main__":
