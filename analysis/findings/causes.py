@@ -31,6 +31,9 @@ Why each link (the seed's article and the kernel's behaviour):
   and the latencies it measured are its own limit, not the server's.
 * ``model_copies``: a model copied per request grows the RSS towards the memory limit.
 * ``switch_storm``: switching is kernel time.
+* ``adapters_over_capacity``: requests whose adapter is not loaded wait for a slot and its swap
+  (a class looks served after the others; the server waits on loads, not on compute; its queue
+  grows while the batch holds the adapters it may run).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ CAUSES: dict[str, tuple[str, ...]] = {
     "switch_storm": ("kernel_time_high",),
     "kv_cache_full": ("preemption", "queue_growing", "retrograde"),
     "model_copies": ("memory_limit_near",),
+    "adapters_over_capacity": ("class_starved", "waiting_not_computing", "queue_growing"),
 }
 LEVELS = ("info", "warning", "critical")  # low to high
 

@@ -50,6 +50,7 @@ SEVERITY = {
     "fd_growth": "warning",
     "thread_growth": "warning",
     "class_starved": "warning",  # a traffic mix: a class served after the others (analysis/findings/mix.py)
+    "adapters_over_capacity": "warning",  # a mix of more LoRA adapters than the server keeps loaded (adapters.py)
 }
 FINDING_IDS = tuple(SEVERITY)
 

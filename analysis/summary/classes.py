@@ -1,4 +1,5 @@
-"""A traffic mix in the summary: each class's figures and knees (``mix``) and ``class_starved``.
+"""A traffic mix in the summary: each class's figures and knees (``mix``), ``class_starved`` and
+``adapters_over_capacity`` (kneeswarm.analysis.findings.adapters, judged the same way).
 
 kneeswarm.analysis.measure.classes gives each class's steps; here each class gets its own knees
 (find_knee and find_latency_knee of kneeswarm.analysis.models.knee on its own series of the
@@ -30,6 +31,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from kneeswarm.analysis.findings import adapters
 from kneeswarm.analysis.findings.mix import finding, starved_support
 from kneeswarm.analysis.measure.classes import (ClassRows, class_figures, class_models, plan_weights, read_class_rows,
                                                 server_rates, sla_limits, split, SERVER_COUNTERS)
@@ -221,6 +223,14 @@ def add_mix(summary: Summary, run: RunDir, stats: pd.DataFrame, plan: PlanTable,
     windows = list(zip(stats["t_lo"].to_numpy(dtype=float), stats["t_hi"].to_numpy(dtype=float)))
     mix = mix_section(classes, by_class, windows, soak=soak)
     confirmed, marginal = judged(by_class, mix, [bool(v) for v in stats["valid"]])
+    over = adapters.over_capacity_support(rows, stats, plan, prometheus)  # an adapter set larger than the server keeps
+    if over is not None and over[0] > NOTICE:
+        f = adapters.finding(*over)
+        if over[0] >= CONFIRM and over[1]:
+            confirmed.append(f)
+        else:
+            f["at_point"] = bool(over[1])
+            marginal.append(f)
     summary["mix"] = mix
     summary["findings"] = list(summary.get("findings") or []) + confirmed
     if marginal:
@@ -255,7 +265,8 @@ def target_prometheus(run: RunDir) -> pd.DataFrame | None:
     if not path.is_file():
         return None
     try:
-        return pd.read_csv(path, usecols=lambda c: c == "t" or SERVER_COUNTERS.match(str(c)) is not None)
+        return pd.read_csv(path, usecols=lambda c: c == "t" or SERVER_COUNTERS.match(str(c)) is not None
+                           or adapters.LORA_INFO.match(str(c)) is not None)  # vLLM's adapter gauge too
     except (OSError, ValueError) as e:  # a torn or empty file: the class figures go without the server's counts
         logger.warning("mix: %s unreadable (%s); no per-class server counts", path, e)
         return None

@@ -29,6 +29,10 @@ on the KServe endpoint, then gets its tokens on the schedule above (counted from
 token due during the wait leaves at its end), and ``vllm:request_success_total{model_name}``
 counts each model apart; an unknown model is vLLM's 404 ``NotFoundError``.
 
+``--adapters a,b --max-loras K`` serves LoRA adapters under their names beside the base model, K
+at once, swapping the others in (lora.py): a request's schedule starts when its adapter is ready,
+and a swap stalls every running generation for its length.
+
 Streams follow vLLM: a first chunk with only ``role``, one chunk per token (or per N), ``finish_reason`` on
 the last token's chunk, an extra ``usage`` chunk (``choices: []``) when the request asks
 ``stream_options.include_usage``, then ``data: [DONE]``.
@@ -54,6 +58,7 @@ from starlette.routing import Route
 from kneeswarm.target.engine import Rejected
 from kneeswarm.target.gate import ARRIVED
 from kneeswarm.target.llmengine import LLMEngine, PromptTooLong
+from kneeswarm.target.lora import Adapters
 from kneeswarm.target.metrics import TargetMetrics
 
 logger = logging.getLogger(__name__)
@@ -87,6 +92,10 @@ class LLMConfig:
     decode_ms: float = DEFAULT_DECODE_MS
     decode_ms_per_seq: float = 0.0
     prefix_cache_blocks: int = 0  # the engine model's prefix cache, in blocks (0: none)
+    # LoRA adapters (lora.py): served under their names beside the base model; not with kv_tokens
+    adapters: tuple[str, ...] = ()
+    max_loras: int = 1
+    swap_ms: float = 0.0
 
 
 @dataclass
@@ -153,18 +162,19 @@ def llm_routes(model_name: str, chain: TokenChain, metrics: TargetMetrics, cfg: 
     """The OpenAI-compatible routes; ``ready()`` says whether the server is ready.  ``--models``
     (mix.py): ``also`` the further models served, ``mix`` the MixEngine whose ``infer(model)``
     each request waits for first (its model's slot for its service time), then its tokens."""
-    models_served = (model_name, *also)
+    models_served = (model_name, *also, *cfg.adapters)
     streams = itertools.count(1)  # streamed answers so far (--no-text-every)
     engine = (LLMEngine(metrics, cfg.kv_tokens, cfg.max_batch, cfg.prefill_ms_per_token, cfg.decode_ms,
                         cfg.decode_ms_per_seq, cfg.prefix_cache_blocks)
               if cfg.kv_tokens > 0 else None)
+    adapters = Adapters(metrics, cfg.adapters, cfg.max_loras, cfg.swap_ms) if cfg.adapters else None
 
     async def health(request: Request) -> Response:
         return Response(status_code=200 if ready() else 503)
 
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [
-            {"id": name, "object": "model", "created": 0, "owned_by": "kneeswarm"} for name in models_served]})
+        return JSONResponse({"object": "list", "data": [_card(n, model_name if n in cfg.adapters else None)
+                                                        for n in models_served]})
 
     def handler(chat: bool) -> Any:
         async def complete(request: Request) -> Response:
@@ -192,6 +202,7 @@ def llm_routes(model_name: str, chain: TokenChain, metrics: TargetMetrics, cfg: 
                     return _error(503, str(e), "ServiceUnavailableError")
             metrics.prompt_tokens.inc(c.prompt_tokens)
             gen = Generation(c, chain, metrics, cfg, request.scope.get(ARRIVED), engine)
+            gen.adapters = adapters if c.model in cfg.adapters else None
             if c.stream and cfg.no_text_every and next(streams) % cfg.no_text_every == 0:
                 gen.no_text = True
             if c.stream:
@@ -208,6 +219,12 @@ def llm_routes(model_name: str, chain: TokenChain, metrics: TargetMetrics, cfg: 
     ]
 
 
+def _card(name: str, parent: str | None) -> dict[str, Any]:
+    """/v1/models' entry of a model; vLLM lists an adapter with its base model as ``parent``."""
+    card: dict[str, Any] = {"id": name, "object": "model", "created": 0, "owned_by": "kneeswarm"}
+    return {**card, "root": name, "parent": parent} if parent else card
+
+
 def _error(status: int, message: str, kind: str) -> JSONResponse:
     return JSONResponse({"object": "error", "message": message, "type": kind, "code": status}, status_code=status)
 
@@ -222,6 +239,7 @@ class Generation:
         self.created = int(time.time())
         self.arrived = arrived if arrived is not None else time.perf_counter()  # the schedule's origin
         self.no_text = False  # stream the tokens in chunks with empty text (--no-text-every)
+        self.adapters: Adapters | None = None  # the adapter slots, where the request names an adapter
 
     async def tokens(self) -> AsyncIterator[str]:
         if self.engine is not None:
@@ -229,11 +247,17 @@ class Generation:
                 yield text
             return
         m, prev, last = self.metrics, self.c.prompt_tokens, 0.0
+        slots, origin, stall0 = self.adapters, self.arrived, 0.0
+        if slots is not None:  # wait for the adapter (its slot, its swap): the schedule starts when it is ready
+            asked = asyncio.get_running_loop().time()
+            origin += max(0.0, await slots.acquire(self.c.model) - asked)  # raising, it holds nothing
+            stall0 = slots.stalled_s
         m.llm_running.inc()
         try:
             for k in range(self.c.n):
                 prev = await self.chain.step(prev)
-                due = self.arrived + (self.cfg.ttft_ms + k * self.cfg.itl_ms) / 1000.0
+                stalled = slots.stalled_s - stall0 if slots is not None else 0.0  # swaps since it started held it
+                due = origin + stalled + (self.cfg.ttft_ms + k * self.cfg.itl_ms) / 1000.0
                 delay = due - time.perf_counter() - TIMER_SLACK_S
                 if delay > 0:
                     await asyncio.sleep(delay)
@@ -242,6 +266,8 @@ class Generation:
             self._done()
         finally:
             m.llm_running.dec()
+            if slots is not None:
+                slots.release(self.c.model)
 
     def _token_out(self, k: int, last: float) -> float:
         """Token ``k`` leaves now: its time to the first token (k = 0) or from the one before
@@ -258,6 +284,8 @@ class Generation:
         """Every token left: the request counted as served, with its end-to-end time."""
         m = self.metrics
         m.llm_success.labels(finished_reason=self.c.finish, model_name=self.c.model).inc()
+        if self.adapters is not None:
+            m.lora_requests.labels(adapter=self.c.model).inc()
         m.e2e.observe(time.perf_counter() - self.arrived)
         m.requests.labels(code="200").inc()
 

@@ -58,6 +58,10 @@ engine model (``--kv-tokens``, llmengine.py) also ``vllm:kv_cache_usage_perc`` (
 ``vllm:request_prefill_time_seconds``, ``vllm:request_decode_time_seconds`` (histograms), and
 running/waiting are the engine's batch and queue; with its prefix cache (``--prefix-cache-blocks``)
 ``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total`` (counters, in tokens).
+With LoRA adapters (``--adapters``, lora.py) also ``vllm:lora_requests_info{max_lora,
+running_lora_adapters,waiting_lora_adapters}`` (gauge: the time its label set was last current)
+and the target's ground truth ``kneeswarm_target_lora_requests_total{adapter}``,
+``kneeswarm_target_lora_swaps_total{adapter}``, ``kneeswarm_target_lora_wait_seconds_total{adapter}``.
 
 The KServe v2 endpoint also exports Triton's names (from Triton's documentation, "Metrics"),
 labelled ``{model, version}``: ``nv_inference_request_success``, ``nv_inference_request_failure``
@@ -259,6 +263,23 @@ class TargetMetrics:
         """TorchServe's (requests, cumulative latency us) of ``model``, each model of ``--models`` apart."""
         labels = {"model_name": model, "model_version": "default"}
         return self._ts_requests.labels(**labels), self._ts_latency_us.labels(**labels)
+
+    def enable_lora(self, adapters: list[str], max_lora: int) -> None:
+        """LoRA adapters (``--adapters``, lora.py): vLLM's ``vllm:lora_requests_info`` gauge and the
+        target's own per-adapter counts, each adapter's at 0 from the start."""
+        r = self.registry
+        self.lora_info = Gauge("vllm:lora_requests_info", "Running stats on lora requests.",
+                               ["max_lora", "waiting_lora_adapters", "running_lora_adapters"], registry=r)
+        self.lora_requests = Counter(f"{PREFIX}_lora_requests", "Requests served, by the adapter they named",
+                                     ["adapter"], registry=r)
+        self.lora_swaps = Counter(f"{PREFIX}_lora_swaps", "Adapters loaded into a slot (first loads included)",
+                                  ["adapter"], registry=r)
+        self.lora_wait = Counter(f"{PREFIX}_lora_wait_seconds", "Arrival to the adapter ready (waiting, swapping)",
+                                 ["adapter"], registry=r)
+        for name in adapters:
+            for c in (self.lora_requests, self.lora_swaps, self.lora_wait):
+                c.labels(adapter=name)
+        self.lora_info.labels(max_lora=str(max_lora), waiting_lora_adapters="", running_lora_adapters="")
 
     def record_received(self, protocol: str, model: str, items: int,
                         inputs: list[tuple[str, str, str]] = ()) -> None:  # type: ignore[assignment]

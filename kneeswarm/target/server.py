@@ -49,7 +49,8 @@ Endpoints (KServe v2 / Open Inference Protocol over HTTP, JSON tensors)
          --kv-tokens K a model of an LLM engine serves them instead (llmengine.py): continuous
          batching of --max-batch sequences over a K-token KV cache, --prefill-ms-per-token and
          --decode-ms per step, preemption when the cache is full, vLLM's engine metrics;
-         --prefix-cache-blocks N adds its block prefix cache (hit and query counters).
+         --prefix-cache-blocks N adds its block prefix cache (hit and query counters).  --adapters
+         serves LoRA adapters by name, --max-loras of them at once, swapping (lora.py).
     TorchServe and TF Serving (serving.py): GET /ping, POST /predictions/{name}[/{version}],
          GET /v1/models/{name}, POST /v1/models/{name}:predict.
     GET  /metrics                             Prometheus text; names documented in metrics.py:
@@ -99,7 +100,7 @@ from kneeswarm.target.engine import KneeEngine, OnnxEngine, Rejected, UslEngine,
 from kneeswarm.target.gate import FaultPlan, Gate
 from kneeswarm.target.jitter import DEFAULT_PERIOD_S, Jitter
 from kneeswarm.target.llm import DEFAULT_DECODE_MS, DEFAULT_MAX_BATCH, LLMConfig, TokenChain, llm_routes
-from kneeswarm.target import prefork
+from kneeswarm.target import lora, prefork
 from kneeswarm.target.metrics import PROMETHEUS_CONTENT_TYPE, TargetMetrics
 from kneeswarm.target.mix import MixEngine, parse_models
 from kneeswarm.target.prefork import DEFAULT_CPU_MS, DEFAULT_WORKERS
@@ -515,6 +516,7 @@ def build_parser(prog: str = "kneeswarm target") -> argparse.ArgumentParser:
                        help="the engine model's prefix cache: N blocks of 16 tokens, least recently used out "
                             "(0 = no prefix caching)")
 
+    lora.add_arguments(p)
     gate = p.add_argument_group("credentials and fault injection (inference requests)")
     gate.add_argument("--api-key-env", metavar="NAME",
                       help="require 'Authorization: Bearer $NAME' on every request but health and "
@@ -698,7 +700,8 @@ def _wrapped_app(args: argparse.Namespace, info: ModelInfo, engine: OnnxEngine |
                     no_text_every=args.no_text_every, kv_tokens=args.kv_tokens, max_batch=args.max_batch,
                     prefill_ms_per_token=args.prefill_ms_per_token, decode_ms=args.decode_ms,
                     decode_ms_per_seq=args.decode_ms_per_seq)
-    llm = dataclasses.replace(llm, prefix_cache_blocks=args.prefix_cache_blocks)  # the prefix cache (LLM workloads)
+    llm = dataclasses.replace(llm, prefix_cache_blocks=args.prefix_cache_blocks,  # the prefix cache (LLM workloads)
+                              adapters=args.adapters, max_loras=args.max_loras, swap_ms=args.swap_ms)  # LoRA (lora.py)
     faults = FaultPlan(fail_rate=args.fail_rate, reset_rate=args.reset_rate, truncate_rate=args.truncate_rate,
                        stall_ms=args.stall_ms, stall_every=args.stall_every, seed=args.fault_seed,
                        fail_above=args.fail_above,
@@ -726,6 +729,8 @@ def _check_models(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error("--models is for --mode knee, and --priority names some of its models")
     if args.models and args.kv_tokens:  # the OpenAI endpoints are the engine model's, which has no models of its own
         parser.error("--models and --kv-tokens: one or the other (the engine model serves one model)")
+    if args.adapters and (args.kv_tokens or args.model_name in args.adapters):
+        parser.error("--adapters: served on the --ttft-ms/--itl-ms schedule (not --kv-tokens), none named as the model")
 
 
 def main(argv: list[str] | None = None) -> int:
