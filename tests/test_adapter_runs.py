@@ -107,7 +107,7 @@ def test_four_adapters_on_two_slots_are_over_capacity_and_on_four_are_not(tmp_pa
 def test_four_adapters_on_two_slots_over_a_sweep_every_adapter_slower(tmp_path):
     """1-8 users: on two slots every class's mean latency (numpy on its answered rows) is above the
     same class's on four slots at every step (every adapter slower), and the finding holds from the
-    first step."""
+    first step; each class's server req/s, from the target's count of its adapter, is its QPS."""
     with runs_against_targets(tmp_path, FLAGS, lambda n, url: plan(n, url, "[1, 2, 4, 8]", 6.0)) as done:
         out = check(done, tmp_path, 8, 0.20)
         means = {}
@@ -120,3 +120,7 @@ def test_four_adapters_on_two_slots_over_a_sweep_every_adapter_slower(tmp_path):
     assert not slower, slower
     (f,), _ = over(out["two"]["summary"])
     assert f["steps"][0] == 1
+    for name in ("two", "four"):  # the server's own per-model count (vllm:request_success_total{model_name}) per class
+        for c in out[name]["summary"]["mix"]["classes"]:
+            for s in c["steps"]:
+                assert s["server_rps"] == pytest.approx(s["qps"], rel=0.10), (name, c["name"], s["users"])
