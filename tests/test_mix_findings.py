@@ -113,3 +113,16 @@ def test_tf_serving_s_count_per_model_is_read_on_its_answered_status_only():
                          ':tensorflow:serving:request_count{model_name="cheap",status="OK"}': 7.0 * t})
     rates = server_rates(prom, {"slow": "slow", "cheap": "cheap"}, stats())
     assert rates["slow"] == [2.0] * len(USERS) and rates["cheap"] == [7.0] * len(USERS)
+
+
+def test_kserve_s_predict_count_per_model_is_a_class_s_server_rate():
+    """KServe's model server times each predict per model (kserve/metrics.py: the histogram
+    request_predict_seconds, label model_name): its _count is the model's requests; its _sum is not."""
+    from kneeswarm.analysis.measure.classes import server_rates
+
+    t = np.arange(0.0, 40.0)
+    prom = pd.DataFrame({"t": t, 'request_predict_seconds_count{model_name="slow"}': 4.0 * t,
+                         'request_predict_seconds_sum{model_name="slow"}': 0.2 * t,
+                         'request_predict_seconds_count{model_name="cheap"}': 11.0 * t})
+    rates = server_rates(prom, {"slow": "slow", "cheap": "cheap"}, stats())
+    assert rates["slow"] == [4.0] * len(USERS) and rates["cheap"] == [11.0] * len(USERS)

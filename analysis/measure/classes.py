@@ -132,10 +132,11 @@ def class_figures(by_class: dict[str, list[ClassRows]], stats: pd.DataFrame, wei
     return classes
 
 
-#: per-model request counters of the servers that label them by model: Triton, TorchServe, vLLM, TF Serving
-#: (its count per status: only status="OK", the answered ones, is counted; FAILED_STATUS)
+#: per-model request counters of the servers that label them by model: Triton, TorchServe, vLLM, KServe's
+#: model server (its predict histogram's count), TF Serving (its count per status: only status="OK", the
+#: answered ones, is counted; FAILED_STATUS)
 SERVER_COUNTERS = re.compile(r'^(nv_inference_request_success|ts_inference_requests_total|vllm:request_success_total'
-                             r'|:tensorflow:serving:request_count)'
+                             r'|request_predict_seconds_count|:tensorflow:serving:request_count)'
                              r'\{(?:.*,)?(?:model|model_name)="(?P<model>[^"]*)"')
 FAILED_STATUS = re.compile(r'[{,]status="(?!OK")')
 
