@@ -7,6 +7,8 @@ shared (the suite runs on two cores beside its own load generator).
 
 Serves v2 (/v2/models/spin/infer: FP32 input -> its sum, FP32) and v1 (/v1/models/spin:predict).
 Run: python kserve_model.py --http_port PORT --slots 4 --busy-ms 2 --wait-ms 48
+Several models of different cost in one server (each its own slots; the model name in the paths):
+python kserve_model.py --http_port PORT --model cheap:8:1:9 --model slow:8:2:48
 """
 
 import argparse
@@ -45,5 +47,9 @@ if __name__ == "__main__":
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--busy-ms", type=float, default=2.0)
     parser.add_argument("--wait-ms", type=float, default=48.0)
+    parser.add_argument("--model", action="append", default=[], metavar="NAME:SLOTS:BUSY_MS:WAIT_MS",
+                        help="serve this model (repeatable) instead of the one 'spin' of --slots/--busy-ms/--wait-ms")
     args, _ = parser.parse_known_args()
-    kserve.ModelServer().start([Spin("spin", args.slots, args.busy_ms, args.wait_ms)])
+    models = [Spin(name, int(slots), float(busy), float(wait))
+              for name, slots, busy, wait in (m.split(":") for m in args.model)]
+    kserve.ModelServer().start(models or [Spin("spin", args.slots, args.busy_ms, args.wait_ms)])
