@@ -139,6 +139,13 @@ def side_by_side() -> Iterator[dict[str, subprocess.Popen]]:
                 p.wait()
 
 
+def two_model_classes(cheap: float = 3, slow: float = 1) -> str:
+    """The plan text of a mix of the demo target's two models (``--models cheap:...,slow:...``): one
+    class per model, named after it, with these weights."""
+    return "".join(f'[[request.classes]]\nname = "{name}"\nmodel = "{name}"\nweight = {weight}\n'
+                   for name, weight in (("cheap", cheap), ("slow", slow)))
+
+
 @contextlib.contextmanager
 def runs_against_targets(tmp: Path, target_flags: dict[str, list[str]],
                          plan: Callable[[str, str], str]) -> Iterator[dict[str, tuple[Path, Target]]]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import Target, read_summary, runs_against_targets
+from conftest import read_summary, runs_against_targets, Target, two_model_classes
 from kneeswarm.contracts.rundir import RunDir
 
 LAST_USERS = 4
@@ -40,15 +40,7 @@ settle = 1.0
 workers = 1
 [request]
 {CASES[protocol][0]}
-[[request.classes]]
-name = "cheap"
-model = "cheap"
-weight = 3
-[[request.classes]]
-name = "slow"
-model = "slow"
-weight = 1
-"""
+{two_model_classes()}"""
 
 
 def served(t: Target, counter: str, model: str) -> float:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import KNEESWARM, REPO, read_summary
+from conftest import KNEESWARM, read_summary, REPO, two_model_classes
 from kneeswarm.analysis.runs.history import run_history
 from kneeswarm.contracts import outcome
 from kneeswarm.contracts.rundir import REPEAT_JSON
@@ -42,15 +42,7 @@ repeat = 2
 cooldown = 1.0
 [request]
 shape = [1, 4]
-[[request.classes]]
-name = "cheap"
-model = "cheap"
-weight = 3
-[[request.classes]]
-name = "slow"
-model = "slow"
-weight = 1
-"""
+""" + two_model_classes()
 
 
 def _holds(iv: list | None, truth: float) -> bool:

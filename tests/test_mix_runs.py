@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import Target, read_summary, runs_against_targets
+from conftest import read_summary, runs_against_targets, Target, two_model_classes
 from kneeswarm.analysis.schema.summary import ClassFigures, ClassStep, MixSummary
 from kneeswarm.contracts.rundir import RunDir
 
@@ -30,15 +30,7 @@ settle = 1.0
 workers = 1
 [request]
 shape = [1, 4]
-[[request.classes]]
-name = "cheap"
-model = "cheap"
-weight = {weights[0]}
-[[request.classes]]
-name = "slow"
-model = "slow"
-weight = {weights[1]}
-"""
+{two_model_classes(*weights)}"""
 
 
 def success(t: Target, model: str) -> float:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from conftest import read_summary, runs_against_targets
+from conftest import read_summary, runs_against_targets, two_model_classes
 from kneeswarm.analysis.runs.history import run_history
 
 pytestmark = pytest.mark.long
@@ -37,15 +37,7 @@ workers = 1
 min_requests = 20
 [request]
 shape = [1, 4]
-[[request.classes]]
-name = "cheap"
-model = "cheap"
-weight = 1
-[[request.classes]]
-name = "slow"
-model = "slow"
-weight = 1
-"""
+""" + two_model_classes(1, 1)
 
 
 def test_a_soak_s_classes_have_no_knee_and_their_windows_trend_at_the_target_s_drift(tmp_path):

@@ -143,6 +143,18 @@ def record_counts(key: str, figs: list[tuple[int, int, int]], **columns: str) ->
     row.setdefault("server", key)
 
 
+def class_counts(name: str, rows, steps, server_t, key: str, server: str, version: str, protocol: str) -> int:
+    """One class of a mix against the server's record of its requests (``server_t``: when each
+    ended): per step (per_step_counts, recorded in the table's row KEY), the whole run's server
+    count at least the client's; returns the requests served but never recorded (in flight at the stop)."""
+    mine = rows.loc[rows["class"] == name]
+    figs = per_step_counts(mine, steps, server_t)
+    record_counts(key, figs, server=server, version=version, protocol=protocol)
+    print(f"{name}: client/server per step {figs}; whole run {len(mine)}/{len(server_t)}")
+    assert len(server_t) >= len(mine), (name, len(server_t), len(mine))
+    return len(server_t) - len(mine)
+
+
 def row_ends(rows):
     """When each request ended (its answer's last byte), on the master's clock."""
     return rows["t_start"].to_numpy() + rows["latency_ms"].to_numpy() / 1000.0

@@ -27,7 +27,7 @@ import pandas as pd
 import pytest
 
 from conftest import (
-    FIGURES, assert_every_step_valid, kneeswarm_run, per_step_counts, plan_text, read_summary, record_counts,
+    FIGURES, assert_every_step_valid, class_counts, kneeswarm_run, plan_text, read_summary,
     rows_and_steps, Run, scrape)
 from servers import Installed, Server, free_port, kserve
 
@@ -105,17 +105,13 @@ def test_each_class_count_is_the_servers_count_of_its_model(mix):
     rows, steps = rows_and_steps(mix.run.run_dir)
     unrecorded = 0
     for name in MODELS:
-        mine = rows.loc[rows["class"] == name]
         served = mix.served(name)
         # the server's two records of the model agree: a trace line per request, its predict count
         assert len(served) == mix.counted(name), (name, len(served), mix.counted(name))
         # per step, by when each request ended: the class's rows against the model's trace lines
-        figs = per_step_counts(mine, steps, [t for t, _ in served])
-        record_counts(f"kserve mix {name}", figs, server=f"KServe Python model server, two models: class {name}",
-                      version=mix.installed.version, protocol="kserve (v2)")
-        print(f"{name}: client/server per step {figs}; whole run {len(mine)}/{len(served)}")
-        assert len(served) >= len(mine), (name, len(served), len(mine))
-        unrecorded += len(served) - len(mine)
+        unrecorded += class_counts(name, rows, steps, [t for t, _ in served], f"kserve mix {name}",
+                                   f"KServe Python model server, two models: class {name}", mix.installed.version,
+                                   "kserve (v2)")
     # requests in flight when the load stopped were served but never recorded: at most one per user
     assert 0 <= unrecorded <= max(STEPS), unrecorded
 

@@ -52,7 +52,7 @@ import pytest
 import requests
 
 from conftest import (
-    FIGURES, assert_every_step_valid, kneeswarm_run, per_step_counts, plan_text, read_summary, record_counts,
+    FIGURES, assert_every_step_valid, class_counts, kneeswarm_run, plan_text, read_summary,
     row_ends, rows_and_steps, Run, scrape, target_of)
 from servers import Installed, Server, free_port, llama_cpp
 
@@ -302,15 +302,10 @@ def test_each_class_count_is_the_servers_count_of_its_adapters(mix):
     rows, steps = rows_and_steps(mix.run.run_dir)
     unrecorded = 0
     for name, (_w, lora) in CLASSES.items():
-        mine = rows.loc[rows["class"] == name]
         served = by.get(expected(lora), [])
         # per step, by when each request ended: the class's rows against the server's blocks of its adapters
-        figs = per_step_counts(mine, steps, [t.t for t in served])
-        record_counts(f"llama.cpp LoRA {name}", figs, server=f"llama.cpp llama-server, LoRA mix: class {name}",
-                      version=mix.installed.version, protocol="openai")
-        print(f"{name} (adapters {list(expected(lora))}): client/server per step {figs}; whole run {len(mine)}/{len(served)}")
-        assert len(served) >= len(mine), (name, len(served), len(mine))
-        unrecorded += len(served) - len(mine)
+        unrecorded += class_counts(name, rows, steps, [t.t for t in served], f"llama.cpp LoRA {name}",
+                                   f"llama.cpp llama-server, LoRA mix: class {name}", mix.installed.version, "openai")
     # requests in flight when the load stopped were served but never recorded: at most one per user
     assert 0 <= unrecorded <= max(STEPS), unrecorded
 
