@@ -162,6 +162,38 @@ def pytriton() -> Installed:
     return venv("pytriton", PYTRITON, [f"nvidia-pytriton=={PYTRITON}"], python=DEBIAN_PYTHON)
 
 
+@dataclass
+class PytritonServer:
+    server: "Server"
+    http: int  # Triton's HTTP port (KServe v2), then gRPC and metrics
+    grpc: int
+    metrics: int
+
+
+# pytriton 0.7.0 loads a model's instances side by side: the first starts a handshake server on a Unix
+# socket (asyncio.start_unix_server), the others wait only for the socket's file to exist and connect --
+# between its bind and its listen they are refused, and the model fails to load (proxy/model.py,
+# proxy/communication.py get_config_from_handshake_server).  Seen once in six suite runs, on a loaded
+# host.  The race is upstream's, so a start that failed with exactly that is tried once more.
+HANDSHAKE_RACE = ("get_config_from_handshake_server", "Connection refused")
+
+
+def pytriton_server(installed: Installed, args: list[str], health: str, home: Path) -> PytritonServer:
+    """tests_conformance/pytriton_model.py started on free ports with ARGS after them (instances,
+    service time, ...), healthy at HEALTH; again once if pytriton's handshake race stopped it."""
+    for attempt in (1, 2):
+        http, grpc, metrics = free_port(), free_port(), free_port()
+        cmd = [str(installed.paths["python"]), str(Path(__file__).with_name("pytriton_model.py")),
+               str(http), str(grpc), str(metrics), *args]
+        try:
+            return PytritonServer(Server(cmd, f"http://127.0.0.1:{http}", health, cwd=home), http, grpc, metrics)
+        except pytest.fail.Exception as exc:
+            if attempt == 2 or not all(s in str(exc) for s in HANDSHAKE_RACE):
+                raise
+            print(f"pytriton's handshake race stopped its start; starting it again: {str(exc).splitlines()[0]}")
+    raise AssertionError("unreachable")
+
+
 def install_side_by_side(installers: list[Callable[[], Installed]]) -> None:
     """Run ``installers`` (llama_cpp, kserve, ...) at once, a thread each, and wait for them all.
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ import pytest
 from conftest import (
     FIGURES, assert_every_step_valid, kneeswarm_run, per_step_counts, plan_text, read_summary, record_counts, scrape,
     rows_and_steps, Run, target_of)
-from servers import Installed, Server, free_port, pytriton
+from servers import Installed, pytriton, pytriton_server
 
 SERVER_INSTALL = pytriton  # installed with the others before the first test (conftest.py)
 
@@ -54,11 +53,8 @@ def tr() -> Installed:
 @pytest.fixture(scope="module")
 def triton_run(tr, tmp_path_factory) -> TritonRun:
     home = tmp_path_factory.mktemp("triton")
-    port, grpc, mport = free_port(), free_port(), free_port()
-    server = Server([str(tr.paths["python"]), str(Path(__file__).with_name("pytriton_model.py")), str(port), str(grpc),
-                     str(mport), str(INSTANCES), str(SERVICE_MS)],
-                    f"http://127.0.0.1:{port}", "/v2/models/tokens/ready", cwd=home)  # bound last: both models loaded
-    metrics = f"http://127.0.0.1:{mport}/metrics"
+    started = pytriton_server(tr, [str(INSTANCES), str(SERVICE_MS)], "/v2/models/tokens/ready", home)  # bound last
+    server, metrics = started.server, f"http://127.0.0.1:{started.metrics}/metrics"  # (both models loaded)
     try:
         t_before, before = time.time(), scrape(metrics)
         plan = plan_text("triton", server.url, "kserve", metrics, STEPS, HOLD_S,

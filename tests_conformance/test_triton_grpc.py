@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import (FIGURES, assert_every_step_valid, kneeswarm_run, per_step_counts, plan_text, read_summary,
                       record_counts, rows_and_steps, scrape, target_of, Run)
-from servers import Installed, Server, free_port, pytriton
+from servers import Installed, pytriton, pytriton_server
 
 SERVER_INSTALL = pytriton  # installed with the others before the first test (conftest.py)
 
@@ -56,12 +55,11 @@ def tr() -> Installed:
 @pytest.fixture(scope="module")
 def triton(tr, tmp_path_factory):
     home = tmp_path_factory.mktemp("triton-grpc")
-    port, grpc, mport = free_port(), free_port(), free_port()
-    server = Server([str(tr.paths["python"]), str(Path(__file__).with_name("pytriton_model.py")), str(port), str(grpc),
-                     str(mport), str(INSTANCES), str(SERVICE_MS), str(RESPONSES), str(PACE_MS), str(FIRST_MS)],
-                    f"http://127.0.0.1:{port}", "/v2/models/tokens/ready", cwd=home)
+    started = pytriton_server(tr, [str(INSTANCES), str(SERVICE_MS), str(RESPONSES), str(PACE_MS), str(FIRST_MS)],
+                              "/v2/models/tokens/ready", home)
+    server = started.server
     try:
-        yield server, f"grpc://127.0.0.1:{grpc}", f"http://127.0.0.1:{mport}/metrics", home
+        yield server, f"grpc://127.0.0.1:{started.grpc}", f"http://127.0.0.1:{started.metrics}/metrics", home
     finally:
         server.stop()
 
