@@ -146,6 +146,24 @@ def two_model_classes(cheap: float = 3, slow: float = 1) -> str:
                    for name, weight in (("cheap", cheap), ("slow", slow)))
 
 
+
+def mix_plan(name: str, url: str, steps: str, hold: float, weights: tuple[float, float] = (1, 1),
+             protocol: str = "kserve", request: str = "shape = [1, 4]\n") -> str:
+    """A closed-loop plan of the demo target's two models (two_model_classes), its /metrics scraped."""
+    return f"""
+name = "{name}"
+target = "{url}"
+protocol = "{protocol}"
+metrics_url = "{url}/metrics"
+[load]
+steps = {steps}
+hold = {hold}
+ramp = 1.0
+settle = 1.0
+workers = 1
+[request]
+{request}{two_model_classes(*weights)}"""
+
 @contextlib.contextmanager
 def runs_against_targets(tmp: Path, target_flags: dict[str, list[str]],
                          plan: Callable[[str, str], str]) -> Iterator[dict[str, tuple[Path, Target]]]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import read_summary, runs_against_targets, Target, two_model_classes
+from conftest import mix_plan, read_summary, runs_against_targets, Target
 from kneeswarm.contracts.rundir import RunDir
 
 LAST_USERS = 4
@@ -27,20 +27,7 @@ CASES = {
 
 
 def plan(protocol: str, url: str, steps: str = f"[1, {LAST_USERS}]", hold: float = 4.0) -> str:
-    return f"""
-name = "{protocol}-mix"
-target = "{url}"
-protocol = "{protocol}"
-metrics_url = "{url}/metrics"
-[load]
-steps = {steps}
-hold = {hold}
-ramp = 1.0
-settle = 1.0
-workers = 1
-[request]
-{CASES[protocol][0]}
-{two_model_classes()}"""
+    return mix_plan(f"{protocol}-mix", url, steps, hold, (3, 1), protocol, CASES[protocol][0])
 
 
 def served(t: Target, counter: str, model: str) -> float:

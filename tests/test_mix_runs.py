@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import read_summary, runs_against_targets, Target, two_model_classes
+from conftest import mix_plan, read_summary, runs_against_targets, Target
 from kneeswarm.analysis.schema.summary import ClassFigures, ClassStep, MixSummary
 from kneeswarm.contracts.rundir import RunDir
 
@@ -17,20 +17,7 @@ pytestmark = pytest.mark.long
 
 
 def plan(name: str, url: str, steps: str, weights: tuple[int, int] = (1, 1), hold: float = 6.0) -> str:
-    return f"""
-name = "{name}"
-target = "{url}"
-protocol = "kserve"
-metrics_url = "{url}/metrics"
-[load]
-steps = {steps}
-hold = {hold}
-ramp = 1.0
-settle = 1.0
-workers = 1
-[request]
-shape = [1, 4]
-{two_model_classes(*weights)}"""
+    return mix_plan(name, url, steps, hold, weights)
 
 
 def success(t: Target, model: str) -> float:
