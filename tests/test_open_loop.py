@@ -66,7 +66,11 @@ def test_open_loop_p99_shows_the_stall_that_closed_loop_hides(tmp_path):
     rate = len(opened) / span
     print(f"stall 1 s every 4 s: closed loop (4 users) P99 {p99_closed:.1f} ms over {len(closed)} requests; "
           f"open loop (40 req/s, measured {rate:.1f}) P99 {p99_open:.1f} ms over {len(opened)} requests")
-    assert closed["ok"].all() and opened["ok"].all()
+    # every request answered; a failure names itself (one conn_reset in 412 rows failed this on CI:
+    # the keep-alive race, now resent -- tests/test_server_shapes.py)
+    failed = [f"{name}: {row['error']} (status {row['status']}, {row['latency_ms']:.0f} ms, t {row['t_start']:.2f})"
+              for name, rows in (("closed", closed), ("open", opened)) for row in rows[~rows["ok"]].head(3).to_dict("records")]
+    assert not failed, failed
     # The truth, from the target's settings: a request sent as a stall begins waits it out whole
     # (1000 ms, less one arrival gap of 25 ms at 40 req/s); the stalled quarter of the arrivals
     # waits 0..1000 ms evenly, so the top 1 % of all (the top 4 % of the stalled, a few requests

@@ -15,7 +15,9 @@ this test fails without the resend of users.STALE_CONNECTION_RETRIES.)
 from __future__ import annotations
 
 import json
+import select
 import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -240,3 +242,109 @@ def test_arrivals_are_stamped_when_they_reached_the_machine_not_when_read():
     # ... and its figures are the wire's: the gap between the tokens, and the answer's end
     assert got["itl_ms"] == [pytest.approx(wire_ms, abs=10.0)], (got, wire_ms)
     assert got["end_ms"] == pytest.approx((sent[2] - sent[0]) * 1000.0, abs=10.0), (got, wire_ms)
+
+
+RACE_IDLE_S = 1.2  # the emulated server's keep-alive timeout: a request later than this crossed its close
+THINK_MS = 1400  # the users' wait: every kept-alive request comes after RACE_IDLE_S, past users.KEEPALIVE_RACE_IDLE_S
+
+
+class IdleRacingServer:
+    """HTTP/1.1 JSON on loopback, in the two ways a real server resets a connection:
+
+    - the keep-alive race (uvicorn's timeout_keep_alive, gunicorn's keepalive): a request that
+      arrives on a connection idle RACE_IDLE_S or more crossed the server's close of it; the
+      server closes it with the request unread, and the kernel answers with a reset (``raced``);
+    - a failure: every third new connection whose first request is a POST is reset after its
+      request was read, as a server failing in the middle of a request (``failed``).
+
+    Everything else is answered ``{"ok": true}`` and kept alive."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.raced = self.failed = self.answered = self.first_posts = 0
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        f = conn.makefile("rb")
+        idle_since, first = None, True
+        try:
+            while True:
+                ready, _, _ = select.select([conn], [], [], 30.0)
+                if not ready:
+                    return
+                if idle_since is not None and time.monotonic() - idle_since >= RACE_IDLE_S:
+                    with self._lock:
+                        self.raced += 1
+                    return  # closed with the request unread: a reset (the finally)
+                line = f.readline()
+                if not line:
+                    return
+                method = line.split(b" ", 1)[0]
+                length = 0
+                while (h := f.readline()) not in (b"\r\n", b""):
+                    if h.lower().startswith(b"content-length:"):
+                        length = int(h.split(b":")[1])
+                f.read(length)
+                if method == b"POST" and first:
+                    with self._lock:
+                        self.first_posts += 1
+                        fail = self.first_posts % 3 == 0
+                        self.failed += fail
+                    if fail:
+                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                        return  # the request read, no answer: a reset
+                first = False
+                conn.sendall(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 12\r\n\r\n{"ok": true}')
+                with self._lock:
+                    self.answered += method == b"POST"
+                idle_since = time.monotonic()
+        except OSError:
+            return
+        finally:
+            f.close()
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_keep_alive_race_is_resent_and_a_reset_in_service_is_a_failure(tmp_path):
+    """A server's idle timeout crossed by a request (its reset comes before any byte of answer, the
+    server never served it) is resent once, as a clean close is; a reset of a request the server
+    read (a new connection: nothing idle about it) stays a `conn_reset` failure, one row each.  This
+    failed tests/test_open_loop.py on CI once, against the demo target's uvicorn (5 s timeout)."""
+    server = IdleRacingServer()
+    try:
+        plan = tmp_path / "plan.toml"
+        plan.write_text(f'target = "{server.url}"\nprotocol = "http"\nname = "racing"\n'
+                        f'[load]\nsteps = [6]\nramp = 0.5\nhold = 6.0\nsettle = 0.5\nworkers = 1\nwait_ms = {THINK_MS}\n'
+                        '[request]\npath = "/"\n[analysis]\nmin_requests = 5\n')
+        res = run_cli("run", str(plan), "--out", str(tmp_path / "runs"), timeout=120)
+        raced, failed, answered = server.raced, server.failed, server.answered
+    finally:
+        server.close()
+    assert (tmp_path / "runs").is_dir(), res.stderr[-2000:]
+    run_dir = next((tmp_path / "runs").iterdir())
+    rows = RunDir(run_dir).read_requests()
+    errors = rows["error"].value_counts().to_dict()
+    resent = int(rows["resent"].fillna(0).sum())
+    print(f"server: {answered} answered, {raced} raced, {failed} failed; client: {len(rows)} rows, {resent} resent, errors {errors}")
+    assert raced >= 6 and failed >= 2, (raced, failed)
+    # every raced request went out again (a resend cut by the stop leaves none: one per user at most) ...
+    assert 0 <= raced - resent <= 6, (raced, resent)
+    # ... and only the resets of requests in service are failures, each a conn_reset row
+    assert set(errors) <= {"conn_reset"}, errors
+    assert errors.get("conn_reset", 0) == failed, (errors, failed)
+    # every answer the server gave is a row (less the preflight's one; but those in flight at the stop)
+    assert 0 <= answered - 1 - int(rows["ok"].sum()) <= 6, (int(rows["ok"].sum()), answered)
+    assert res.returncode in (0, 1), res.stderr[-2000:]
