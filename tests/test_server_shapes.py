@@ -37,16 +37,12 @@ TOKENS, TOKEN_MS = 12, 4.0
 LATE_FIN_S = 0.05  # a closed-loop user sends its next request well within this
 
 
-class ClosingSSEServer:
-    """HTTP/1.1 on loopback: GET /health and /v1/models; POST /v1/chat/completions streams TOKENS
-    chunks TOKEN_MS apart and closes the connection after the last one.  Counts the POSTs it read."""
+class LoopbackServer:
+    """A server of the standard library on loopback: a thread per connection runs ``_serve``."""
 
     def __init__(self):
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.posts = 0
-        self.spans: list[float] = []  # each answer's first token to its end, on this server's clock (s)
-        self.unanswered = 0  # requests that arrived after this server's FIN: each is resent by the client
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -57,6 +53,23 @@ class ClosingSSEServer:
             except OSError:
                 return
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class ClosingSSEServer(LoopbackServer):
+    """HTTP/1.1 on loopback: GET /health and /v1/models; POST /v1/chat/completions streams TOKENS
+    chunks TOKEN_MS apart and closes the connection after the last one.  Counts the POSTs it read."""
+
+    def __init__(self):
+        self.posts = 0
+        self.spans: list[float] = []  # each answer's first token to its end, on this server's clock (s)
+        self.unanswered = 0  # requests that arrived after this server's FIN: each is resent by the client
+        super().__init__()
 
     def _serve(self, conn: socket.socket) -> None:
         f = conn.makefile("rb")
@@ -117,9 +130,6 @@ class ClosingSSEServer:
         chunk("[DONE]")
         conn.sendall(b"0\r\n\r\n")
         return time.perf_counter() - first
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 @pytest.mark.long
@@ -248,7 +258,7 @@ RACE_IDLE_S = 1.2  # the emulated server's keep-alive timeout: a request later t
 THINK_MS = 1400  # the users' wait: every kept-alive request comes after RACE_IDLE_S, past users.KEEPALIVE_RACE_IDLE_S
 
 
-class IdleRacingServer:
+class IdleRacingServer(LoopbackServer):
     """HTTP/1.1 JSON on loopback, in the two ways a real server resets a connection:
 
     - the keep-alive race (uvicorn's timeout_keep_alive, gunicorn's keepalive): a request that
@@ -260,19 +270,8 @@ class IdleRacingServer:
     Everything else is answered ``{"ok": true}`` and kept alive."""
 
     def __init__(self):
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.raced = self.failed = self.answered = self.first_posts = 0
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+        super().__init__()
 
     def _serve(self, conn: socket.socket) -> None:
         f = conn.makefile("rb")
@@ -313,9 +312,6 @@ class IdleRacingServer:
         finally:
             f.close()
             conn.close()
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def test_a_keep_alive_race_is_resent_and_a_reset_in_service_is_a_failure(tmp_path):

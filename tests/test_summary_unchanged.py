@@ -10,11 +10,19 @@ gates), a four-slot server with errors and a busy generator (invalid steps, erro
 generator finding), and a soak (its windows, trends and series).  A synthetic run's directory is named
 by the time it was made: its name is replaced by RUN before the comparison.
 
+summary.md is compared byte for byte; summary.json key for key, in order, every string, integer and
+null as it was and every float within FLOAT_REL (relative) or FLOAT_ABS: the last bits of a float
+are the machine's.  numpy's sums take the SIMD path the CPU has and scipy's USL fit stops where its
+arithmetic lands: on a fresh machine (AMD EPYC, AVX2, no AVX-512) a mean came out 96.83290225845336
+where the files say ...339, and the fit's lambda 129.96888934824523 for 129.96888919705643.
+
 A deliberate change of the output records the files again: ``python tests/test_summary_unchanged.py``.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import shutil
 import sys
 import tomllib
@@ -32,6 +40,7 @@ EXPECTED = HERE / "fixtures" / "summaries"
 OLD_RUN = HERE / "fixtures" / "run-72ed389"
 RUNS = ("run-72ed389", "retrograde-sla-capacity", "four-slots-errors", "soak")
 FILES = ("summary.json", "summary.md")
+FLOAT_REL, FLOAT_ABS = 1e-6, 1e-9  # a USL sigma fitted to zero is 5.14e-32 on one CPU, 5.12e-32 on another
 
 
 def replan(rd: RunDir, **tables: dict) -> None:
@@ -67,11 +76,39 @@ def written(name: str, tmp_path: Path) -> dict[str, str]:
     return {f: (report / f).read_text().replace(run.name, "RUN") for f in FILES}
 
 
+def differences(got: object, want: object, where: str = "") -> list[str]:
+    """Where ``got`` is not ``want`` (JSON values): a key, its order, a type, a length, a value; floats
+    within FLOAT_REL or FLOAT_ABS of each other are equal."""
+    if isinstance(want, float) and isinstance(got, float):
+        return [] if math.isclose(got, want, rel_tol=FLOAT_REL, abs_tol=FLOAT_ABS) else [f"{where}: {got!r} != {want!r}"]
+    if type(got) is not type(want):
+        return [f"{where}: {type(got).__name__} {got!r} != {type(want).__name__} {want!r}"]
+    if isinstance(want, dict):
+        if list(got) != list(want):
+            return [f"{where}: keys {list(got)} != {list(want)}"]
+        return [d for k in want for d in differences(got[k], want[k], f"{where}.{k}")]
+    if isinstance(want, list):
+        if len(got) != len(want):
+            return [f"{where}: {len(got)} items != {len(want)}"]
+        return [d for i, (g, w) in enumerate(zip(got, want)) for d in differences(g, w, f"{where}[{i}]")]
+    return [] if got == want else [f"{where}: {got!r} != {want!r}"]
+
+
+def test_float_differences_are_the_only_ones_let_through():
+    want = {"a": 1.0, "b": [1, "x", None], "c": 5.14e-32}
+    assert differences({"a": 1.0 + 1e-9, "b": [1, "x", None], "c": 5.12e-32}, want) == []
+    assert differences({"a": 1.001, "b": [1, "x", None], "c": 0.0}, want) == [".a: 1.001 != 1.0"]
+    assert differences({"b": [1, "x", None], "a": 1.0, "c": 0.0}, want)  # the order of keys
+    assert differences({"a": 1.0, "b": [1.0, "x", None], "c": 0.0}, want)  # an int became a float
+    assert differences({"a": 1.0, "b": [1, "x"], "c": 0.0}, want)
+
+
 @pytest.mark.parametrize("name", RUNS)
 def test_the_summary_is_what_the_analysis_wrote_before(name, tmp_path):
     got = written(name, tmp_path)
-    for f in FILES:
-        assert got[f] == (EXPECTED / f"{name}.{f}").read_text(), f"{name}: {f} changed"
+    assert got["summary.md"] == (EXPECTED / f"{name}.summary.md").read_text(), f"{name}: summary.md changed"
+    changed = differences(json.loads(got["summary.json"]), json.loads((EXPECTED / f"{name}.summary.json").read_text()))
+    assert not changed, f"{name}: summary.json changed: {changed[:10]}"
 
 
 if __name__ == "__main__":  # record the expected files again (a deliberate change of the output)
