@@ -95,9 +95,12 @@ def _stamp_pool_idleness() -> None:
         return
 
     def get_socket(self: ConnectionPool) -> Any:
+        me = gevent.getcurrent()
+        _idle_before[me] = None  # a connection that fails to open is no reused one
         sock = get(self)
         since = _returned_at.pop(sock, None)
-        _idle_before[gevent.getcurrent()] = None if since is None else time.monotonic() - since
+        if since is not None:
+            _idle_before[me] = time.monotonic() - since
         return sock
 
     def return_socket(self: ConnectionPool, sock: Any) -> None:
