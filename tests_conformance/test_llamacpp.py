@@ -278,10 +278,12 @@ def test_knee_where_one_stream_fills_the_compute_thread(chat):
     curve = [(st["users"], round(st["qps"], 1)) for st in s["steps"]]
     assert s["knee"] is not None and KNEE <= s["knee"]["users"] <= KNEE_AT_MOST, (s["knee"], curve)
     by = {st["users"]: st for st in s["steps"]}
-    # the server did not scale: no step serves half again the knee's QPS (a server that batched for
-    # free would give up to SLOTS times it); at one user the compute thread still idles while the
-    # answer's end and the next request cross the loopback, so two users gain a little
-    assert all(by[u]["qps"] <= 1.5 * by[KNEE]["qps"] for u in STEPS), curve
+    # the server did not scale with its slots: no step serves half of SLOTS times the knee's QPS (a
+    # server that batched for free would give up to SLOTS times it).  How much a batched decode gains
+    # is the CPU's: on one machine (x86-64-v3 build) no step reached 1.5 x; on another (AMD EPYC, AVX2,
+    # 2026-12-06) the server's own P50 was 179 ms at 1 user and 461 ms with 4 at once (2.6 x for 4),
+    # and QPS went 5.4, 7.4, 8.2, 8.5 at 1, 2, 4, 6 users: 1.57 x
+    assert all(by[u]["qps"] <= SLOTS / 2 * by[KNEE]["qps"] for u in STEPS), curve
     ids = sorted(f["id"] for f in s["findings"])
     FIGURES.setdefault("llama.cpp chat", {})["findings"] = ", ".join(ids) or "none"
     # the shape's finding: one compute thread (-t 1) is the serial section -- or, where the load
