@@ -80,27 +80,26 @@ STALE_CONNECTION_RETRIES = 1
 # connection before its response; here only after idleness, so that a reset on a connection in use
 # -- a server failing under load, the demo target's --reset-rate -- stays a `conn_reset` failure.
 KEEPALIVE_RACE_IDLE_S = 1.0
-# How long the socket a request got had sat in its pool (None: a new connection), per greenlet (each
-# request runs in one: a closed-loop user's, an open-loop arrival's); set as the pool hands it out.
-_idle_before: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _returned_at: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # pooled socket -> when it went back
 
 
 def _stamp_pool_idleness() -> None:
     """geventhttpclient's ConnectionPool records when each socket went back to the pool and, as it
-    hands one out, how long it sat there (``_idle_before``); its own liveness check before reuse
-    (a readable idle socket: the server's FIN) is kept.  Once per process."""
+    hands one out, how long it sat there: the asking greenlet's ``kneeswarm_idle`` (None: a new
+    connection; each request runs in one greenlet, a closed-loop user's or an open-loop arrival's).
+    Its own liveness check before reuse (a readable idle socket: the server's FIN) is kept.  Once
+    per process."""
     get, give = ConnectionPool.get_socket, ConnectionPool.return_socket
     if getattr(get, "kneeswarm", False):
         return
 
     def get_socket(self: ConnectionPool) -> Any:
         me = gevent.getcurrent()
-        _idle_before[me] = None  # a connection that fails to open is no reused one
+        me.kneeswarm_idle = None  # a connection that fails to open is no reused one
         sock = get(self)
         since = _returned_at.pop(sock, None)
         if since is not None:
-            _idle_before[me] = time.monotonic() - since
+            me.kneeswarm_idle = time.monotonic() - since
         return sock
 
     def return_socket(self: ConnectionPool, sock: Any) -> None:
@@ -447,13 +446,14 @@ def _closed_unanswered(resp: Any, attempt: int) -> bool:
     err = resp.request_meta.get("exception")
     if attempt >= STALE_CONNECTION_RETRIES or resp.status_code or err is None:
         return False
-    reset = isinstance(err, (ConnectionResetError, BrokenPipeError))  # while the request was sent
     if isinstance(err, HTTPConnectionClosed):
         reset = isinstance(err.__context__, OSError)  # geventhttpclient raised it for an ECONNRESET
-    elif not reset:
+    elif isinstance(err, (ConnectionResetError, BrokenPipeError)):
+        reset = True  # reset while the request was sent
+    else:
         return False
     if reset:  # resent only where it is the keep-alive race (KEEPALIVE_RACE_IDLE_S)
-        idle = _idle_before.get(gevent.getcurrent())
+        idle = getattr(gevent.getcurrent(), "kneeswarm_idle", None)
         if idle is None or idle < KEEPALIVE_RACE_IDLE_S:
             return False
     resp._manual_result = False  # Locust's ResponseContextManager: neither success nor failure is fired
