@@ -113,12 +113,11 @@ def test_shell_agent_follows_the_tree_a_worker_replaced_mid_run(run, tmp_path, m
     """pidstat through collectors/pidstat.py's TREE_SCRIPT (on busybox's sh, awk and sed where the
     machine has it): a worker killed and replaced is dropped and the new one picked up, each with
     its parent; what the shell agent loses is the interval around each restart of pidstat."""
-    from tests.test_tree import ROOT_CODE, own_ticks, tree_ticks, wait_for_ticks
+    from tests.test_tree import own_ticks, start_root, stop_root, tree_ticks, wait_for_ticks
 
     if minimal_userland(tmp_path / "bin"):
         monkeypatch.setenv("PATH", str(tmp_path / "bin"))
-    root = subprocess.Popen([sys.executable, "-c", ROOT_CODE, "60"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+    root = start_root("60")
     try:
         settings = AgentSettings(interval=1, max_duration=60, heartbeat_timeout=10)
         with open_agent(HostPlan(pid=root.pid, collectors=["pidstat"]), run, settings, transport=no_python()) as agent:
@@ -139,8 +138,7 @@ def test_shell_agent_follows_the_tree_a_worker_replaced_mid_run(run, tmp_path, m
             agent.fetch(final=True)
             agent.write_parsed()
     finally:
-        root.kill()
-        root.wait()
+        stop_root(root)
     hd = run.host_dir("local")
     proc, tree = pd.read_csv(hd / "process.csv"), pd.read_csv(hd / "tree.csv")
     assert {root.pid, *first, new} <= set(proc["pid"])

@@ -76,7 +76,7 @@ def test_a_pid_reused_is_a_new_process():
 #: A root that forks two workers burning CPU, the first without end, the second argv[1] seconds of
 #: CPU; on "kill" it SIGKILLs the first mid-burn, reaps it and forks a replacement (argv[1] seconds);
 #: on "end" it waits for the others, kills any left and says "done" (its own counters then hold the
-#: whole tree's CPU); then it waits to be stopped.
+#: whole tree's CPU); then it waits to be stopped.  It says "ready" once started (``start_root``).
 ROOT_CODE = r"""
 import hashlib, os, signal, sys, time
 def burn(seconds):
@@ -88,6 +88,7 @@ def worker(seconds):
     if pid == 0:
         burn(seconds); os._exit(0)
     return pid
+print("ready", flush=True)
 sys.stdin.readline()
 workers = [worker(60.0), worker(float(sys.argv[1]))]
 print("started " + " ".join(map(str, workers)), flush=True)
@@ -106,6 +107,25 @@ for w in workers:
 print("done", flush=True)
 time.sleep(60)
 """
+
+
+def start_root(seconds: str) -> subprocess.Popen:
+    """ROOT_CODE started, and past its interpreter's start-up: from here it is idle until told "go"
+    (a sampler started sooner would count start-up ticks the test's ``before`` reading already holds)."""
+    root = subprocess.Popen([sys.executable, "-c", ROOT_CODE, seconds], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    assert root.stdout.readline().strip() == "ready"
+    return root
+
+
+def stop_root(root: subprocess.Popen) -> None:
+    """SIGKILL to the root's whole process group: its workers too (killed alone, the root would
+    leave them burning, orphaned, through the tests that follow)."""
+    try:
+        os.killpg(root.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    root.wait()
 
 
 def own_ticks(pid: int) -> int:
@@ -150,8 +170,7 @@ class Sampling:
 
 @pytest.mark.slow
 def test_the_tree_keeps_a_killed_workers_cpu_and_picks_up_its_replacement(tmp_path):
-    root = subprocess.Popen([sys.executable, "-c", ROOT_CODE, "0.8"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+    root = start_root("0.8")
     try:
         with Sampling(remote.ProcfsSampler, tmp_path / "procfs.jsonl", pid=root.pid, thread_interval=1.0) as s:
             time.sleep(1.2)  # samples of the root alone, idle
@@ -169,8 +188,7 @@ def test_the_tree_keeps_a_killed_workers_cpu_and_picks_up_its_replacement(tmp_pa
             time.sleep(1.2)  # samples after the end (nothing more to count)
         lines = s.lines()
     finally:
-        root.kill()
-        root.wait()
+        stop_root(root)
     idle = [x for x in lines if "procs" in x and len(x["procs"]) == 1]
     first_t, last_t = idle[0]["t"], idle[-1]["t"]
     used = [x["utime"] + x["stime"] for x in lines if x["t"] in (first_t, last_t)]
@@ -198,8 +216,7 @@ def test_the_tree_keeps_a_killed_workers_cpu_and_picks_up_its_replacement(tmp_pa
 
 @pytest.mark.slow
 def test_fds_are_summed_over_the_tree(tmp_path):
-    root = subprocess.Popen([sys.executable, "-c", ROOT_CODE, "60"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+    root = start_root("60")
     try:
         root.stdin.write("go\n"), root.stdin.flush()
         workers = [int(x) for x in root.stdout.readline().split()[1:]]
@@ -207,8 +224,7 @@ def test_fds_are_summed_over_the_tree(tmp_path):
         row = s.sample(time.time())[0]
         truth = {p: len(os.listdir(f"/proc/{p}/fd")) for p in (root.pid, *workers)}
     finally:
-        root.kill()
-        root.wait()
+        stop_root(root)
     assert dict(row["procs"]) == truth and row["fds"] == sum(truth.values())
 
 
@@ -258,16 +274,14 @@ def test_cgroup_scope_watches_every_process_of_the_group_and_the_tree_only_the_d
 def test_preflight_names_the_service_and_the_scope(tmp_path):
     from remote.preflight import resolve_process, service
 
-    root = subprocess.Popen([sys.executable, "-c", ROOT_CODE, "60"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+    root = start_root("60")
     try:
         root.stdin.write("go\n"), root.stdin.flush()
         workers = [int(x) for x in root.stdout.readline().split()[1:]]
         tree = service(resolve_process(pid=root.pid), "tree")
         alone = service(resolve_process(pid=root.pid), "process")
     finally:
-        root.kill()
-        root.wait()
+        stop_root(root)
     assert tree["scope"] == "tree" and tree["members"] == sorted([root.pid, *workers]) and tree["member_count"] == 3
     assert alone["scope"] == "process" and alone["members"] == [root.pid]
 
