@@ -336,7 +336,6 @@ def test_half_cpu_quota_is_throttling_and_cpu_rules_count_half_a_cpu(half_cpu_cg
     assert "CPUs the service may use: 0.5" in (run_dir / "report" / "index.html").read_text()
 
 
-@pytest.mark.slow
 def _own_cpu_quota() -> bool:
     """Whether this process's v1 cpu cgroup, or v2 cgroup, has a CPU quota (read from the kernel's files)."""
     for line in Path("/proc/self/cgroup").read_text().splitlines():
@@ -350,6 +349,7 @@ def _own_cpu_quota() -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_no_quota_no_throttling(knee_run):
     """The shared knee-mode run: its target in the root cpu cgroup (no quota) gives no cpu_throttled,
     and the host bounds the CPUs it may use."""
