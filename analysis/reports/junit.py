@@ -24,7 +24,7 @@ from typing import Any
 
 from kneeswarm.analysis.schema.summary import SlaResult, Summary
 
-from kneeswarm.analysis.schema.comparison import Comparison
+from kneeswarm.analysis.schema.comparison import Change, Comparison
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +74,14 @@ def sla_suite(sla_result: SlaResult) -> ET.Element:
     return _finish(suite)
 
 
+def _worse(metric: str, c: Change) -> str | None:
+    """The failure message of a significant regression, else None."""
+    if c.get("direction") != "worse":  # significant: rel and ci are known (compare.metric_change)
+        return None
+    lo, hi = c["ci"] or (None, None)
+    return f"{metric} {_fmt(c['base'])} -> {_fmt(c['new'])} ({c['rel']:+.1%}); CI of the change [{_fmt(lo)}, {_fmt(hi)}]"
+
+
 def compare_suite(result: Comparison) -> ET.Element:
     """One test case per step and metric: it fails when the change is a significant regression."""
     suite = ET.Element("testsuite", name="regression")
@@ -84,12 +92,12 @@ def compare_suite(result: Comparison) -> ET.Element:
             if not c:
                 _case(suite, COMPARE_CLASS, name, skipped=s.get("note") or "not compared")
                 continue
-            msg = None
-            if c.get("direction") == "worse":  # significant: rel and ci are known (compare.metric_change)
-                lo, hi = c["ci"] or (None, None)
-                msg = (f"{metric} {_fmt(c['base'])} -> {_fmt(c['new'])} ({c['rel']:+.1%}); CI of the change "
-                       f"[{_fmt(lo)}, {_fmt(hi)}]")
-            _case(suite, COMPARE_CLASS, name, failure=msg)
+            _case(suite, COMPARE_CLASS, name, failure=_worse(metric, c))
+    for cl in result.get("classes") or []:  # a traffic mix: each class's steps, where its rows were resampled
+        for cs in cl["steps"]:
+            for metric, c in (("qps", cs.get("qps_change")), ("p99_ms", cs.get("p99_change"))):
+                if c:
+                    _case(suite, COMPARE_CLASS, f"class {cl['name']}: {cs['users']:g} users {metric}", failure=_worse(metric, c))
     if result.get("verdict") == "not comparable":
         _case(suite, COMPARE_CLASS, "comparable", failure="no step is valid in both runs")
     return _finish(suite)

@@ -14,7 +14,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from kneeswarm.analysis.schema.comparison import ClassChange
+from kneeswarm.analysis.schema.comparison import Change, ClassChange
 from kneeswarm.analysis.schema.summary import ClassFigures, ClassStep, Summary
 
 logger = logging.getLogger(__name__)
@@ -126,11 +126,21 @@ def classes_lines(classes: list[ClassChange]) -> list[str]:
     if not classes:
         return []
     fmt = lambda v, f="{:,.1f}": "–" if v is None else f.format(v)  # noqa: E731
-    out = ["**Per class** (point figures; the whole's steps decide the verdict):", "",
-           "| class | users | QPS base | QPS new | QPS change | P99 base | P99 new | P99 change |", "|---|---|---|---|---|---|---|---|"]
+
+    def change(rel: float | None, c: Change | None) -> str:
+        """"+50.0%", with the interval of new − base where the class's rows were resampled, starred when significant."""
+        ci = c.get("ci") if c else None
+        text = fmt(rel, "{:+.1%}") + (f", CI [{ci[0]:+.3g}, {ci[1]:+.3g}]" if ci else "")
+        return text + (f" **{c['direction']}**" if c and c.get("significant") and c.get("direction") else "")
+
+    out = ["**Per class** (each change with the interval of new − base over the class's own rows, judged as the "
+           "whole's steps are; a class that regressed regresses the run):", "",
+           "| class | users | QPS base | QPS new | QPS change | P99 base | P99 new | P99 change | step |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for c in classes:
-        out += [f"| {c['name']} | {s['users']:g} | {fmt(s['qps'][0])} | {fmt(s['qps'][1])} | {fmt(s['qps_rel'], '{:+.1%}')} | "
-                f"{fmt(s['p99_ms'][0])} | {fmt(s['p99_ms'][1])} | {fmt(s['p99_rel'], '{:+.1%}')} |" for s in c["steps"]]
+        out += [f"| {c['name']} | {s['users']:g} | {fmt(s['qps'][0])} | {fmt(s['qps'][1])} | "
+                f"{change(s['qps_rel'], s.get('qps_change'))} | {fmt(s['p99_ms'][0])} | {fmt(s['p99_ms'][1])} | "
+                f"{change(s['p99_rel'], s.get('p99_change'))} | {s.get('verdict', '–')} |" for s in c["steps"]]
     out += [""] + [knee_change_line(c) for c in classes]
     return out + [""]
 

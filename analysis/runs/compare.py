@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import tomllib
+import zlib
 from pathlib import Path
 from typing import Any, TypedDict, cast
 
@@ -35,7 +36,7 @@ from kneeswarm.analysis.reports.compare_report import compare_html, compare_mark
 from kneeswarm.analysis.findings import Explanation, explain
 from kneeswarm.analysis.schema.summary import PlanTable, Summary, SummaryStep, UslFit, num
 from kneeswarm.analysis.models.usl import fit_usl
-from kneeswarm.analysis.schema.comparison import (COMPARE_VERSION, INTERVAL_BOOTSTRAP, Change, Comparison, RunInfo, Shift,
+from kneeswarm.analysis.schema.comparison import (COMPARE_VERSION, ClassChange, INTERVAL_BOOTSTRAP, Change, Comparison, RunInfo, Shift,
                                                   FindingsChange, ShiftSide, Side, StepComparison, SummariesComparison, UslChange)
 from kneeswarm.contracts.rundir import COMPARE_HTML, COMPARE_JSON, COMPARE_MD, JUNIT_FILE, REPEAT_JSON, RunDir, RunDirError
 
@@ -212,22 +213,84 @@ def compare_summaries(base: Summary, new: Summary, base_plan: Any = None,
             "findings": findings_change(explain(base, base_plan), explain(new, new_plan))}
 
 
-def run_verdict(steps: list[StepComparison]) -> tuple[str, list[str]]:
-    """The run's verdict and the one-line reasons behind it (each significant change)."""
+def _reason(where: str, metric: str, c: Change | None) -> str | None:
+    """"4 users: p99_ms 120 → 180 (+50.0%, 95% CI of the change [+41, +77]): worse", for a significant change."""
+    ci = None if c is None else c["ci"]
+    if c is None or ci is None or not c["significant"]:  # significant: its CI is known
+        return None
+    return (f"{where}: {metric} {c['base']:.4g} → {c['new']:.4g} ({c['rel']:+.1%}, "
+            f"{bootstrap.CONFIDENCE:.0%} CI of the change [{ci[0]:+.4g}, {ci[1]:+.4g}]): {c['direction']}")
+
+
+def run_verdict(steps: list[StepComparison], classes: list[ClassChange] | None = None) -> tuple[str, list[str]]:
+    """The run's verdict and the one-line reasons behind it (each significant change): of the whole's
+    steps and, in a traffic mix, of each class's (a class that regressed while the whole held is a
+    regression: its requests are someone's)."""
     compared = [s for s in steps if s["verdict"] != NOT_COMPARED]
     if not compared:
         return NOT_COMPARABLE, ["no step is valid in both runs"]
-    reasons = []
-    for s in compared:
-        for metric in ("qps", "p99_ms"):
-            c = s[metric]
-            ci = None if c is None else c["ci"]
-            if c is not None and ci is not None and c["significant"]:  # significant: its CI is known
-                reasons.append(f"{s['users']} users: {metric} {c['base']:.4g} → {c['new']:.4g} ({c['rel']:+.1%}, "
-                               f"{bootstrap.CONFIDENCE:.0%} CI of the change [{ci[0]:+.4g}, {ci[1]:+.4g}]): {c['direction']}")
+    reasons = [r for s in compared for metric in ("qps", "p99_ms") if (r := _reason(f"{s['users']} users", metric, s[metric]))]
     verdicts = {s["verdict"] for s in compared}
+    for c in classes or []:
+        for cs in c["steps"]:
+            if "verdict" in cs:
+                verdicts.add(cs["verdict"])
+                where = f"class {c['name']}, {cs['users']:g} users"
+                reasons += [r for metric, change in (("qps", cs.get("qps_change")), ("p99_ms", cs.get("p99_change")))
+                            if (r := _reason(where, metric, change))]
     verdict = REGRESSED if REGRESSED in verdicts else IMPROVED if IMPROVED in verdicts else NO_CHANGE
     return verdict, reasons
+
+
+def _class_p99_deviations(sample: bootstrap.StepSample, rng: np.random.Generator, resamples: int) -> np.ndarray | None:
+    """A class's P99 deviations, where it has rows enough above its P99 (bootstrap.MIN_TAIL_ROWS_CLASS_P99)."""
+    return bootstrap.p99_deviations(sample, rng, resamples, min_rows=100 * bootstrap.MIN_TAIL_ROWS_CLASS_P99)
+
+
+def class_step_changes(classes: list[ClassChange], common: list[float], samples: list[dict[str, list[bootstrap.StepSample | None]]],
+                       seed: int, resamples: int) -> None:
+    """Each class's step changes of a traffic mix, by the whole's intervals and rule with one more
+    guard: ``qps_change`` and ``p99_change`` (a ``Change``: the bootstrap interval over the class's
+    own rows of the step's window) and the step's ``verdict``; each class's ``verdict``.
+
+    A mix tests classes x steps x 2 changes, each on fewer rows than the whole's: at 95 % each,
+    two of eight comparisons of one configuration with itself found a class "regressed"
+    (tests/test_mix_compare.py).  So a class's change is significant only where its Holm-adjusted
+    bootstrap p-value (``p_holm``, over every class change of the comparison) is under 1 − CONFIDENCE
+    as well: the chance that any class is called changed when none changed stays under 5 %."""
+    at = {u: i for i, u in enumerate(common)}
+    tested: list[tuple[Change, float]] = []
+    for c in classes:
+        name, key = c["name"], zlib.crc32(c["name"].encode())
+        sides = [s.get(name) or [None] * len(common) for s in samples]
+        for cs in c["steps"]:
+            i = at.get(float(cs["users"]))
+            if i is None:
+                continue
+            sb, sn = sides[0][i], sides[1][i]
+            changes: list[Change] = []
+            for metric, (b, n), deviations in (("qps", cs["qps"], bootstrap.qps_deviations),
+                                                ("p99_ms", cs["p99_ms"], _class_p99_deviations)):
+                devs = [None if x is None else deviations(x, np.random.default_rng([seed, i, k, len(metric), key]), resamples)
+                        for k, x in ((1, sb), (2, sn))]
+                point = None if b is None or n is None else n - b
+                changes.append(metric_change(metric, b, n, bootstrap.diff_interval(devs[0], devs[1], point)))
+                if (p := bootstrap.diff_p_value(devs[0], devs[1], point)) is not None:
+                    tested.append((changes[-1], p))
+            cs["qps_change"], cs["p99_change"] = changes
+    for (change, _), p_holm in zip(tested, bootstrap.holm([p for _, p in tested])):
+        change["p_holm"] = p_holm
+    for c in classes:
+        for cs in c["steps"]:
+            if "qps_change" not in cs:
+                continue
+            for change in (cs["qps_change"], cs["p99_change"]):
+                if change["significant"] and not change.get("p_holm", 1.0) < 1.0 - bootstrap.CONFIDENCE:
+                    change["significant"], change["direction"] = False, None
+            cs["verdict"] = step_verdict([cs["qps_change"], cs["p99_change"]])
+        got = {cs["verdict"] for cs in c["steps"] if "verdict" in cs}
+        if got:
+            c["verdict"] = REGRESSED if REGRESSED in got else IMPROVED if IMPROVED in got else NO_CHANGE
 
 
 def _run_info(run: RunDir, summary: Summary) -> RunInfo:
@@ -251,16 +314,19 @@ def compare_runs(base_dir: str | Path, new_dir: str | Path, *, resamples: int = 
     summaries = [load_summary(r) for r in runs]
     by = [steps_by_users(s) for s in summaries]
     common = sorted(set(by[0]) & set(by[1]))
+    classes = classes_change(summaries[0], summaries[1])  # traffic mixes: each class's changes
     warnings: list[str] = []
-    samples = []
+    samples, class_samples = [], []
     for k, (run, summary) in enumerate(zip(runs, summaries)):
         wins = [(u, *window(by[k][u], settle_of(summary))) for u in common]
-        got, warn = bootstrap.step_samples(run, wins, seed + k, max_rows)
+        got, per_class, warn = bootstrap.step_and_class_samples(run, wins, seed + k, max_rows, classes=bool(classes))
         samples.append(got)
+        class_samples.append(per_class)
         warnings += warn
     steps = [compare_step(i, by[0][u].get("users"), by[0][u], by[1][u], samples[0][i], samples[1][i], seed, resamples)
              for i, u in enumerate(common)]
-    verdict, reasons = run_verdict(steps)
+    class_step_changes(classes, common, class_samples, seed, resamples)
+    verdict, reasons = run_verdict(steps, classes)
     result: Comparison = {"version": COMPARE_VERSION, "base": _run_info(runs[0], summaries[0]), "new": _run_info(runs[1], summaries[1]),
               "settings": {"resamples": resamples, "seed": seed, "confidence": bootstrap.CONFIDENCE,
                            "max_rows_per_step": max_rows, "min_relative_change": dict(MIN_RELATIVE_CHANGE),
@@ -269,7 +335,7 @@ def compare_runs(base_dir: str | Path, new_dir: str | Path, *, resamples: int = 
                                             "new_only": [by[1][u].get("users") for u in sorted(set(by[1]) - set(by[0]))]},
               **compare_summaries(summaries[0], summaries[1], plans[0], plans[1]),
               "verdict": verdict, "reasons": reasons, "warnings": warnings}
-    if classes := classes_change(summaries[0], summaries[1]):  # traffic mixes: each class's changes
+    if classes:
         result["classes"] = classes
     for which, run, plan in (("base", runs[0], plans[0]), ("new", runs[1], plans[1])):
         if plan is None:

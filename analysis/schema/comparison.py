@@ -29,8 +29,7 @@ class RunInfo(_RunInfo, total=False):
     runs: int  # a repeated run (kneeswarm.analysis.runs.repeat): the runs merged into this side
 
 
-class Change(TypedDict):
-    """One metric at one step, new − base, with its bootstrap interval."""
+class _Change(TypedDict):
     base: float | None
     new: float | None
     delta: float | None
@@ -39,6 +38,13 @@ class Change(TypedDict):
     significant: bool
     direction: str | None  # "worse", "better", None
     min_relative_change: float
+
+
+class Change(_Change, total=False):
+    """One metric at one step, new − base, with its bootstrap interval."""
+    # a traffic mix's class change only: the Holm-adjusted bootstrap p-value of new − base = 0 over every
+    # class change of the comparison, which must be under 1 − confidence too (compare.class_step_changes)
+    p_holm: float
 
 
 class _Side(TypedDict):
@@ -120,8 +126,7 @@ class SummariesComparison(TypedDict):
     findings: FindingsChange
 
 
-class ClassStepChange(TypedDict):
-    """One class at one step valid in both runs: its point figures and their relative change."""
+class _ClassStepChange(TypedDict):
     users: int | float
     qps: list[float | None]  # [base, new]
     p99_ms: list[float | None]
@@ -129,8 +134,17 @@ class ClassStepChange(TypedDict):
     p99_rel: float | None
 
 
-class ClassChange(TypedDict):
-    """One class present in both runs' mix (kneeswarm.analysis.runs.compare_classes)."""
+class ClassStepChange(_ClassStepChange, total=False):
+    """One class at one step valid in both runs: its point figures and their relative change, and
+    (``compare.class_step_changes``) its own rows of the step's window bootstrapped as the whole's
+    are: each change with its interval and significance, and the step's verdict; absent where a
+    class's rows were not read."""
+    qps_change: Change
+    p99_change: Change
+    verdict: str
+
+
+class _ClassChange(TypedDict):
     name: str
     steps: list[ClassStepChange]
     latency_knee: list[int | float | None]  # [base, new]: the users where its P99 took off
@@ -145,8 +159,13 @@ class ClassChange(TypedDict):
     knee_moved: bool | None
 
 
+class ClassChange(_ClassChange, total=False):
+    """One class present in both runs' mix (kneeswarm.analysis.runs.compare_classes)."""
+    verdict: str  # regressed where any of its steps did, else improved where any did
+
+
 class MixComparison(TypedDict, total=False):
-    classes: list[ClassChange]  # traffic mixes on both sides: each class's point changes (no interval yet)
+    classes: list[ClassChange]  # traffic mixes on both sides: each class's changes
 
 
 class Comparison(SummariesComparison, MixComparison):
