@@ -134,7 +134,7 @@ def classes_lines(classes: list[ClassChange]) -> list[str]:
         return text + (f" **{c['direction']}**" if c and c.get("significant") and c.get("direction") else "")
 
     out = ["**Per class** (each change with the interval of new − base over the class's own rows, judged as the "
-           "whole's steps are; a class that regressed regresses the run):", "",
+           "whole's steps are, a P99 only from 2,000 rows in the step; a class that regressed regresses the run):", "",
            "| class | users | QPS base | QPS new | QPS change | P99 base | P99 new | P99 change | step |",
            "|---|---|---|---|---|---|---|---|---|"]
     for c in classes:
