@@ -62,6 +62,11 @@ def make_run(root, name: str, seed: int, slow: float = 1.0, users=USERS, bad_ok_
         cols["worker"] += ["worker-0"] * n
         steps.append((i, u, t, t_steady, t_end))
         t = t_end
+    return write_drawn_run(rd, name, cols, steps)
+
+
+def write_drawn_run(rd: RunDir, name: str, cols: dict[str, list], steps: list[tuple]) -> Path:
+    """The drawn rows as two part files, the steps, a complete meta.json and an open-loop plan."""
     half = len(cols["t_start"]) // 2
     rd.write_request_part({k: v[:half] for k, v in cols.items()}, 0)
     rd.write_request_part({k: v[half:] for k, v in cols.items()}, 1)

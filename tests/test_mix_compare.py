@@ -51,6 +51,7 @@ SHARES, MEANS = {"long": 0.5, "short": 0.5}, {"long": 100.0, "short": 10.0}
 Z = 1.959964
 def make_mix_run(root, name: str, seed: int, short_slow: float = 1.0, shares: dict[str, float] = SHARES):
     from kneeswarm.contracts.rundir import RunDir
+    from tests.test_compare import write_drawn_run
 
     rd = RunDir.create(root, name)
     rng = np.random.default_rng(seed)
@@ -72,13 +73,7 @@ def make_mix_run(root, name: str, seed: int, short_slow: float = 1.0, shares: di
         counts[u] = {c: int((cls == c).sum()) for c in shares}
         steps.append((i, u, t, t_steady, t_end))
         t = t_end
-    half = len(cols["t_start"]) // 2
-    rd.write_request_part({k: v[:half] for k, v in cols.items()}, 0)
-    rd.write_request_part({k: v[half:] for k, v in cols.items()}, 1)
-    rd.write_steps(steps)
-    rd.update_meta(run_id=name, complete=True, ended="completed")
-    rd.plan_path.write_text("[load]\nsettle = 0.0\nmode = \"open\"\n")
-    return rd.path, counts
+    return write_drawn_run(rd, name, cols, steps), counts
 
 
 #: Short at 20 %: 400-1,600 rows a step.  Judged like the whole (every P99 with 20 rows or more
