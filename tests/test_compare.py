@@ -297,6 +297,26 @@ def test_bootstrap_qps_interval_on_counts_with_known_variance():
     assert abs(devs.mean()) < 0.1 * devs.std()
 
 
+def test_holm_adjusts_by_its_step_down_definition():
+    """Holm (1979), by hand: sorted p 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06,
+    0.04, then each at least the one before it: 0.02, 0.03, 0.06, 0.06, put back in the given order."""
+    assert bootstrap.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert bootstrap.holm([0.5, 0.9]) == [1.0, 1.0] and bootstrap.holm([]) == []
+
+
+def test_bootstrap_p_value_is_the_interval_turned_round():
+    """Deviations drawn N(0, 1) on each side: new - base has sd √2, so the p-value of a difference d
+    is 2(1 - Φ(d/√2)); and p < 5 % exactly where the 95 % interval of diff_interval leaves 0 out."""
+    rng = np.random.default_rng(5)
+    base, new = rng.normal(size=20_000), rng.normal(size=20_000)
+    for d in (0.0, 1.0, 2.0, 2.77, 3.5, -3.0):
+        p = bootstrap.diff_p_value(base, new, d)
+        assert p == pytest.approx(math.erfc(abs(d) / 2), abs=0.02), d  # 2(1 - Φ(|d|/√2)) = erfc(|d|/2)
+        lo, hi = bootstrap.diff_interval(base, new, d)
+        assert (p < 0.05) == (lo > 0 or hi < 0), (d, p, lo, hi)
+    assert bootstrap.diff_p_value(None, new, 1.0) is None and bootstrap.diff_p_value(base, new, None) is None
+
+
 # -- against real processes: the conductor, Locust, the demo target ----------------------------------
 KNEE_SLOTS, KNEE_SERVICE_MS = 4, 50.0
 

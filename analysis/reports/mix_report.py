@@ -14,6 +14,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from kneeswarm.analysis.measure.bootstrap import MIN_ROWS_CLASS_P99
 from kneeswarm.analysis.schema.comparison import Change, ClassChange
 from kneeswarm.analysis.schema.summary import ClassFigures, ClassStep, Summary
 
@@ -134,7 +135,8 @@ def classes_lines(classes: list[ClassChange]) -> list[str]:
         return text + (f" **{c['direction']}**" if c and c.get("significant") and c.get("direction") else "")
 
     out = ["**Per class** (each change with the interval of new − base over the class's own rows, judged as the "
-           "whole's steps are, a P99 only from 2,000 rows in the step; a class that regressed regresses the run):", "",
+           f"whole's steps are, a P99 only from {MIN_ROWS_CLASS_P99:,} rows in the step; a class that regressed "
+           "regresses the run):", "",
            "| class | users | QPS base | QPS new | QPS change | P99 base | P99 new | P99 change | step |",
            "|---|---|---|---|---|---|---|---|---|"]
     for c in classes:

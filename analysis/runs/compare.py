@@ -243,14 +243,14 @@ def run_verdict(steps: list[StepComparison], classes: list[ClassChange] | None =
 
 
 def _class_p99_deviations(sample: bootstrap.StepSample, rng: np.random.Generator, resamples: int) -> np.ndarray | None:
-    """A class's P99 deviations, where it has rows enough above its P99 (bootstrap.MIN_TAIL_ROWS_CLASS_P99)."""
-    return bootstrap.p99_deviations(sample, rng, resamples, min_rows=100 * bootstrap.MIN_TAIL_ROWS_CLASS_P99)
+    """A class's P99 deviations, where it has rows enough above its P99 (bootstrap.MIN_ROWS_CLASS_P99)."""
+    return bootstrap.p99_deviations(sample, rng, resamples, min_rows=bootstrap.MIN_ROWS_CLASS_P99)
 
 
 def class_step_changes(classes: list[ClassChange], common: list[float], samples: list[dict[str, list[bootstrap.StepSample | None]]],
                        seed: int, resamples: int) -> None:
-    """Each class's step changes of a traffic mix, by the whole's intervals and rule with one more
-    guard: ``qps_change`` and ``p99_change`` (a ``Change``: the bootstrap interval over the class's
+    """Each class's step changes of a traffic mix, by the whole's intervals and rule with two more
+    guards (a P99 only from bootstrap.MIN_ROWS_CLASS_P99 rows; Holm, below): ``qps_change`` and ``p99_change`` (a ``Change``: the bootstrap interval over the class's
     own rows of the step's window) and the step's ``verdict``; each class's ``verdict``.
 
     A mix tests classes x steps x 2 changes, each on fewer rows than the whole's: at 95 % each,
