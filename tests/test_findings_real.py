@@ -780,7 +780,10 @@ def test_a_worker_held_to_its_cpu_quota_is_generator_bound(cgroup_v1, start_demo
     print(f"{step['qps']:.0f} QPS: generator_cpu_max {step['generator_cpu_max']:.1f} %, the kernel {kernel:.1f} % "
           f"of a core = {share:.1f} % of the quota; {summary['findings']}")
     assert share > 90, "the quota did not bind: the worker used less than it may"  # the setup, not the code
-    assert step["generator_cpu_max"] == pytest.approx(share, abs=6.0)  # 0.6 s of CPU in the window: a 10 ms tick is 1.7 %
+    # generator_cpu_max is the largest of the worker's 1-s samples, the kernel's figure the mean over them:
+    # a 1-s sample may hold the quota's runtime of 11 CFS periods of 100 ms (one split at each end), 110 %,
+    # and a 10-ms tick is 5 % of a sample's 0.2 s (seen here: 102.3 against a mean of 96.0); one tick below it
+    assert share - 6.0 <= step["generator_cpu_max"] <= share + 16.0, (step["generator_cpu_max"], share)
     ev = only(summary, "generator_bound")["evidence"]
     assert ev["worker"] == "worker-0" and ev["cpu_pct"] == pytest.approx(step["generator_cpu_max"], abs=0.1)
     assert step["valid"] is False and any("load generator CPU" in r for r in step["reasons"])
